@@ -1,0 +1,256 @@
+"""The precision policy: one frozen object that names every cast point of an attention call.
+
+Explained in the book's introduction and used by every chapter. The same object drives the pure-PyTorch
+reference (`lpfail.attention`), the Triton kernels (`kernels`) and the model's per-layer / per-head
+overrides (`lpfail.model`). Its string form round-trips through `Precision.parse` and serves as cache key,
+plot legend and CLI flag.
+
+Knobs (DESIGN.md §2):
+
+=========== ====================================================== ======= ======= =====
+knob        meaning                                                PAPER   FA2     FP32
+=========== ====================================================== ======= ======= =====
+matmul      dtype of the matmul operands (accumulation is FP32    bf16    bf16    fp32
+            for bf16 operands, like tensor cores)
+scores      dtype S = αQKᵀ is stored in                            bf16    fp32    fp32
+exp         dtype exp(S − m) is evaluated in                       fp32    fp32    fp32
+pbar        dtype P̄ is rounded to before the P̄V product            bf16    bf16    fp32
+pv_out      dtype the P̄V product is rounded to                     bf16    fp32    fp32
+acc         dtype of the O accumulator and of the running m, ℓ     bf16    fp32    fp32
+out         dtype the output O is stored in (what δ = dO·O reads)  bf16    bf16    fp32
+delta       δ source: "dO.O", "dO.O_hp" (O recomputed in high      dO.O    dO.O    dO.O
+            precision) or "dP.P"
+block_q/k   tile sizes; None = one tile over the whole sequence    512     128/64  512
+sub         how S − m is formed: "sub" (scale, round, subtract:    sub     sub     sub
+            a tied maximum gives exactly P̄ = 1) or "fma" (one
+            fused multiply-add from the raw QKᵀ, as production
+            kernels do)
+fix         None or DynamicMax(beta, eps): the paper's Algorithm 3 None    None    None
+l_clamp     None, or the lower clamp of the row sum ℓ that the     None    None    None
+            paper's official code applies (1e-10); only for exact
+            emulation of that code, never part of our fix
+=========== ====================================================== ======= ======= =====
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+DELTAS = ("dO.O", "dO.O_hp", "dP.P")
+SUBS = ("sub", "fma")
+_DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out")
+
+
+@dataclass(frozen=True)
+class DynamicMax:
+    """The paper's fix (Algorithm 3): per key block, if r_s > 1 scores lie within `eps` of the block's
+    maximum r_m, use m' = beta·r_m when r_m > 0 and m' = 0 when r_m < 0; otherwise m' = r_m."""
+
+    beta: float = 2.0
+    eps: float = 1e-3
+
+    def __post_init__(self):
+        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 1):
+            raise ValueError(f"fix.beta must be a finite number > 1 (got {self.beta!r}): beta <= 1 would not "
+                             "move the maximum above the tied scores, so P̄ = 1 would remain")
+        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps >= 0):
+            raise ValueError(f"fix.eps must be a finite number >= 0 (got {self.eps!r})")
+
+    def __str__(self):
+        return f"dynmax({_num(self.beta)},{_num(self.eps)})"
+
+
+def _num(x: float) -> str:
+    return repr(float(x)) if not float(x).is_integer() else str(int(x)) if abs(x) < 1e15 else repr(float(x))
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Every cast point of one attention call. See the module docstring for the meaning of each knob."""
+
+    matmul: str = "bf16"
+    scores: str = "fp32"
+    exp: str = "fp32"
+    pbar: str = "bf16"
+    pv_out: str = "fp32"
+    acc: str = "fp32"
+    out: str = "bf16"
+    delta: str = "dO.O"
+    block_q: int | None = 128
+    block_k: int | None = 64
+    sub: str = "sub"
+    fix: DynamicMax | None = None
+    l_clamp: float | None = None
+
+    def __post_init__(self):
+        for name in _DTYPE_FIELDS:
+            value = getattr(self, name)
+            if value not in DTYPES:
+                raise ValueError(f"Precision.{name} must be one of {sorted(DTYPES)} (got {value!r})")
+        if self.delta not in DELTAS:
+            raise ValueError(f"Precision.delta must be one of {list(DELTAS)} (got {self.delta!r})")
+        if self.sub not in SUBS:
+            raise ValueError(f"Precision.sub must be one of {list(SUBS)} (got {self.sub!r})")
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"Precision.{name} must be a positive int or None for one tile (got {value!r})")
+        if self.fix is not None and not isinstance(self.fix, DynamicMax):
+            raise ValueError(f"Precision.fix must be None or DynamicMax(beta, eps) (got {self.fix!r})")
+        if self.l_clamp is not None and not (isinstance(self.l_clamp, (int, float)) and self.l_clamp > 0):
+            raise ValueError(f"Precision.l_clamp must be None or a positive number (got {self.l_clamp!r})")
+
+    # -- variants -------------------------------------------------------------------------------------
+    def with_fix(self, beta: float = 2.0, eps: float = 1e-3) -> "Precision":
+        """This policy plus the paper's dynamic-maximum fix (Algorithm 3)."""
+        return dataclasses.replace(self, fix=DynamicMax(beta, eps))
+
+    def replace(self, **changes) -> "Precision":
+        """A copy with some knobs changed (validated like a new policy)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown Precision knob(s) {sorted(unknown)}; valid: {[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **changes)
+
+    def dtype(self, knob: str) -> torch.dtype:
+        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``."""
+        if knob not in _DTYPE_FIELDS:
+            raise ValueError(f"{knob!r} is not a dtype knob; dtype knobs: {list(_DTYPE_FIELDS)}")
+        return DTYPES[getattr(self, knob)]
+
+    @property
+    def name(self) -> str:
+        """The preset's name when this policy is one (with "+fix" for the fixed variants), else its string."""
+        for preset_name, preset in PRESETS.items():
+            if self == preset:
+                return preset_name
+            if self.fix is not None and dataclasses.replace(self, fix=None) == preset:
+                return f"{preset_name}+fix" if self.fix == DynamicMax() else f"{preset_name}+{self.fix}"
+        return str(self)
+
+    # -- string form ----------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        parts = [f"{name}={getattr(self, name)}" for name in _DTYPE_FIELDS]
+        parts.append(f"delta={self.delta}")
+        parts.append(f"block={_block(self.block_q)}x{_block(self.block_k)}")
+        parts.append(f"sub={self.sub}")
+        parts.append(f"fix={self.fix if self.fix is not None else 'none'}")
+        parts.append(f"l_clamp={repr(float(self.l_clamp)) if self.l_clamp is not None else 'none'}")
+        return ",".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> "Precision":
+        """Inverse of ``str(policy)``. Also accepts a preset name (``"PAPER_BF16"``, ``"FP32+fix"``), and
+        a preset followed by overrides: ``"FA2_BF16,acc=bf16"``. Unknown keys raise ValueError."""
+        text = text.strip()
+        items = [t.strip() for t in _split_top(text)] if text else []
+        base = cls()
+        if items and "=" not in items[0]:
+            head = items.pop(0)
+            fixed = head.endswith("+fix")
+            key = head[:-4] if fixed else head
+            if key not in PRESETS:
+                raise ValueError(f"unknown preset {key!r}; presets: {list(PRESETS)}")
+            base = PRESETS[key].with_fix() if fixed else PRESETS[key]
+        changes: dict = {}
+        valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp"]
+        for item in items:
+            if "=" not in item:
+                raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
+            key, value = (s.strip() for s in item.split("=", 1))
+            if key not in valid:
+                raise ValueError(f"unknown Precision key {key!r} in {text!r}; valid keys: {valid}")
+            if key in _DTYPE_FIELDS or key in ("delta", "sub"):
+                changes[key] = value
+            elif key == "block":
+                m = re.fullmatch(r"(\w+)x(\w+)", value)
+                if not m:
+                    raise ValueError(f"block must look like 512x512 or onextone (got {value!r})")
+                changes["block_q"], changes["block_k"] = _parse_block(m.group(1)), _parse_block(m.group(2))
+            elif key in ("block_q", "block_k"):
+                changes[key] = _parse_block(value)
+            elif key == "fix":
+                changes["fix"] = _parse_fix(value)
+            elif key == "l_clamp":
+                changes["l_clamp"] = None if value == "none" else _parse_float(value, key)
+        return dataclasses.replace(base, **changes)
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas that are not inside parentheses."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return out
+
+
+def _block(b: int | None) -> str:
+    return "one" if b is None else str(b)
+
+
+def _parse_block(s: str) -> int | None:
+    if s == "one":
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        raise ValueError(f"a block size must be an integer or 'one' (got {s!r})") from None
+
+
+def _parse_float(s: str, what: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        raise ValueError(f"{what} must be a number (got {s!r})") from None
+
+
+def _parse_fix(s: str) -> DynamicMax | None:
+    if s == "none":
+        return None
+    m = re.fullmatch(r"dynmax\(([^,]+),([^)]+)\)", s)
+    if not m:
+        raise ValueError(f"fix must be 'none' or 'dynmax(beta,eps)' (got {s!r})")
+    return DynamicMax(_parse_float(m.group(1), "fix.beta"), _parse_float(m.group(2), "fix.eps"))
+
+
+# -- presets ------------------------------------------------------------------------------------------
+#: What the paper's official pure-PyTorch flash attention computes under BF16 autocast (see the docstring
+#: of `lpfail.attention` for the order of operations): s, m, ℓ and O in BF16, P̄ cast to BF16 before P̄V,
+#: P̄V rounded to BF16, exp in FP32, 512×512 tiles.
+PAPER_BF16 = Precision(matmul="bf16", scores="bf16", exp="fp32", pbar="bf16", pv_out="bf16", acc="bf16",
+                       out="bf16", delta="dO.O", block_q=512, block_k=512)
+#: What FlashAttention-2-style production kernels compute: FP32 scores, m, ℓ and accumulator; P̄ in BF16
+#: for the tensor-core P̄V product; output stored in BF16.
+FA2_BF16 = Precision(matmul="bf16", scores="fp32", exp="fp32", pbar="bf16", pv_out="fp32", acc="fp32",
+                     out="bf16", delta="dO.O", block_q=128, block_k=64)
+#: The same tiling as the paper's code, everything in FP32 (the paper's "high precision" control).
+FP32 = Precision(matmul="fp32", scores="fp32", exp="fp32", pbar="fp32", pv_out="fp32", acc="fp32",
+                 out="fp32", delta="dO.O", block_q=512, block_k=512)
+#: Everything in float64: equal to the truth up to float64 rounding.
+FP64 = Precision(matmul="fp64", scores="fp64", exp="fp64", pbar="fp64", pv_out="fp64", acc="fp64",
+                 out="fp64", delta="dO.O", block_q=512, block_k=512)
+#: The paper's official fixed code exactly: PAPER_BF16 + Algorithm 3 (β = 2, ε = 1e-3) + its row-sum
+#: clamp at 1e-10 (which shrinks rows whose tied maximum exceeds ≈ 23 toward zero; see chapter 1).
+PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e-3), l_clamp=1e-10)
+
+PRESETS: dict[str, Precision] = {
+    "PAPER_BF16": PAPER_BF16,
+    "FA2_BF16": FA2_BF16,
+    "FP32": FP32,
+    "FP64": FP64,
+    "PAPER_BF16_OFFICIAL_FIX": PAPER_BF16_OFFICIAL_FIX,
+}
