@@ -1,0 +1,35 @@
+# `make book`: create .venv from nothing, install, build the HTML book into _build/html from stored results.
+# `make test`: pytest over tests/ and nbval over every chapter (one run), then the book build with -W.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test pytest build-strict notebooks clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . --builder html
+	@echo "the book is in _build/html/index.html"
+
+# pytest exits non-zero (5) when it collects no test, which fails make: an empty run is never a pass.
+pytest: $(STAMP)
+	$(BIN)/python -m pytest tests book --nbval --nbval-current-env \
+		--nbval-sanitize-with book/nbval_sanitize.cfg -p no:cacheprovider
+
+build-strict: $(STAMP)
+	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
+
+test: pytest build-strict
+
+# Re-execute every chapter in place (on a GPU machine, LPFAIL_RECOMPUTE=1 recomputes stored results).
+notebooks: $(STAMP)
+	$(BIN)/python tools/nbbuild.py execute book/*.ipynb
+
+clean:
+	rm -rf _build

@@ -1,0 +1,5 @@
+import sys
+
+from lpfail.cli import main
+
+sys.exit(main())

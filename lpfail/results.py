@@ -1,0 +1,408 @@
+"""The results cache: experiments registered by name, their outputs stored with provenance.
+
+An experiment is a pure function of a frozen config dataclass that returns a dict of numpy arrays and JSON
+scalars. ``python -m lpfail run NAME`` runs it and writes two files into ``results/``:
+
+* ``NAME.npz``  — the arrays (loaded with ``allow_pickle=False``);
+* ``NAME.json`` — ``name``, ``config``, ``config_hash``, ``git``, ``device``, ``versions``, ``created`` (UTC),
+  ``wall_s``, the scalars, and the sha256 of the ``.npz`` (so a half-written or mismatched pair is caught).
+
+Chapters call ``load(NAME)``: it returns the stored result when its config hash matches the experiment's
+current config and raises an error naming the regenerating command otherwise. With ``LPFAIL_RECOMPUTE=1``,
+``load`` recomputes (and stores) instead — on a GPU machine for GPU experiments. Writes are atomic: each file
+goes to a temporary name in the same folder and is renamed into place, the ``.npz`` first and the ``.json``
+(which names the ``.npz``'s hash) last. ``LPFAIL_RESULTS_DIR`` points the cache elsewhere (used on the GPU
+machine, whose files come back through ``$OUT``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import importlib
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+#: Modules that register experiments when imported. `registry()` imports them on first use.
+EXPERIMENT_MODULES = ("lpfail.rounding", "kernels.bench")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ResultError(RuntimeError):
+    """Base class of the cache's errors; each message names the command that fixes it."""
+
+
+class ResultMissing(ResultError):
+    pass
+
+
+class ResultStale(ResultError):
+    pass
+
+
+class ResultCorrupt(ResultError):
+    pass
+
+
+class UnknownExperiment(ResultError, KeyError):
+    def __str__(self):  # KeyError would quote the message
+        return self.args[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    fn: Callable[[Any], dict]
+    config: type
+    gpu: bool
+    description: str
+
+    def default_config(self):
+        return self.config()
+
+
+_REGISTRY: dict[str, Experiment] = {}
+_IMPORTED = False
+
+
+def experiment(name: str, config: type, gpu: bool = False, description: str | None = None):
+    """Register ``fn(cfg) -> dict`` as experiment ``name`` with config dataclass ``config``."""
+    if not (dataclasses.is_dataclass(config) and isinstance(config, type)):
+        raise TypeError(f"experiment {name!r}: config must be a dataclass type (got {config!r})")
+    if not config.__dataclass_params__.frozen:
+        raise TypeError(f"experiment {name!r}: config dataclass {config.__name__} must be frozen")
+
+    def register(fn):
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
+            raise ValueError(f"experiment {name!r} is registered twice ({_REGISTRY[name].fn.__module__} "
+                             f"and {fn.__module__})")
+        _REGISTRY[name] = Experiment(name, fn, config, gpu, doc)
+        return fn
+
+    return register
+
+
+def registry() -> dict[str, Experiment]:
+    """All registered experiments (importing the modules that define them)."""
+    global _IMPORTED
+    if not _IMPORTED:
+        for mod in EXPERIMENT_MODULES:
+            try:
+                importlib.import_module(mod)
+            except ModuleNotFoundError as e:
+                if e.name != mod:  # a real missing dependency inside the module: surface it
+                    raise
+        _IMPORTED = True
+    return dict(_REGISTRY)
+
+
+def get(name: str) -> Experiment:
+    reg = registry()
+    if name not in reg:
+        raise UnknownExperiment(f"no experiment named {name!r}; registered: {sorted(reg)} "
+                                "(`python -m lpfail list` shows them)")
+    return reg[name]
+
+
+# -- config hashing -------------------------------------------------------------------------------------
+def _canon(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {"__type__": type(obj).__name__,
+                **{f.name: _canon(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    if isinstance(obj, (list, tuple)):
+        return [_canon(x) for x in obj]
+    if isinstance(obj, dict):
+        return {str(k): _canon(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, float):
+        return repr(obj)  # exact and stable
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    return str(obj)  # e.g. a Precision: its string form is its identity
+
+
+def config_dict(cfg) -> dict:
+    return _canon(cfg)
+
+
+def config_hash(cfg) -> str:
+    """A short stable hash of a config dataclass (its type name and every field)."""
+    text = json.dumps(_canon(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- provenance -----------------------------------------------------------------------------------------
+def results_dir() -> Path:
+    return Path(os.environ.get("LPFAIL_RESULTS_DIR") or REPO_ROOT / "results")
+
+
+def _git() -> str:
+    if os.environ.get("LPFAIL_GIT"):
+        return os.environ["LPFAIL_GIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _device() -> str:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:  # pragma: no cover - torch import problems are reported elsewhere
+        pass
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("torch", "triton"):
+        try:
+            out[mod] = importlib.import_module(mod).__version__
+        except Exception:
+            out[mod] = None
+    try:
+        import torch
+        out["cuda"] = torch.version.cuda
+    except Exception:
+        pass
+    return out
+
+
+# -- the stored result ----------------------------------------------------------------------------------
+class Result(Mapping):
+    """A stored result: mapping access to arrays and scalars, ``.meta`` for provenance."""
+
+    def __init__(self, data: dict, meta: dict):
+        self._data = data
+        self.meta = meta
+
+    def __getitem__(self, key):
+        try:
+            return self._data[key]
+        except KeyError:
+            raise KeyError(f"result {self.meta.get('name')!r} has no entry {key!r}; it has {sorted(self._data)}") from None
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+    @property
+    def provenance(self) -> str:
+        """One line: where and when this result was computed."""
+        m = self.meta
+        return (f"{m['name']}: computed on {m['device']} on {m['created'][:10]} "
+                f"(git {str(m['git'])[:12]}, {m['wall_s']:.1f} s, config {m['config_hash']})")
+
+    def __repr__(self):
+        return f"<Result {self.provenance}; keys {sorted(self._data)}>"
+
+
+def _split(name: str, data: dict) -> tuple[dict, dict]:
+    if not isinstance(data, dict):
+        raise TypeError(f"experiment {name!r} must return a dict (got {type(data).__name__})")
+    arrays, scalars = {}, {}
+    for k, v in data.items():
+        if not isinstance(k, str) or not k.isidentifier():
+            raise ValueError(f"experiment {name!r}: result key {k!r} must be an identifier string")
+        if isinstance(v, np.ndarray):
+            if v.dtype == object:
+                raise TypeError(f"experiment {name!r}: array {k!r} has dtype object (not storable)")
+            arrays[k] = v
+        elif isinstance(v, np.generic):
+            scalars[k] = v.item()
+        else:
+            try:
+                json.dumps(v, allow_nan=True)
+            except TypeError:
+                raise TypeError(f"experiment {name!r}: result {k!r} of type {type(v).__name__} is neither a numpy "
+                                "array nor JSON-serializable") from None
+            scalars[k] = v
+    return arrays, scalars
+
+
+def _atomic_write(path: Path, payload: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = None) -> Result:
+    """Store ``data`` as result ``name`` (atomically, with provenance)."""
+    arrays, scalars = _split(name, data)
+    directory = Path(directory) if directory is not None else results_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    npz_bytes = buf.getvalue()
+    meta = {
+        "name": name,
+        "config": config_dict(cfg),
+        "config_hash": config_hash(cfg),
+        "git": _git(),
+        "device": _device(),
+        "versions": _versions(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": round(float(wall_s), 3),
+        "npz_sha256": hashlib.sha256(npz_bytes).hexdigest(),
+        "arrays": sorted(arrays),
+        "scalars": scalars,
+    }
+    _atomic_write(directory / f"{name}.npz", npz_bytes)
+    _atomic_write(directory / f"{name}.json", (json.dumps(meta, indent=1, allow_nan=True) + "\n").encode())
+    return Result({**{k: v for k, v in arrays.items()}, **scalars}, meta)
+
+
+def _command(name: str) -> str:
+    return f"python -m lpfail run {name}"
+
+
+def _read(name: str, directory: Path) -> Result:
+    jpath, npath = directory / f"{name}.json", directory / f"{name}.npz"
+    if not jpath.exists():
+        raise ResultMissing(f"no stored result {name!r} in {directory}: run `{_command(name)}`"
+                            + (" on a GPU machine" if name in _REGISTRY and _REGISTRY[name].gpu else ""))
+    try:
+        meta = json.loads(jpath.read_text())
+        for key in ("name", "config_hash", "npz_sha256", "arrays", "scalars", "device", "created", "git"):
+            if key not in meta:
+                raise ValueError(f"missing key {key!r}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ResultCorrupt(f"stored result {jpath} is corrupt ({e}); delete it and run `{_command(name)}`") from None
+    if not npath.exists():
+        raise ResultCorrupt(f"stored result {name!r} has {jpath.name} but no {npath.name}; run `{_command(name)}`")
+    npz_bytes = npath.read_bytes()
+    if hashlib.sha256(npz_bytes).hexdigest() != meta["npz_sha256"]:
+        raise ResultCorrupt(f"stored result {npath} does not match the hash recorded in {jpath.name} (half-written "
+                            f"or edited by hand); run `{_command(name)}`")
+    try:
+        with np.load(io.BytesIO(npz_bytes), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as e:
+        raise ResultCorrupt(f"stored result {npath} cannot be read ({e}); run `{_command(name)}`") from None
+    if sorted(arrays) != sorted(meta["arrays"]):
+        raise ResultCorrupt(f"stored result {npath} holds arrays {sorted(arrays)}, its JSON names {meta['arrays']}")
+    return Result({**arrays, **meta["scalars"]}, meta)
+
+
+def _want_recompute() -> bool:
+    return os.environ.get("LPFAIL_RECOMPUTE", "").strip().lower() in ("1", "true", "yes")
+
+
+def run(name: str, config=None, store: bool = True, directory: Path | None = None) -> Result:
+    """Run experiment ``name`` (with its default config unless one is given) and store the result."""
+    exp = get(name)
+    cfg = exp.default_config() if config is None else config
+    if not isinstance(cfg, exp.config):
+        raise TypeError(f"experiment {name!r} takes a {exp.config.__name__} config (got {type(cfg).__name__})")
+    if exp.gpu:
+        import torch
+        if not torch.cuda.is_available():
+            raise ResultError(f"experiment {name!r} needs a CUDA GPU and none is available here; run "
+                              f"`{_command(name)}` on a GPU machine (chapters on CPU read its stored result)")
+    t0 = time.perf_counter()
+    data = exp.fn(cfg)
+    wall = time.perf_counter() - t0
+    if not store:
+        arrays, scalars = _split(name, data)
+        return Result({**arrays, **scalars}, {"name": name, "config_hash": config_hash(cfg), "stored": False})
+    return save(name, cfg, data, wall, directory)
+
+
+def load(name: str, config=None, directory: Path | None = None) -> Result:
+    """The stored result of ``name`` for its current (or the given) config.
+
+    Raises ResultMissing / ResultStale / ResultCorrupt with the command that regenerates it. With
+    ``LPFAIL_RECOMPUTE=1`` the experiment is run instead (it must be able to run here)."""
+    exp = get(name)
+    cfg = exp.default_config() if config is None else config
+    directory = Path(directory) if directory is not None else results_dir()
+    if _want_recompute():
+        return run(name, cfg, directory=directory)
+    res = _read(name, directory)
+    if res.meta["config_hash"] != config_hash(cfg):
+        raise ResultStale(f"stored result {name!r} was computed for config {res.meta['config_hash']} but the "
+                          f"current config hashes to {config_hash(cfg)}: its code or settings changed. Run "
+                          f"`{_command(name)}`" + (" on a GPU machine" if exp.gpu else "") + " to regenerate it")
+    return res
+
+
+def status(name: str, directory: Path | None = None) -> str:
+    """'fresh', 'stale', 'missing' or 'corrupt' for the stored result of ``name``."""
+    try:
+        load_no_recompute(name, directory)
+        return "fresh"
+    except ResultMissing:
+        return "missing"
+    except ResultStale:
+        return "stale"
+    except ResultCorrupt:
+        return "corrupt"
+
+
+def load_no_recompute(name: str, directory: Path | None = None) -> Result:
+    exp = get(name)
+    directory = Path(directory) if directory is not None else results_dir()
+    res = _read(name, directory)
+    if res.meta["config_hash"] != config_hash(exp.default_config()):
+        raise ResultStale(f"stored result {name!r} is stale; run `{_command(name)}`")
+    return res
+
+
+def typed_config(exp: Experiment, overrides: dict[str, str]):
+    """Build ``exp``'s config from ``key=value`` strings (CLI ``--set``), converting by field type."""
+    base = exp.default_config()
+    fields = {f.name: f for f in dataclasses.fields(base)}
+    hints = typing.get_type_hints(exp.config)
+    changes = {}
+    for key, text in overrides.items():
+        if key not in fields:
+            raise ValueError(f"{exp.name}: unknown config field {key!r}; fields: {sorted(fields)}")
+        current = getattr(base, key)
+        try:
+            if isinstance(current, bool):
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                changes[key] = text.lower() in ("true", "1")
+            elif isinstance(current, (int, float, str)):
+                changes[key] = type(current)(text)
+            elif isinstance(current, tuple):
+                elem = type(current[0]) if current else str
+                changes[key] = tuple(elem(t) for t in text.split(",") if t != "")
+            else:
+                raise ValueError(f"field {key!r} of type {hints.get(key)} cannot be set from the command line")
+        except ValueError as e:
+            raise ValueError(f"{exp.name}: cannot set {key}={text!r} ({e})") from None
+    return dataclasses.replace(base, **changes)

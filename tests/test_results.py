@@ -1,0 +1,201 @@
+"""The results cache: round trip, provenance, and every failure case (missing, stale, corrupt, half-written)."""
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+
+from lpfail import cli, results
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyConfig:
+    n: int = 5
+    scale: float = 2.0
+    label: str = "toy"
+
+
+CALLS = []
+
+
+@results.experiment("_toy", config=ToyConfig, description="a toy experiment for the tests")
+def _toy(cfg: ToyConfig):
+    CALLS.append(cfg)
+    return {"x": np.arange(cfg.n) * cfg.scale, "total": float(cfg.n * cfg.scale), "label": cfg.label}
+
+
+@results.experiment("_toy_gpu", config=ToyConfig, gpu=True)
+def _toy_gpu(cfg: ToyConfig):
+    return {"x": np.zeros(1)}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LPFAIL_RESULTS_DIR", str(tmp_path))
+    monkeypatch.delenv("LPFAIL_RECOMPUTE", raising=False)
+    CALLS.clear()
+    return tmp_path
+
+
+def test_round_trip_with_provenance(cache):
+    stored = results.run("_toy")
+    res = results.load("_toy")
+    np.testing.assert_array_equal(res["x"], np.arange(5) * 2.0)
+    assert res["total"] == 10.0 and res["label"] == "toy"
+    for key in ("name", "config", "config_hash", "git", "device", "versions", "created", "wall_s"):
+        assert key in res.meta, key
+    assert res.meta["config"]["n"] == 5
+    assert res.meta["device"].startswith("cpu")
+    assert res.meta["versions"]["torch"]
+    assert stored.meta["config_hash"] == results.config_hash(ToyConfig())
+    assert "computed on cpu" in res.provenance
+    assert sorted(os.listdir(cache)) == ["_toy.json", "_toy.npz"]  # no temporary files left behind
+
+
+def test_config_hash_depends_on_every_field():
+    base = results.config_hash(ToyConfig())
+    assert results.config_hash(ToyConfig()) == base
+    for change in ({"n": 6}, {"scale": 2.0000001}, {"label": "other"}):
+        assert results.config_hash(dataclasses.replace(ToyConfig(), **change)) != base
+
+
+def test_missing_names_the_command(cache):
+    with pytest.raises(results.ResultMissing, match="python -m lpfail run _toy"):
+        results.load("_toy")
+
+
+def test_stale_when_config_changes(cache):
+    results.run("_toy", ToyConfig(n=3))
+    with pytest.raises(results.ResultStale, match="python -m lpfail run _toy"):
+        results.load("_toy")
+    assert results.load("_toy", ToyConfig(n=3))["total"] == 6.0
+    assert results.status("_toy") == "stale"
+
+
+def test_corrupt_json(cache):
+    results.run("_toy")
+    (cache / "_toy.json").write_text("{not json")
+    with pytest.raises(results.ResultCorrupt, match="corrupt"):
+        results.load("_toy")
+    assert results.status("_toy") == "corrupt"
+
+
+def test_truncated_npz_is_detected(cache):
+    results.run("_toy")
+    data = (cache / "_toy.npz").read_bytes()
+    (cache / "_toy.npz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(results.ResultCorrupt, match="does not match the hash"):
+        results.load("_toy")
+
+
+def test_npz_without_json_half_pair(cache):
+    results.run("_toy")
+    (cache / "_toy.npz").unlink()
+    with pytest.raises(results.ResultCorrupt, match="no _toy.npz"):
+        results.load("_toy")
+
+
+def test_failed_write_keeps_the_old_result(cache, monkeypatch):
+    results.run("_toy")
+    before = (cache / "_toy.json").read_bytes()
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if str(dst).endswith(".json"):
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        results.run("_toy", ToyConfig(n=7))
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert (cache / "_toy.json").read_bytes() == before
+    assert not [p for p in os.listdir(cache) if p.endswith(".tmp")]
+    # the npz was replaced but the json was not: the pair no longer matches, and that is caught
+    with pytest.raises(results.ResultCorrupt):
+        results.load("_toy")
+
+
+def test_recompute_env(cache, monkeypatch):
+    results.run("_toy")
+    assert len(CALLS) == 1
+    results.load("_toy")
+    assert len(CALLS) == 1
+    monkeypatch.setenv("LPFAIL_RECOMPUTE", "1")
+    results.load("_toy")
+    assert len(CALLS) == 2
+
+
+def test_gpu_experiment_refuses_without_cuda(cache):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(results.ResultError, match="needs a CUDA GPU"):
+        results.run("_toy_gpu")
+    with pytest.raises(results.ResultMissing, match="on a GPU machine"):
+        results.load("_toy_gpu")
+
+
+def test_unknown_experiment():
+    with pytest.raises(results.UnknownExperiment, match="no experiment named 'nope'"):
+        results.load("nope")
+
+
+def test_bad_return_values(cache):
+    @dataclasses.dataclass(frozen=True)
+    class C:
+        a: int = 1
+
+    @results.experiment("_bad", config=C)
+    def _bad(cfg):
+        return {"obj": object()}
+
+    with pytest.raises(TypeError, match="neither a numpy array nor JSON"):
+        results.run("_bad")
+    assert not list(cache.iterdir())
+
+
+def test_config_must_be_frozen_dataclass():
+    @dataclasses.dataclass
+    class Mutable:
+        a: int = 1
+
+    with pytest.raises(TypeError, match="frozen"):
+        results.experiment("_m", config=Mutable)
+
+
+def test_typed_config_from_strings():
+    exp = results.get("_toy")
+    cfg = results.typed_config(exp, {"n": "7", "scale": "0.5", "label": "x"})
+    assert cfg == ToyConfig(n=7, scale=0.5, label="x")
+    with pytest.raises(ValueError, match="unknown config field 'm'"):
+        results.typed_config(exp, {"m": "1"})
+    with pytest.raises(ValueError, match="cannot set n='seven'"):
+        results.typed_config(exp, {"n": "seven"})
+
+
+def test_cli_run_list_show(cache, capsys):
+    assert cli.main(["run", "_toy", "--set", "n=4"]) == 0
+    assert "computed on cpu" in capsys.readouterr().out
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "_toy" in out and "stale" in out  # stored with n=4, default is n=5
+    assert cli.main(["show", "_toy"]) == 0
+    assert "array float64 (4,)" in capsys.readouterr().out
+    assert cli.main(["run", "nope"]) == 2
+    assert "no experiment named" in capsys.readouterr().err
+
+
+def test_every_stored_result_is_fresh_and_has_provenance():
+    """The committed results cache: each file pair loads, names its device, and matches its experiment's
+    current config (otherwise the book would be showing numbers its code no longer makes)."""
+    directory = results.REPO_ROOT / "results"
+    names = sorted(p.stem for p in directory.glob("*.json"))
+    reg = results.registry()
+    for name in names:
+        assert name in reg, f"results/{name}.json belongs to no registered experiment"
+        res = results.load(name, directory=directory) if not os.environ.get("LPFAIL_RECOMPUTE") else None
+        if res is not None:
+            assert res.meta["device"] and res.meta["created"] and res.meta["git"]
+            assert json.loads((directory / f"{name}.json").read_text())["name"] == name
