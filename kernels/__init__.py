@@ -1,0 +1,234 @@
+"""Triton flash attention that takes the same `Precision` policy as the pure-PyTorch reference.
+
+Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, policy=FA2_BF16, causal=True)`` is a drop-in
+attention for (batch, heads, seq, head_dim) tensors: a Triton forward (`kernels/fwd.py`), a Triton backward
+(`kernels/bwd.py`) and the `autograd.Function` here that joins them. The policy's knobs are compile-time
+constants of the kernels, so one source compiles every precision variant:
+
+* ``pbar``      P̄ rounded to BF16 (FP16) or kept in FP32 before the P̄V dot;
+* ``acc``, ``pv_out``, ``scores``  FP32, or rounded to BF16 (FP16) after every key block — the paper's code;
+* ``fix``       the paper's dynamic maximum (Algorithm 3, β and ε) in the forward;
+* ``delta``     the δ source of the backward: ``"dO.O"``, ``"dO.O_hp"`` (O recomputed in FP32), ``"dP.P"``;
+* ``sub``       ``"sub"`` (scale, round, subtract: a tied maximum gives P̄ = 1 exactly) or ``"fma"``;
+* ``block_k``   the key block in which the fix and the roundings act: one hardware tile when ≤ 128, else
+  walked in 64-key chunks with two passes per block (the paper's 512, or ``None`` for one tile per row);
+* ``l_clamp``   the row-sum clamp of the paper's official code.
+
+``exp`` must be FP32 and nothing may be FP64: such policies raise ``ValueError`` naming the knob. The
+kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
+Triton's CPU interpreter, which is slow and whose BF16 arithmetic is broken, so only ``matmul="fp32"`` policies
+are accepted there (rounding cast points to BF16 still work: they are conversions). Without either,
+``flash_attention`` raises ``RuntimeError``; the reference is ``lpfail.attention``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lpfail.precision import FA2_BF16, Precision
+
+try:
+    import triton
+    import triton.language as tl
+
+    from kernels import bwd as _bwd
+    from kernels import fwd as _fwd
+    _IMPORT_ERROR: Exception | None = None
+except ImportError as e:  # pragma: no cover - triton is in requirements.txt
+    _IMPORT_ERROR = e
+
+__all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available"]
+
+_TL = {}
+if _IMPORT_ERROR is None:
+    _TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
+CHUNK = 64  # key chunk of the two-pass emulation path
+
+
+def interpreted() -> bool:
+    """True when the kernels were built for Triton's CPU interpreter (TRITON_INTERPRET=1 at import)."""
+    return _IMPORT_ERROR is None and _fwd.INTERPRET
+
+
+def available(device: torch.device | str | None = None) -> bool:
+    """Whether `flash_attention` can run on tensors of `device` (CUDA, or CPU under the interpreter)."""
+    if _IMPORT_ERROR is not None:
+        return False
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cpu":
+        return interpreted()
+    return torch.cuda.is_available() or interpreted()
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """A `Precision` translated into the kernels' constexprs (see `kernel_policy`)."""
+
+    matmul: object
+    scores: object
+    pbar: object
+    pv_out: object
+    acc: object
+    out_dtype: torch.dtype
+    sub_fma: bool
+    fix: bool
+    beta: float
+    eps: float
+    clamp: bool
+    l_clamp: float
+    delta: str
+    block_n: int       # hardware tile along the keys
+    key_block: int     # the policy's key block (a multiple of block_n); 0 = one block over the row
+    two_pass: bool
+    dot_prec: str
+
+
+def kernel_policy(policy: Precision) -> KernelPolicy:
+    """Check that the kernels can honour `policy` and translate it; ValueError names the knob that can't."""
+    if not isinstance(policy, Precision):
+        raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
+    for knob in ("matmul", "scores", "pbar", "pv_out", "acc", "out"):
+        value = getattr(policy, knob)
+        if value not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"kernels: Precision.{knob}={value!r} is not supported by the Triton kernels "
+                             "(bf16, fp16 or fp32 only); use lpfail.attention for float64")
+    if policy.exp != "fp32":
+        raise ValueError(f"kernels: Precision.exp={policy.exp!r} is not supported: the kernels evaluate exp in "
+                         "fp32 only")
+    if interpreted() and policy.matmul != "fp32":
+        raise ValueError(f"kernels: Precision.matmul={policy.matmul!r} under TRITON_INTERPRET=1: the CPU "
+                         "interpreter's bf16/fp16 arithmetic is broken; use matmul='fp32' there")
+    if policy.sub == "fma" and policy.scores != "fp32":
+        raise ValueError(f"kernels: Precision.scores={policy.scores!r} with sub='fma': the fused multiply-add "
+                         "forms S − m from the raw FP32 QKᵀ, so S is never rounded; use sub='sub' to round S")
+    bk = policy.block_k
+    if bk is not None and bk <= 128:
+        if bk & (bk - 1) or bk < 16:
+            raise ValueError(f"kernels: Precision.block_k={bk} must be a power of two in [16, 128] "
+                             f"(one hardware tile) or a multiple of {CHUNK} (two-pass emulation)")
+        block_n, key_block, two_pass = bk, bk, False
+    else:
+        if bk is not None and bk % CHUNK:
+            raise ValueError(f"kernels: Precision.block_k={bk} must be a multiple of {CHUNK} above 128")
+        block_n, key_block, two_pass = CHUNK, (bk or 0), True
+    fix = policy.fix
+    return KernelPolicy(
+        matmul=_TL[policy.matmul], scores=_TL[policy.scores], pbar=_TL[policy.pbar], pv_out=_TL[policy.pv_out],
+        acc=_TL[policy.acc], out_dtype=policy.dtype("out"), sub_fma=policy.sub == "fma",
+        fix=fix is not None, beta=float(fix.beta) if fix else 2.0, eps=float(fix.eps) if fix else 0.0,
+        clamp=policy.l_clamp is not None, l_clamp=float(policy.l_clamp or 0.0), delta=policy.delta,
+        block_n=block_n, key_block=key_block, two_pass=two_pass,
+        dot_prec="ieee" if policy.matmul == "fp32" else "tf32")
+
+
+def _check_inputs(q, k, v):
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"kernels.flash_attention needs Triton, which failed to import ({_IMPORT_ERROR}); "
+                           "use lpfail.attention (the pure-PyTorch reference) instead")
+    if q.device.type != "cuda" and not interpreted():
+        raise RuntimeError(
+            f"kernels.flash_attention needs a CUDA GPU (got tensors on {q.device}). It is Triton code with no "
+            "CPU path; use lpfail.attention(q, k, v, policy) (the pure-PyTorch reference) on this machine, or set "
+            "TRITON_INTERPRET=1 before importing `kernels` to run Triton's (slow, FP32-only) CPU interpreter")
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        raise ValueError(f"q, k, v must be (batch, heads, seq, head_dim); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"q, k, v must have one shape (self-attention); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[-1] not in (16, 32, 64, 128):
+        raise ValueError(f"head_dim must be 16, 32, 64 or 128 (got {q.shape[-1]})")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"q, k, v must share one dtype among bf16, fp16, fp32 (got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype})")
+    if not (q.device == k.device == v.device):
+        raise ValueError("q, k, v must be on one device")
+
+
+def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, out_dtype=None):
+    """Launch the forward kernel; returns O (in the policy's `out` dtype) and L = m + log ℓ (FP32)."""
+    B, H, N, D = q.shape
+    o = torch.empty((B, H, N, D), device=q.device, dtype=out_dtype or kp.out_dtype)
+    lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
+    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
+    extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
+    key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
+    _fwd._attn_fwd[grid](
+        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        H, N, key_block, scale, kp.eps, kp.beta, kp.l_clamp,
+        HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, SCORES=kp.scores, PBAR=kp.pbar, PV_OUT=kp.pv_out,
+        ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix, CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass,
+        DOT_PREC=kp.dot_prec, **extra)
+    return o, lse
+
+
+def _high_precision(kp: KernelPolicy) -> KernelPolicy:
+    """The same policy with S, P̄, P̄V and the accumulator in FP32: the O that δ = dO·O_hp reads."""
+    f32 = tl.float32
+    return KernelPolicy(**{**kp.__dict__, "scores": f32, "pbar": f32, "pv_out": f32, "acc": f32,
+                           "out_dtype": torch.float32})
+
+
+def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float):
+    B, H, N, D = q.shape
+    do = do.contiguous()
+    extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
+    delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
+    if kp.delta == "dP.P":
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
+        _bwd._bwd_dq[grid](q, k, v, do, lse, delta, q, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+                           H, N, scale, HEAD_DIM=D, MATMUL=kp.matmul, SCORES=kp.scores, SUB_FMA=kp.sub_fma,
+                           CAUSAL=causal, DELTA_ONLY=True, DOT_PREC=kp.dot_prec, **extra)
+    else:
+        if kp.delta == "dO.O_hp":
+            o, _ = _forward(q, k, v, _high_precision(kp), causal, scale)
+        block = 64
+        _bwd._bwd_delta_dot[(triton.cdiv(N, block), B * H)](
+            o, do, delta, *o.stride(), *do.stride(), H, N, HEAD_DIM=D, BLOCK_M=block)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
+    _bwd._bwd_dkdv[grid](q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+                         H, N, scale, HEAD_DIM=D, MATMUL=kp.matmul, SCORES=kp.scores, SUB_FMA=kp.sub_fma,
+                         CAUSAL=causal, DOT_PREC=kp.dot_prec, **extra)
+    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
+    _bwd._bwd_dq[grid](q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+                       H, N, scale, HEAD_DIM=D, MATMUL=kp.matmul, SCORES=kp.scores, SUB_FMA=kp.sub_fma,
+                       CAUSAL=causal, DELTA_ONLY=False, DOT_PREC=kp.dot_prec, **extra)
+    return dq, dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """O = softmax(α QKᵀ [+ causal mask]) V under a `Precision` policy, Triton forward and backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, policy: Precision, causal: bool, scale: float):
+        kp = kernel_policy(policy)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        o, lse = _forward(q, k, v, kp, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.kp, ctx.causal, ctx.scale = kp, causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.kp, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
+                    causal: bool = True, scale: float | None = None) -> torch.Tensor:
+    """Attention of (batch, heads, seq, head_dim) tensors through the Triton kernels under `policy`.
+
+    Returns O in the policy's `out` dtype; gradients flow to q, k, v in their own dtype. `scale` defaults to
+    1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module docstring), ValueError for a policy
+    or shape the kernels cannot honour.
+    """
+    _check_inputs(q, k, v)
+    kernel_policy(policy)  # validate before anything is launched
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return FlashAttention.apply(q, k, v, policy, bool(causal), scale)

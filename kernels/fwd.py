@@ -1,0 +1,311 @@
+"""Triton flash attention, forward pass, with the precision policy's cast points as compile-time knobs.
+
+Explained in chapter 5 ("Fix") of the book; the launcher and the `autograd.Function` are in
+`kernels/__init__.py`. File order follows Triton's fused-attention tutorial: device helpers → the inner loop
+over key blocks → the forward kernel → its launcher.
+
+One program owns BLOCK_M query rows of one (batch, head) and walks the key blocks, keeping the running row
+maximum `m_i`, the running row sum `l_i` and the output accumulator `acc` (FlashAttention-2, Algorithm 1).
+Every cast point of `lpfail.precision.Precision` is a constexpr:
+
+=========== ==================================================================================
+MATMUL      dtype of the dot operands (Q, K, V, P̄); the dots accumulate in FP32
+SCORES      S = α·QKᵀ is rounded to this (scale-then-subtract mode only)
+PBAR        P̄ = exp(S − m) is rounded to this before the P̄V dot
+PV_OUT      the P̄V product is rounded to this before it is added to the accumulator
+ACC         `acc`, `m_i` and `l_i` are rounded to this after every key block (BF16: the paper's code)
+SUB_FMA     False: S is formed, rounded, then m subtracted (a tied maximum gives exactly P̄ = 1);
+            True: exp2(QKᵀ·α·log2e − m·log2e) in one fused multiply-add, as production kernels do
+FIX         the paper's dynamic maximum (Algorithm 3) with BETA and EPS, applied per key block
+=========== ==================================================================================
+
+Key blocks are the policy's `block_k`. When it is one hardware tile (BLOCK_N) the loop is one pass per tile
+(the fast path). When it is larger (the paper's 512, or one tile over the whole row) each policy block is
+walked in BLOCK_N chunks twice — once for its maximum (a third time to count ties when FIX is on), once to
+accumulate — so that every rounding happens exactly where the reference does it.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _patch_interpreter_index():
+    """Triton 3.6's interpreter turns a scalar into an int with ``int(array_of_shape_1)``, which NumPy 2 rejects,
+    so loops bounded by ``tl.program_id`` arithmetic fail there. Make ``__index__`` take the one element."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_lpfail", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._lpfail = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    _patch_interpreter_index()
+
+
+# -- device helpers --------------------------------------------------------------------------------------
+@triton.jit
+def _round(x, DT: tl.constexpr):
+    """Round an FP32 tile to DT and back (a cast point); the identity when DT is FP32."""
+    if DT == tl.float32:
+        return x
+    else:
+        return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _imin(a, b):
+    """min of two scalar ints (written as a branch: Triton's interpreter mishandles tl.minimum on scalars)."""
+    if b < a:
+        a = b
+    return a
+
+
+@triton.jit
+def _block_max(qk, scale, EPS, BETA, SCORES: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr):
+    """The maximum that this key block contributes, in natural units: r_m, or Algorithm 3's m' when FIX."""
+    if SUB_FMA:
+        r_m = tl.max(qk, 1) * scale
+    else:
+        r_m = tl.max(qk, 1)  # qk already holds the rounded scores S in this mode
+    if FIX:
+        if SUB_FMA:
+            gap = r_m[:, None] - qk * scale
+        else:
+            gap = _round(r_m[:, None] - qk, SCORES)
+        ties = tl.sum((gap <= EPS).to(tl.int32), 1)
+        r_m = _dynamic_max(r_m, ties, BETA)
+    return r_m
+
+
+@triton.jit
+def _dynamic_max(r_m, ties, BETA):
+    """Algorithm 3: with more than one score at the maximum, m' = β·r_m (r_m > 0) or 0 (r_m < 0)."""
+    multi = ties > 1
+    shifted = tl.where(r_m > 0, BETA * r_m, tl.where(r_m < 0, 0.0, r_m))
+    return tl.where(multi, shifted, r_m)
+
+
+@triton.jit
+def _scores(q, K_block, offs_m, offs_n, N_CTX, scale,
+            MATMUL: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
+            MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+    """One tile of scores: raw QKᵀ (FMA mode) or S = round(α·QKᵀ) (sub mode); masked entries are −inf."""
+    if MASK:
+        k = tl.load(K_block, mask=offs_n[None, :] < N_CTX, other=0.0).to(MATMUL)
+    else:
+        k = tl.load(K_block).to(MATMUL)
+    qk = tl.dot(q, k, input_precision=DOT_PREC)                        # (BLOCK_M, BLOCK_N)
+    if not SUB_FMA:
+        qk = _round(qk * scale, SCORES)
+    if MASK:
+        valid = offs_n[None, :] < N_CTX
+        if CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None])
+        qk = tl.where(valid, qk, float("-inf"))
+    return qk
+
+
+@triton.jit
+def _probs(qk, m_new, scale, SCORES: tl.constexpr, SUB_FMA: tl.constexpr):
+    """P = exp(S − m) in FP32 (before any rounding to PBAR)."""
+    if SUB_FMA:
+        return tl.exp2(tl.fma(qk, scale * 1.4426950408889634, -(m_new * 1.4426950408889634)[:, None]))
+    else:
+        return tl.exp(_round(qk - m_new[:, None], SCORES))
+
+
+@triton.jit
+def _accumulate(acc, l_i, m_i, m_new, p, v, ACC: tl.constexpr, PBAR: tl.constexpr, PV_OUT: tl.constexpr,
+                MATMUL: tl.constexpr, SUB_FMA: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Online-softmax update with one block's P (FP32) and V: rescale, add P̄V, round to the policy."""
+    if SUB_FMA:
+        alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
+    else:
+        alpha = tl.exp(_round(m_i - m_new, ACC))
+    l_i = _round(l_i * alpha + tl.sum(p, 1), ACC)
+    pbar = _round(p, PBAR).to(MATMUL)                      # the cast point right before the P̄V dot
+    if (ACC == tl.float32) and (PV_OUT == tl.float32):
+        acc = tl.dot(pbar, v, acc * alpha[:, None],
+                     input_precision=DOT_PREC)
+    else:
+        pv = tl.dot(pbar, v, input_precision=DOT_PREC)
+        acc = _round(_round(acc * alpha[:, None], ACC) + _round(pv, PV_OUT), ACC)
+    return acc, l_i
+
+
+# -- the inner loops ---------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
+               lo, hi, N_CTX, scale, EPS, BETA,
+               BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
+               PV_OUT: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
+               MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Fast path: the policy's key block is one tile, so each tile is read once."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kv_mask = offs_n[:, None] < N_CTX
+        qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
+                     MATMUL, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC)
+        m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
+        p = _probs(qk, m_new, scale, SCORES, SUB_FMA)
+        if MASK:
+            v = tl.load(V_ptrs + start_n * stride_vn, mask=kv_mask, other=0.0).to(MATMUL)
+        else:
+            v = tl.load(V_ptrs + start_n * stride_vn).to(MATMUL)
+        acc, l_i = _accumulate(acc, l_i, m_i, m_new, p, v, ACC, PBAR, PV_OUT, MATMUL, SUB_FMA, DOT_PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
+                       hi, N_CTX, KEY_BLOCK, scale, EPS, BETA,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       MATMUL: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
+                       PV_OUT: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
+                       CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Emulation path: policy key blocks of KEY_BLOCK keys (a multiple of BLOCK_N), walked in chunks."""
+    for kb in range(0, hi, KEY_BLOCK):
+        kb_hi = _imin(kb + KEY_BLOCK, hi)
+        # pass 1: the block's maximum
+        r_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        for start_n in range(kb, kb_hi, BLOCK_N):
+            offs_n = start_n + offs_n0
+            qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
+                         MATMUL, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
+            if SUB_FMA:
+                r_m = tl.maximum(r_m, tl.max(qk, 1) * scale)
+            else:
+                r_m = tl.maximum(r_m, tl.max(qk, 1))
+        if FIX:
+            # pass 1b: count the scores within EPS of the block's maximum
+            ties = tl.zeros([BLOCK_M], tl.int32)
+            for start_n in range(kb, kb_hi, BLOCK_N):
+                offs_n = start_n + offs_n0
+                qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
+                             MATMUL, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
+                if SUB_FMA:
+                    gap = r_m[:, None] - qk * scale
+                else:
+                    gap = _round(r_m[:, None] - qk, SCORES)
+                ties += tl.sum((gap <= EPS).to(tl.int32), 1)
+            r_m = _dynamic_max(r_m, ties, BETA)
+        m_new = _round(tl.maximum(m_i, r_m), ACC)
+        # pass 2: P for the whole block, the row sum and the P̄V product (accumulated in FP32 over the block)
+        l_blk = tl.zeros([BLOCK_M], tl.float32)
+        pv = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        for start_n in range(kb, kb_hi, BLOCK_N):
+            offs_n = start_n + offs_n0
+            kv_mask = offs_n[:, None] < N_CTX
+            qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
+                         MATMUL, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
+            p = _probs(qk, m_new, scale, SCORES, SUB_FMA)
+            l_blk += tl.sum(p, 1)
+            v = tl.load(V_ptrs + start_n * stride_vn, mask=kv_mask, other=0.0).to(MATMUL)
+            pv = tl.dot(_round(p, PBAR).to(MATMUL), v, pv,
+                        input_precision=DOT_PREC)
+        if SUB_FMA:
+            alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
+        else:
+            alpha = tl.exp(_round(m_i - m_new, ACC))
+        l_i = _round(l_i * alpha + l_blk, ACC)
+        acc = _round(_round(acc * alpha[:, None], ACC) + _round(pv, PV_OUT), ACC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+# -- the forward kernel --------------------------------------------------------------------------------------
+def _fwd_configs():
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=1)]
+    configs = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=s)
+               for bm in (128, 64) for w in (4, 8) for s in (2, 3, 4)]
+    if os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") == "0":
+        return configs[:1]
+    return configs
+
+
+def _fwd_prune(configs, named_args, **kwargs):
+    """Keep configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N; cap the 128-dim register load."""
+    block_n, head_dim = kwargs["BLOCK_N"], kwargs["HEAD_DIM"]
+    keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0 and c.kwargs["BLOCK_M"] >= block_n
+            and not (head_dim >= 128 and c.kwargs["BLOCK_M"] >= 128 and c.num_warps < 8 and not INTERPRET)]
+    return keep or [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=2)]
+
+
+@triton.autotune(configs=_fwd_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N"],
+                 prune_configs_by={"early_config_prune": _fwd_prune})
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE,
+              stride_qz, stride_qh, stride_qm, stride_qd,
+              stride_kz, stride_kh, stride_kn, stride_kd,
+              stride_vz, stride_vh, stride_vn, stride_vd,
+              stride_oz, stride_oh, stride_om, stride_od,
+              H, N_CTX, KEY_BLOCK, scale, EPS, BETA, L_CLAMP,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              MATMUL: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr, PV_OUT: tl.constexpr,
+              ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
+              CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    off_z = off_hz // H
+    off_h = off_hz % H
+    Q += off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
+    K += off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
+    V += off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    O += off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m[:, None] < N_CTX
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_ok, other=0.0)
+    q = q.to(MATMUL)                                                    # (BLOCK_M, HEAD_DIM)
+    K_ptrs = K + offs_n0[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (HEAD_DIM, BLOCK_N): Kᵀ
+    V_ptrs = V + offs_n0[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, HEAD_DIM)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if CAUSAL:
+        hi = _imin((start_m + 1) * BLOCK_M, N_CTX)
+    else:
+        hi = N_CTX
+    if TWO_PASS:
+        acc, l_i, m_i = _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m,
+                                           offs_n0, offs_d, hi, N_CTX, KEY_BLOCK, scale, EPS, BETA,
+                                           BLOCK_M, BLOCK_N, HEAD_DIM, MATMUL, SCORES, PBAR, PV_OUT, ACC,
+                                           SUB_FMA, FIX, CAUSAL, DOT_PREC)
+    else:
+        # tiles strictly below the diagonal (and inside the sequence) need no mask
+        if CAUSAL:
+            lo_mask = start_m * BLOCK_M
+        else:
+            lo_mask = (N_CTX // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+                                   offs_d, 0, lo_mask, N_CTX, scale, EPS, BETA, BLOCK_N, MATMUL, SCORES,
+                                   PBAR, PV_OUT, ACC, SUB_FMA, FIX, False, CAUSAL, DOT_PREC)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+                                   offs_d, lo_mask, hi, N_CTX, scale, EPS, BETA, BLOCK_N, MATMUL, SCORES,
+                                   PBAR, PV_OUT, ACC, SUB_FMA, FIX, True, CAUSAL, DOT_PREC)
+    if CLAMP:
+        l_i = tl.maximum(l_i, L_CLAMP)
+    o = _round(acc / l_i[:, None], ACC)
+    lse = m_i + tl.log(l_i)
+    tl.store(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, lse, mask=offs_m < N_CTX)
+    tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, o.to(O.dtype.element_ty),
+             mask=row_ok)
