@@ -26,10 +26,33 @@ sub         how S − m is formed: "sub" (scale, round, subtract:    sub     sub
             fused multiply-add from the raw QKᵀ, as production
             kernels do)
 fix         None or DynamicMax(beta, eps): the paper's Algorithm 3 None    None    None
-l_clamp     None, or the lower clamp of the row sum ℓ that the     None    None    None
-            paper's official code applies (1e-10); only for exact
-            emulation of that code, never part of our fix
+l_clamp     None, or the floor 1e-10 that the paper's official    None    None    None
+            code puts under each key block's row sum
+            (``rowsum(P̄).clamp(min=1e-10)``, before the online
+            update); only for exact emulation of that code (preset
+            PAPER_BF16_OFFICIAL_FIX), never part of our fix
+-- added with the reference attention (lpfail.attention), for the cast points of the official code:
+qk_out      dtype the raw product QKᵀ is rounded to before it is   bf16    fp32    fp32
+            scaled by α (a matmul under autocast returns bf16)
+exp_in      dtype S − m and m_old − m_new are rounded to before    bf16    fp32    fp32
+            exp in the forward (a bf16 tensor minus a bf16 one)
+dp          dtype dP = dO·Vᵀ is rounded to (backward)              bf16    fp32    fp32
+delta_prod  dtype each product dO∘O (or dP∘P) is rounded to        bf16    fp32    fp32
+            before δ's row sum; widened to the operands' dtype
+            when they are wider (so "dO.O_hp" multiplies in FP32)
+ds          dtype dS is rounded to before dQ = dS·K, dK = dSᵀ·Q    bf16    bf16    fp32
+grad_acc    dtype dQ, dK, dV accumulate in across tiles (each      bf16    fp32    fp32
+            tile's product is rounded to it, then added)
+masked_ties False: masked scores are −∞, never tie, and key tiles  False   False   False
+            fully masked for a row are skipped. True: the official
+            code's masking (most negative finite score, every tile
+            visited), so under the fix a fully masked tile counts
+            as r_s > 1 ties with r_m < 0 and sets m' = 0
 =========== ====================================================== ======= ======= =====
+
+FP64 sets every dtype knob to fp64. PAPER_BF16_OFFICIAL_FIX is PAPER_BF16 with fix=DynamicMax(2, 1e-3),
+l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_in of at least FP32 (a
+16-bit product or score would be rounded before the fused step, which is what the step exists to avoid).
 """
 from __future__ import annotations
 
@@ -43,7 +66,8 @@ import torch
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 DELTAS = ("dO.O", "dO.O_hp", "dP.P")
 SUBS = ("sub", "fma")
-_DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out")
+_DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
+                 "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
 
 @dataclass(frozen=True)
@@ -86,6 +110,14 @@ class Precision:
     sub: str = "sub"
     fix: DynamicMax | None = None
     l_clamp: float | None = None
+    # added with lpfail.attention (defaults are the FA2-style values):
+    qk_out: str = "fp32"
+    exp_in: str = "fp32"
+    dp: str = "fp32"
+    delta_prod: str = "fp32"
+    ds: str = "bf16"
+    grad_acc: str = "fp32"
+    masked_ties: bool = False
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -104,6 +136,15 @@ class Precision:
             raise ValueError(f"Precision.fix must be None or DynamicMax(beta, eps) (got {self.fix!r})")
         if self.l_clamp is not None and not (isinstance(self.l_clamp, (int, float)) and self.l_clamp > 0):
             raise ValueError(f"Precision.l_clamp must be None or a positive number (got {self.l_clamp!r})")
+        if not isinstance(self.masked_ties, bool):
+            raise ValueError(f"Precision.masked_ties must be True or False (got {self.masked_ties!r})")
+        if self.sub == "fma":
+            narrow = [name for name in ("qk_out", "scores", "exp_in") if getattr(self, name) in ("bf16", "fp16")]
+            if narrow:
+                raise ValueError(f"Precision.sub='fma' needs qk_out, scores and exp_in of at least fp32, but "
+                                 f"{', '.join(f'{n}={getattr(self, n)}' for n in narrow)}: the fused step forms "
+                                 "QKᵀ·α − m from the unrounded FP32 product, and a 16-bit product or score "
+                                 "would already be rounded before it")
 
     # -- variants -------------------------------------------------------------------------------------
     def with_fix(self, beta: float = 2.0, eps: float = 1e-3) -> "Precision":
@@ -141,6 +182,7 @@ class Precision:
         parts.append(f"sub={self.sub}")
         parts.append(f"fix={self.fix if self.fix is not None else 'none'}")
         parts.append(f"l_clamp={repr(float(self.l_clamp)) if self.l_clamp is not None else 'none'}")
+        parts.append(f"masked_ties={'true' if self.masked_ties else 'false'}")
         return ",".join(parts)
 
     @classmethod
@@ -158,7 +200,8 @@ class Precision:
                 raise ValueError(f"unknown preset {key!r}; presets: {list(PRESETS)}")
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
-        valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp"]
+        valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
+                                       "masked_ties"]
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
@@ -178,6 +221,10 @@ class Precision:
                 changes["fix"] = _parse_fix(value)
             elif key == "l_clamp":
                 changes["l_clamp"] = None if value == "none" else _parse_float(value, key)
+            elif key == "masked_ties":
+                if value not in ("true", "false"):
+                    raise ValueError(f"masked_ties must be 'true' or 'false' (got {value!r})")
+                changes["masked_ties"] = value == "true"
         return dataclasses.replace(base, **changes)
 
 
@@ -228,24 +275,31 @@ def _parse_fix(s: str) -> DynamicMax | None:
 
 
 # -- presets ------------------------------------------------------------------------------------------
-#: What the paper's official pure-PyTorch flash attention computes under BF16 autocast (see the docstring
-#: of `lpfail.attention` for the order of operations): s, m, ℓ and O in BF16, P̄ cast to BF16 before P̄V,
-#: P̄V rounded to BF16, exp in FP32, 512×512 tiles.
+#: What the paper's official pure-PyTorch flash attention computes under BF16 autocast, in both passes (see
+#: the docstring of `lpfail.attention` for the order of operations): QKᵀ, S, S − m, m, ℓ and O in BF16;
+#: exp, the block row sums, log ℓ and δ's sum in FP32; P̄ cast to BF16 before P̄V, P̄V rounded to BF16; in the
+#: backward dP, the products dO∘O, dS and the dQ/dK/dV accumulators in BF16; 512×512 tiles.
 PAPER_BF16 = Precision(matmul="bf16", scores="bf16", exp="fp32", pbar="bf16", pv_out="bf16", acc="bf16",
-                       out="bf16", delta="dO.O", block_q=512, block_k=512)
+                       out="bf16", delta="dO.O", block_q=512, block_k=512,
+                       qk_out="bf16", exp_in="bf16", dp="bf16", delta_prod="bf16", ds="bf16", grad_acc="bf16")
 #: What FlashAttention-2-style production kernels compute: FP32 scores, m, ℓ and accumulator; P̄ in BF16
-#: for the tensor-core P̄V product; output stored in BF16.
+#: for the tensor-core P̄V product; output stored in BF16; backward in FP32 except the BF16 operands P and dS.
 FA2_BF16 = Precision(matmul="bf16", scores="fp32", exp="fp32", pbar="bf16", pv_out="fp32", acc="fp32",
-                     out="bf16", delta="dO.O", block_q=128, block_k=64)
+                     out="bf16", delta="dO.O", block_q=128, block_k=64,
+                     qk_out="fp32", exp_in="fp32", dp="fp32", delta_prod="fp32", ds="bf16", grad_acc="fp32")
 #: The same tiling as the paper's code, everything in FP32 (the paper's "high precision" control).
 FP32 = Precision(matmul="fp32", scores="fp32", exp="fp32", pbar="fp32", pv_out="fp32", acc="fp32",
-                 out="fp32", delta="dO.O", block_q=512, block_k=512)
+                 out="fp32", delta="dO.O", block_q=512, block_k=512,
+                 qk_out="fp32", exp_in="fp32", dp="fp32", delta_prod="fp32", ds="fp32", grad_acc="fp32")
 #: Everything in float64: equal to the truth up to float64 rounding.
 FP64 = Precision(matmul="fp64", scores="fp64", exp="fp64", pbar="fp64", pv_out="fp64", acc="fp64",
-                 out="fp64", delta="dO.O", block_q=512, block_k=512)
-#: The paper's official fixed code exactly: PAPER_BF16 + Algorithm 3 (β = 2, ε = 1e-3) + its row-sum
-#: clamp at 1e-10 (which shrinks rows whose tied maximum exceeds ≈ 23 toward zero; see chapter 1).
-PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e-3), l_clamp=1e-10)
+                 out="fp64", delta="dO.O", block_q=512, block_k=512,
+                 qk_out="fp64", exp_in="fp64", dp="fp64", delta_prod="fp64", ds="fp64", grad_acc="fp64")
+#: The paper's official fixed code exactly: PAPER_BF16 + Algorithm 3 (β = 2, ε = 1e-3) + its 1e-10 floor under
+#: each block's row sum (which shrinks rows whose tied maximum exceeds ≈ 23 toward zero; see chapter 1) + its
+#: masking (fully masked key tiles are visited, and under the fix their masked scores count as ties).
+PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e-3), l_clamp=1e-10,
+                                              masked_ties=True)
 
 PRESETS: dict[str, Precision] = {
     "PAPER_BF16": PAPER_BF16,

@@ -1,0 +1,609 @@
+"""The reference attention: FlashAttention-2 written out in plain PyTorch, with every cast point explicit.
+
+This is the oracle of the project. Its forward is FlashAttention-2's Algorithm 1 (tiled, online softmax),
+its backward FlashAttention-2's Algorithm 2 (P recomputed from the log-sum-exp L = m + log ℓ), and with
+``policy.fix = DynamicMax(β, ε)`` the forward is the paper's Algorithm 3 (explained in chapter 5, Fix).
+A `Precision` policy (lpfail.precision) names the dtype of every intermediate; each cast is one line,
+marked ``# cast:``, right before the value is used. The Triton kernels (``kernels``) are checked against
+it, the model uses it to emulate the paper's failing code, and the Rounding chapter (chapter 4, Rounding)
+drives the very same tile loop on synthetic rows through `forward_from_scores`.
+
+Public surface::
+
+    attention(q, k, v, policy=FA2_BF16, causal=True, scale=None) -> o      differentiable (Algorithm 2)
+    naive_attention(q, k, v, causal=True, scale=None) -> o                 float64 truth, autograd
+    flash_forward(q, k, v, policy, causal=True, scale=None) -> ForwardResult
+    flash_backward(q, k, v, o, lse, do, policy, causal=True, scale=None) -> (dq, dk, dv)
+    forward_from_scores(s, v, policy, mask=None) -> ForwardResult          rows of given scores
+    ForwardResult(o, o_unnorm, m, l, lse, fix_pos, fix_neg)
+
+Shapes: q (B, H, Tq, D), k and v (B, H, Tk, D). Causal masking is bottom-right aligned as in
+FlashAttention-2 (query i sees keys j ≤ i + Tk − Tq), so causal needs Tq ≤ Tk (else a ValueError: the first
+Tq − Tk queries would see no key at all). Any lengths: the last tile of each axis may be partial.
+
+Conventions
+-----------
+* ``op`` below is the dtype an elementwise operation on its operands computes in: FP32 when they are 16- or
+  32-bit, FP64 when one is FP64 (PyTorch's "opmath"). An elementwise op on BF16 tensors therefore computes
+  in FP32 and rounds once to the dtype the policy names, exactly what the official code's eager BF16 ops do.
+* A matmul whose operands and result share one dtype runs as that dtype's native matmul (for BF16: FP32
+  accumulation, one rounding at the end, the kernel autocast calls); otherwise its operands are upcast
+  (exactly) to the wider of their dtypes (at least FP32), multiplied there, and the result rounded to the
+  dtype the policy names. On CUDA, FP32 matmuls must not run in TF32 (checked).
+* The forward's numbers for a row depend only on the key tiling (``block_k``): query rows are independent, so
+  all query tiles of a key tile are processed at once. ``block_q`` matters in the backward, where dK and dV
+  are accumulated tile by tile over the query tiles (in ``grad_acc``).
+* Key tiles that are fully masked for a row are skipped for it (they would add exact zeros), unless
+  ``policy.masked_ties`` asks for the official code's masking (see below).
+
+Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is set), for all query rows::
+
+    QKᵀ  = matmul(Q, K_jᵀ)                          operands `matmul`, result rounded to `qk_out`
+    S    = QKᵀ · α                                  computed in op, rounded to `scores`; masked → −∞
+    r_m  = rowmax(S)                                 exact (in `scores`)
+    fix: t = r_m − ε (op, rounded to `scores`);  r_s = #{unmasked S ≥ t}
+         m' = β·r_m (op, rounded to `scores`) if r_s > 1 and r_m > 0;  0 if r_s > 1 and r_m < 0;  else r_m
+    m_new = max(m_old, m' rounded to `acc`)          in `acc`
+    x    = S − m_new  (op, rounded to `exp_in`)     sub="sub"; sub="fma": x = QKᵀ·α − m_new in one
+                                                     rounding, emulated in float64 (see below)
+    P̄    = exp(x)  in `exp`
+    ℓ_j  = rowsum(P̄) in `exp`                       then .clamp(min=l_clamp) if l_clamp is set
+    P̄V   = matmul(P̄ rounded to `pbar`, V_j)         V in `matmul`; result rounded to `pv_out`
+    a    = exp(m_old − m_new)                        difference in op rounded to `exp_in`, exp in `exp`
+    ℓ    = a·ℓ + ℓ_j                                 two ops in op, rounded to `acc`
+    Ō    = Ō·a        (op, rounded to `acc`)         the rescale and the add are two roundings,
+    Ō    = Ō + P̄V     (op, rounded to `acc`)         like the official `o.mul_(a).add_(P̄V)`
+  after the last tile:
+    O    = Ō / ℓ      (op, rounded to `out`)         L = log(ℓ) + m   in `exp`
+
+Backward (Algorithm 2), per key tile j, for all query rows at once::
+
+    δ    = rowsum(dO ∘ O)                            "dO.O": products rounded to `delta_prod` (widened to
+                                                     the operands' dtype), summed in op.  "dO.O_hp": O
+                                                     recomputed as Σ_j P_j·V_j in FP32 (FP64 when `exp` or
+                                                     `acc` is FP64) from L, for δ only.  "dP.P":
+                                                     δ = Σ_j rowsum(dP_j ∘ P_j), a first pass over the tiles.
+    S    as in the forward (same `qk_out`, `scores`)
+    P    = exp(S − L)    difference in op rounded to `exp`, exp in `exp`  (sub="fma": one fused rounding)
+    dV_j += matmul(P rounded to `pbar`, dO)ᵀ         per query tile: rounded to `grad_acc`, then added
+    dP   = matmul(dO, V_jᵀ)                          operands `matmul`, rounded to `dp`
+    dS   = (P·α)·(dP − δ)                            in op
+    dQ  += matmul(dS rounded to `ds`, K_j)           rounded to `grad_acc`, then added in `grad_acc`
+    dK_j += matmul(dS rounded to `ds`, Q)ᵀ           per query tile, like dV_j
+  gradients are returned in the inputs' dtype.
+
+PAPER_BF16: the official code's order of operations
+----------------------------------------------------
+The paper's official attention (github.com/ucker/why-low-precision-training-fails, ``attention.py``) is a
+pure-PyTorch port of FlashAttention-2 with 512×512 tiles, run under ``torch.autocast(dtype=bfloat16)`` in
+both passes on BF16 q, k, v. Under CUDA autocast the einsums (→ bmm) take BF16 operands, accumulate in FP32
+and return BF16; ``exp``, ``log`` and ``sum`` run in FP32; every other elementwise op follows PyTorch's type
+promotion and computes in FP32 before rounding to its result dtype. PAPER_BF16 reproduces that, in order:
+
+Forward, per (query tile, key tile):
+
+1. ``QKᵀ`` BF16 (rounded once from FP32 accumulation)                              qk_out=bf16
+2. ``S = QKᵀ·α``: FP32 product of the BF16 value and α (rounded to FP32), rounded to BF16      scores=bf16
+   (causal entries are filled with −max(BF16); they never matter without the fix)
+3. ``r_m = rowmax(S)`` BF16; ``m_new = max(m_old, r_m)`` BF16; ``m`` starts at −max(BF16)           acc=bf16
+4. ``S − m_new``: BF16 − BF16, rounded to BF16                                       exp_in=bf16
+5. ``P̄ = exp(·)`` in FP32                                                                exp=fp32
+6. ``ℓ_j = rowsum(P̄)`` in FP32, clamped at 1e-10 (a no-op here: ℓ ≥ 1 without the fix)
+7. ``P̄V``: P̄ rounded to BF16, FP32 accumulation, rounded to BF16                 pbar=bf16, pv_out=bf16
+8. ``a = exp(m_old − m_new)``: BF16 difference, exp in FP32
+9. ``ℓ = a·ℓ + ℓ_j`` in FP32 (two roundings), stored as BF16
+10. ``O.mul_(a)``: FP32 product rounded to BF16; ``.add_(P̄V)``: FP32 sum rounded to BF16
+11. after the last key tile ``O = O / ℓ``: FP32 quotient of the BF16 values, rounded to BF16       out=bf16
+12. ``L = log(ℓ) + m``: log in FP32 of the BF16 ℓ, plus the BF16 m, in FP32
+
+Backward, per (query tile, key tile), with dO in BF16:
+
+1. ``S`` recomputed exactly as in the forward (steps 1–2), causal entries −∞
+2. ``P = exp(S − L)``: BF16 − FP32 in FP32, exp in FP32 (no BF16 rounding of the difference here)
+3. ``dV_j += Pᵀ dO``: P rounded to BF16, product rounded to BF16, added into a BF16 dV    grad_acc=bf16
+4. ``dP = dO Vᵀ`` BF16                                                                        dp=bf16
+5. ``δ = rowsum(dO ∘ O)``: each product dO·O rounded to BF16, the row sum in FP32   delta_prod=bf16
+6. ``dS = (P·α)·(dP − δ)`` in FP32
+7. ``dQ += dS K``, ``dK_j += dSᵀ Q``: dS rounded to BF16, products rounded to BF16, added into BF16  ds=bf16
+
+Two facts about the official code that only matter with its fix (preset PAPER_BF16_OFFICIAL_FIX): its row-sum
+clamp is per key block (step 6), and it visits key tiles that are fully masked for a row, whose masked
+scores (−max(BF16)) then count as tied maxima with r_m < 0, so the fix sets m' = 0 there
+(``masked_ties=True``). PAPER_BF16 with ``.with_fix()`` is our fix: no clamp, masked entries never tie.
+
+The fused subtraction (``sub="fma"``)
+------------------------------------
+Production kernels form ``exp(QKᵀ·α − m)`` with one fused multiply-add on the FP32 product, so the row's
+maximum maps to a small nonzero residual instead of exactly 0. We emulate the FMA by computing QKᵀ·α − m in
+float64 (the FP32×FP32 product is exact there) and rounding once to `exp_in`. The float64 subtraction can
+itself round when the exponents of QKᵀ·α and m are far apart, so in rare cases this double rounding differs
+from a hardware FMA by one FP32 ulp. With FP64 operands the step is simply computed unfused in float64.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, NamedTuple
+
+import torch
+
+from lpfail.precision import (
+    FA2_BF16,
+    FP32,
+    FP64,
+    PAPER_BF16,
+    PAPER_BF16_OFFICIAL_FIX,
+    DynamicMax,
+    Precision,
+)
+
+__all__ = [
+    "Precision", "DynamicMax", "PAPER_BF16", "FA2_BF16", "FP32", "FP64", "PAPER_BF16_OFFICIAL_FIX",
+    "attention", "naive_attention", "flash_forward", "flash_backward", "forward_from_scores",
+    "ForwardResult",
+]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class ForwardResult(NamedTuple):
+    """Everything the tiled forward computes, for one call.
+
+    o         (…, Tq, D)  normalized output O = Ō / ℓ, in the policy's `out` dtype
+    o_unnorm  (…, Tq, D)  the final accumulator Ō before the division by ℓ, in `acc`
+    m         (…, Tq, 1)  the final running maximum, in `acc` (with the fix: the dynamic maximum)
+    l         (…, Tq, 1)  the final row sum ℓ, in `acc`
+    lse       (…, Tq, 1)  L = log ℓ + m, in `exp` (what the backward recomputes P from)
+    fix_pos   (…, Tq)     int32: in how many key tiles the fix's positive branch (m' = β·r_m) fired
+    fix_neg   (…, Tq)     int32: in how many key tiles its negative branch (m' = 0) fired
+    """
+
+    o: torch.Tensor
+    o_unnorm: torch.Tensor
+    m: torch.Tensor
+    l: torch.Tensor
+    lse: torch.Tensor
+    fix_pos: torch.Tensor
+    fix_neg: torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------------------------------
+def _op(*dtypes: torch.dtype) -> torch.dtype:
+    """The dtype an elementwise op on these dtypes computes in (PyTorch's opmath): FP64 if any is FP64."""
+    return torch.float64 if torch.float64 in dtypes else torch.float32
+
+
+def _wider(*dtypes: torch.dtype) -> torch.dtype:
+    """The widest of some float dtypes (BF16 and FP16 count as equally narrow; BF16 wins the tie)."""
+    rank = {torch.float16: 0, torch.bfloat16: 0, torch.float32: 1, torch.float64: 2}
+    best = max(dtypes, key=lambda d: (rank[d], d == torch.bfloat16))
+    return best
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.dtype) -> torch.Tensor:
+    """a @ b with a, b already in their operand dtypes, the result in `out` (see the module docstring)."""
+    if a.dtype == b.dtype == out:
+        return a @ b  # native: for BF16 operands FP32 accumulation and one rounding, as under autocast
+    compute = _wider(a.dtype, b.dtype, torch.float32)
+    if compute == torch.float32 and a.is_cuda and torch.backends.cuda.matmul.allow_tf32:
+        raise RuntimeError("lpfail.attention needs true FP32 matmuls, but TF32 is allowed "
+                           "(torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision): turn it off")
+    return (a.to(compute) @ b.to(compute)).to(out)
+
+
+def _tiles(n: int, block: int | None) -> list[tuple[int, int]]:
+    """[(start, end), …] covering range(n) in tiles of `block` (None: one tile); the last may be partial."""
+    step = n if block is None else block
+    return [(s, min(s + step, n)) for s in range(0, n, step)]
+
+
+def _no_autocast(t: torch.Tensor):
+    """Autocast would silently change our casts: switch it off inside the reference."""
+    if torch.is_autocast_enabled(t.device.type):
+        return torch.autocast(device_type=t.device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+class _Masking:
+    """Which (query, key) pairs are allowed, tile by tile, and where a key tile's first live row is.
+
+    `causal_offset` = Tk − Tq for bottom-right causal masking (query i sees keys j ≤ i + offset), or None.
+    `mask` is a user mask (…, Tq, Tk), True = allowed, broadcastable; used only by `forward_from_scores`."""
+
+    def __init__(self, tq: int, tk: int, causal_offset: int | None, mask: torch.Tensor | None,
+                 device: torch.device, skip_rows: bool):
+        self.tq, self.tk, self.offset, self.mask, self.device = tq, tk, causal_offset, mask, device
+        self.skip_rows = skip_rows
+
+    def first_row(self, k0: int) -> int:
+        """First query row that sees any key of the tile starting at k0 (rows above it are fully masked)."""
+        if self.offset is None or not self.skip_rows:
+            return 0
+        return min(max(0, k0 - self.offset), self.tq)
+
+    def allowed(self, r0: int, k0: int, k1: int) -> torch.Tensor | None:
+        """Bool (…, Tq − r0, k1 − k0) for rows r0: and keys k0:k1, or None when everything is allowed."""
+        if self.mask is not None:
+            return self.mask[..., r0:, k0:k1]
+        if self.offset is None or k1 - 1 <= r0 + self.offset:
+            return None
+        rows = torch.arange(r0, self.tq, device=self.device)[:, None]  # (Tq − r0, 1)
+        cols = torch.arange(k0, k1, device=self.device)[None, :]       # (1, bk)
+        return cols <= rows + self.offset
+
+
+# ---------------------------------------------------------------------------------------------------
+# the forward: Algorithm 1 (+ Algorithm 3), shared by attention and forward_from_scores
+# ---------------------------------------------------------------------------------------------------
+# A score source gives, for rows r0: and keys k0:k1, the scores S in `scores` and (for sub="fma") the raw
+# product QKᵀ in `qk_out` together with the scale α it is to be multiplied by.
+ScoreSource = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, masking: _Masking,
+                   alpha: float) -> ForwardResult:
+    """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `matmul`."""
+    acc, exp_dt, exp_in = policy.dtype("acc"), policy.dtype("exp"), policy.dtype("exp_in")
+    scores_dt, pbar, pv_out, out_dt = policy.dtype("scores"), policy.dtype("pbar"), policy.dtype("pv_out"), \
+        policy.dtype("out")
+    *lead, tk, d = v.shape
+    tq = masking.tq
+    dev = v.device
+    fix = policy.fix
+    mask_value = -torch.finfo(scores_dt).max if policy.masked_ties else -math.inf
+
+    m = torch.full((*lead, tq, 1), -math.inf, dtype=acc, device=dev)  # (…, Tq, 1) running max
+    l = torch.zeros((*lead, tq, 1), dtype=acc, device=dev)            # (…, Tq, 1) running row sum
+    o = torch.zeros((*lead, tq, d), dtype=acc, device=dev)            # (…, Tq, D) accumulator Ō
+    fix_pos = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
+    fix_neg = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
+
+    for k0, k1 in _tiles(tk, policy.block_k):
+        r0 = masking.first_row(k0)
+        if r0 >= tq:
+            continue
+        s, raw = scores_of(r0, k0, k1)                  # (…, R, bk) in `scores`; raw QKᵀ for fma
+        allowed = masking.allowed(r0, k0, k1)           # (…, R, bk) bool, or None
+        if allowed is not None:
+            s = s.masked_fill(~allowed, mask_value)
+        m_old = m[..., r0:, :]                          # (…, R, 1)
+
+        # -- block maximum, and Algorithm 3's dynamic maximum (chapter 5, Fix) -------------------------
+        r_m = s.amax(dim=-1, keepdim=True)              # (…, R, 1) in `scores`
+        m_blk = r_m
+        if fix is not None:
+            op = _op(scores_dt)
+            thresh = (r_m.to(op) - fix.eps).to(scores_dt)          # cast: r_m − ε to `scores`
+            tied = s >= thresh                                     # (…, R, bk)
+            if allowed is not None and not policy.masked_ties:
+                tied = tied & allowed                              # masked entries never tie
+            r_s = tied.sum(dim=-1, keepdim=True)                   # (…, R, 1)
+            pos = (r_s > 1) & (r_m > 0)
+            neg = (r_s > 1) & (r_m < 0)
+            scaled = (r_m.to(op) * fix.beta).to(scores_dt)         # cast: β·r_m to `scores`
+            m_blk = torch.where(pos, scaled, torch.where(neg, torch.zeros_like(r_m), r_m))
+            fix_pos[..., r0:] += pos[..., 0].to(torch.int32)
+            fix_neg[..., r0:] += neg[..., 0].to(torch.int32)
+        m_blk = m_blk.to(acc)                                      # cast: m' to `acc`
+        m_new = torch.maximum(m_old, m_blk)                        # (…, R, 1) in `acc`
+        # a row fully masked so far keeps m = −∞; subtract 0 there so that exp(−∞ − 0) = 0, not NaN
+        m_sub = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+
+        # -- P̄ = exp(S − m) --------------------------------------------------------------------------
+        if policy.sub == "sub":
+            op = _op(scores_dt, acc, exp_in)
+            x = (s.to(op) - m_sub.to(op)).to(exp_in)               # cast: S − m to `exp_in`
+        else:
+            x = (raw.double() * _fma_alpha(alpha, policy) - m_sub.double()).to(exp_in)  # cast: fused QKᵀ·α − m
+            if allowed is not None:
+                x = x.masked_fill(~allowed, -math.inf)
+        p = torch.exp(x.to(exp_dt))                                # cast: exp runs in `exp`; (…, R, bk)
+        l_blk = p.sum(dim=-1, keepdim=True)                        # (…, R, 1) in `exp`
+        if policy.l_clamp is not None:
+            l_blk = l_blk.clamp(min=policy.l_clamp)                # the official code's per-block floor
+        p_mm = p.to(pbar)                                          # cast: P̄ to `pbar`
+        pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(pbar, v.dtype)), pv_out)  # (…, R, D) in `pv_out`
+
+        # -- online rescaling --------------------------------------------------------------------------
+        op = _op(acc, exp_in)
+        d_m = (m_old.to(op) - m_sub.to(op)).to(exp_in)             # cast: m_old − m_new to `exp_in`
+        a = torch.exp(d_m.to(exp_dt))                              # cast: exp runs in `exp`; (…, R, 1)
+        op = _op(acc, exp_dt)
+        l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
+        op = _op(acc, exp_dt, pv_out)
+        o_scaled = (o[..., r0:, :].to(op) * a.to(op)).to(acc)      # cast: Ō·a to `acc`
+        o_new = (o_scaled.to(op) + pv.to(op)).to(acc)              # cast: Ō·a + P̄V to `acc`
+
+        o[..., r0:, :] = o_new
+        l[..., r0:, :] = l_new
+        m[..., r0:, :] = m_new
+
+    op = _op(acc, out_dt)
+    o_out = (o.to(op) / l.to(op)).to(out_dt)                       # cast: O = Ō / ℓ to `out`
+    lse = torch.log(l.to(exp_dt)) + m.to(exp_dt)                   # cast: L = log ℓ + m in `exp`
+    return ForwardResult(o_out, o, m, l, lse, fix_pos, fix_neg)
+
+
+# ---------------------------------------------------------------------------------------------------
+# scores from q and k
+# ---------------------------------------------------------------------------------------------------
+def _qk_scores(q: torch.Tensor, k: torch.Tensor, policy: Precision, alpha: float) -> ScoreSource:
+    """The score source of the main forward and the backward: S = round(round(QKᵀ)·α)."""
+    mm, qk_out, scores_dt = policy.dtype("matmul"), policy.dtype("qk_out"), policy.dtype("scores")
+    q_mm = q.to(mm)                                                # cast: Q to `matmul`; (B, H, Tq, D)
+    k_mm = k.to(mm)                                                # cast: K to `matmul`; (B, H, Tk, D)
+    op = _op(qk_out, scores_dt)
+
+    def scores_of(r0: int, k0: int, k1: int):
+        qk = _matmul(q_mm[..., r0:, :], k_mm[..., k0:k1, :].transpose(-1, -2), qk_out)  # (B, H, R, bk)
+        s = (qk.to(op) * alpha).to(scores_dt)                      # cast: S = QKᵀ·α to `scores`
+        return s, (qk if policy.sub == "fma" else None)
+
+    return scores_of
+
+
+def _check_qkv(q, k, v, policy, causal):
+    if not isinstance(policy, Precision):
+        raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, heads, seq, head_dim); got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if q.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"q, k and v must be floating point ({', '.join(map(str, _FLOAT_DTYPES))}); "
+                         f"got {q.dtype}")
+    if not (q.shape[:2] == k.shape[:2] == v.shape[:2]):
+        raise ValueError(f"q, k and v must agree in batch and heads; got shapes q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (seq_k, head_dim); got k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head_dim; got {q.shape[-1]} and {k.shape[-1]}")
+    if q.shape[-2] == 0 or k.shape[-2] == 0 or q.shape[-1] == 0:
+        raise ValueError(f"empty sequence or head_dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if causal and q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"causal attention is bottom-right aligned (query i sees keys j <= i + Tk - Tq), so it "
+                         f"needs seq_q <= seq_k; got seq_q {q.shape[-2]} > seq_k {k.shape[-2]}, which would "
+                         "leave the first queries with no key")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{name} contains non-finite values (inf or NaN)")
+
+
+def _scale(scale, d):
+    """α as a Python float (D^-1/2 by default). Elementwise ops round it to their op dtype (FP32 or FP64)."""
+    return d ** -0.5 if scale is None else float(scale)
+
+
+def _fma_alpha(alpha: float, policy: Precision) -> float:
+    """α as the fused step sees it: rounded to the dtype of the raw product (`qk_out`)."""
+    return float(torch.tensor(alpha, dtype=policy.dtype("qk_out")))
+
+
+# ---------------------------------------------------------------------------------------------------
+# public forward / backward
+# ---------------------------------------------------------------------------------------------------
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
+                  causal: bool = True, scale: float | None = None) -> ForwardResult:
+    """FlashAttention-2's Algorithm 1 (and the paper's Algorithm 3 when `policy.fix` is set), no autograd.
+
+    q (B, H, Tq, D), k and v (B, H, Tk, D). Returns the `ForwardResult` (o, o_unnorm, m, l, lse, counters)."""
+    _check_qkv(q, k, v, policy, causal)
+    return _forward(q, k, v, policy, causal, scale)
+
+
+def _forward(q, k, v, policy: Precision, causal: bool, scale: float | None) -> ForwardResult:
+    alpha = _scale(scale, q.shape[-1])
+    with _no_autocast(q), torch.no_grad():
+        masking = _Masking(q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2] if causal else None, None,
+                           q.device, skip_rows=not policy.masked_ties)
+        v_mm = v.to(policy.dtype("matmul"))                        # cast: V to `matmul`; (B, H, Tk, D)
+        return _tiled_forward(_qk_scores(q, k, policy, alpha), v_mm, policy, masking, alpha)
+
+
+def forward_from_scores(s: torch.Tensor, v: torch.Tensor, policy: Precision = PAPER_BF16,
+                        mask: torch.Tensor | None = None) -> ForwardResult:
+    """The same tiled forward, started from given (already scaled) scores: the Rounding chapter's entry point.
+
+    s (…, Tq, Tk) scores αQKᵀ, cast to the policy's `scores` dtype first (with sub="fma" they play the role
+    of the raw FP32 product, with α = 1); v (…, Tk, D), cast to `matmul`; mask None or bool (…, Tq, Tk),
+    broadcastable, True = allowed (every row needs at least one allowed key). Everything after S is the code
+    path of `attention` (chapter 4, Rounding: the chapter's numbers are the model's numbers)."""
+    if not isinstance(policy, Precision):
+        raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
+    if s.dim() < 2 or v.dim() < 2 or s.shape[-1] != v.shape[-2] or s.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"s must be (…, Tq, Tk) and v (…, Tk, D) with the same leading dims; got s "
+                         f"{tuple(s.shape)}, v {tuple(v.shape)}")
+    if s.dtype not in _FLOAT_DTYPES or v.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"s and v must be floating point; got {s.dtype} and {v.dtype}")
+    if not (torch.isfinite(s).all() and torch.isfinite(v).all()):
+        raise ValueError("s and v must be finite (mask entries with `mask`, not with -inf)")
+    tq, tk = s.shape[-2], s.shape[-1]
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise ValueError(f"mask must be a bool tensor (True = allowed); got {mask.dtype}")
+        mask = torch.broadcast_to(mask, s.shape)
+        if not mask.any(dim=-1).all():
+            raise ValueError("every row needs at least one allowed key in mask")
+    with _no_autocast(s), torch.no_grad():
+        s_in = s.to(policy.dtype("scores"))                        # cast: S to `scores`
+        raw_in = s.to(policy.dtype("qk_out")) if policy.sub == "fma" else None  # cast: raw product (fma)
+
+        def scores_of(r0, k0, k1):
+            return s_in[..., r0:, k0:k1], (raw_in[..., r0:, k0:k1] if raw_in is not None else None)
+
+        masking = _Masking(tq, tk, None, mask, s.device, skip_rows=False)
+        v_mm = v.to(policy.dtype("matmul"))                        # cast: V to `matmul`; (…, Tk, D)
+        return _tiled_forward(scores_of, v_mm, policy, masking, 1.0)
+
+
+def _per_q_tile_sum(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block_q: int | None,
+                    out: torch.dtype) -> torch.Tensor:
+    """acc + Σ_i a_iᵀ b_i over query tiles i (rows of a and b), each product rounded to `out` and added in
+    order, rounded to `out` after every add. a (…, R, bk), b (…, R, D), acc (…, bk, D) in `out`."""
+    r = a.shape[-2]
+    step = r if block_q is None else block_q
+    n_full = r // step
+    op = _op(out)
+    if n_full:
+        a_f = a[..., : n_full * step, :].unflatten(-2, (n_full, step))   # (…, n, bq, bk)
+        b_f = b[..., : n_full * step, :].unflatten(-2, (n_full, step))   # (…, n, bq, D)
+        parts = _matmul(a_f.transpose(-1, -2), b_f, out)                  # (…, n, bk, D) in `out`
+        for i in range(n_full):
+            acc = (acc.to(op) + parts[..., i, :, :].to(op)).to(out)      # cast: running sum to `grad_acc`
+    if n_full * step < r:
+        part = _matmul(a[..., n_full * step:, :].transpose(-1, -2), b[..., n_full * step:, :], out)
+        acc = (acc.to(op) + part.to(op)).to(out)                         # cast: running sum to `grad_acc`
+    return acc
+
+
+def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                   do: torch.Tensor, policy: Precision = FA2_BF16, causal: bool = True,
+                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's Algorithm 2 under the policy: (dq, dk, dv) in the inputs' dtype.
+
+    o (B, H, Tq, D) and lse (B, H, Tq, 1) are what `flash_forward` returned (o in `out`, lse in `exp`);
+    do (B, H, Tq, D) is the gradient of o."""
+    _check_qkv(q, k, v, policy, causal)
+    return _backward(q, k, v, o, lse, do, policy, causal, scale)
+
+
+def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float | None):
+    alpha = _scale(scale, q.shape[-1])
+    with _no_autocast(q), torch.no_grad():
+        return _backward_tiles(q, k, v, o, lse, do, policy, causal, alpha)
+
+
+def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha: float):
+    mm, exp_dt, pbar, dp_dt = policy.dtype("matmul"), policy.dtype("exp"), policy.dtype("pbar"), policy.dtype("dp")
+    ds_dt, gacc, scores_dt = policy.dtype("ds"), policy.dtype("grad_acc"), policy.dtype("scores")
+    tq, tk = q.shape[-2], k.shape[-2]
+    masking = _Masking(tq, tk, tk - tq if causal else None, None, q.device, skip_rows=True)
+    scores_of = _qk_scores(q, k, policy, alpha)
+    v_mm = v.to(mm)                                                # cast: V to `matmul`; (B, H, Tk, D)
+    q_mm = q.to(mm)                                                # cast: Q to `matmul`; (B, H, Tq, D)
+    k_mm = k.to(mm)                                                # cast: K to `matmul`; (B, H, Tk, D)
+    do_mm = do.to(mm)                                              # cast: dO to `matmul`; (B, H, Tq, D)
+    bq = policy.block_q
+
+    def tile_rows(k0):
+        """First row of the query tile holding the tile's first live row (keeps dK/dV's tiling aligned)."""
+        r0 = masking.first_row(k0)
+        return r0 if bq is None else (r0 // bq) * bq
+
+    def probabilities(r0, k0, k1):
+        """P = exp(S − L) for rows r0: and keys k0:k1, in `exp`; masked entries 0.  (B, H, R, bk)"""
+        s, raw = scores_of(r0, k0, k1)
+        allowed = masking.allowed(r0, k0, k1)
+        L = lse[..., r0:, :]
+        if policy.sub == "sub":
+            if allowed is not None:
+                s = s.masked_fill(~allowed, -math.inf)
+            op = _op(scores_dt, exp_dt)
+            x = (s.to(op) - L.to(op)).to(exp_dt)                   # cast: S − L to `exp`
+        else:
+            x = (raw.double() * _fma_alpha(alpha, policy) - L.double()).to(exp_dt)  # cast: fused QKᵀ·α − L
+            if allowed is not None:
+                x = x.masked_fill(~allowed, -math.inf)
+        return torch.exp(x)                                        # exp in `exp`
+
+    # -- δ ---------------------------------------------------------------------------------------------
+    if policy.delta == "dO.O":
+        prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, o.dtype)
+        prod = (do.to(prod_dt) * o.to(prod_dt))                    # cast: dO∘O in `delta_prod`
+        delta = prod.to(_op(prod_dt)).sum(dim=-1, keepdim=True)    # (B, H, Tq, 1) summed in op
+    elif policy.delta == "dO.O_hp":
+        hp = _wider(torch.float32, exp_dt, policy.dtype("acc"))
+        o_hp = torch.zeros(q.shape, dtype=hp, device=q.device)     # (B, H, Tq, D) O recomputed for δ
+        for k0, k1 in _tiles(tk, policy.block_k):
+            r0 = tile_rows(k0)
+            p = probabilities(r0, k0, k1)
+            o_hp[..., r0:, :] += p.to(hp) @ v_mm[..., k0:k1, :].to(hp)  # cast: P and V to hp
+        prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
+        delta = (do.to(prod_dt) * o_hp.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+    else:  # "dP.P"
+        delta = None
+        for k0, k1 in _tiles(tk, policy.block_k):
+            r0 = tile_rows(k0)
+            p = probabilities(r0, k0, k1)
+            dp = _matmul(do_mm[..., r0:, :], v_mm[..., k0:k1, :].transpose(-1, -2), dp_dt)  # cast: dP to `dp`
+            prod_dt = _wider(policy.dtype("delta_prod"), dp_dt, exp_dt)
+            part = (dp.to(prod_dt) * p.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+            if delta is None:
+                delta = torch.zeros((*q.shape[:-1], 1), dtype=part.dtype, device=q.device)
+            delta[..., r0:, :] += part
+
+    # -- the main pass over key tiles ---------------------------------------------------------------------
+    dq = torch.zeros(q.shape, dtype=gacc, device=q.device)        # (B, H, Tq, D) in `grad_acc`
+    dk = torch.zeros(k.shape, dtype=gacc, device=q.device)        # (B, H, Tk, D)
+    dv = torch.zeros(v.shape, dtype=gacc, device=q.device)        # (B, H, Tk, D)
+    for k0, k1 in _tiles(tk, policy.block_k):
+        r0 = tile_rows(k0)
+        if r0 >= tq:
+            continue
+        p = probabilities(r0, k0, k1)                              # (B, H, R, bk) in `exp`
+        p_mm = p.to(pbar)                                          # cast: P to `pbar`
+        dv[..., k0:k1, :] = _per_q_tile_sum(dv[..., k0:k1, :], p_mm, do_mm[..., r0:, :].to(_wider(pbar, mm)),
+                                            bq, gacc)
+        dp = _matmul(do_mm[..., r0:, :], v_mm[..., k0:k1, :].transpose(-1, -2), dp_dt)  # cast: dP to `dp`
+        op = _op(exp_dt, dp_dt, delta.dtype)
+        ds = (p.to(op) * alpha) * (dp.to(op) - delta[..., r0:, :].to(op))  # (B, H, R, bk) in op
+        ds_mm = ds.to(ds_dt)                                       # cast: dS to `ds`
+        wide = _wider(ds_dt, mm)
+        dq_part = _matmul(ds_mm.to(wide), k_mm[..., k0:k1, :].to(wide), gacc)  # (B, H, R, D)
+        op = _op(gacc)
+        dq[..., r0:, :] = (dq[..., r0:, :].to(op) + dq_part.to(op)).to(gacc)  # cast: dQ sum to `grad_acc`
+        dk[..., k0:k1, :] = _per_q_tile_sum(dk[..., k0:k1, :], ds_mm.to(wide), q_mm[..., r0:, :].to(wide),
+                                            bq, gacc)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)         # cast: gradients to the inputs' dtype
+
+
+class _FlashAttentionFn(torch.autograd.Function):
+    """Forward: `flash_forward`. Backward: `flash_backward` (FlashAttention-2's Algorithm 2), not autograd."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, policy, causal, scale):
+        res = _forward(q, k, v, policy, causal, scale)
+        ctx.save_for_backward(q, k, v, res.o, res.lse)
+        ctx.policy, ctx.causal, ctx.scale = policy, causal, scale
+        return res.o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.policy, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
+              causal: bool = True, scale: float | None = None) -> torch.Tensor:
+    """softmax(α·QKᵀ)·V computed as FlashAttention-2 under `policy`; differentiable (Algorithm 2 backward).
+
+    q (B, H, Tq, D), k and v (B, H, Tk, D), one float dtype; α = scale or D^-1/2. Causal masking is
+    bottom-right aligned (needs Tq ≤ Tk). Returns O (B, H, Tq, D) in the policy's `out` dtype; gradients
+    come back in the inputs' dtype."""
+    _check_qkv(q, k, v, policy, causal)
+    return _FlashAttentionFn.apply(q, k, v, policy, causal, scale)
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                    scale: float | None = None) -> torch.Tensor:
+    """The truth: softmax(α·QKᵀ)·V in float64 (inputs upcast), no tiling, differentiable by autograd.
+
+    Same shapes and causal convention (bottom-right, Tq ≤ Tk) as `attention`; returns float64."""
+    _check_qkv(q, k, v, FP64, causal)
+    alpha = _scale(scale, q.shape[-1])
+    q64, k64, v64 = q.double(), k.double(), v.double()             # cast: everything to float64
+    s = (q64 @ k64.transpose(-1, -2)) * alpha                      # (B, H, Tq, Tk)
+    if causal:
+        tq, tk = q.shape[-2], k.shape[-2]
+        rows = torch.arange(tq, device=q.device)[:, None]
+        cols = torch.arange(tk, device=q.device)[None, :]
+        s = s.masked_fill(cols > rows + (tk - tq), -math.inf)
+    return torch.softmax(s, dim=-1) @ v64                          # (B, H, Tq, D)
