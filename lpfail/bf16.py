@@ -428,7 +428,9 @@ def _fmt_exact(q) -> str:
     if not isinstance(q, Fraction):
         return repr(q)
     f = float(q)
-    return repr(f) if Fraction(f) == q else f"≈{f!r} (exactly {q})"
+    if Fraction(f) == q:
+        return repr(f)
+    return f"≈{f!r} (exactly {q})" if len(str(q)) <= 40 else f"≈{f!r}"
 
 
 @dataclass(frozen=True)
@@ -636,7 +638,9 @@ def _trace(a: _Num, b: _Num, acc: bool) -> AddTrace:
         exact32 = Fraction(fp32_result)
         anote = ("the exact sum fits in fp32: no rounding" if dec32 == "exact" else
                  f"rounded to 23 fraction bits ({dec32}): fp32 error {_fmt_exact(exact32 - exact)}")
-        rows.append(("3b fp32 acc", [(fp32_bits, "bits")], f"{fp32_result!r}; {anote}"))
+        split = [(fp32_bits[:18], "bits"), (" ", "sep"), (fp32_bits[18], "guard"), (" ", "sep"),
+                 (fp32_bits[19:], "sticky")]            # the paper's notation: kept, rounding bit, sticky bits
+        rows.append(("3b fp32 acc", split, f"{fp32_result!r}; {anote}"))
         R, E, sh = k32, E32, 23 - W                   # bf16 rounding now reads the fp32 significand
         kept_pre = R >> sh
         rest = format(R & ((1 << sh) - 1), f"0{sh}b")

@@ -523,7 +523,9 @@ def test_trace_renders_as_text_html_and_rows():
     names = [n for n, _, _ in t.steps]
     assert names == ["a", "b", "1 align", "1 align", "2 add", "3 normalize", "3b fp32 acc", "4 round", "result"]
     assert all(isinstance(x, str) for row in t.steps for x in row)
-    rnd = dict((n, (b, note)) for n, b, note in t.steps)["4 round"]
+    rows = dict((n, (b, note)) for n, b, note in t.steps)
+    assert rows["3b fp32 acc"][0] == "1 10000001 0010110 1 000011100010111"      # the paper's notation
+    rnd = rows["4 round"]
     assert rnd[0].strip() == "1.0010110|1|000011100010111" and "away from zero" in rnd[1]
     s = str(t)
     for label in ("1 align", "2 add", "3 normalize", "4 round", "result", "1 10000001 0010111",
@@ -589,3 +591,9 @@ def test_bad_inputs_raise_clear_errors():
         next_up(0.1)
     with pytest.raises(TypeError):
         ulp("1")
+
+
+def test_docstring_examples():
+    import doctest
+    res = doctest.testmod(B, optionflags=doctest.ELLIPSIS)
+    assert res.attempted >= 10 and res.failed == 0
