@@ -23,7 +23,7 @@ are accepted there (rounding cast points to BF16 still work: they are conversion
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -39,12 +39,14 @@ try:
 except ImportError as e:  # pragma: no cover - triton is in requirements.txt
     _IMPORT_ERROR = e
 
-__all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available"]
+__all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar"]
 
 _TL = {}
 if _IMPORT_ERROR is None:
     _TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 CHUNK = 64  # key chunk of the two-pass emulation path
+_DTYPE_KNOBS = tuple(k for k in ("matmul", "qk_out", "scores", "exp_in", "pbar", "pv_out", "acc", "out", "dp",
+                                 "delta_prod", "ds", "grad_acc") if k in {f.name for f in fields(Precision)})
 
 
 def interpreted() -> bool:
@@ -66,12 +68,20 @@ def available(device: torch.device | str | None = None) -> bool:
 class KernelPolicy:
     """A `Precision` translated into the kernels' constexprs (see `kernel_policy`)."""
 
-    matmul: object
+    matmul: object     # dot operands of QKᵀ, dO Vᵀ
+    qk_out: object
     scores: object
+    exp_in: object
     pbar: object
+    pv_dt: object      # operands of the P̄V and Pᵀ dO dots: the wider of pbar and matmul
     pv_out: object
     acc: object
     out_dtype: torch.dtype
+    dp: object
+    ds: object
+    ds_dt: object      # operands of the dS K and dSᵀ Q dots: the wider of ds and matmul
+    grad_acc: object
+    delta_prod: object
     sub_fma: bool
     fix: bool
     beta: float
@@ -83,13 +93,23 @@ class KernelPolicy:
     key_block: int     # the policy's key block (a multiple of block_n); 0 = one block over the row
     two_pass: bool
     dot_prec: str
+    pv_prec: str
+    ds_prec: str
+
+
+def _wider(a: str, b: str) -> str:
+    return "fp32" if "fp32" in (a, b) else a
+
+
+def _prec(dt: str) -> str:
+    return "ieee" if dt == "fp32" else "tf32"  # FP32 dots are true FP32 (the policy says so); 16-bit ignore it
 
 
 def kernel_policy(policy: Precision) -> KernelPolicy:
     """Check that the kernels can honour `policy` and translate it; ValueError names the knob that can't."""
     if not isinstance(policy, Precision):
         raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
-    for knob in ("matmul", "scores", "pbar", "pv_out", "acc", "out"):
+    for knob in _DTYPE_KNOBS:
         value = getattr(policy, knob)
         if value not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"kernels: Precision.{knob}={value!r} is not supported by the Triton kernels "
@@ -97,12 +117,17 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
     if policy.exp != "fp32":
         raise ValueError(f"kernels: Precision.exp={policy.exp!r} is not supported: the kernels evaluate exp in "
                          "fp32 only")
+    if getattr(policy, "masked_ties", False):
+        raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
+                         "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "
+                         "use lpfail.attention for PAPER_BF16_OFFICIAL_FIX")
     if interpreted() and policy.matmul != "fp32":
         raise ValueError(f"kernels: Precision.matmul={policy.matmul!r} under TRITON_INTERPRET=1: the CPU "
                          "interpreter's bf16/fp16 arithmetic is broken; use matmul='fp32' there")
-    if policy.sub == "fma" and policy.scores != "fp32":
-        raise ValueError(f"kernels: Precision.scores={policy.scores!r} with sub='fma': the fused multiply-add "
-                         "forms S − m from the raw FP32 QKᵀ, so S is never rounded; use sub='sub' to round S")
+    for knob in ("qk_out", "scores", "exp_in"):
+        if policy.sub == "fma" and getattr(policy, knob, "fp32") != "fp32":
+            raise ValueError(f"kernels: Precision.{knob}={getattr(policy, knob)!r} with sub='fma': the fused "
+                             "multiply-add forms S − m from the raw FP32 QKᵀ, so nothing may round before it")
     bk = policy.block_k
     if bk is not None and bk <= 128:
         if bk & (bk - 1) or bk < 16:
@@ -114,13 +139,17 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
             raise ValueError(f"kernels: Precision.block_k={bk} must be a multiple of {CHUNK} above 128")
         block_n, key_block, two_pass = CHUNK, (bk or 0), True
     fix = policy.fix
+    g = lambda knob: getattr(policy, knob, "fp32")  # noqa: E731  (knobs a policy may not have yet)
+    pv_dt, ds_dt = _wider(policy.pbar, policy.matmul), _wider(g("ds"), policy.matmul)
     return KernelPolicy(
-        matmul=_TL[policy.matmul], scores=_TL[policy.scores], pbar=_TL[policy.pbar], pv_out=_TL[policy.pv_out],
-        acc=_TL[policy.acc], out_dtype=policy.dtype("out"), sub_fma=policy.sub == "fma",
+        matmul=_TL[policy.matmul], qk_out=_TL[g("qk_out")], scores=_TL[policy.scores], exp_in=_TL[g("exp_in")],
+        pbar=_TL[policy.pbar], pv_dt=_TL[pv_dt], pv_out=_TL[policy.pv_out], acc=_TL[policy.acc],
+        out_dtype=policy.dtype("out"), dp=_TL[g("dp")], ds=_TL[g("ds")], ds_dt=_TL[ds_dt],
+        grad_acc=_TL[g("grad_acc")], delta_prod=g("delta_prod"), sub_fma=policy.sub == "fma",
         fix=fix is not None, beta=float(fix.beta) if fix else 2.0, eps=float(fix.eps) if fix else 0.0,
         clamp=policy.l_clamp is not None, l_clamp=float(policy.l_clamp or 0.0), delta=policy.delta,
         block_n=block_n, key_block=key_block, two_pass=two_pass,
-        dot_prec="ieee" if policy.matmul == "fp32" else "tf32")
+        dot_prec=_prec(policy.matmul), pv_prec=_prec(pv_dt), ds_prec=_prec(ds_dt))
 
 
 def _check_inputs(q, k, v):
@@ -147,10 +176,10 @@ def _check_inputs(q, k, v):
         raise ValueError("q, k, v must be on one device")
 
 
-def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, out_dtype=None):
+def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     """Launch the forward kernel; returns O (in the policy's `out` dtype) and L = m + log ℓ (FP32)."""
     B, H, N, D = q.shape
-    o = torch.empty((B, H, N, D), device=q.device, dtype=out_dtype or kp.out_dtype)
+    o = torch.empty((B, H, N, D), device=q.device, dtype=kp.out_dtype)
     lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
@@ -158,46 +187,37 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, out_dtype=No
     _fwd._attn_fwd[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, N, key_block, scale, kp.eps, kp.beta, kp.l_clamp,
-        HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, SCORES=kp.scores, PBAR=kp.pbar, PV_OUT=kp.pv_out,
-        ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix, CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass,
-        DOT_PREC=kp.dot_prec, **extra)
+        HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
+        PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix,
+        CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass, DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **extra)
     return o, lse
-
-
-def _high_precision(kp: KernelPolicy) -> KernelPolicy:
-    """The same policy with S, P̄, P̄V and the accumulator in FP32: the O that δ = dO·O_hp reads."""
-    f32 = tl.float32
-    return KernelPolicy(**{**kp.__dict__, "scores": f32, "pbar": f32, "pv_out": f32, "acc": f32,
-                           "out_dtype": torch.float32})
 
 
 def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float):
     B, H, N, D = q.shape
     do = do.contiguous()
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
+    common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
+                  DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
+                  DS_PREC=kp.ds_prec, **extra)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    q_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
     delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
-    if kp.delta == "dP.P":
-        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
-        _bwd._bwd_dq[grid](q, k, v, do, lse, delta, q, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-                           H, N, scale, HEAD_DIM=D, MATMUL=kp.matmul, SCORES=kp.scores, SUB_FMA=kp.sub_fma,
-                           CAUSAL=causal, DELTA_ONLY=True, DOT_PREC=kp.dot_prec, **extra)
+    if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp
+        _bwd._bwd_dq[q_grid](q, k, v, do, lse, delta, q, *strides, H, N, scale,
+                             MODE=1 if kp.delta == "dP.P" else 2, **common)
     else:
-        if kp.delta == "dO.O_hp":
-            o, _ = _forward(q, k, v, _high_precision(kp), causal, scale)
-        block = 64
-        _bwd._bwd_delta_dot[(triton.cdiv(N, block), B * H)](
-            o, do, delta, *o.stride(), *do.stride(), H, N, HEAD_DIM=D, BLOCK_M=block)
+        wide = "fp32" if torch.float32 in (o.dtype, do.dtype) else kp.delta_prod
+        _bwd._bwd_delta_dot[(triton.cdiv(N, 64), B * H)](
+            o, do, delta, *o.stride(), *do.stride(), H, N, HEAD_DIM=D, BLOCK_M=64,
+            PROD=_TL[_wider(kp.delta_prod, wide)])
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
-    _bwd._bwd_dkdv[grid](q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-                         H, N, scale, HEAD_DIM=D, MATMUL=kp.matmul, SCORES=kp.scores, SUB_FMA=kp.sub_fma,
-                         CAUSAL=causal, DOT_PREC=kp.dot_prec, **extra)
-    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
-    _bwd._bwd_dq[grid](q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-                       H, N, scale, HEAD_DIM=D, MATMUL=kp.matmul, SCORES=kp.scores, SUB_FMA=kp.sub_fma,
-                       CAUSAL=causal, DELTA_ONLY=False, DOT_PREC=kp.dot_prec, **extra)
+    kv_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
+    _bwd._bwd_dkdv[kv_grid](q, k, v, do, lse, delta, dk, dv, *strides, H, N, scale, PBAR=kp.pbar,
+                            PV_DT=kp.pv_dt, PV_PREC=kp.pv_prec, **common)
+    _bwd._bwd_dq[q_grid](q, k, v, do, lse, delta, dq, *strides, H, N, scale, MODE=0, **common)
     return dq, dk, dv
 
 
@@ -232,3 +252,28 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     kernel_policy(policy)  # validate before anything is launched
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return FlashAttention.apply(q, k, v, policy, bool(causal), scale)
+
+
+def probe_pbar(q: torch.Tensor, k: torch.Tensor, policy: Precision = FA2_BF16,
+               scale: float | None = None) -> torch.Tensor:
+    """P̄ = exp(S − m) of one key block, rounded to the policy's `pbar`, as the forward kernel forms it
+    (same device functions, same compile flags). q: (M, D) with M ≤ 64, k: (N, D) with N ≤ 128, one head;
+    m is the block's own maximum (with the fix when the policy has it). Returns (M, N) FP32."""
+    _check_inputs(k[None, None], k[None, None], k[None, None])
+    if q.dim() != 2 or q.shape[1] != k.shape[1] or q.dtype != k.dtype or q.device != k.device:
+        raise ValueError(f"probe_pbar takes q (M, D) and k (N, D) of one dtype and device (got {tuple(q.shape)} "
+                         f"{q.dtype}, {tuple(k.shape)} {k.dtype})")
+    kp = kernel_policy(policy)
+    (M, D), N = q.shape, k.shape[0]
+    if M > 64 or N > 128:
+        raise ValueError(f"probe_pbar takes at most 64 query rows and 128 keys (got {M}, {N})")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    q, k = q.contiguous(), k.contiguous()
+    p = torch.full((M, N), float("nan"), device=q.device, dtype=torch.float32)
+    extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
+    block_n = max(16, triton.next_power_of_2(N))
+    _fwd._probe_pbar[(1,)](q, k, p, q.stride(0), k.stride(0), p.stride(0), M, N, scale, kp.eps, kp.beta,
+                          HEAD_DIM=D, BLOCK_M=64, BLOCK_N=block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out,
+                          SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix, DOT_PREC=kp.dot_prec,
+                          **extra)
+    return p

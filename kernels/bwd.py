@@ -26,12 +26,19 @@ from kernels.fwd import INTERPRET, _imin, _round
 
 # -- device helpers --------------------------------------------------------------------------------------
 @triton.jit
-def _recompute_p(qk, lse_row, scale, SCORES: tl.constexpr, SUB_FMA: tl.constexpr):
-    """P = exp(S − L) from a raw QKᵀ tile; `lse_row` broadcasts along the key axis of the tile."""
+def _recompute_p(qk, lse_row, scale, QK_OUT: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr):
+    """P = exp(S − L) in FP32 from a raw QKᵀ tile (S rounded as in the forward, or one FMA);
+    `lse_row` broadcasts along the key axis of the tile."""
     if SUB_FMA:
-        return tl.exp2(tl.fma(qk, scale * 1.4426950408889634, -(lse_row * 1.4426950408889634)))
+        return tl.exp(tl.fma(qk, scale, -lse_row))
     else:
-        return tl.exp(_round(qk * scale, SCORES) - lse_row)
+        return tl.exp(_round(_round(qk, QK_OUT) * scale, SCORES) - lse_row)
+
+
+@triton.jit
+def _add_rounded(acc, part, GACC: tl.constexpr):
+    """acc + part with both rounded to GACC (the policy's grad_acc) — plain FP32 addition when GACC is FP32."""
+    return _round(acc + _round(part, GACC), GACC)
 
 
 # -- δ preprocess -------------------------------------------------------------------------------------------
@@ -39,8 +46,8 @@ def _recompute_p(qk, lse_row, scale, SCORES: tl.constexpr, SUB_FMA: tl.constexpr
 def _bwd_delta_dot(O, DO, DELTA,
                    stride_oz, stride_oh, stride_om, stride_od,
                    stride_dz, stride_dh, stride_dm, stride_dd,
-                   H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """δ = rowsum(dO ∘ O), products and sum in FP32."""
+                   H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PROD: tl.constexpr):
+    """δ = rowsum(dO ∘ O): each product rounded to PROD (the policy's delta_prod, widened), summed in FP32."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = off_hz // H
@@ -52,53 +59,61 @@ def _bwd_delta_dot(O, DO, DELTA,
                 + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=row_ok, other=0.0)
     do = tl.load(DO + off_z.to(tl.int64) * stride_dz + off_h.to(tl.int64) * stride_dh
                  + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=row_ok, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    delta = tl.sum(_round(o.to(tl.float32) * do.to(tl.float32), PROD), 1)
     tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
 
 
-# -- the query-side loop: dQ (or δ = rowsum(dP ∘ P)) -----------------------------------------------------------
+# -- the query-side loop: dQ, or δ = rowsum(dP ∘ P), or δ = rowsum(dO ∘ O_hp) -------------------------------------
 @triton.jit
-def _q_side_tiles(dq, delta_acc, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                  offs_d, lo, hi, N_CTX, scale,
-                  BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
-                  MASK: tl.constexpr, CAUSAL: tl.constexpr, DELTA_ONLY: tl.constexpr,
-                  DOT_PREC: tl.constexpr):
+def _q_side_tiles(dq, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+                  lo, hi, N_CTX, scale,
+                  BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
+                  DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr,
+                  SUB_FMA: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr,
+                  DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         if MASK:
             kv_ok = offs_n[:, None] < N_CTX
-            k = tl.load(K_ptrs + start_n * stride_kn, mask=kv_ok, other=0.0).to(MATMUL)   # (BLOCK_N, D)
-            v = tl.load(V_ptrs + start_n * stride_vn, mask=kv_ok, other=0.0).to(MATMUL)
+            k = tl.load(K_ptrs + start_n * stride_kn, mask=kv_ok, other=0.0)                # (BLOCK_N, D)
+            v = tl.load(V_ptrs + start_n * stride_vn, mask=kv_ok, other=0.0)
         else:
-            k = tl.load(K_ptrs + start_n * stride_kn).to(MATMUL)
-            v = tl.load(V_ptrs + start_n * stride_vn).to(MATMUL)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)                          # (BLOCK_M, BLOCK_N)
-        p = _recompute_p(qk, lse[:, None], scale, SCORES, SUB_FMA)
+            k = tl.load(K_ptrs + start_n * stride_kn)
+            v = tl.load(V_ptrs + start_n * stride_vn)
+        qk = tl.dot(q, tl.trans(k.to(MATMUL)), input_precision=DOT_PREC)               # (BLOCK_M, BLOCK_N)
+        p = _recompute_p(qk, lse[:, None], scale, QK_OUT, SCORES, SUB_FMA)
         if MASK:
             valid = offs_n[None, :] < N_CTX
             if CAUSAL:
                 valid = valid & (offs_n[None, :] <= offs_m[:, None])
             p = tl.where(valid, p, 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PREC)                         # dP = dO Vᵀ
-        if DELTA_ONLY:
-            delta_acc += tl.sum(p * dp, 1)
+        if MODE == 2:
+            aux = tl.dot(p, v.to(tl.float32), aux, input_precision="ieee")              # O_hp = Σ P V in FP32
         else:
-            ds = p * (dp - delta[:, None])
-            dq = tl.dot(ds.to(MATMUL), k, dq, input_precision=DOT_PREC)
-    return dq, delta_acc
+            dp = _round(tl.dot(do, tl.trans(v.to(MATMUL)), input_precision=DOT_PREC), DP)  # dP = dO Vᵀ
+            if MODE == 1:
+                aux += tl.sum(dp * p, 1)
+            else:
+                ds = _round((p * scale) * (dp - delta[:, None]), DS)                  # dS = (P·α)(dP − δ)
+                part = tl.dot(ds.to(DS_DT), k.to(DS_DT), input_precision=DS_PREC)
+                if GACC == tl.float32:
+                    dq += part
+                else:
+                    dq = _add_rounded(dq, part, GACC)
+    return dq, aux
 
 
 def _q_side_configs():
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-               for bm, bn, w, s in ((128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 3))]
+               for bm, bn, w, s in ((128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3))]
     if os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") == "0":
         return configs[:1]
     return configs
 
 
-@triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "DELTA_ONLY"])
+@triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE"])
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             stride_qz, stride_qh, stride_qm, stride_qd,
@@ -107,10 +122,12 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             stride_dz, stride_dh, stride_dm, stride_dd,
             H, N_CTX, scale,
             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            MATMUL: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
-            DELTA_ONLY: tl.constexpr, DOT_PREC: tl.constexpr):
-    """dQ = α Σ_j dS K with dS = P ∘ (dP − δ); with DELTA_ONLY, δ = rowsum(dP ∘ P) into DELTA instead.
-    DQ shares Q's strides (stride_q*); DO those of stride_d*."""
+            MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, DP: tl.constexpr,
+            DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr,
+            CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr):
+    """MODE 0: dQ = Σ_j dS K with dS = (P·α) ∘ (dP − δ).  MODE 1: δ = rowsum(dP ∘ P) into DELTA.
+    MODE 2: δ = rowsum(dO ∘ O_hp), O_hp = Σ_j P V recomputed in FP32 from L, into DELTA.
+    DQ shares Q's strides (stride_q*); DO has its own (stride_d*)."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = off_hz // H
@@ -126,61 +143,73 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     row_ok = offs_m[:, None] < N_CTX
     q = tl.load(Q + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_ok,
                 other=0.0).to(MATMUL)
-    do = tl.load(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=row_ok,
-                 other=0.0).to(MATMUL)
+    do_in = tl.load(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=row_ok, other=0.0)
+    do = do_in.to(MATMUL)
     lse = tl.load(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, mask=offs_m < N_CTX, other=float("inf"))
-    if DELTA_ONLY:
-        delta = tl.zeros([BLOCK_M], tl.float32)
-    else:
+    if MODE == 0:
         delta = tl.load(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
+    else:
+        delta = tl.zeros([BLOCK_M], tl.float32)
     K_ptrs = K + offs_n0[:, None] * stride_kn + offs_d[None, :] * stride_kd
     V_ptrs = V + offs_n0[:, None] * stride_vn + offs_d[None, :] * stride_vd
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    delta_acc = tl.zeros([BLOCK_M], tl.float32)
+    if MODE == 2:
+        aux = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    else:
+        aux = tl.zeros([BLOCK_M], tl.float32)
     if CAUSAL:
         lo_mask = start_m * BLOCK_M
         hi = _imin((start_m + 1) * BLOCK_M, N_CTX)
     else:
         lo_mask = (N_CTX // BLOCK_N) * BLOCK_N
         hi = N_CTX
-    dq, delta_acc = _q_side_tiles(dq, delta_acc, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn,
-                                  offs_m, offs_n0, offs_d, 0, lo_mask, N_CTX, scale, BLOCK_N, MATMUL, SCORES,
-                                  SUB_FMA, False, CAUSAL, DELTA_ONLY, DOT_PREC)
-    dq, delta_acc = _q_side_tiles(dq, delta_acc, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn,
-                                  offs_m, offs_n0, offs_d, lo_mask, hi, N_CTX, scale, BLOCK_N, MATMUL, SCORES,
-                                  SUB_FMA, True, CAUSAL, DELTA_ONLY, DOT_PREC)
-    if DELTA_ONLY:
-        tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, delta_acc, mask=offs_m < N_CTX)
-    else:
-        dq = dq * scale
+    dq, aux = _q_side_tiles(dq, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+                            0, lo_mask, N_CTX, scale, BLOCK_N, MATMUL, QK_OUT, SCORES, DP, DS, DS_DT, GACC,
+                            SUB_FMA, False, CAUSAL, MODE, DOT_PREC, DS_PREC)
+    dq, aux = _q_side_tiles(dq, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+                            lo_mask, hi, N_CTX, scale, BLOCK_N, MATMUL, QK_OUT, SCORES, DP, DS, DS_DT, GACC,
+                            SUB_FMA, True, CAUSAL, MODE, DOT_PREC, DS_PREC)
+    if MODE == 0:
         tl.store(DQ + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                 dq.to(DQ.dtype.element_ty), mask=row_ok)
+                 _round(dq, DQ.dtype.element_ty).to(DQ.dtype.element_ty), mask=row_ok)
+    else:
+        if MODE == 2:
+            aux = tl.sum(do_in.to(tl.float32) * aux, 1)
+        tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, aux, mask=offs_m < N_CTX)
 
 
 # -- the key-side loop: dK and dV ----------------------------------------------------------------------------
 @triton.jit
 def _kv_side_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
                    lo, hi, N_CTX, scale,
-                   BLOCK_M: tl.constexpr, MATMUL: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
-                   MASK: tl.constexpr, DOT_PREC: tl.constexpr):
+                   BLOCK_M: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
+                   PBAR: tl.constexpr, PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr,
+                   DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr, MASK: tl.constexpr,
+                   DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr):
     """Walk query blocks for one key block; tiles are held transposed (keys × queries) so that Pᵀ and dSᵀ
     feed the dV and dK dots directly. Query rows past the sequence load L = +inf, so their P is 0."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
         row_ok = offs_m < N_CTX
-        q = tl.load(Q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0).to(MATMUL)   # (M, D)
+        q = tl.load(Q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0)            # (M, D)
         do = tl.load(DO_ptrs + start_m * stride_dm, mask=row_ok[:, None], other=0.0).to(MATMUL)
         lse = tl.load(LSE + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
-        kq = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)                           # Sᵀ: (N, M)
-        pT = _recompute_p(kq, lse[None, :], scale, SCORES, SUB_FMA)
+        kq = tl.dot(k, tl.trans(q.to(MATMUL)), input_precision=DOT_PREC)               # Sᵀ: (N, M)
+        pT = _recompute_p(kq, lse[None, :], scale, QK_OUT, SCORES, SUB_FMA)
         if MASK:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
-        dv = tl.dot(pT.to(MATMUL), do, dv, input_precision=DOT_PREC)                   # dV += Pᵀ dO
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)                        # dPᵀ = V dOᵀ
-        dsT = pT * (dpT - delta[None, :])
-        dk = tl.dot(dsT.to(MATMUL), q, dk, input_precision=DOT_PREC)                   # dK += dSᵀ Q
+        part = tl.dot(_round(pT, PBAR).to(PV_DT), do.to(PV_DT), input_precision=PV_PREC)     # Pᵀ dO
+        dpT = _round(tl.dot(v, tl.trans(do), input_precision=DOT_PREC), DP)                  # dPᵀ = V dOᵀ
+        dsT = _round((pT * scale) * (dpT - delta[None, :]), DS)
+        part_k = tl.dot(dsT.to(DS_DT), q.to(DS_DT), input_precision=DS_PREC)                 # dSᵀ Q
+        if GACC == tl.float32:
+            dv += part
+            dk += part_k
+        else:
+            dv = _add_rounded(dv, part, GACC)
+            dk = _add_rounded(dk, part_k, GACC)
     return dk, dv
 
 
@@ -188,7 +217,7 @@ def _kv_side_configs():
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-               for bm, bn, w, s in ((64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 4, 2))]
+               for bm, bn, w, s in ((64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3))]
     if os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") == "0":
         return configs[:1]
     return configs
@@ -203,9 +232,11 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               stride_dz, stride_dh, stride_dm, stride_dd,
               H, N_CTX, scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              MATMUL: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
-              DOT_PREC: tl.constexpr):
-    """dV = Σ_i Pᵀ dO and dK = α Σ_i dSᵀ Q for one key block. DK shares K's strides, DV V's."""
+              MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
+              PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
+              GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
+              DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr):
+    """dV = Σ_i Pᵀ dO and dK = Σ_i dSᵀ Q for one key block. DK shares K's strides, DV V's."""
     start_n = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = off_hz // H
@@ -235,17 +266,16 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
         lo = start_n * BLOCK_N
         mid = _imin(lo + BLOCK_N, N_CTX)
         dk, dv = _kv_side_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n,
-                                offs_m0, lo, mid, N_CTX, scale, BLOCK_M, MATMUL, SCORES, SUB_FMA, True,
-                                DOT_PREC)
+                                offs_m0, lo, mid, N_CTX, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT,
+                                DP, DS, DS_DT, GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC)
         dk, dv = _kv_side_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n,
-                                offs_m0, lo + BLOCK_N, N_CTX, N_CTX, scale, BLOCK_M, MATMUL, SCORES, SUB_FMA,
-                                False, DOT_PREC)
+                                offs_m0, lo + BLOCK_N, N_CTX, N_CTX, scale, BLOCK_M, MATMUL, QK_OUT, SCORES,
+                                PBAR, PV_DT, DP, DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC)
     else:
         dk, dv = _kv_side_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n,
-                                offs_m0, 0, N_CTX, N_CTX, scale, BLOCK_M, MATMUL, SCORES, SUB_FMA, False,
-                                DOT_PREC)
-    dk = dk * scale
+                                offs_m0, 0, N_CTX, N_CTX, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT,
+                                DP, DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC)
     tl.store(DK + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-             dk.to(DK.dtype.element_ty), mask=col_ok)
+             _round(dk, DK.dtype.element_ty).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-             dv.to(DV.dtype.element_ty), mask=col_ok)
+             _round(dv, DV.dtype.element_ty).to(DV.dtype.element_ty), mask=col_ok)

@@ -54,14 +54,20 @@ def _patch_interpreter_index():
 
 if INTERPRET:
     _patch_interpreter_index()
+_INTERPRET = tl.constexpr(INTERPRET)
 
 
 # -- device helpers --------------------------------------------------------------------------------------
 @triton.jit
 def _round(x, DT: tl.constexpr):
-    """Round an FP32 tile to DT and back (a cast point); the identity when DT is FP32."""
+    """Round an FP32 tile to DT and back (a cast point, round to nearest even); the identity for FP32."""
     if DT == tl.float32:
         return x
+    elif (DT == tl.bfloat16) and _INTERPRET:
+        # the interpreter truncates FP32 → BF16; round to nearest even on the bits instead
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
     else:
         return x.to(DT).to(tl.float32)
 
@@ -78,30 +84,30 @@ def _imin(a, b):
 def _block_max(qk, scale, EPS, BETA, SCORES: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr):
     """The maximum that this key block contributes, in natural units: r_m, or Algorithm 3's m' when FIX."""
     if SUB_FMA:
-        r_m = tl.max(qk, 1) * scale
+        r_m = tl.max(qk, 1) * scale  # = max of the FP32 products α·QKᵀ (rounding is monotone)
     else:
         r_m = tl.max(qk, 1)  # qk already holds the rounded scores S in this mode
     if FIX:
+        thresh = _round(r_m - EPS, SCORES)                   # the reference's tie test: S ≥ round(r_m − ε)
         if SUB_FMA:
-            gap = r_m[:, None] - qk * scale
+            ties = tl.sum((qk * scale >= thresh[:, None]).to(tl.int32), 1)
         else:
-            gap = _round(r_m[:, None] - qk, SCORES)
-        ties = tl.sum((gap <= EPS).to(tl.int32), 1)
-        r_m = _dynamic_max(r_m, ties, BETA)
+            ties = tl.sum((qk >= thresh[:, None]).to(tl.int32), 1)
+        r_m = _dynamic_max(r_m, ties, BETA, SCORES)
     return r_m
 
 
 @triton.jit
-def _dynamic_max(r_m, ties, BETA):
+def _dynamic_max(r_m, ties, BETA, SCORES: tl.constexpr):
     """Algorithm 3: with more than one score at the maximum, m' = β·r_m (r_m > 0) or 0 (r_m < 0)."""
     multi = ties > 1
-    shifted = tl.where(r_m > 0, BETA * r_m, tl.where(r_m < 0, 0.0, r_m))
+    shifted = tl.where(r_m > 0, _round(BETA * r_m, SCORES), tl.where(r_m < 0, 0.0, r_m))
     return tl.where(multi, shifted, r_m)
 
 
 @triton.jit
 def _scores(q, K_block, offs_m, offs_n, N_CTX, scale,
-            MATMUL: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
+            MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
             MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One tile of scores: raw QKᵀ (FMA mode) or S = round(α·QKᵀ) (sub mode); masked entries are −inf."""
     if MASK:
@@ -110,7 +116,7 @@ def _scores(q, K_block, offs_m, offs_n, N_CTX, scale,
         k = tl.load(K_block).to(MATMUL)
     qk = tl.dot(q, k, input_precision=DOT_PREC)                        # (BLOCK_M, BLOCK_N)
     if not SUB_FMA:
-        qk = _round(qk * scale, SCORES)
+        qk = _round(_round(qk, QK_OUT) * scale, SCORES)                # S = round(round(QKᵀ)·α)
     if MASK:
         valid = offs_n[None, :] < N_CTX
         if CAUSAL:
@@ -120,64 +126,74 @@ def _scores(q, K_block, offs_m, offs_n, N_CTX, scale,
 
 
 @triton.jit
-def _probs(qk, m_new, scale, SCORES: tl.constexpr, SUB_FMA: tl.constexpr):
-    """P = exp(S − m) in FP32 (before any rounding to PBAR)."""
+def _probs(qk, m_new, scale, EXP_IN: tl.constexpr, SUB_FMA: tl.constexpr):
+    """P = exp(S − m) in FP32 (before any rounding to PBAR); S − m rounded to EXP_IN, or one FMA."""
     if SUB_FMA:
-        return tl.exp2(tl.fma(qk, scale * 1.4426950408889634, -(m_new * 1.4426950408889634)[:, None]))
+        return tl.exp(tl.fma(qk, scale, -m_new[:, None]))
     else:
-        return tl.exp(_round(qk - m_new[:, None], SCORES))
+        return tl.exp(_round(qk - m_new[:, None], EXP_IN))
 
 
 @triton.jit
-def _accumulate(acc, l_i, m_i, m_new, p, v, ACC: tl.constexpr, PBAR: tl.constexpr, PV_OUT: tl.constexpr,
-                MATMUL: tl.constexpr, SUB_FMA: tl.constexpr, DOT_PREC: tl.constexpr):
-    """Online-softmax update with one block's P (FP32) and V: rescale, add P̄V, round to the policy."""
-    if SUB_FMA:
-        alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
-    else:
-        alpha = tl.exp(_round(m_i - m_new, ACC))
-    l_i = _round(l_i * alpha + tl.sum(p, 1), ACC)
-    pbar = _round(p, PBAR).to(MATMUL)                      # the cast point right before the P̄V dot
-    if (ACC == tl.float32) and (PV_OUT == tl.float32):
-        acc = tl.dot(pbar, v, acc * alpha[:, None],
-                     input_precision=DOT_PREC)
-    else:
-        pv = tl.dot(pbar, v, input_precision=DOT_PREC)
-        acc = _round(_round(acc * alpha[:, None], ACC) + _round(pv, PV_OUT), ACC)
+def _accumulate(acc, l_i, m_i, m_new, l_blk, pv, ACC: tl.constexpr, EXP_IN: tl.constexpr,
+                PV_OUT: tl.constexpr):
+    """Online-softmax update with one block's row sum and P̄V product (FP32): rescale, add, round."""
+    alpha = tl.exp(_round(m_i - m_new, EXP_IN))
+    l_i = _round(l_i * alpha + l_blk, ACC)
+    acc = _round(_round(acc * alpha[:, None], ACC) + _round(pv, PV_OUT), ACC)
     return acc, l_i
+
+
+@triton.jit
+def _row_sum(p, L_CLAMP, CLAMP: tl.constexpr):
+    """ℓ_j = rowsum(P̄) of one key block, with the official code's per-block floor when CLAMP."""
+    l_blk = tl.sum(p, 1)
+    if CLAMP:
+        l_blk = tl.maximum(l_blk, L_CLAMP)
+    return l_blk
 
 
 # -- the inner loops ---------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-               lo, hi, N_CTX, scale, EPS, BETA,
-               BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
-               PV_OUT: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
-               MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+               lo, hi, N_CTX, scale, EPS, BETA, L_CLAMP,
+               BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
+               EXP_IN: tl.constexpr, PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr,
+               ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
+               MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr):
     """Fast path: the policy's key block is one tile, so each tile is read once."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        kv_mask = offs_n[:, None] < N_CTX
         qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                     MATMUL, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC)
+                     MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC)
         m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
-        p = _probs(qk, m_new, scale, SCORES, SUB_FMA)
+        p = _probs(qk, m_new, scale, EXP_IN, SUB_FMA)                # (BLOCK_M, BLOCK_N) FP32
+        l_blk = _row_sum(p, L_CLAMP, CLAMP)
+        pbar = _round(p, PBAR).to(PV_DT)                             # cast: P̄ right before the P̄V dot
         if MASK:
-            v = tl.load(V_ptrs + start_n * stride_vn, mask=kv_mask, other=0.0).to(MATMUL)
+            v = tl.load(V_ptrs + start_n * stride_vn, mask=offs_n[:, None] < N_CTX, other=0.0).to(PV_DT)
         else:
-            v = tl.load(V_ptrs + start_n * stride_vn).to(MATMUL)
-        acc, l_i = _accumulate(acc, l_i, m_i, m_new, p, v, ACC, PBAR, PV_OUT, MATMUL, SUB_FMA, DOT_PREC)
+            v = tl.load(V_ptrs + start_n * stride_vn).to(PV_DT)
+        if (ACC == tl.float32) and (PV_OUT == tl.float32):
+            # FP32 accumulator: let the dot add into the rescaled accumulator (one pass over acc)
+            alpha = tl.exp(_round(m_i - m_new, EXP_IN))
+            l_i = l_i * alpha + l_blk
+            acc = tl.dot(pbar, v, acc * alpha[:, None], input_precision=PV_PREC)
+        else:
+            pv = tl.dot(pbar, v, input_precision=PV_PREC)
+            acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, ACC, EXP_IN, PV_OUT)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0, offs_d,
-                       hi, N_CTX, KEY_BLOCK, scale, EPS, BETA,
+def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+                       hi, N_CTX, KEY_BLOCK, scale, EPS, BETA, L_CLAMP,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       MATMUL: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
-                       PV_OUT: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
-                       CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
+                       MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
+                       PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
+                       SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr, CAUSAL: tl.constexpr,
+                       DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr):
     """Emulation path: policy key blocks of KEY_BLOCK keys (a multiple of BLOCK_N), walked in chunks."""
     for kb in range(0, hi, KEY_BLOCK):
         kb_hi = _imin(kb + KEY_BLOCK, hi)
@@ -186,44 +202,38 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
             qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                         MATMUL, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
+                         MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
             if SUB_FMA:
                 r_m = tl.maximum(r_m, tl.max(qk, 1) * scale)
             else:
                 r_m = tl.maximum(r_m, tl.max(qk, 1))
         if FIX:
-            # pass 1b: count the scores within EPS of the block's maximum
+            # pass 1b: count the scores at the block's maximum (S ≥ round(r_m − ε))
+            thresh = _round(r_m - EPS, SCORES)
             ties = tl.zeros([BLOCK_M], tl.int32)
             for start_n in range(kb, kb_hi, BLOCK_N):
                 offs_n = start_n + offs_n0
                 qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                             MATMUL, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
+                             MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
                 if SUB_FMA:
-                    gap = r_m[:, None] - qk * scale
-                else:
-                    gap = _round(r_m[:, None] - qk, SCORES)
-                ties += tl.sum((gap <= EPS).to(tl.int32), 1)
-            r_m = _dynamic_max(r_m, ties, BETA)
+                    qk = qk * scale
+                ties += tl.sum((qk >= thresh[:, None]).to(tl.int32), 1)
+            r_m = _dynamic_max(r_m, ties, BETA, SCORES)
         m_new = _round(tl.maximum(m_i, r_m), ACC)
         # pass 2: P for the whole block, the row sum and the P̄V product (accumulated in FP32 over the block)
         l_blk = tl.zeros([BLOCK_M], tl.float32)
         pv = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
-            kv_mask = offs_n[:, None] < N_CTX
             qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                         MATMUL, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
-            p = _probs(qk, m_new, scale, SCORES, SUB_FMA)
+                         MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
+            p = _probs(qk, m_new, scale, EXP_IN, SUB_FMA)
             l_blk += tl.sum(p, 1)
-            v = tl.load(V_ptrs + start_n * stride_vn, mask=kv_mask, other=0.0).to(MATMUL)
-            pv = tl.dot(_round(p, PBAR).to(MATMUL), v, pv,
-                        input_precision=DOT_PREC)
-        if SUB_FMA:
-            alpha = tl.exp2((m_i - m_new) * 1.4426950408889634)
-        else:
-            alpha = tl.exp(_round(m_i - m_new, ACC))
-        l_i = _round(l_i * alpha + l_blk, ACC)
-        acc = _round(_round(acc * alpha[:, None], ACC) + _round(pv, PV_OUT), ACC)
+            v = tl.load(V_ptrs + start_n * stride_vn, mask=offs_n[:, None] < N_CTX, other=0.0).to(PV_DT)
+            pv = tl.dot(_round(p, PBAR).to(PV_DT), v, pv, input_precision=PV_PREC)
+        if CLAMP:
+            l_blk = tl.maximum(l_blk, L_CLAMP)
+        acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, ACC, EXP_IN, PV_OUT)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -233,17 +243,16 @@ def _fwd_configs():
     if INTERPRET:
         return [triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=1)]
     configs = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=s)
-               for bm in (128, 64) for w in (4, 8) for s in (2, 3, 4)]
+               for bm, w, s in ((128, 8, 3), (128, 4, 3), (64, 4, 3), (128, 8, 2))]
     if os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") == "0":
         return configs[:1]
     return configs
 
 
 def _fwd_prune(configs, named_args, **kwargs):
-    """Keep configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N; cap the 128-dim register load."""
-    block_n, head_dim = kwargs["BLOCK_N"], kwargs["HEAD_DIM"]
-    keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0 and c.kwargs["BLOCK_M"] >= block_n
-            and not (head_dim >= 128 and c.kwargs["BLOCK_M"] >= 128 and c.num_warps < 8 and not INTERPRET)]
+    """Keep configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N."""
+    block_n = kwargs["BLOCK_N"]
+    keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0]
     return keep or [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=2)]
 
 
@@ -257,9 +266,10 @@ def _attn_fwd(Q, K, V, O, LSE,
               stride_oz, stride_oh, stride_om, stride_od,
               H, N_CTX, KEY_BLOCK, scale, EPS, BETA, L_CLAMP,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              MATMUL: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr, PV_OUT: tl.constexpr,
-              ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
-              CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr):
+              MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
+              PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
+              SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
+              CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     off_z = off_hz // H
@@ -287,9 +297,9 @@ def _attn_fwd(Q, K, V, O, LSE,
         hi = N_CTX
     if TWO_PASS:
         acc, l_i, m_i = _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m,
-                                           offs_n0, offs_d, hi, N_CTX, KEY_BLOCK, scale, EPS, BETA,
-                                           BLOCK_M, BLOCK_N, HEAD_DIM, MATMUL, SCORES, PBAR, PV_OUT, ACC,
-                                           SUB_FMA, FIX, CAUSAL, DOT_PREC)
+                                           offs_n0, hi, N_CTX, KEY_BLOCK, scale, EPS, BETA, L_CLAMP,
+                                           BLOCK_M, BLOCK_N, HEAD_DIM, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR,
+                                           PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, CAUSAL, DOT_PREC, PV_PREC)
     else:
         # tiles strictly below the diagonal (and inside the sequence) need no mask
         if CAUSAL:
@@ -297,15 +307,37 @@ def _attn_fwd(Q, K, V, O, LSE,
         else:
             lo_mask = (N_CTX // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                                   offs_d, 0, lo_mask, N_CTX, scale, EPS, BETA, BLOCK_N, MATMUL, SCORES,
-                                   PBAR, PV_OUT, ACC, SUB_FMA, FIX, False, CAUSAL, DOT_PREC)
+                                   0, lo_mask, N_CTX, scale, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
+                                   SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, False, CAUSAL,
+                                   DOT_PREC, PV_PREC)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                                   offs_d, lo_mask, hi, N_CTX, scale, EPS, BETA, BLOCK_N, MATMUL, SCORES,
-                                   PBAR, PV_OUT, ACC, SUB_FMA, FIX, True, CAUSAL, DOT_PREC)
-    if CLAMP:
-        l_i = tl.maximum(l_i, L_CLAMP)
-    o = _round(acc / l_i[:, None], ACC)
-    lse = m_i + tl.log(l_i)
+                                   lo_mask, hi, N_CTX, scale, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
+                                   SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, True, CAUSAL,
+                                   DOT_PREC, PV_PREC)
+    o = acc / l_i[:, None]                                   # O = Ō / ℓ, rounded once to the stored dtype
+    lse = tl.log(l_i) + m_i                                  # L = log ℓ + m
     tl.store(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, lse, mask=offs_m < N_CTX)
-    tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, o.to(O.dtype.element_ty),
+    tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, _round(o, O.dtype.element_ty).to(O.dtype.element_ty),
              mask=row_ok)
+
+
+# -- a probe: P̄ of one tile, by the same device functions --------------------------------------------------------
+@triton.jit
+def _probe_pbar(Q, K, P, stride_qm, stride_kn, stride_pm, M, N, scale, EPS, BETA,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
+                PBAR: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    """P̄ (as rounded before the P̄V dot) of the first key block of a row, computed exactly as `_fwd_tiles`
+    computes it: used by the tests and chapter 6 to see whether tied maxima give P̄ = 1 on this hardware."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < M, other=0.0)
+    qk = _scores(q.to(MATMUL), K + offs_n[None, :] * stride_kn + offs_d[:, None], offs_m, offs_n, N, scale,
+                 MATMUL, QK_OUT, SCORES, SUB_FMA, True, False, DOT_PREC)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
+    pbar = _round(_probs(qk, m_new, scale, EXP_IN, SUB_FMA), PBAR)
+    tl.store(P + offs_m[:, None] * stride_pm + offs_n[None, :], pbar,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

@@ -1,0 +1,224 @@
+"""Benchmark of the Triton kernels against PyTorch's SDPA (flash and cuDNN backends) and the reference.
+
+Shown in chapter 5 ("Fix"): what the fix costs and how fast the paper's emulation mode runs. Run on a GPU:
+``python -m lpfail run bench_kernels`` (or ``python -m lpfail bench kernels``). FLOPs are counted as
+FlashAttention's papers do: forward 4·B·H·N²·d (halved when causal), backward 2.5× and forward+backward 3.5×
+the forward. Each time is the median over `reps` CUDA-event timings after warm-up, rotating among
+`input_sets` freshly drawn random inputs so that no timing reads the previous one's inputs from L2.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from lpfail.results import experiment
+
+MODES = ("fwd", "bwd", "fwd_bwd")
+
+
+@dataclass(frozen=True)
+class BenchKernelsConfig:
+    seq_lens: tuple = (1024, 2048, 4096, 8192)
+    head_dims: tuple = (64, 128)
+    tokens: int = 16384            # batch × N: the issue's 16k tokens per step
+    width: int = 2048              # heads × head_dim: 32 heads of 64 or 16 of 128
+    causal: bool = True
+    methods: tuple = ("sdpa_flash", "sdpa_cudnn", "triton", "triton_fix", "triton_fma", "triton_fma_fix",
+                      "triton_paper", "reference_paper")
+    reference_max_n: int = 2048    # the pure-PyTorch reference is slow: time it up to this length only
+    reps: int = 30
+    warmup: int = 5
+    input_sets: int = 3
+    matmul_size: int = 8192        # the BF16 matrix product that gives the card's ceiling
+    time_budget_s: float = 230.0   # stop measuring (leaving NaN) after this long, so a device call ends in time
+
+
+def _flops(b, h, n, d, causal, mode):
+    fwd = 4.0 * b * h * n * n * d / (2 if causal else 1)
+    return fwd * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
+
+
+def _method_fn(method, causal):
+    """(q, k, v) -> O for one method, or None when this machine lacks it."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import kernels
+    from lpfail.precision import FA2_BF16, PAPER_BF16
+
+    if method.startswith("sdpa"):
+        backend = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}[method]
+
+        def fn(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return fn
+    if method == "reference_paper":
+        try:
+            from lpfail.attention import attention
+        except ImportError:
+            return None
+        return lambda q, k, v: attention(q, k, v, PAPER_BF16, causal=causal)
+    policy = {"triton": FA2_BF16, "triton_fix": FA2_BF16.with_fix(), "triton_fma": FA2_BF16.replace(sub="fma"),
+              "triton_fma_fix": FA2_BF16.replace(sub="fma").with_fix(), "triton_paper": PAPER_BF16}[method]
+    return lambda q, k, v: kernels.flash_attention(q, k, v, policy, causal=causal)
+
+
+def _time(fn, sets, mode, reps, warmup):
+    """Median milliseconds of `mode` over `reps` CUDA-event timings, rotating among input sets."""
+    import torch
+
+    def call(i):
+        q, k, v, do = sets[i % len(sets)]
+        if mode == "fwd":
+            with torch.no_grad():
+                fn(q, k, v)
+        else:
+            o = fn(q, k, v)
+            torch.autograd.grad(o, (q, k, v), do)
+
+    def call_bwd(i, outs):
+        q, k, v, do = sets[i % len(sets)]
+        torch.autograd.grad(outs[i % len(sets)], (q, k, v), do, retain_graph=True)
+
+    outs = None
+    if mode == "bwd":
+        outs = [fn(q, k, v) for q, k, v, _ in sets]
+    for i in range(warmup):
+        call_bwd(i, outs) if mode == "bwd" else call(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call_bwd(i, outs) if mode == "bwd" else call(i)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _matmul_tflops(size, reps=10):
+    import torch
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    return 2.0 * size ** 3 * reps / (start.elapsed_time(end) * 1e-3) / 1e12
+
+
+@experiment("bench_kernels", config=BenchKernelsConfig, gpu=True)
+def bench_kernels(cfg: BenchKernelsConfig) -> dict:
+    """TFLOP/s of the Triton kernels, SDPA flash / cuDNN and the reference, fwd, bwd and fwd+bwd."""
+    import torch
+
+    shape = (len(cfg.head_dims), len(cfg.seq_lens), len(cfg.methods), len(MODES))
+    ms = np.full(shape, np.nan)
+    tflops = np.full(shape, np.nan)
+    errors = []
+    check = {}
+    t0 = time.time()
+    for i, d in enumerate(cfg.head_dims):
+        h = cfg.width // d
+        for j, n in enumerate(cfg.seq_lens):
+            b = max(1, cfg.tokens // n)
+            g = torch.Generator(device="cuda").manual_seed(1000 * d + n)
+            sets = []
+            for _ in range(cfg.input_sets):
+                q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                               for _ in range(4))
+                sets.append((q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do))
+            for m, method in enumerate(cfg.methods):
+                if method == "reference_paper" and n > cfg.reference_max_n:
+                    continue
+                if time.time() - t0 > cfg.time_budget_s:
+                    errors.append(f"time budget: {method} d={d} n={n} not measured")
+                    continue
+                fn = _method_fn(method, cfg.causal)
+                if fn is None:
+                    continue
+                if j == 0 and method.startswith("triton"):  # a guard: the timed kernel computes attention
+                    q, k, v, _ = sets[0]
+                    with torch.no_grad():
+                        ref = torch.nn.functional.scaled_dot_product_attention(
+                            q[:1].double(), k[:1].double(), v[:1].double(), is_causal=cfg.causal)
+                        o = fn(q[:1], k[:1], v[:1]).double()
+                    check[f"{method}_d{d}"] = float((o - ref).norm() / ref.norm())
+                for a, mode in enumerate(MODES):
+                    reps = cfg.reps if method != "reference_paper" else max(3, cfg.reps // 10)
+                    try:
+                        t = _time(fn, sets, mode, reps, cfg.warmup if method != "reference_paper" else 1)
+                    except Exception as e:  # a backend missing on this build: record it, keep going
+                        errors.append(f"{method} d={d} n={n} {mode}: {type(e).__name__}: {str(e)[:200]}")
+                        continue
+                    ms[i, j, m, a] = t
+                    tflops[i, j, m, a] = _flops(b, h, n, d, cfg.causal, mode) / (t * 1e-3) / 1e12
+                print(f"[{time.time() - t0:6.1f}s] d={d:3d} N={n:5d} {method:16s} "
+                      + "  ".join(f"{mode} {tflops[i, j, m, a]:6.1f}" for a, mode in enumerate(MODES)),
+                      flush=True)
+            del sets
+            torch.cuda.empty_cache()
+    return {
+        "ms": ms, "tflops": tflops,
+        "head_dims": np.array(cfg.head_dims), "seq_lens": np.array(cfg.seq_lens),
+        "methods": np.array(cfg.methods), "modes": np.array(MODES),
+        "matmul_tflops": float(_matmul_tflops(cfg.matmul_size)),
+        "errors": "\n".join(errors),
+        "check_rel_err": json.dumps(check),
+    }
+
+
+def table(res) -> str:
+    """The benchmark as a text table: TFLOP/s per method and mode, and the ratios the issue's targets use."""
+    methods = [str(m) for m in res["methods"]]
+    modes = [str(m) for m in res["modes"]]
+    tf = res["tflops"]
+    lines = []
+    for i, d in enumerate(res["head_dims"]):
+        lines.append(f"head dim {int(d)}: TFLOP/s at N = " + " / ".join(str(int(n)) for n in res["seq_lens"]))
+        for m, method in enumerate(methods):
+            cells = []
+            for a, mode in enumerate(modes):
+                cells.append(mode + " " + " / ".join("  -  " if math.isnan(x) else f"{x:5.0f}" for x in tf[i, :, m, a]))
+            lines.append(f"  {method:16s} " + " | ".join(cells))
+        def ratio(a_name, b_name, mode):
+            a, b = methods.index(a_name), methods.index(b_name)
+            return " / ".join(f"{x:4.2f}" for x in tf[i, :, a, modes.index(mode)] / tf[i, :, b, modes.index(mode)])
+        for a_name, b_name in (("triton", "sdpa_flash"), ("triton", "sdpa_cudnn"), ("triton_fma", "sdpa_flash"),
+                               ("triton_fma", "sdpa_cudnn")):
+            if a_name in methods and b_name in methods:
+                lines.append(f"  {a_name}/{b_name}: fwd {ratio(a_name, b_name, 'fwd')}, "
+                             f"fwd+bwd {ratio(a_name, b_name, 'fwd_bwd')}")
+        for a_name, b_name in (("triton_fix", "triton"), ("triton_fma_fix", "triton_fma")):
+            if a_name in methods and b_name in methods:
+                a, b = methods.index(a_name), methods.index(b_name)
+                cost = res["ms"][i, :, a, modes.index("fwd_bwd")] / res["ms"][i, :, b, modes.index("fwd_bwd")] - 1
+                lines.append(f"  fix cost ({a_name} vs {b_name}), fwd+bwd time: "
+                             + " / ".join(f"{100 * c:+.1f}%" for c in cost))
+        if "triton_paper" in methods and "reference_paper" in methods:
+            a, b = methods.index("triton_paper"), methods.index("reference_paper")
+            sp = res["ms"][i, :, b, modes.index("fwd_bwd")] / res["ms"][i, :, a, modes.index("fwd_bwd")]
+            lines.append("  PAPER_BF16 speed-up of the kernel over the reference, fwd+bwd: "
+                         + " / ".join("  -  " if math.isnan(x) else f"{x:.1f}x" for x in sp))
+    lines.append(f"BF16 {8192}^3 matmul: {res['matmul_tflops']:.0f} TFLOP/s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import sys
+
+    from lpfail import results
+    print(table(results._read("bench_kernels", results.results_dir())) if len(sys.argv) < 2 else "")

@@ -1,0 +1,22 @@
+#!/bin/bash
+# One device call for the Triton kernels: GPU tests, then the benchmark (results cache under $OUT).
+# Usage (on the GPU machine, from the repo root): bash tools/gpu_kernels.sh [tests|bench|all] [test timeout s]
+set -o pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/lpfail_out}
+mkdir -p "$OUT"
+WHAT=${1:-all}
+TEST_TIMEOUT=${2:-200}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$OUT/nvsmi.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" 2>&1 | tee -a "$OUT/nvsmi.txt"
+if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
+  LPFAIL_KERNELS_AUTOTUNE=0 timeout "$TEST_TIMEOUT" python3 -m pytest -q -s -p no:cacheprovider \
+    tests/test_kernels.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.txt" | grep -v "^$" | tail -60
+fi
+if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+  LPFAIL_RESULTS_DIR=$OUT timeout 420 python3 -m lpfail run bench_kernels ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+  LPFAIL_RESULTS_DIR=$OUT python3 -c "
+from lpfail import results; from kernels.bench import table
+print(table(results._read('bench_kernels', results.results_dir())))" 2>&1 | tee "$OUT/table.txt"
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$OUT/nvsmi.txt"
