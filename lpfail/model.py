@@ -81,8 +81,9 @@ class AttentionSpec:
     """One attention implementation, with its precision policy where it has one.
 
     backend   "sdpa" | "naive" | "reference" | "triton"
-    policy    a `Precision`; required by "reference" and "triton", refused by "sdpa" and "naive" (which have
-              no cast points to choose, so a policy would be silently ignored)
+    policy    a `Precision` (or its string form / preset name, parsed); required by "reference" and "triton",
+              refused by "sdpa" and "naive" (which have no cast points to choose, so a policy would be
+              silently ignored)
     fallback  None, or "reference" (triton only): when the Triton kernel cannot run (no `kernels` package,
               no Triton, no CUDA tensors), warn once and run the reference with the same policy instead.
               Without it that situation is a RuntimeError: a substitution experiment must never quietly
@@ -94,6 +95,8 @@ class AttentionSpec:
     fallback: str | None = None
 
     def __post_init__(self):
+        if isinstance(self.policy, str):  # a preset name or policy string, e.g. "PAPER_BF16" or "FP32+fix"
+            object.__setattr__(self, "policy", Precision.parse(self.policy))
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {self.backend!r}; backends: {list(BACKENDS)}")
         if self.backend in ("reference", "triton"):
@@ -113,6 +116,21 @@ class AttentionSpec:
             return self.backend
         extra = f", fallback={self.fallback}" if self.fallback else ""
         return f"{self.backend}({self.policy.name}{extra})"
+
+    @classmethod
+    def parse(cls, text: str) -> "AttentionSpec":
+        """Inverse of ``str(spec)``: "sdpa", "reference(PAPER_BF16)", "triton(FA2_BF16, fallback=reference)",
+        or a full policy string inside the parentheses."""
+        text = text.strip()
+        if "(" not in text:
+            return cls(text)
+        if not text.endswith(")"):
+            raise ValueError(f"cannot parse attention spec {text!r}: expected backend(policy)")
+        backend, inner = text[:-1].split("(", 1)
+        policy, sep, fallback = inner.rpartition(", fallback=")
+        if not sep:
+            policy, fallback = inner, None
+        return cls(backend.strip(), policy.strip(), fallback)
 
 
 DEFAULT_SPEC = AttentionSpec("sdpa")

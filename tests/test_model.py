@@ -163,7 +163,7 @@ def test_backends_agree_fp64():
     for name, (loss, grads) in results.items():
         print(name, (loss - base_loss).abs().item(), max_rel_diff(grads, base_grads))
         assert abs(loss.item() - base_loss.item()) < 1e-12
-        assert max_rel_diff(grads, base_grads) < 1e-10  # every gradient, relative to its own max
+        assert max_rel_diff(grads, base_grads) < 1e-12  # every gradient, relative to its own max (seen: 1e-15)
 
 
 @needs_reference
@@ -176,8 +176,8 @@ def test_backends_agree_fp32():
     base_loss, base_grads = results["naive"]
     for name, (loss, grads) in results.items():
         print(name, (loss - base_loss).abs().item(), max_rel_diff(grads, base_grads))
-        assert abs(loss.item() - base_loss.item()) < 1e-5
-        assert max_rel_diff(grads, base_grads) < 1e-4  # FP32 eps 1.2e-7 × accumulated ops, with margin
+        assert abs(loss.item() - base_loss.item()) < 1e-6
+        assert max_rel_diff(grads, base_grads) < 1e-5  # FP32 eps 1.2e-7 × a few dozen ops (seen: 4e-7)
 
 
 @needs_reference
@@ -190,7 +190,7 @@ def test_per_head_override_exact_policies_agree():
     assert [s.backend for s in split.attention_specs()[1]] == ["reference", "naive", "reference", "naive"]
     l0, g0 = loss_and_grads(uniform, x, y)
     l1, g1 = loss_and_grads(split, x, y)
-    assert abs(l0.item() - l1.item()) < 1e-12 and max_rel_diff(g1, g0) < 1e-10
+    assert abs(l0.item() - l1.item()) < 1e-12 and max_rel_diff(g1, g0) < 1e-12
 
 
 @needs_reference
@@ -203,10 +203,18 @@ def test_per_head_override_low_precision_differs():
     l0, g0 = loss_and_grads(exact, x, y)
     l1, g1 = loss_and_grads(bf16, x, y)
     diff = abs(l0.item() - l1.item())
-    print("loss diff", diff)
-    assert diff > 1e-7  # BF16 rounding (eps 7.8e-3) of one head's output moves the loss far beyond fp64 noise
     w = "transformer.h.1.attn.c_attn.weight"
-    assert (g0[w] - g1[w]).abs().max() > 1e-8
+    gdiff = max_rel_diff({w: g1[w]}, {w: g0[w]})
+    print("loss diff", diff, "layer-1 c_attn grad diff", gdiff)
+    assert diff > 1e-9 and gdiff > 1e-6  # BF16 rounding of one head's O: far above float64 noise (1e-15)
+    outs = []
+    for m in (exact, bf16):  # the forward pass of layer 0 is untouched; layer 1's output changes
+        hooks = [blk.register_forward_hook(lambda mod, i, o: outs.append(o.detach())) for blk in m.transformer.h]
+        with torch.no_grad():
+            m(x)
+        for hk in hooks:
+            hk.remove()
+    assert torch.equal(outs[0], outs[2]) and not torch.equal(outs[1], outs[3])
 
 
 def test_head_groups_are_concatenated_in_order(monkeypatch):
@@ -257,12 +265,25 @@ def test_set_attention_targets_layers_and_heads():
     assert "sdpa in every head of every layer" in m.describe()
 
 
+def test_attention_spec_strings():
+    assert AttentionSpec("reference", "PAPER_BF16") == AttentionSpec("reference", PAPER_BF16)
+    assert AttentionSpec("reference", "FP32+fix").policy == FP32.with_fix()
+    odd = FP32.replace(block_q=None, acc="bf16").with_fix(beta=4.0)
+    for spec in [AttentionSpec("sdpa"), AttentionSpec("naive"), AttentionSpec("reference", FP64),
+                 AttentionSpec("reference", odd), AttentionSpec("triton", PAPER_BF16.with_fix(), "reference")]:
+        assert AttentionSpec.parse(str(spec)) == spec, str(spec)
+    assert str(AttentionSpec("triton", FP32, "reference")) == "triton(FP32, fallback=reference)"
+    with pytest.raises(ValueError, match="cannot parse"):
+        AttentionSpec.parse("reference(FP32")
+
+
 @pytest.mark.parametrize("call, exc, match", [
     (lambda m: m.set_attention("flash"), ValueError, "unknown attention backend"),
     (lambda m: m.set_attention("reference"), ValueError, "needs a Precision"),
     (lambda m: m.set_attention("triton"), ValueError, "needs a Precision"),
     (lambda m: m.set_attention("sdpa", FP32), ValueError, "takes no policy"),
-    (lambda m: m.set_attention("reference", "FP32"), ValueError, "needs a Precision"),
+    (lambda m: m.set_attention("reference", "FP33"), ValueError, "unknown preset"),
+    (lambda m: m.set_attention("reference", 32), ValueError, "needs a Precision"),
     (lambda m: m.set_attention(AttentionSpec("sdpa"), FP32), ValueError, "not both"),
     (lambda m: m.set_attention(3), TypeError, "AttentionSpec or a backend"),
     (lambda m: m.set_attention("sdpa", layers=2), ValueError, "layer index 2 out of range"),
