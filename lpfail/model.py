@@ -197,7 +197,7 @@ def _reference(q, k, v, policy):
 
 
 def _triton_function():
-    """kernels.flash_attention, or the reason it cannot be had."""
+    """(kernels.flash_attention, whether Triton's CPU interpreter is on), or (None, the reason it cannot be had)."""
     try:
         kernels = importlib.import_module("kernels")
         fn = getattr(kernels, "flash_attention", None)
@@ -205,14 +205,15 @@ def _triton_function():
             fn = importlib.import_module("kernels.flash_attention")
         if isinstance(fn, types.ModuleType):  # kernels/flash_attention.py holding a function of the same name
             fn = getattr(fn, "flash_attention")
-        return fn, None
+        interpreted = getattr(kernels, "interpreted", None)
+        return fn, bool(interpreted()) if callable(interpreted) else False, None
     except (ImportError, AttributeError) as e:
-        return None, f"cannot import kernels.flash_attention ({type(e).__name__}: {e})"
+        return None, False, f"cannot import kernels.flash_attention ({type(e).__name__}: {e})"
 
 
 def _triton(q, k, v, spec: AttentionSpec, state: dict):
-    fn, reason = _triton_function()
-    if reason is None and not (torch.cuda.is_available() and q.is_cuda):
+    fn, interpreted, reason = _triton_function()
+    if reason is None and not q.is_cuda and not interpreted:  # TRITON_INTERPRET=1 runs the kernels on the CPU
         reason = ("the Triton kernel needs CUDA tensors (CUDA available: "
                   f"{torch.cuda.is_available()}, tensors on {q.device})")
     if reason is None:

@@ -327,6 +327,67 @@ def test_triton_fallback_warns_once_and_uses_reference():
     assert "triton(PAPER_BF16, fallback=reference)" in str(fb.attention_specs())
 
 
+_INTERPRETER_SCRIPT = """
+import torch
+from lpfail.model import GPT, GPTConfig, AttentionSpec
+from lpfail.precision import FP32
+cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32)  # head_dim 16: a kernel size
+x = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(0))
+res = []
+for backend in ("reference", "triton"):
+    torch.manual_seed(0)
+    m = GPT(cfg).set_attention(backend, FP32).set_attention("sdpa", layers=0, heads=[1])
+    loss = m(x, x)[1]
+    loss.backward()
+    res.append((loss.item(), {n: p.grad for n, p in m.named_parameters()}))
+(l0, g0), (l1, g1) = res
+rel = max(((g0[n] - g1[n]).abs().max() / g0[n].abs().max()).item() for n in g0)
+print("loss diff", abs(l0 - l1), "grad rel diff", rel)
+assert abs(l0 - l1) < 1e-6 and rel < 1e-5
+print("OK")
+"""
+
+
+@needs_reference
+def test_triton_backend_in_the_model_under_the_interpreter():
+    """The model's triton path end to end (FP32, per-head groups) on the CPU through Triton's interpreter."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # must be set before `kernels` is imported: a fresh process
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", _INTERPRETER_SCRIPT], env=env, cwd=root, capture_output=True,
+                       text=True, timeout=300)
+    print(r.stdout, r.stderr[-2000:])
+    assert r.returncode == 0 and "OK" in r.stdout
+
+
+@pytest.mark.gpu
+@needs_reference
+@pytest.mark.parametrize("policy", [FP32, PAPER_BF16])
+def test_triton_backend_on_gpu(policy):
+    """On CUDA: the Triton kernel in the model, per-head groups included, against the reference under the
+    same policy. FP32: equal to FP32 noise. PAPER_BF16: within BF16 noise of each other relative to the
+    float64 truth (the two implementations may round differently)."""
+    cfg = dict(block_size=256, vocab_size=128, n_layer=2, n_head=4, n_embd=256)  # head_dim 64
+    x, y = batch(T=256, B=2, vocab=128)
+    x, y = x.cuda(), y.cuda()
+    runs = {}
+    for name, spec in [("naive", AttentionSpec("naive")), ("ref", AttentionSpec("reference", policy)),
+                       ("triton", AttentionSpec("triton", policy))]:
+        m = tiny_model(**cfg).cuda().set_attention(spec).set_attention("naive", layers=0, heads=[1, 2])
+        runs[name] = loss_and_grads(m, x, y)
+    err = {k: max_rel_diff(runs[k][1], runs["naive"][1]) for k in ("ref", "triton")}
+    print(policy.name, err, runs["ref"][0].item(), runs["triton"][0].item())
+    if policy == FP32:
+        assert abs(runs["ref"][0].item() - runs["triton"][0].item()) < 1e-5
+        assert max_rel_diff(runs["triton"][1], runs["ref"][1]) < 1e-4
+    else:
+        assert err["triton"] <= 2 * err["ref"] + 1e-3
+
+
 # -- diagnostics ----------------------------------------------------------------------------------------
 def test_weight_spectral_norms():
     m = tiny_model()
