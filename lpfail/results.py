@@ -157,7 +157,8 @@ def _git() -> str:
                               timeout=10)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+        # dirty = uncommitted changes to the code that computes results (untracked modules included)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "lpfail", "kernels"], cwd=REPO_ROOT,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

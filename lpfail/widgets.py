@@ -1,0 +1,105 @@
+"""Interactive explorers for the book, each with a static twin for the HTML edition.
+
+In Jupyter the widgets are live (ipywidgets, a running kernel). In the built HTML there is no kernel, so
+every explorer has a twin that needs none: a gallery of precomputed states rendered as static HTML tables.
+Used in chapter 4, "Rounding".
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+
+from lpfail import bf16
+
+#: Cases the static twin shows: (title, kind, a, b). "acc" = FP32 running sum + BF16 term.
+ADDITION_GALLERY = [
+    ("The paper's worked addition: carry, rounding bit 1, sticky bits set → away from zero",
+     "acc", bf16.PAPER_RUNNING_SUM, bf16.PAPER_TERM),
+    ("The same two big terms without the small residual: an exact tie, broken to even",
+     "bf16", bf16.from_bits("1 10000000 0011010"), bf16.PAPER_TERM),
+    ("Two same-exponent terms whose carry leaves an odd last bit: a tie broken to even → away from zero",
+     "bf16", -2.375, bf16.PAPER_TERM),
+    ("A residual of the opposite sign: below half an ulp → toward zero",
+     "acc", float(np.float32(-2.40625 + 0.000865459)), bf16.PAPER_TERM),
+    ("Cancellation: nearly equal magnitudes of opposite sign, a left shift, exact",
+     "bf16", 1.2265625, -1.203125),
+    ("A large exponent gap: the small term lies entirely in the sticky bits",
+     "bf16", 3.0, 0.0048828125),
+]
+
+
+def trace(kind: str, a: float, b: float) -> bf16.AddTrace:
+    """`add_trace` for kind "bf16" (two BF16 operands) or `add_trace_acc` for kind "acc"."""
+    if kind == "bf16":
+        return bf16.add_trace(a, b)
+    if kind == "acc":
+        return bf16.add_trace_acc(a, b)
+    raise ValueError(f"kind must be 'bf16' or 'acc' (got {kind!r})")
+
+
+def addition_gallery_html(cases=ADDITION_GALLERY) -> str:
+    """The static twin of `addition_explorer`: one titled trace table per case."""
+    parts = []
+    for title, kind, a, b in cases:
+        parts.append(f"<h4 style='margin:1em 0 0.3em 0'>{html.escape(title)}</h4>")
+        parts.append(trace(kind, a, b)._repr_html_())
+    return "\n".join(parts)
+
+
+class _HTML:
+    def __init__(self, text):
+        self.text = text
+
+    def _repr_html_(self):
+        return self.text
+
+
+def addition_gallery():
+    """Displayable static twin (renders as HTML in a notebook and in the built book)."""
+    return _HTML(addition_gallery_html())
+
+
+def addition_explorer():
+    """A live explorer of BF16 addition: pick two BF16 operands, or an FP32 running sum and a BF16 term,
+    and see alignment, the significand sum, normalization and rounding, with the error. Values typed in are
+    rounded to the operand's format first (and the table says so)."""
+    import ipywidgets as W
+    import torch
+
+    mode = W.ToggleButtons(options=[("two BF16 operands", "bf16"), ("FP32 running sum + BF16 term", "acc")],
+                           value="acc", description="add")
+    a_box = W.FloatText(value=bf16.PAPER_RUNNING_SUM, description="a", step=0.01)
+    b_box = W.FloatText(value=bf16.PAPER_TERM, description="b", step=0.01)
+    presets = W.Dropdown(options=[(t, i) for i, (t, *_) in enumerate(ADDITION_GALLERY)], value=0,
+                         description="example", layout=W.Layout(width="95%"))
+    out = W.HTML()
+
+    def _round(x: float, to_fp32: bool) -> float:
+        t = torch.tensor(x, dtype=torch.float64).float()
+        return float(t if to_fp32 else t.to(torch.bfloat16).float())
+
+    def update(*_):
+        kind = mode.value
+        a = _round(a_box.value, to_fp32=(kind == "acc"))
+        b = _round(b_box.value, to_fp32=False)
+        notes = []
+        if a != a_box.value:
+            notes.append(f"a = {a_box.value!r} is not representable; using {a!r}")
+        if b != b_box.value:
+            notes.append(f"b = {b_box.value!r} is not representable in BF16; using {b!r}")
+        try:
+            body = trace(kind, a, b)._repr_html_()
+        except (ValueError, OverflowError) as e:
+            body = f"<p style='color:#c0392b'>{html.escape(str(e))}</p>"
+        out.value = "".join(f"<p><i>{html.escape(n)}</i></p>" for n in notes) + body
+
+    def pick(change):
+        _, kind, a, b = ADDITION_GALLERY[change["new"]]
+        mode.value, a_box.value, b_box.value = kind, a, b
+
+    presets.observe(pick, names="value")
+    for w in (mode, a_box, b_box):
+        w.observe(update, names="value")
+    update()
+    return W.VBox([presets, mode, W.HBox([a_box, b_box]), out])
