@@ -31,7 +31,6 @@ l_clamp     None, or the floor 1e-10 that the paper's official    None    None  
             (``rowsum(P̄).clamp(min=1e-10)``, before the online
             update); only for exact emulation of that code (preset
             PAPER_BF16_OFFICIAL_FIX), never part of our fix
--- added with the reference attention (lpfail.attention), for the cast points of the official code:
 qk_out      dtype the raw product QKᵀ is rounded to before it is   bf16    fp32    fp32
             scaled by α (a matmul under autocast returns bf16)
 exp_in      dtype S − m and m_old − m_new are rounded to before    bf16    fp32    fp32
@@ -50,7 +49,9 @@ masked_ties False: masked scores are −∞, never tie, and key tiles  False   F
             as r_s > 1 ties with r_m < 0 and sets m' = 0
 =========== ====================================================== ======= ======= =====
 
-FP64 sets every dtype knob to fp64. PAPER_BF16_OFFICIAL_FIX is PAPER_BF16 with fix=DynamicMax(2, 1e-3),
+The knobs from qk_out on were added with the reference attention (`lpfail.attention`, whose docstring gives
+the order of operations), for cast points of the paper's official code that PAPER_BF16 must reproduce bit
+for bit. FP64 sets every dtype knob to fp64. PAPER_BF16_OFFICIAL_FIX is PAPER_BF16 with fix=DynamicMax(2, 1e-3),
 l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_in of at least FP32 (a
 16-bit product or score would be rounded before the fused step, which is what the step exists to avoid).
 """

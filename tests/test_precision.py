@@ -1,0 +1,169 @@
+"""Tests of the precision policy (`lpfail.precision`): validation, the string form, presets."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from lpfail.precision import (
+    DTYPES,
+    FA2_BF16,
+    FP32,
+    FP64,
+    PAPER_BF16,
+    PAPER_BF16_OFFICIAL_FIX,
+    PRESETS,
+    DynamicMax,
+    Precision,
+)
+
+DTYPE_KNOBS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
+               "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
+
+
+# ---------------------------------------------------------------------------------------------------
+# validation: each bad value raises ValueError naming its field
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("beta", [1.0, 0.5, -2.0, float("inf"), float("nan")])
+def test_beta_must_exceed_one(beta):
+    with pytest.raises(ValueError, match="beta"):
+        DynamicMax(beta=beta)
+
+
+@pytest.mark.parametrize("eps", [-1e-3, float("nan")])
+def test_eps_must_be_nonnegative(eps):
+    with pytest.raises(ValueError, match="eps"):
+        DynamicMax(eps=eps)
+
+
+@pytest.mark.parametrize("knob", DTYPE_KNOBS)
+def test_unknown_dtype(knob):
+    with pytest.raises(ValueError, match=rf"Precision\.{knob} must be one of"):
+        Precision(**{knob: "fp8"})
+
+
+@pytest.mark.parametrize("field, value", [
+    ("delta", "dO*O"), ("sub", "fused"), ("block_q", 0), ("block_k", -64), ("block_q", 1.5),
+    ("block_k", True), ("block_q", "512"), ("fix", (2.0, 1e-3)), ("l_clamp", 0.0), ("l_clamp", -1e-10),
+    ("masked_ties", 1), ("masked_ties", "true"),
+])
+def test_bad_knob_values(field, value):
+    with pytest.raises(ValueError, match=rf"Precision\.{field}"):
+        Precision(**{field: value})
+
+
+@pytest.mark.parametrize("knob", ["qk_out", "scores", "exp_in"])
+def test_fma_needs_wide_scores(knob):
+    with pytest.raises(ValueError, match=rf"sub='fma'.*{knob}=bf16"):
+        FA2_BF16.replace(sub="fma", **{knob: "bf16"})
+    assert FA2_BF16.replace(sub="fma").sub == "fma"     # FP32 scores are fine
+
+
+def test_replace_rejects_unknown_knobs_and_validates():
+    with pytest.raises(ValueError, match="unknown Precision knob.*valid"):
+        FA2_BF16.replace(accumulator="fp32")
+    with pytest.raises(ValueError, match="Precision.acc"):
+        FA2_BF16.replace(acc="fp128")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the string form
+# ---------------------------------------------------------------------------------------------------
+ALL_PRESETS = [*PRESETS.values(), *(p.with_fix() for p in PRESETS.values()), PAPER_BF16.with_fix(8.0, 0.0)]
+
+
+@pytest.mark.parametrize("policy", ALL_PRESETS, ids=lambda p: p.name)
+def test_presets_round_trip(policy):
+    text = str(policy)
+    assert Precision.parse(text) == policy
+    assert str(Precision.parse(text)) == text
+
+
+@pytest.mark.parametrize("name", [*PRESETS, *(f"{n}+fix" for n in PRESETS)])
+def test_parse_preset_names(name):
+    base = PRESETS[name.removesuffix("+fix")]
+    expected = base.with_fix() if name.endswith("+fix") else base
+    assert Precision.parse(name) == expected
+
+
+def test_round_trip_over_a_product_of_knobs():
+    n = 0
+    for scores, acc, pbar, delta, sub, block, fix, clamp, ties in itertools.product(
+            ["bf16", "fp32", "fp64"], ["bf16", "fp32"], ["bf16", "fp16", "fp32"], ["dO.O", "dO.O_hp", "dP.P"],
+            ["sub", "fma"], [(None, None), (512, 512), (128, 64), (None, 7)],
+            [None, DynamicMax(), DynamicMax(4.5, 0.0), DynamicMax(1.25, 2.5e-4)], [None, 1e-10],
+            [False, True]):
+        try:
+            policy = FA2_BF16.replace(scores=scores, acc=acc, pbar=pbar, delta=delta, sub=sub, block_q=block[0],
+                                      block_k=block[1], fix=fix, l_clamp=clamp, masked_ties=ties)
+        except ValueError:
+            assert sub == "fma" and scores == "bf16"
+            continue
+        assert Precision.parse(str(policy)) == policy
+        n += 1
+    assert n == 2 * 2 * 3 * 3 * 2 * 4 * 4 * 2 * 2 + 2 * 3 * 3 * 4 * 4 * 2 * 2
+
+
+def test_parse_overrides_on_a_preset():
+    assert Precision.parse("FA2_BF16,acc=bf16,block=one x 32".replace(" ", "")) == \
+        FA2_BF16.replace(acc="bf16", block_q=None, block_k=32)
+    assert Precision.parse("PAPER_BF16+fix,l_clamp=1e-10,masked_ties=true") == PAPER_BF16_OFFICIAL_FIX
+    assert Precision.parse("FP32,fix=dynmax(8,0)").fix == DynamicMax(8.0, 0.0)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("bogus=1", r"unknown Precision key 'bogus'.*valid keys: \[.*'matmul'.*'masked_ties'"),
+    ("FA2_BF16,accumulator=fp32", r"valid keys: \[.*'acc'"),
+    ("NOPE", r"unknown preset 'NOPE'; presets: \[.*'PAPER_BF16'"),
+    ("acc", r"unknown preset"),
+    ("FA2_BF16,acc", r"expected key=value"),
+    ("block=512", r"block must look like"),
+    ("block=ax512", r"block size must be an integer"),
+    ("fix=dynmax(2)", r"fix must be"),
+    ("fix=dynmax(x,1)", r"fix.beta must be a number"),
+    ("fix=dynmax(1,0.001)", r"fix.beta must be a finite number > 1"),
+    ("l_clamp=tiny", r"l_clamp must be a number"),
+    ("masked_ties=yes", r"masked_ties must be 'true' or 'false'"),
+    ("acc=fp8", r"Precision.acc must be one of"),
+    ("delta=dO", r"Precision.delta must be one of"),
+])
+def test_parse_errors(text, match):
+    with pytest.raises(ValueError, match=match):
+        Precision.parse(text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# presets and helpers
+# ---------------------------------------------------------------------------------------------------
+def test_preset_names_and_dtypes():
+    assert PAPER_BF16.name == "PAPER_BF16" and FA2_BF16.with_fix().name == "FA2_BF16+fix"
+    assert PAPER_BF16_OFFICIAL_FIX.name == "PAPER_BF16_OFFICIAL_FIX"
+    assert FP32.replace(block_k=7).name == str(FP32.replace(block_k=7))
+    assert PAPER_BF16.dtype("acc") is torch.bfloat16 and FA2_BF16.dtype("acc") is torch.float32
+    assert all(FP64.dtype(k) is torch.float64 for k in DTYPE_KNOBS)
+    assert all(FP32.dtype(k) is torch.float32 for k in DTYPE_KNOBS)
+    with pytest.raises(ValueError, match="not a dtype knob"):
+        FP32.dtype("delta")
+
+
+def test_paper_preset_is_the_official_code_s_casts():
+    """PAPER_BF16 holds in BF16 exactly what the official code holds in BF16 under autocast."""
+    bf16 = {k for k in DTYPE_KNOBS if getattr(PAPER_BF16, k) == "bf16"}
+    assert bf16 == {"matmul", "scores", "pbar", "pv_out", "acc", "out", "qk_out", "exp_in", "dp", "delta_prod",
+                    "ds", "grad_acc"}
+    assert PAPER_BF16.exp == "fp32" and (PAPER_BF16.block_q, PAPER_BF16.block_k) == (512, 512)
+    assert PAPER_BF16.fix is None and PAPER_BF16.l_clamp is None and not PAPER_BF16.masked_ties
+    official = PAPER_BF16_OFFICIAL_FIX
+    assert dataclasses.replace(official, fix=None, l_clamp=None, masked_ties=False) == PAPER_BF16
+    assert official.fix == DynamicMax(2.0, 1e-3) and official.l_clamp == 1e-10 and official.masked_ties
+    # our fix never carries the official clamp or masking
+    assert PAPER_BF16.with_fix().l_clamp is None and not PAPER_BF16.with_fix().masked_ties
+
+
+def test_policies_are_frozen_and_hashable():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        FA2_BF16.acc = "bf16"  # type: ignore[misc]
+    assert len({FA2_BF16, FA2_BF16.replace(), PAPER_BF16}) == 2
+    assert set(DTYPES) == {"bf16", "fp16", "fp32", "fp64"}
