@@ -64,3 +64,52 @@ def running_error(keys: np.ndarray, error: np.ndarray, ties: np.ndarray, *, labe
     ax.set_xlabel("key index t")
     ax.set_ylabel("running error of Ō")
     return ax
+
+
+def running_error_figure(with_ties: dict, without_ties: dict, with_fix: dict | None = None) -> plt.Figure:
+    """Paper Fig. 6 analogue: P̄ along the keys (top) and the running error of Ō (bottom), for a row with
+    tied maxima, one without, and optionally the tied row under the fix. Inputs are `rounding.running_error`
+    dicts."""
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True, gridspec_kw={"height_ratios": [1, 1.6]})
+    keys = np.arange(len(with_ties["pbar"]))
+    ax0.semilogy(keys, np.maximum(with_ties["pbar"], 1e-30), ".", ms=2.5, color=COLORS["ties"], label="row with 2 tied maxima")
+    ax0.semilogy(keys, np.maximum(without_ties["pbar"], 1e-30), ".", ms=2.5, color=COLORS["noties"], alpha=0.6,
+                 label="row with one maximum")
+    ax0.set_ylabel("P̄[t] (BF16)")
+    ax0.legend(loc="lower right", fontsize=8)
+    running_error(keys, with_ties["error"], with_ties["is_one"], label="2 tied maxima, no fix", ax=ax1,
+                  color=COLORS["ties"])
+    running_error(keys, without_ties["error"], without_ties["is_one"], label="one maximum, no fix", ax=ax1,
+                  color=COLORS["noties"])
+    if with_fix is not None:
+        running_error(keys, with_fix["error"], with_fix["is_one"], label="2 tied maxima, with the fix (Ō rescaled)",
+                      ax=ax1, color=COLORS["fix"])
+    ax1.legend(loc="lower left", fontsize=8)
+    ax1.set_ylabel("running error of Ō\n(rounded prefix − exact)")
+    fig.tight_layout()
+    return fig
+
+
+def rounding_sweep_figure(res) -> plt.Figure:
+    """Mean Ō error along the three axes of the `rounding` experiment, without and with the fix, with 95 %
+    confidence intervals over rows. Positive = the magnitude of Ō is rounded up (away from zero)."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), sharey=True)
+    labels = {"ties": "number of tied maxima", "neg_frac": "fraction of negative V entries",
+              "gap": "tied score above the N(0,1) background"}
+    for ax, axis in zip(axes, ("ties", "neg_frac", "gap")):
+        x = res[f"{axis}_values"]
+        for pname, stat, style, label in (("nofix", "acc_away", "-o", "no fix: Ō (P̄V accumulation)"),
+                                          ("fix", "acc_away", "-^", "fix: Ō (P̄V accumulation)"),
+                                          ("nofix", "out_away", ":o", "no fix: output O"),
+                                          ("fix", "out_away", ":^", "fix: output O")):
+            y, ci = res[f"{axis}_{pname}_{stat}"], res[f"{axis}_{pname}_{stat}_ci"]
+            color = COLORS["nofix"] if pname == "nofix" else COLORS["fix"]
+            alpha = 0.55 if stat == "out_away" else 1.0
+            ax.errorbar(x, y * 1e4, yerr=ci * 1e4, fmt=style, ms=4, lw=1, capsize=2, color=color, alpha=alpha,
+                        label=label)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel(labels[axis])
+    axes[0].set_ylabel("mean error toward larger magnitude\n(units of O, ×10⁻⁴, 95 % CI)")
+    axes[0].legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    return fig

@@ -91,7 +91,8 @@ class RowErrors:
 
     def away_from_zero(self, part: str = "o_err") -> np.ndarray:
         """Per row: mean of error · sign(O_exact) — positive when the magnitude is rounded up. `part` is
-        "o_err" (the whole error) or "acc_err" (the P̄V product and accumulator alone)."""
+        "o_err" (Ō's whole error), "acc_err" (the P̄V product and accumulator alone) or "out_err" (the
+        stored output O, after division by the policy's own ℓ)."""
         return (getattr(self, part) * np.sign(self.o_true)).mean(axis=1)
 
 
@@ -128,7 +129,8 @@ def running_error(s_row: torch.Tensor, v_col: torch.Tensor, policy: Precision = 
     P̄ is formed as the policy forms it (exp in `exp`, rounded to `pbar`), the products are accumulated in
     FP32 one key at a time (as the P̄V matmul's accumulator does), and at every t the prefix sum is rounded to
     the policy's `pv_out` dtype — the value Ō would have if the tile ended at key t. The error is taken
-    against the float64 prefix sum of the exact products. Jumps happen where P̄ = 1."""
+    against the float64 prefix sum of the exact products and divided by the row's exact ℓ (so it is in units
+    of the output O, comparable with and without the fix). Jumps happen where P̄ = 1."""
     s = s_row.double()
     m = s.max()
     if policy.fix is not None:  # the paper's Algorithm 3 on this single block
@@ -144,8 +146,20 @@ def running_error(s_row: torch.Tensor, v_col: torch.Tensor, policy: Precision = 
         prefix32[t] = acc
     rounded = prefix32.to(policy.dtype("pv_out")).double()
     exact = torch.cumsum(torch.exp(s - m) * v_col.double(), 0)
-    return {"pbar": pbar.numpy(), "error": (rounded - exact).numpy(), "fp32_error": (prefix32.double() - exact).numpy(),
-            "is_one": (pbar == 1.0).numpy()}
+    l_exact = torch.exp(s - m).sum()                              # errors in units of the output O = Ō/ℓ
+    return {"pbar": pbar.numpy(), "error": ((rounded - exact) / l_exact).numpy(),
+            "fp32_error": ((prefix32.double() - exact) / l_exact).numpy(), "is_one": (pbar == 1.0).numpy()}
+
+
+def demo_row(n_ties: int, seed: int = 0, spec: RowSpec = RowSpec()) -> tuple[torch.Tensor, torch.Tensor]:
+    """One synthetic row (scores (n_keys,)) and one feature of V (n_keys,) on which every tied key has a
+    negative V entry — the situation of the paper's Fig. 6."""
+    s, v, ties = make_rows(dataclasses.replace(spec, n_ties=n_ties), 1, seed)
+    neg_at_ties = (v[0][ties[0]] < 0).all(dim=0)                  # (d,) features negative at all tied keys
+    if not neg_at_ties.any():
+        raise ValueError(f"no feature of this row is negative at all {n_ties} tied keys; try another seed")
+    i = int(torch.nonzero(neg_at_ties)[0])
+    return s[0, 0], v[0, :, i]
 
 
 # -- the chapter's experiment --------------------------------------------------------------------------
@@ -162,14 +176,18 @@ class RoundingConfig:
     eps: float = 1e-3
 
 
-STATS = ("signed", "away", "acc_away")  # per point: mean and 95 % CI half-width of each
+#: Per sweep point, the mean and 95 % CI half-width of: the signed error of Ō/ℓ_exact ("signed"), its part
+#: toward larger |Ō| ("away"), the P̄V accumulation part alone ("acc_away", the paper's mechanism), and the
+#: stored output O's error, signed ("out_signed") and toward larger |O| ("out_away", what δ = dO·O reads).
+STATS = ("signed", "away", "acc_away", "out_signed", "out_away")
 
 
 def _sweep_point(spec: RowSpec, cfg: "RoundingConfig", policy: Precision, seed: int) -> dict[str, tuple]:
     s, v, _ = make_rows(spec, cfg.n_rows, seed)
     err = row_errors(s, v, policy)
     return {"signed": mean_ci(err.signed()), "away": mean_ci(err.away_from_zero()),
-            "acc_away": mean_ci(err.away_from_zero("acc_err"))}
+            "acc_away": mean_ci(err.away_from_zero("acc_err")), "out_signed": mean_ci(err.out_err.mean(axis=1)),
+            "out_away": mean_ci(err.away_from_zero("out_err"))}
 
 
 @experiment("rounding", config=RoundingConfig,
@@ -178,7 +196,7 @@ def rounding_experiment(cfg: RoundingConfig) -> dict:
     """Mean Ō error (with 95 % CIs over rows) along three axes, without and with the fix.
 
     Keys: ``{axis}_values``; ``{axis}_{policy}_{stat}`` and ``…_{stat}_ci`` for axis in ties / neg_frac /
-    gap, policy in nofix / fix, stat in signed / away / acc_away; ``default_{policy}_{stat}`` (and ``_ci``)
+    gap, policy in nofix / fix, stat in STATS; ``default_{policy}_{stat}`` (and ``_ci``)
     for the chapter's default rows."""
     from tqdm.auto import tqdm
 
