@@ -137,10 +137,12 @@ def running_error(s_row: torch.Tensor, v_col: torch.Tensor, policy: Precision = 
         ties = int(((m - s) <= policy.fix.eps).sum())
         if ties > 1:
             m = policy.fix.beta * m if m > 0 else torch.zeros_like(m) if m < 0 else m
-    pbar = torch.exp((s - m).to(policy.dtype("exp"))).to(policy.dtype("pbar")).to(torch.float32)
-    terms = pbar * v_col.to(torch.float32)                        # exact: BF16 × BF16 fits in FP32
+    # the matmul accumulates in FP32 for 16/32-bit operands (FP64 for an FP64 policy)
+    acc_dtype = torch.float64 if policy.dtype("pv_out") == torch.float64 else torch.float32
+    pbar = torch.exp((s - m).to(policy.dtype("exp"))).to(policy.dtype("pbar")).to(acc_dtype)
+    terms = pbar * v_col.to(acc_dtype)                            # exact for BF16 × BF16 in FP32
     prefix32 = torch.zeros_like(terms)
-    acc = torch.zeros((), dtype=torch.float32)
+    acc = torch.zeros((), dtype=acc_dtype)
     for t in range(terms.numel()):                                # sequential FP32 accumulation
         acc = acc + terms[t]
         prefix32[t] = acc
