@@ -29,7 +29,7 @@ class BenchKernelsConfig:
     width: int = 2048              # heads × head_dim: 32 heads of 64 or 16 of 128
     causal: bool = True
     methods: tuple = ("sdpa_flash", "sdpa_cudnn", "triton", "triton_fix", "triton_fma", "triton_fma_fix",
-                      "triton_paper", "reference_paper")
+                      "triton_paper", "reference_paper", "triton_bk128", "triton_bk128_fix")
     reference_max_n: int = 2048    # the pure-PyTorch reference is slow: time it up to this length only
     reps: int = 30
     warmup: int = 5
@@ -66,7 +66,9 @@ def _method_fn(method, causal):
             return None
         return lambda q, k, v: attention(q, k, v, PAPER_BF16, causal=causal)
     policy = {"triton": FA2_BF16, "triton_fix": FA2_BF16.with_fix(), "triton_fma": FA2_BF16.replace(sub="fma"),
-              "triton_fma_fix": FA2_BF16.replace(sub="fma").with_fix(), "triton_paper": PAPER_BF16}[method]
+              "triton_fma_fix": FA2_BF16.replace(sub="fma").with_fix(), "triton_paper": PAPER_BF16,
+              "triton_bk128": FA2_BF16.replace(block_k=128),
+              "triton_bk128_fix": FA2_BF16.replace(block_k=128).with_fix()}[method]
     return lambda q, k, v: kernels.flash_attention(q, k, v, policy, causal=causal)
 
 

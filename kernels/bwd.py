@@ -113,7 +113,18 @@ def _q_side_configs():
     return configs
 
 
-@triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE"])
+def _fp32_prune(small):
+    """FP32 dots (4-byte tiles): one small config that fits shared memory at head dim 128."""
+    def prune(configs, named_args, **kwargs):
+        if INTERPRET or tl.float32 not in (kwargs["MATMUL"], kwargs["DS_DT"], kwargs.get("PV_DT")):
+            return configs
+        return [small]
+    return prune
+
+
+@triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE"],
+                 prune_configs_by={"early_config_prune": _fp32_prune(
+                     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1))})
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             stride_qz, stride_qh, stride_qm, stride_qd,
@@ -223,7 +234,9 @@ def _kv_side_configs():
     return configs
 
 
-@triton.autotune(configs=_kv_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL"])
+@triton.autotune(configs=_kv_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL"],
+                 prune_configs_by={"early_config_prune": _fp32_prune(
+                     triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1))})
 @triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               stride_qz, stride_qh, stride_qm, stride_qd,

@@ -250,8 +250,11 @@ def _fwd_configs():
 
 
 def _fwd_prune(configs, named_args, **kwargs):
-    """Keep configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N."""
+    """Keep configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N; FP32 dots (4-byte tiles) get one
+    small config that fits shared memory at head dim 128."""
     block_n = kwargs["BLOCK_N"]
+    if tl.float32 in (kwargs["MATMUL"], kwargs["PV_DT"]) and not INTERPRET:
+        return [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=1)]
     keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0]
     return keep or [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=2)]
 
