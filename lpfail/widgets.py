@@ -54,6 +54,9 @@ class _HTML:
     def _repr_html_(self):
         return self.text
 
+    def __repr__(self):
+        return f"<static HTML, {len(self.text)} characters>"
+
 
 def addition_gallery():
     """Displayable static twin (renders as HTML in a notebook and in the built book)."""
