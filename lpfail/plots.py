@@ -2,12 +2,9 @@
 chapters only call them. Styling is shared so every chapter looks the same."""
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 #: The causal chain of the paper's argument (its Fig. 1), with the chapter that examines each link.
 ARGUMENT = [
