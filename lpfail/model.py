@@ -25,6 +25,7 @@ Heads and layers are 0-based here; the paper counts heads from 1 (its "heads 1, 
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import types
@@ -265,12 +266,12 @@ class CausalSelfAttention(nn.Module):
         ys, order = [], []
         for spec, heads in groups.items():
             idx = torch.tensor(heads, device=q.device)
-            y = run_attention(spec, q[:, idx], k[:, idx], v[:, idx], self.fallback_state)  # (B, len(heads), T, hs)
-            ys.append(y.to(q.dtype))  # groups may return different dtypes; meet in q's before concatenating
+            ys.append(run_attention(spec, q[:, idx], k[:, idx], v[:, idx], self.fallback_state))  # (B, len(heads), T, hs)
             order.extend(heads)
+        wide = functools.reduce(torch.promote_types, [y.dtype for y in ys])  # groups' out dtypes may differ
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
-        return torch.cat(ys, dim=1)[:, inverse.to(q.device)]  # (B, nh, T, hs), heads back in order
+        return torch.cat([y.to(wide) for y in ys], dim=1)[:, inverse.to(q.device)]  # (B, nh, T, hs), in head order
 
     def forward(self, x):
         B, T, C = x.shape  # batch, sequence, n_embd
