@@ -304,8 +304,22 @@ def test_set_attention_validation(call, exc, match):
     assert m.attention_specs() == before  # a refused call changes nothing
 
 
+@pytest.fixture
+def no_interpreter(monkeypatch):
+    """These tests check the behaviour on a CPU machine without Triton's interpreter. test_kernels.py turns the
+    interpreter on for the whole process when it is collected first, so switch it off here."""
+    import lpfail.model as model_mod
+    real = model_mod._triton_function
+
+    def without_interpreter():
+        fn, _, reason = real()
+        return fn, False, reason
+
+    monkeypatch.setattr(model_mod, "_triton_function", without_interpreter)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
-def test_triton_without_cuda_raises():
+def test_triton_without_cuda_raises(no_interpreter):
     m = tiny_model().set_attention("triton", PAPER_BF16, layers=[0])
     with pytest.raises(RuntimeError, match="'triton' cannot run.*fallback='reference'"):
         m(batch()[0])
@@ -313,7 +327,7 @@ def test_triton_without_cuda_raises():
 
 @needs_reference
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
-def test_triton_fallback_warns_once_and_uses_reference():
+def test_triton_fallback_warns_once_and_uses_reference(no_interpreter):
     x, y = batch()
     ref = tiny_model().set_attention("reference", PAPER_BF16)
     fb = tiny_model().set_attention(AttentionSpec("triton", PAPER_BF16, fallback="reference"))
