@@ -21,7 +21,7 @@ import os
 import triton
 import triton.language as tl
 
-from kernels.fwd import INTERPRET, _imin, _round
+from kernels.fwd import INTERPRET, _imin, _round, _tune
 
 
 # -- device helpers --------------------------------------------------------------------------------------
@@ -108,8 +108,6 @@ def _q_side_configs():
         return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                for bm, bn, w, s in ((128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3))]
-    if os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") == "0":
-        return configs[:1]
     return configs
 
 
@@ -117,14 +115,14 @@ def _fp32_prune(small):
     """FP32 dots (4-byte tiles): one small config that fits shared memory at head dim 128."""
     def prune(configs, named_args, **kwargs):
         if INTERPRET or tl.float32 not in (kwargs["MATMUL"], kwargs["DS_DT"], kwargs.get("PV_DT")):
-            return configs
+            return configs if _tune() else configs[:1]
         return [small]
     return prune
 
 
 @triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE"],
                  prune_configs_by={"early_config_prune": _fp32_prune(
-                     triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1))})
+                     triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1))})
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             stride_qz, stride_qh, stride_qm, stride_qd,
@@ -229,14 +227,12 @@ def _kv_side_configs():
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                for bm, bn, w, s in ((64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3))]
-    if os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") == "0":
-        return configs[:1]
     return configs
 
 
 @triton.autotune(configs=_kv_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL"],
                  prune_configs_by={"early_config_prune": _fp32_prune(
-                     triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1))})
+                     triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1))})
 @triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               stride_qz, stride_qh, stride_qm, stride_qd,

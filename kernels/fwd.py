@@ -244,9 +244,13 @@ def _fwd_configs():
         return [triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=1)]
     configs = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=s)
                for bm, w, s in ((128, 8, 3), (128, 4, 3), (64, 4, 3), (128, 8, 2))]
-    if os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") == "0":
-        return configs[:1]
     return configs
+
+
+def _tune() -> bool:
+    """LPFAIL_KERNELS_AUTOTUNE=0 takes the first eligible config instead of timing them (tests: less compiling).
+    Done in the prune step, because Triton's autotuner skips pruning when it holds one config."""
+    return os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") != "0"
 
 
 def _fwd_prune(configs, named_args, **kwargs):
@@ -256,7 +260,8 @@ def _fwd_prune(configs, named_args, **kwargs):
     if tl.float32 in (kwargs["MATMUL"], kwargs["PV_DT"]) and not INTERPRET:
         return [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=1)]
     keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0]
-    return keep or [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=2)]
+    keep = keep or [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=2)]
+    return keep if _tune() else keep[:1]
 
 
 @triton.autotune(configs=_fwd_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N"],
