@@ -110,3 +110,30 @@ def rounding_sweep_figure(res) -> plt.Figure:
     axes[0].legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
+
+
+def kernel_bench_figure(res, mode: str = "fwd_bwd",
+                        methods=("sdpa_cudnn", "sdpa_flash", "triton", "triton_fix", "triton_paper",
+                                 "reference_paper")) -> plt.Figure:
+    """TFLOP/s against sequence length, one panel per head dim, from the `bench_kernels` result."""
+    names = [str(m) for m in res["methods"]]
+    a = [str(m) for m in res["modes"]].index(mode)
+    dims = res["head_dims"]
+    fig, axes = plt.subplots(1, len(dims), figsize=(5.2 * len(dims), 3.6), sharey=True, squeeze=False)
+    styles = {"sdpa_cudnn": ("#7f8c8d", "--"), "sdpa_flash": ("#2c3e50", "--"), "triton": ("#2980b9", "-"),
+              "triton_fix": ("#27ae60", "-"), "triton_paper": ("#c0392b", "-"), "reference_paper": ("#c0392b", ":")}
+    for ax, (i, d) in zip(axes[0], enumerate(dims)):
+        for method in methods:
+            if method not in names:
+                continue
+            y = res["tflops"][i, :, names.index(method), a]
+            color, ls = styles.get(method, (None, "-"))
+            ax.plot(res["seq_lens"], y, ls, marker="o", ms=4, color=color, label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(res["seq_lens"], [str(int(n)) for n in res["seq_lens"]])
+        ax.set_xlabel("sequence length N")
+        ax.set_title(f"head dim {int(d)}, {mode.replace('_', '+')}, causal")
+    axes[0][0].set_ylabel("TFLOP/s")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device call for the Triton kernels: GPU tests, then the benchmark (results cache under $OUT).
-# Usage (on the GPU machine, from the repo root): bash tools/gpu_kernels.sh [tests|bench|all] [test timeout s]
+# Usage (on the GPU machine, from the repo root): LPFAIL_GIT=<commit> bash tools/gpu_kernels.sh [tests|bench|all] [test timeout s]
+# (the device copy of the tree has no .git: pass the commit so the stored results name it)
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/lpfail_out}
