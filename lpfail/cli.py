@@ -1,7 +1,11 @@
-"""Command line: ``python -m lpfail list | run NAME [--set key=value ...] | show NAME | bench kernels``."""
+"""Command line: ``python -m lpfail list | run NAME [--set key=value ...] | show NAME | bench kernels | train``.
+
+``python -m lpfail train [--preset tiny|probe|gpt2-small|gpt2-medium] [--set key=value ...]`` trains (see
+`lpfail.train`); under ``torchrun --nproc_per_node=N`` it runs data-parallel on N GPUs."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from lpfail import results
@@ -62,6 +66,46 @@ def _cmd_bench(args) -> int:
     return _cmd_run(args)
 
 
+def _cmd_train(args) -> int:
+    import os
+
+    from lpfail import train as T
+
+    sets = _parse_sets(args.set or [])
+    for flag, key in ((args.attention, "attention"), (args.out, "out_dir"), (args.max_steps, "max_steps")):
+        if flag is not None:
+            sets[key] = str(flag)
+    if args.override:
+        sets["overrides"] = ";".join(args.override)
+    cfg = T.config_from_sets(args.preset, sets)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        base = T.TrainConfig.preset(args.preset) if args.preset else T.TrainConfig()
+        changed = {k: v for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
+        print(f"train: preset {args.preset or '(defaults)'}, world size {os.environ.get('WORLD_SIZE', '1')}; "
+              f"overrides: {changed or 'none'}")
+        print(f"  {cfg.n_layer} layers x {cfg.n_embd}, T {cfg.block_size}, {cfg.tokens_per_step:,} tokens/step, "
+              f"{cfg.optimizer} lr {cfg.lr:g}, attention {cfg.attention}"
+              + (f" + {list(cfg.overrides)}" if cfg.overrides else ""))
+    if args.print_config:
+        if rank == 0:
+            print(json.dumps(cfg.to_dict(), indent=1))
+        return 0
+    if args.prepare_data:
+        if cfg.data != "openwebtext":
+            raise ValueError("--prepare-data prepares OpenWebText: add --set data=openwebtext")
+        if rank == 0:
+            from lpfail.data import openwebtext_bins
+            print(f"prepared: {openwebtext_bins(cfg.data_dir)}")
+    res = T.train(cfg, resume_from=args.resume, replay=args.replay, replay_from=args.replay_from,
+                  progress=False if args.no_progress else None)
+    if rank == 0:
+        print(res)
+        if cfg.out_dir:
+            print(f"logs in {cfg.out_dir}/ (log.jsonl, diag.jsonl, run.json)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lpfail", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -75,11 +119,27 @@ def main(argv: list[str] | None = None) -> int:
     p_bench = sub.add_parser("bench", help="run a benchmark (GPU): `bench kernels`")
     p_bench.add_argument("what", choices=["kernels"])
     p_bench.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p_train = sub.add_parser("train", help="train a GPT (single process, or under torchrun: data-parallel)")
+    p_train.add_argument("--preset", help="tiny | probe | gpt2-small | gpt2-medium (default: TrainConfig's)")
+    p_train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a TrainConfig field")
+    p_train.add_argument("--attention", help="attention of every head, e.g. sdpa, PAPER_BF16, triton(FA2_BF16)")
+    p_train.add_argument("--override", action="append", metavar="LAYERS[/HEADS]:SPEC",
+                         help="per-layer / per-head attention, e.g. 1:sdpa or 1/0,6,7:reference(FP32)")
+    p_train.add_argument("--out", help="output directory (logs, batch record, checkpoints)")
+    p_train.add_argument("--max-steps", type=int)
+    p_train.add_argument("--resume", metavar="CKPT", help="continue (or branch) from a checkpoint")
+    p_train.add_argument("--replay", metavar="PATH", help="train on a recorded batch order (a run directory)")
+    p_train.add_argument("--replay-from", type=int, metavar="STEP",
+                         help="with --replay: start at STEP from that run's checkpoint at STEP")
+    p_train.add_argument("--prepare-data", action="store_true", help="download and tokenize OpenWebText first")
+    p_train.add_argument("--print-config", action="store_true", help="print the config and exit")
+    p_train.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    handler = {"list": _cmd_list, "run": _cmd_run, "show": _cmd_show, "bench": _cmd_bench}[args.cmd]
+    handler = {"list": _cmd_list, "run": _cmd_run, "show": _cmd_show, "bench": _cmd_bench,
+               "train": _cmd_train}[args.cmd]
     try:
         return handler(args)
-    except (results.ResultError, ValueError, TypeError) as e:
+    except (results.ResultError, ValueError, TypeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
