@@ -1,11 +1,13 @@
 # `make book`: create .venv from nothing, install, build the HTML book into _build/html from stored results.
-# `make test`: pytest over tests/ and nbval over every chapter (one run), then the book build with -W.
+# `make test`: pytest over tests/ and nbval over every chapter (one run), then the book build with -W, then the
+#              browser check: every page opened in headless Chromium (apt-get install chromium chromium-driver),
+#              screenshots in _build/screenshots/.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test pytest build-strict notebooks clean
+.PHONY: book test pytest build-strict browser-check notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +27,12 @@ pytest: $(STAMP)
 build-strict: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
 
-test: pytest build-strict
+# Every page in headless Chromium: console errors, off-site resources, broken internal links and anchors,
+# images that did not load, untypeset math, widgets without a static twin (tools/browser_check.py).
+browser-check: $(STAMP)
+	$(BIN)/python tools/browser_check.py _build/html --screenshots _build/screenshots
+
+test: pytest build-strict browser-check
 
 # Re-execute every chapter in place (on a GPU machine, LPFAIL_RECOMPUTE=1 recomputes stored results).
 notebooks: $(STAMP)

@@ -1,8 +1,12 @@
 """Interactive explorers for the book, each with a static twin for the HTML edition.
 
 In Jupyter the widgets are live (ipywidgets, a running kernel). In the built HTML there is no kernel, so
-every explorer has a twin that needs none: a gallery of precomputed states rendered as static HTML tables.
-Used in chapter 4, "Rounding".
+every explorer has a twin that needs none: its states are precomputed, and a JavaScript-only control (a
+<select> with an inline handler, no kernel, no library) switches between them. The book shows the live
+widget's code but not its output in the HTML (cell tag ``remove-output``); see book/about_widgets.md.
+Every twin's outermost element carries ``data-lpfail-twin="<explorer name>"``, which the browser test
+(tools/browser_check.py) looks for on every page whose notebook has a widget output. Used in chapter 4,
+"Rounding".
 """
 from __future__ import annotations
 
@@ -47,6 +51,30 @@ def addition_gallery_html(cases=ADDITION_GALLERY) -> str:
     return "\n".join(parts)
 
 
+#: The inline handler of a twin's <select>: show the case whose data-case equals the selected value.
+_SWITCH_JS = ("var v=this.value;this.closest('[data-lpfail-twin]').querySelectorAll('[data-case]')"
+              ".forEach(function(d){d.hidden=(d.getAttribute('data-case')!==v);});")
+
+
+def switcher_html(name: str, cases: list[tuple[str, str]], label: str = "example") -> str:
+    """A kernel-free control: a <select> over precomputed (title, html) states, one shown at a time.
+    Without JavaScript the first state shows."""
+    opts = "".join(f"<option value='{i}'>{html.escape(t)}</option>" for i, (t, _) in enumerate(cases))
+    body = "".join(f"<div data-case='{i}'{'' if i == 0 else ' hidden'}>{h}</div>"
+                   for i, (_, h) in enumerate(cases))
+    return (f"<div class='lpfail-twin' data-lpfail-twin='{html.escape(name)}'>"
+            f"<label style='font-weight:bold'>{html.escape(label)} "
+            f"<select onchange=\"{_SWITCH_JS}\" style='max-width:100%'>{opts}</select></label>"
+            f"<div style='font-size:90%;color:#616161;margin:0.2em 0 0.5em 0'>{len(cases)} precomputed "
+            f"states: choosing one needs no kernel</div>{body}</div>")
+
+
+def addition_twin_html(cases=ADDITION_GALLERY) -> str:
+    """The HTML edition's twin of `addition_explorer`: the gallery's traces behind one <select>."""
+    return switcher_html("addition_explorer",
+                         [(title, trace(kind, a, b)._repr_html_()) for title, kind, a, b in cases])
+
+
 class _HTML:
     def __init__(self, text):
         self.text = text
@@ -61,6 +89,11 @@ class _HTML:
 def addition_gallery():
     """Displayable static twin (renders as HTML in a notebook and in the built book)."""
     return _HTML(addition_gallery_html())
+
+
+def addition_twin():
+    """Displayable kernel-free twin of `addition_explorer` (a <select> over the gallery's cases)."""
+    return _HTML(addition_twin_html())
 
 
 def addition_explorer():

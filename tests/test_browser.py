@@ -1,0 +1,68 @@
+"""The browser check (tools/browser_check.py) on two tiny sites: one it must accept, one it must reject.
+
+`make test` runs the check itself on the built book after this; these tests show that it fails where it
+should (a deliberately broken link, anchor, image, script and widget). They need Debian's chromium and
+chromium-driver (.ci/run installs them); without them they are skipped locally and fail under CI=true.
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import browser_check  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+if not browser_check.browser_available():
+    if os.environ.get("CI"):
+        pytest.fail("chromium / chromedriver missing in CI: .ci/run must install them", pytrace=False)
+    pytest.skip("headless Chromium not installed (apt-get install chromium chromium-driver)",
+                allow_module_level=True)
+
+
+def _by_page(results):
+    return {r.page: r for r in results}
+
+
+def test_good_site_passes(tmp_path):
+    res = _by_page(browser_check.check_site(FIXTURES / "good_site", screenshots=tmp_path))
+    for r in res.values():
+        print(r.line())
+    assert set(res) == {"index.html", "other.html"}
+    assert all(r.ok for r in res.values())
+    assert res["index.html"].links == 3 and res["index.html"].images == 1  # the off-site link is not followed
+    assert (tmp_path / "index.png").stat().st_size > 0
+
+
+def test_broken_page_is_rejected(tmp_path):
+    r = _by_page(browser_check.check_site(FIXTURES / "broken_site", screenshots=tmp_path))["index.html"]
+    print(r.line())
+    text = "\n".join(r.errors)
+    assert not r.ok
+    assert "broken link: /missing.html" in text
+    assert "broken anchor: /index.html#no-such-anchor" in text
+    assert "image not loaded (naturalWidth 0)" in text and "missing.png" in text
+    assert "notAFunction" in text  # the uncaught JavaScript error, from the console
+    assert (tmp_path / "index.png").exists()  # failing pages get their screenshot too
+
+
+def test_widget_without_twin_is_rejected():
+    r = _by_page(browser_check.check_site(FIXTURES / "broken_site", pages=["widget.html"]))["widget.html"]
+    print(r.line())
+    text = "\n".join(r.errors)
+    assert "widget(s) neither rendered nor shown by a static twin" not in text  # one twin is visible...
+    assert "static twin broken: broken: choice 1 shows 2 states" in text      # ...but its menu is broken
+
+
+def test_widget_alone_is_rejected():
+    r = _by_page(browser_check.check_site(FIXTURES / "broken_site", pages=["widget_alone.html"]))
+    assert "1 widget(s) neither rendered nor shown by a static twin" in "\n".join(r["widget_alone.html"].errors)
+
+
+def test_main_exit_status(tmp_path, capsys):
+    assert browser_check.main([str(FIXTURES / "good_site"), "--screenshots", str(tmp_path)]) == 0
+    assert browser_check.main([str(FIXTURES / "broken_site"), "--screenshots", str(tmp_path)]) == 1
+    assert "failed" in capsys.readouterr().out

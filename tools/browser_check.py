@@ -1,0 +1,305 @@
+"""Open every page of the built book in headless Chromium and check what a reader would see.
+
+    python tools/browser_check.py [_build/html] [--screenshots _build/screenshots] [--source .]
+
+For each HTML page (served from a local HTTP server on 127.0.0.1, so the pages are same-origin) it fails on:
+
+* console errors (Chromium's SEVERE log level: uncaught JavaScript errors, failed loads);
+* off-site resources: any script, style sheet, font or image loaded from another origin (the book must read
+  offline; MathJax is vendored by sphinx-mathjax-offline), and any resource answered with HTTP >= 400;
+* broken internal links: a same-origin <a href> whose file does not exist, or whose #fragment names no id in
+  the target page (links to other sites are not followed: CI has no network);
+* images that did not load (not complete, or naturalWidth 0);
+* math that MathJax left untypeset or marked as an error;
+* widgets that neither render nor have a visible static twin: a page whose notebook (book/X.ipynb next to
+  book/X.html's source) has a widget output, or whose HTML holds a widget view, must show a rendered widget
+  or one visible ``[data-lpfail-twin]`` per widget; every twin's <select> is exercised (each choice must show
+  exactly its own state).
+
+It writes a screenshot of every page (the top 1280 × up to 6000 px) and report.json to the screenshots folder,
+prints one line per page, and exits 1 when any page has an error. Chromium and chromedriver come from Debian
+(`apt-get install chromium chromium-driver`); set CHROMIUM / CHROMEDRIVER to use others.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+SKIP_DIRS = {"_static", "_sources", "_images", "_sphinx_design_static", "_panels_static"}
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+@dataclasses.dataclass
+class PageResult:
+    page: str
+    errors: list[str] = dataclasses.field(default_factory=list)
+    links: int = 0
+    images: int = 0
+    widgets: int = 0
+    twins: int = 0
+    math: int = 0
+    screenshot: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def line(self) -> str:
+        head = "OK  " if self.ok else "FAIL"
+        info = (f"{self.links} internal links, {self.images} images, {self.math} math, "
+                f"{self.widgets} widgets / {self.twins} twins, {self.seconds:.1f} s")
+        return "\n".join([f"{head} {self.page:<32} {info}"] + [f"     - {e}" for e in self.errors])
+
+
+# -- a quiet local server ------------------------------------------------------------------------------------
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def serve(root: Path):
+    handler = functools.partial(_Quiet, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+# -- the browser ---------------------------------------------------------------------------------------------
+def find_browser() -> tuple[str, str]:
+    chromium = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser") or ""
+    driver = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver") or ""
+    return chromium, driver
+
+
+def browser_available() -> bool:
+    chromium, driver = find_browser()
+    return bool(chromium and driver)
+
+
+def make_driver(width: int = 1280, height: int = 900):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = find_browser()
+    if not (chromium and driver):
+        raise RuntimeError("headless Chromium not found: `apt-get install chromium chromium-driver` "
+                           "(or set CHROMIUM and CHROMEDRIVER)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+              f"--window-size={width},{height}", "--hide-scrollbars", "--force-device-scale-factor=1"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(executable_path=driver), options=opts)
+
+
+_COLLECT_JS = r"""
+const origin = location.origin;
+const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.href);
+const imgs = Array.from(document.images).map(i => ({src: i.currentSrc || i.src, complete: i.complete,
+                                                      w: i.naturalWidth}));
+const res = performance.getEntriesByType('resource').map(r => ({name: r.name, status: r.responseStatus || 0,
+                                                                type: r.initiatorType}));
+const visible = el => !!(el.offsetWidth || el.offsetHeight || el.getClientRects().length);
+const widgetViews = document.querySelectorAll('script[type="application/vnd.jupyter.widget-view+json"]').length;
+const rendered = Array.from(document.querySelectorAll('.jupyter-widgets')).filter(visible).length;
+const twins = Array.from(document.querySelectorAll('[data-lpfail-twin]'));
+const math = document.querySelectorAll('.math, mjx-container').length;
+return {origin, links, imgs, res, widgetViews, rendered,
+        twins: twins.filter(visible).length, twinNames: twins.map(t => t.getAttribute('data-lpfail-twin')),
+        mjx: document.querySelectorAll('mjx-container').length,
+        rawMath: Array.from(document.querySelectorAll('.math')).filter(
+            m => !m.querySelector('mjx-container') && /\\\(|\\\[|\$/.test(m.textContent)).length,
+        merror: document.querySelectorAll('mjx-merror').length,
+        hasMathJax: !!window.MathJax, math, height: document.documentElement.scrollHeight};
+"""
+
+_TWIN_JS = r"""
+const out = [];
+document.querySelectorAll('[data-lpfail-twin]').forEach(t => {
+  const sel = t.querySelector('select');
+  if (!sel) { out.push(t.getAttribute('data-lpfail-twin') + ': no <select>'); return; }
+  for (let i = 0; i < sel.options.length; i++) {
+    sel.selectedIndex = i;
+    sel.dispatchEvent(new Event('change'));
+    const shown = Array.from(t.querySelectorAll('[data-case]')).filter(d => !d.hidden);
+    if (shown.length !== 1 || shown[0].getAttribute('data-case') !== sel.options[i].value ||
+        !shown[0].offsetHeight)
+      out.push(t.getAttribute('data-lpfail-twin') + ': choice ' + i + ' shows ' + shown.length + ' states');
+  }
+  sel.selectedIndex = 0; sel.dispatchEvent(new Event('change'));
+});
+return out;
+"""
+
+_MATHJAX_WAIT_JS = """
+const done = arguments[arguments.length - 1];
+if (window.MathJax && MathJax.startup && MathJax.startup.promise)
+  MathJax.startup.promise.then(() => done('typeset'), e => done('error: ' + e));
+else done('none');
+"""
+
+
+class Site:
+    """The built HTML: which files exist and which ids each page defines (for #fragment links)."""
+
+    def __init__(self, root: Path):
+        self.root = root.resolve()
+        self._ids: dict[Path, set[str]] = {}
+
+    def pages(self) -> list[str]:
+        out = []
+        for p in sorted(self.root.rglob("*.html")):
+            rel = p.relative_to(self.root)
+            if not (set(rel.parts[:-1]) & SKIP_DIRS):
+                out.append(rel.as_posix())
+        return out
+
+    def file_for(self, url_path: str) -> Path | None:
+        p = (self.root / urllib.parse.unquote(url_path).lstrip("/")).resolve()
+        if p.is_dir():
+            p = p / "index.html"
+        return p if p.is_file() and (p == self.root or self.root in p.parents) else None
+
+    def ids(self, path: Path) -> set[str]:
+        if path not in self._ids:
+            text = path.read_text(errors="replace")
+            self._ids[path] = set(re.findall(r'\b(?:id|name)\s*=\s*["\']([^"\']+)["\']', text))
+        return self._ids[path]
+
+
+def source_widgets(page: str, source: Path | None) -> int:
+    """Widget outputs in the notebook this page was built from (0 when there is none)."""
+    if source is None:
+        return 0
+    nb = source / (page[:-len(".html")] + ".ipynb")
+    if not nb.is_file():
+        return 0
+    cells = json.loads(nb.read_text()).get("cells", [])
+    return sum(1 for c in cells for o in c.get("outputs", []) if WIDGET_MIME in o.get("data", {}))
+
+
+def check_page(driver, base: str, site: Site, page: str, shots: Path | None, source: Path | None,
+               timeout: float = 20.0) -> PageResult:
+    from selenium.common.exceptions import TimeoutException
+
+    r = PageResult(page)
+    t0 = time.time()
+    driver.get_log("browser")  # drop what earlier pages left
+    driver.set_window_size(1280, 900)
+    driver.get(f"{base}/{page}")
+    end = time.time() + timeout
+    while driver.execute_script("return document.readyState") != "complete" and time.time() < end:
+        time.sleep(0.05)
+    driver.set_script_timeout(timeout)
+    try:
+        mj = driver.execute_async_script(_MATHJAX_WAIT_JS)
+    except TimeoutException:
+        mj = "timeout"
+    if mj.startswith("error") or mj == "timeout":
+        r.errors.append(f"MathJax did not finish: {mj}")
+    # images may be lazy: make them eager and wait until each has finished (or failed)
+    driver.execute_script("document.querySelectorAll('img').forEach(i => i.loading = 'eager')")
+    while time.time() < end and not driver.execute_script(
+            "return Array.from(document.images).every(i => i.complete)"):
+        time.sleep(0.1)
+    info = driver.execute_script(_COLLECT_JS)
+    origin = info["origin"]
+
+    for e in driver.get_log("browser"):
+        if e.get("level") == "SEVERE":
+            r.errors.append(f"console error: {e.get('message', '')[:300]}")
+    for res in info["res"]:
+        if not res["name"].startswith(origin + "/") and not res["name"].startswith("data:"):
+            r.errors.append(f"off-site {res['type']} resource: {res['name']}")
+        elif res["status"] >= 400:
+            r.errors.append(f"HTTP {res['status']} for {res['type']} resource {res['name']}")
+    seen = set()
+    for href in info["links"]:
+        u = urllib.parse.urlsplit(href)
+        if u.scheme not in ("http", "https") or f"{u.scheme}://{u.netloc}" != origin or href in seen:
+            continue
+        seen.add(href)
+        r.links += 1
+        target = site.file_for(u.path)
+        if target is None:
+            r.errors.append(f"broken link: {u.path}" + (f"#{u.fragment}" if u.fragment else ""))
+        elif u.fragment and target.suffix == ".html" and \
+                urllib.parse.unquote(u.fragment) not in site.ids(target):
+            r.errors.append(f"broken anchor: {u.path}#{u.fragment}")
+    for img in info["imgs"]:
+        r.images += 1
+        if not img["complete"] or img["w"] == 0:
+            r.errors.append(f"image not loaded (naturalWidth {img['w']}): {img['src']}")
+    r.math = info["mjx"]
+    if info["rawMath"]:
+        r.errors.append(f"{info['rawMath']} math elements left untypeset"
+                        + ("" if info["hasMathJax"] else " (MathJax not loaded)"))
+    if info["merror"]:
+        r.errors.append(f"{info['merror']} MathJax errors (mjx-merror)")
+    r.widgets = max(info["widgetViews"], source_widgets(page, source))
+    r.twins = info["twins"]
+    if r.widgets and not info["rendered"] and info["twins"] < r.widgets:
+        r.errors.append(f"{r.widgets} widget(s) neither rendered nor shown by a static twin "
+                        f"({info['twins']} visible twin(s))")
+    r.errors += [f"static twin broken: {m}" for m in driver.execute_script(_TWIN_JS)]
+    if shots is not None:
+        shots.mkdir(parents=True, exist_ok=True)
+        driver.set_window_size(1280, max(900, min(int(info["height"]), 6000)))
+        time.sleep(0.2)
+        path = shots / (page[:-len(".html")].replace("/", "__") + ".png")
+        driver.save_screenshot(str(path))
+        r.screenshot = str(path)
+    r.seconds = time.time() - t0
+    return r
+
+
+def check_site(root: str | Path, screenshots: str | Path | None = None, source: str | Path | None = None,
+               pages: list[str] | None = None) -> list[PageResult]:
+    site = Site(Path(root))
+    if not site.root.is_dir():
+        raise FileNotFoundError(f"{root}: no built HTML here (run `make book` first)")
+    httpd, base = serve(site.root)
+    driver = make_driver()
+    try:
+        return [check_page(driver, base, site, p, Path(screenshots) if screenshots else None,
+                           Path(source) if source else None)
+                for p in (pages or site.pages())]
+    finally:
+        driver.quit()
+        httpd.shutdown()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("html", nargs="?", default="_build/html")
+    ap.add_argument("--screenshots", default="_build/screenshots")
+    ap.add_argument("--source", default=".", help="where book/X.ipynb sources live (for widget outputs)")
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    results = check_site(a.html, a.screenshots, a.source)
+    for r in results:
+        print(r.line())
+    Path(a.screenshots).mkdir(parents=True, exist_ok=True)
+    (Path(a.screenshots) / "report.json").write_text(
+        json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+    bad = [r for r in results if not r.ok]
+    print(f"browser check: {len(results) - len(bad)} pages passed, {len(bad)} failed "
+          f"({time.time() - t0:.0f} s; screenshots in {a.screenshots}/)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
