@@ -77,12 +77,13 @@ def _cmd_train(args) -> int:
             sets[key] = str(flag)
     if args.override:
         sets["overrides"] = ";".join(args.override)
-    cfg = T.config_from_sets(args.preset, sets)
+    given = T.load_config(args.config) if args.config else None
+    cfg = T.config_from_sets(args.preset, sets, given)
     rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
-        base = T.TrainConfig.preset(args.preset) if args.preset else T.TrainConfig()
+        base = given or (T.TrainConfig.preset(args.preset) if args.preset else T.TrainConfig())
         changed = {k: v for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
-        print(f"train: preset {args.preset or '(defaults)'}, world size {os.environ.get('WORLD_SIZE', '1')}; "
+        print(f"train: {'config ' + args.config if args.config else 'preset ' + (args.preset or '(defaults)')}, world size {os.environ.get('WORLD_SIZE', '1')}; "
               f"overrides: {changed or 'none'}")
         print(f"  {cfg.n_layer} layers x {cfg.n_embd}, T {cfg.block_size}, {cfg.tokens_per_step:,} tokens/step, "
               f"{cfg.optimizer} lr {cfg.lr:g}, attention {cfg.attention}"
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p_bench.add_argument("--set", action="append", metavar="KEY=VALUE")
     p_train = sub.add_parser("train", help="train a GPT (single process, or under torchrun: data-parallel)")
     p_train.add_argument("--preset", help="tiny | probe | gpt2-small | gpt2-medium (default: TrainConfig's)")
+    p_train.add_argument("--config", metavar="JSON", help="start from a config file (or a run's config.json)")
     p_train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a TrainConfig field")
     p_train.add_argument("--attention", help="attention of every head, e.g. sdpa, PAPER_BF16, triton(FA2_BF16)")
     p_train.add_argument("--override", action="append", metavar="LAYERS[/HEADS]:SPEC",
