@@ -88,16 +88,20 @@ def _cmd_train(args) -> int:
         print(f"  {cfg.n_layer} layers x {cfg.n_embd}, T {cfg.block_size}, {cfg.tokens_per_step:,} tokens/step, "
               f"{cfg.optimizer} lr {cfg.lr:g}, attention {cfg.attention}"
               + (f" + {list(cfg.overrides)}" if cfg.overrides else ""))
-    if args.print_config:
-        if rank == 0:
-            print(json.dumps(cfg.to_dict(), indent=1))
-        return 0
     if args.prepare_data:
         if cfg.data != "openwebtext":
             raise ValueError("--prepare-data prepares OpenWebText: add --set data=openwebtext")
         if rank == 0:
-            from lpfail.data import openwebtext_bins
-            print(f"prepared: {openwebtext_bins(cfg.data_dir)}")
+            from lpfail.data import DatasetUnavailableError, openwebtext_bins
+            try:
+                print(f"prepared: {openwebtext_bins(cfg.data_dir)}")
+            except (DatasetUnavailableError, ImportError) as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+    if args.print_config:
+        if rank == 0:
+            print(json.dumps(cfg.to_dict(), indent=1))
+        return 0
     res = T.train(cfg, resume_from=args.resume, replay=args.replay, replay_from=args.replay_from,
                   progress=False if args.no_progress else None)
     if rank == 0:

@@ -203,6 +203,10 @@ def test_cli_parses_and_runs(tmp_path, capsys):
     assert len(read_log(tmp_path)["loss"]) == 2
     assert cli.main(["train", "--preset", "tiny", "--set", "optimizer=sgd"]) == 2
     assert "TrainConfig.optimizer" in capsys.readouterr().err
+    # a run's config.json is a config file for the next one (torchrun uses this path in train_ddp)
+    assert cli.main(["train", "--config", str(tmp_path / "config.json"), "--set", "n_layer=3", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert '"n_layer": 3' in printed and '"attention": "PAPER_BF16"' in printed
 
 
 def test_presets_and_schedule():
