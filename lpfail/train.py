@@ -103,6 +103,7 @@ class TrainConfig:
     #                          string / preset name alone, meaning the reference ("PAPER_BF16")
     overrides: tuple[str, ...] = ()  # "LAYERS[/HEADS]:SPEC", e.g. "1:sdpa", "1/0,6,7:reference(FP32)", "0-2:FP32"
     deterministic: bool = True  # torch.use_deterministic_algorithms + CUBLAS_WORKSPACE_CONFIG
+    loss_impl: str = "written"  # "written": logsumexp − target logit (see cross_entropy); "torch": F.cross_entropy
     # seeds
     init_seed: int = 0  # weights (drawn on the CPU, so identical on any device)
     data_seed: int = 0  # batch order (BatchOrder); ignored when a recorded order is replayed
@@ -142,6 +143,7 @@ class TrainConfig:
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("autocast", self.autocast, AUTOCASTS)
+        _choice("loss_impl", self.loss_impl, ("written", "torch"))
         _choice("device", self.device, DEVICES)
         _choice("tokenizer", self.tokenizer, ("bytes", "gpt2"))
         if not self.lr > 0 or not math.isfinite(self.lr):
@@ -828,7 +830,10 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
                 with sync:
                     with amp:
                         logits, _ = model(x)  # (b, T, vocab)
-                    loss = cross_entropy(logits, y)
+                    if cfg.loss_impl == "written":
+                        loss = cross_entropy(logits, y)
+                    else:  # FP32 like `cross_entropy`
+                        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
                     (loss / n_micro).backward()
                 loss_sum += loss.detach().double()
                 if diag_now and i == 0 and lead:
@@ -1026,3 +1031,54 @@ def train_ddp(c: TrainDDPConfig) -> dict:
                gpu_name=torch.cuda.get_device_name(0))
     return out
 
+
+
+# -- where the training loop's time goes (GPU) --------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainSpeedConfig:
+    """GPT-2 small with SDPA attention, timed under variants of the loop's numerics settings, each in its own
+    process (CUBLAS_WORKSPACE_CONFIG only takes effect in a fresh process)."""
+    variants: tuple = ("deterministic,written", "nondeterministic,written", "nondeterministic,torch",
+                       "deterministic,torch")
+    attention: str = "sdpa"
+    micro_batch: int = 16  # 16 × 1024 tokens per step
+    warmup_steps: int = 3
+    timed_steps: int = 10
+
+
+@results.experiment("train_speed", config=TrainSpeedConfig, gpu=True,
+                    description="GPT-2 small tokens/s with/without deterministic mode and with each loss (GPU)")
+def train_speed(c: TrainSpeedConfig) -> dict:
+    """Tokens/s of GPT-2 small training per (deterministic, loss implementation) variant."""
+    import subprocess
+
+    names, tps, step_ms, errors = [], [], [], []
+    for variant in c.variants:
+        det, loss_impl = variant.split(",")
+        cfg = TrainConfig.preset("gpt2-small", data="tinyshakespeare", tokenizer="bytes",
+                                 batch_size=c.micro_batch, micro_batch=c.micro_batch, warmup=0,
+                                 max_steps=c.warmup_steps + c.timed_steps, decay_steps=0, diag_every=0,
+                                 checkpoint_every=0, attention=c.attention, device="cuda",
+                                 deterministic=(det == "deterministic"), loss_impl=loss_impl)
+        with tempfile.TemporaryDirectory(prefix="lpfail_speed_") as tmp:
+            cfg = dataclasses.replace(cfg, out_dir=str(Path(tmp) / "run"))
+            cfg_path = Path(tmp) / "cfg.json"
+            cfg_path.write_text(json.dumps(cfg.to_dict()))
+            env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+            proc = subprocess.run([sys.executable, "-m", "lpfail", "train", "--config", str(cfg_path),
+                                   "--no-progress"], capture_output=True, text=True, timeout=300, env=env)
+            names.append(variant)
+            if proc.returncode != 0:
+                tps.append(float("nan"))
+                step_ms.append(float("nan"))
+                errors.append((proc.stderr or proc.stdout)[-400:])
+            else:
+                arr = read_log(Path(tmp) / "run")
+                t = np.asarray(arr["time_s"][c.warmup_steps:], dtype=np.float64)
+                tps.append(float(c.timed_steps * c.micro_batch * cfg.block_size / t.sum()))
+                step_ms.append(float(np.median(t) * 1e3))
+                errors.append("")
+        print(f"train_speed: {variant}: {tps[-1]:,.0f} tokens/s, {step_ms[-1]:.1f} ms/step {errors[-1][-200:]}",
+              flush=True)
+    return {"variants": np.array(names), "tokens_per_s": np.array(tps), "step_ms": np.array(step_ms),
+            "errors": json.dumps(errors), "gpu_name": torch.cuda.get_device_name(0)}

@@ -232,3 +232,12 @@ def test_orthogonalize_flattens_the_spectrum():
     assert torch.linalg.svdvals(orthogonalize(g.T)).max() < 1.25  # tall and wide alike
     res = run(tiny(optimizer="muon", max_steps=20))
     assert res.losses[-3:].mean() < res.losses[0] - 0.8
+
+
+def test_loss_implementations_agree():
+    """The written-out cross-entropy (deterministic on CUDA) and F.cross_entropy train the same way."""
+    a, b = run(tiny(max_steps=5)), run(tiny(max_steps=5, loss_impl="torch"))
+    np.testing.assert_allclose(a.losses, b.losses, rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(a.losses, run(tiny(max_steps=5, lr=1e-2)).losses)  # the check can fail
+    with pytest.raises(ValueError, match="loss_impl"):
+        tiny(loss_impl="mse")
