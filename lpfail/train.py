@@ -1044,15 +1044,17 @@ class TrainSpeedConfig:
     micro_batch: int = 16  # 16 × 1024 tokens per step
     warmup_steps: int = 3
     timed_steps: int = 10
+    runs: int = 2  # each variant runs this often; `identical` says whether losses and grad norms repeat bit for bit
 
 
 @results.experiment("train_speed", config=TrainSpeedConfig, gpu=True,
                     description="GPT-2 small tokens/s with/without deterministic mode and with each loss (GPU)")
 def train_speed(c: TrainSpeedConfig) -> dict:
-    """Tokens/s of GPT-2 small training per (deterministic, loss implementation) variant."""
+    """Tokens/s of GPT-2 small training per (deterministic, loss implementation) variant, and whether each
+    variant repeats bit for bit over `runs` runs."""
     import subprocess
 
-    names, tps, step_ms, errors = [], [], [], []
+    names, tps, step_ms, identical, errors = [], [], [], [], []
     for variant in c.variants:
         det, loss_impl = variant.split(",")
         cfg = TrainConfig.preset("gpt2-small", data="tinyshakespeare", tokenizer="bytes",
@@ -1060,25 +1062,32 @@ def train_speed(c: TrainSpeedConfig) -> dict:
                                  max_steps=c.warmup_steps + c.timed_steps, decay_steps=0, diag_every=0,
                                  checkpoint_every=0, attention=c.attention, device="cuda",
                                  deterministic=(det == "deterministic"), loss_impl=loss_impl)
-        with tempfile.TemporaryDirectory(prefix="lpfail_speed_") as tmp:
-            cfg = dataclasses.replace(cfg, out_dir=str(Path(tmp) / "run"))
-            cfg_path = Path(tmp) / "cfg.json"
-            cfg_path.write_text(json.dumps(cfg.to_dict()))
-            env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
-            proc = subprocess.run([sys.executable, "-m", "lpfail", "train", "--config", str(cfg_path),
-                                   "--no-progress"], capture_output=True, text=True, timeout=300, env=env)
-            names.append(variant)
-            if proc.returncode != 0:
-                tps.append(float("nan"))
-                step_ms.append(float("nan"))
-                errors.append((proc.stderr or proc.stdout)[-400:])
-            else:
-                arr = read_log(Path(tmp) / "run")
-                t = np.asarray(arr["time_s"][c.warmup_steps:], dtype=np.float64)
-                tps.append(float(c.timed_steps * c.micro_batch * cfg.block_size / t.sum()))
-                step_ms.append(float(np.median(t) * 1e3))
-                errors.append("")
-        print(f"train_speed: {variant}: {tps[-1]:,.0f} tokens/s, {step_ms[-1]:.1f} ms/step {errors[-1][-200:]}",
-              flush=True)
+        logs, err = [], ""
+        for _ in range(c.runs):
+            with tempfile.TemporaryDirectory(prefix="lpfail_speed_") as tmp:
+                run_cfg = dataclasses.replace(cfg, out_dir=str(Path(tmp) / "run"))
+                cfg_path = Path(tmp) / "cfg.json"
+                cfg_path.write_text(json.dumps(run_cfg.to_dict()))
+                env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+                proc = subprocess.run([sys.executable, "-m", "lpfail", "train", "--config", str(cfg_path),
+                                       "--no-progress"], capture_output=True, text=True, timeout=300, env=env)
+                if proc.returncode != 0:
+                    err = (proc.stderr or proc.stdout)[-400:]
+                    break
+                logs.append(read_log(Path(tmp) / "run"))
+        names.append(variant)
+        errors.append(err)
+        if err:
+            tps.append(float("nan"))
+            step_ms.append(float("nan"))
+            identical.append(False)
+        else:
+            t = np.asarray(logs[0]["time_s"][c.warmup_steps:], dtype=np.float64)
+            tps.append(float(c.timed_steps * c.micro_batch * cfg.block_size / t.sum()))
+            step_ms.append(float(np.median(t) * 1e3))
+            identical.append(all(np.array_equal(lg["loss"], logs[0]["loss"])
+                                 and np.array_equal(lg["grad_norm"], logs[0]["grad_norm"]) for lg in logs[1:]))
+        print(f"train_speed: {variant}: {tps[-1]:,.0f} tokens/s, {step_ms[-1]:.1f} ms/step, identical over "
+              f"{c.runs} runs: {identical[-1]} {errors[-1][-200:]}", flush=True)
     return {"variants": np.array(names), "tokens_per_s": np.array(tps), "step_ms": np.array(step_ms),
-            "errors": json.dumps(errors), "gpu_name": torch.cuda.get_device_name(0)}
+            "identical": np.array(identical), "errors": json.dumps(errors), "gpu_name": torch.cuda.get_device_name(0)}
