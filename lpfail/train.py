@@ -946,13 +946,18 @@ def _small_cfg(c: TrainDDPConfig, out_dir: str = "") -> TrainConfig:
                        out_dir=out_dir, device="cuda")
 
 
-def _bench_cfg(c: TrainDDPConfig, attention: str) -> TrainConfig:
-    """GPT-2 small (vocab 50304, T 1024) on byte tokens of the embedded corpus: the same compute per token as
-    the paper's run (the token ids do not change the FLOPs), without needing OpenWebText on the machine."""
+def _speed_cfg(attention: str, micro_batch: int, steps: int, **overrides) -> TrainConfig:
+    """GPT-2 small (vocab 50304, T 1024) on byte tokens of the embedded corpus, one micro-batch per step: the
+    same compute per token as the paper's run (the token ids do not change the FLOPs), without needing
+    OpenWebText on the machine."""
     return TrainConfig.preset("gpt2-small", data="tinyshakespeare", tokenizer="bytes",
-                              batch_size=c.bench_micro_batch, micro_batch=c.bench_micro_batch, warmup=0,
-                              max_steps=c.bench_warmup + c.bench_steps, decay_steps=0, diag_every=0,
-                              checkpoint_every=0, out_dir="", attention=attention, device="cuda")
+                              batch_size=micro_batch, micro_batch=micro_batch, warmup=0, max_steps=steps,
+                              decay_steps=0, diag_every=0, checkpoint_every=0, out_dir="", attention=attention,
+                              device="cuda", **overrides)
+
+
+def _bench_cfg(c: TrainDDPConfig, attention: str) -> TrainConfig:
+    return _speed_cfg(attention, c.bench_micro_batch, c.bench_warmup + c.bench_steps)
 
 
 @results.experiment("train_ddp", config=TrainDDPConfig, gpu=True,
@@ -1060,11 +1065,8 @@ def train_speed(c: TrainSpeedConfig) -> dict:
     names, tps, step_ms, identical, errors = [], [], [], [], []
     for variant in c.variants:
         det, loss_impl = variant.split(",")
-        cfg = TrainConfig.preset("gpt2-small", data="tinyshakespeare", tokenizer="bytes",
-                                 batch_size=c.micro_batch, micro_batch=c.micro_batch, warmup=0,
-                                 max_steps=c.warmup_steps + c.timed_steps, decay_steps=0, diag_every=0,
-                                 checkpoint_every=0, attention=c.attention, device="cuda",
-                                 deterministic=(det == "deterministic"), loss_impl=loss_impl)
+        cfg = _speed_cfg(c.attention, c.micro_batch, c.warmup_steps + c.timed_steps,
+                         deterministic=(det == "deterministic"), loss_impl=loss_impl)
         logs, err = [], ""
         for _ in range(c.runs):
             with tempfile.TemporaryDirectory(prefix="lpfail_speed_") as tmp:
