@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import lzma
 import os
 import tempfile
 from pathlib import Path
@@ -30,6 +31,8 @@ CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
 CORPORA = {
     "tinyshakespeare": ("tinyshakespeare.txt.gz",
                         "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),
+    # the Python 3.11 documentation as plain text (PSF licence), built by tools/make_corpus.py
+    "pydocs": ("pydocs.txt.xz", "aea95c685ffa9fae7fd90784ff45274e7437fef21b4c6598a5aa6c47d8ae3248"),
 }
 
 
@@ -158,7 +161,7 @@ def load_corpus(name: str = "tinyshakespeare") -> str:
     path = CORPUS_DIR / filename
     if not path.is_file():
         raise FileNotFoundError(f"embedded corpus file {path} is missing (is lpfail installed with its data?)")
-    data = gzip.decompress(path.read_bytes())
+    data = (lzma.decompress if filename.endswith(".xz") else gzip.decompress)(path.read_bytes())
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha:
         raise ValueError(f"corpus {name!r} ({path}) has sha256 {digest}, expected {sha}: the file is corrupt")
