@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 #: Modules that register experiments when imported. `registry()` imports them on first use.
-EXPERIMENT_MODULES = ("lpfail.rounding", "kernels.bench", "lpfail.train")
+EXPERIMENT_MODULES = ("lpfail.rounding", "kernels.bench", "lpfail.train", "lpfail.symptom")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,159 @@
+"""lpfail.symptom on the CPU: the pre-registered failure criterion on synthetic curves, the sweep driver
+(tiny models, 2 variants x 2 seeds as concurrent subprocesses, a wall-clock budget, stop and continue from
+checkpoints with losses equal to an uninterrupted run's), the outcome table, and the pydocs corpus."""
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lpfail import data, results
+from lpfail import symptom as S
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- the criterion ---------------------------------------------------------------------------------------
+def _decay(n, lo=1.5, hi=5.5, tau=200.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return lo + (hi - lo) * np.exp(-np.arange(n) / tau) + 0.02 * rng.standard_normal(n)
+
+
+def test_criterion_healthy_run_does_not_fail():
+    assert S.failed(_decay(3000), warmup=100) == (False, None)
+    assert S.failed(np.full(3000, 2.0), warmup=100) == (False, None)
+
+
+def test_criterion_explosion_fails_at_the_right_step():
+    loss = _decay(3000)
+    loss[1500:] = np.linspace(loss[1499], 7.0, 1500)  # climbs from ≈1.5 to 7
+    f, step = S.failed(loss, warmup=100)
+    assert f and 1500 < step < 1700
+    # the exact step: first window end whose mean exceeds 1.25 x the best mean so far
+    c = np.convolve(loss[100:], np.ones(100) / 100, "valid")
+    best = np.minimum.accumulate(c)
+    assert step == 100 + int(np.argmax(c > 1.25 * best)) + 99
+    assert S.failed(loss[:1500], warmup=100) == (False, None)  # before the rise: healthy
+
+
+def test_criterion_nonfinite_fails_at_that_step_even_in_warmup():
+    loss = _decay(500)
+    loss[37] = np.nan
+    assert S.failed(loss, warmup=100) == (True, 37)
+    loss = _decay(500)
+    loss[400] = np.inf
+    assert S.failed(loss, warmup=100) == (True, 400)
+    gn = np.ones(500)
+    gn[250] = np.nan
+    assert S.failed(_decay(500), warmup=100, grad_norms=gn) == (True, 250)
+    with pytest.raises(ValueError):
+        S.failed(_decay(10), 0, grad_norms=np.ones(9))
+
+
+def test_criterion_spike_that_recovers_does_not_fail():
+    loss = _decay(2000)
+    loss[1200:1210] = 3.0 * loss[1200:1210]  # 10 steps at 3x: lifts a 100-step mean by ~20 %
+    assert S.failed(loss, warmup=100) == (False, None)
+    loss[1200:1240] = 3.0 * _decay(2000)[1200:1240]  # 40 steps at 3x: +80 %: fails
+    assert S.failed(loss, warmup=100)[0]
+
+
+def test_criterion_ignores_warmup_and_short_runs():
+    loss = np.concatenate([np.full(100, 9.0), np.full(50, 1.0)])  # high in warm-up, short after: no verdict
+    assert S.failed(loss, warmup=100) == (False, None)
+    rising_in_warmup = np.concatenate([np.linspace(1, 5, 100), np.full(300, 5.0)])
+    assert S.failed(rising_in_warmup, warmup=100) == (False, None)
+    assert S.CRITERION_FIXED_ON == "2026-11-29" and "before any outcome" in S.failed.__doc__
+
+
+def test_outcome_table():
+    t = S.outcome_table(("A", "C"), (0, 1), [[True, False], [False, False]], [[812, -1], [-1, -1]],
+                        [[3.29, 1.41], [1.76, 1.80]], [["completed", "incomplete"], ["completed", "missing"]],
+                        [[2000, 700], [2000, 0]])
+    assert "| variant | seed 0 | seed 1 | fails |" in t
+    assert "**fails** at 812, final 3.290" in t and "(incomplete, 700 steps)" in t and "not run" in t
+    assert "| 1/2 |" in t and "| 0/2 |" in t
+
+
+# -- the driver -----------------------------------------------------------------------------------------
+def tiny(**kw) -> S.SymptomConfig:
+    base = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, data="tinyshakespeare", lr=3e-3,
+                warmup=2, max_steps=60, variants=("A", "C"), seeds=(0, 1), diag_every=20, checkpoint_every=10,
+                check_steps=10, parallel=4, curve_points=20)
+    return S.SymptomConfig(**{**base, **kw})
+
+
+def test_config_is_registered_and_validated():
+    exp = results.get("symptom")
+    assert exp.gpu and exp.config is S.SymptomConfig
+    c = exp.default_config()
+    assert (c.n_layer, c.n_embd, c.warmup, c.schedule, c.optimizer, c.data) == (4, 256, 100, "constant", "adamw",
+                                                                                "pydocs")
+    assert 1.2e-2 <= c.lr <= 2e-2 and c.block_size in (512, 1024) and len(c.seeds) >= 3
+    assert c.variants == ("A", "C", "Bp")
+    cfg = S.train_config(c, "B", 0, "reference", "/tmp/x")
+    assert cfg.attention == "reference(PAPER_BF16_OFFICIAL_FIX)" and cfg.min_lr == cfg.lr
+    with pytest.raises(ValueError):
+        S.train_config(c, "B", 0, "triton", "/tmp/x")  # the kernel refuses masked_ties
+    with pytest.raises(ValueError):
+        S.SymptomConfig(variants=("A", "E"))
+    assert S.impl_for(c, "A", {"cuda": False}) == "reference"
+    assert S.impl_for(c, "A", {"cuda": True, "kernel": {"A": {"trusted": True}}}) == "triton"
+    assert S.impl_for(c, "A", {"cuda": True, "kernel": {"A": {"trusted": False}}}) == "reference"
+
+
+def test_driver_budget_stop_continue_and_collect(tmp_path):
+    c = tiny()
+    root = S.symptom_root(c, tmp_path)
+    chk = S.checks(c, root, log=lambda *a: None)
+    assert chk["cuda"] is False and chk["kernel"] == {}
+    assert chk["continue"]["exercised"] and chk["continue"]["equal"], chk["continue"]
+    assert (root / "checks.json").is_file()
+
+    specs = S.plan(c, root, chk)
+    assert [s.name for s in specs] == ["A_s0", "C_s0", "A_s1", "C_s1"]
+    assert specs[0].cfg.attention == "reference(PAPER_BF16)" and specs[1].cfg.attention == "reference(FP32)"
+    for s in specs:
+        s.interrupt_at_step = 25
+    st = S.sweep(specs, parallel=4, budget_s=1e9, poll_s=0.1, log=lambda *a: None)
+    assert all(v["state"] == "stopped" for v in st.values()), st
+    assert all(S.run_state(s) == "partial" for s in specs)
+
+    out = S.run_symptom(c, tmp_path, budget_s=120, log=lambda *a: None)
+    drv = json.loads(out["driver"])
+    assert all(d["state"] == "done" and d["resumed_from"] >= 20 for d in drv.values()), drv
+    assert out["complete"] and out["steps"].tolist() == [[60, 60], [60, 60]]
+    # continued runs equal an uninterrupted process over the check's 40 steps (A, seed 0, same settings)
+    np.testing.assert_array_equal(out["loss"][0, 0, :40], np.float32(chk["continue"]["loss_whole"]))
+    assert not np.array_equal(out["loss"][0, 0], out["loss"][0, 1])  # seeds differ
+    assert out["loss_curve"].shape == (2, 2, 20) and np.all(np.isfinite(out["loss_curve"]))
+    assert out["max_logit"].shape == (2, 2, 3, 2) and np.all(np.isfinite(out["tied_frac"]))
+    assert out["spectral"].shape[:3] == (2, 2, 3) and len(out["spectral_names"]) == out["spectral"].shape[3]
+    assert out["failed"].shape == (2, 2) and "| variant | seed 0 | seed 1 |" in out["outcome_table"]
+    results._split("symptom", out)  # storable
+    # a finished sweep is never rerun; a zero budget only collects
+    again = S.run_symptom(c, tmp_path, budget_s=0, log=lambda *a: None)
+    np.testing.assert_array_equal(again["loss"], out["loss"])
+
+    # the budget: with one slot and 2 s, the first run is stopped and the others never start
+    c2 = tiny(max_steps=2000, parallel=1)
+    specs2 = S.plan(c2, S.symptom_root(c2, tmp_path), {"cuda": False})
+    st2 = S.sweep(specs2, parallel=1, budget_s=2.0, min_start_s=0, log=lambda *a: None)
+    assert st2["A_s0"]["state"] == "stopped" and st2["A_s0"]["wall_s"] < 25
+    assert [st2[n]["state"] for n in ("C_s0", "A_s1", "C_s1")] == ["pending"] * 3
+
+
+# -- the corpus -----------------------------------------------------------------------------------------
+def test_pydocs_corpus_loads_and_matches_its_hashes():
+    text = data.load_corpus("pydocs")  # checks the recorded sha256 of the text
+    raw = text.encode("utf-8")
+    assert len(raw) == 9_375_052
+    assert hashlib.sha256(raw).hexdigest() == data.CORPORA["pydocs"][1]
+    readme = (REPO / "lpfail" / "corpus" / "README.md").read_text()
+    xz = (REPO / "lpfail" / "corpus" / "pydocs.txt.xz").read_bytes()
+    assert hashlib.sha256(xz).hexdigest() in readme and data.CORPORA["pydocs"][1] in readme
+    assert len(xz) < 8_000_000
+    assert "The Python Tutorial" in text and "PSF LICENSE AGREEMENT" in text
+    assert math.isclose(len(data.tokens("pydocs")), len(raw))
