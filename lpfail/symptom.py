@@ -50,6 +50,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -302,6 +303,9 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
             queue.append(s)
             status[s.name] = {"state": "pending", "returncode": None, "resumed_from": None, "wall_s": 0.0}
     running: dict[str, tuple[subprocess.Popen, RunSpec, float, object]] = {}
+    old_term = None
+    if threading.current_thread() is threading.main_thread():  # `timeout` sends SIGTERM: stop the runs too
+        old_term = signal.signal(signal.SIGTERM, _terminated)
     try:
         while queue or running:
             now = time.monotonic()
@@ -351,7 +355,13 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
             _stop(proc)
             out.close()
             status[name].update(state="stopped", returncode=proc.returncode)
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     return status
+
+
+def _terminated(signum, frame):
+    raise SystemExit(f"sweep: terminated by signal {signum}; runs stopped, their checkpoints kept")
 
 
 # -- checks before trusting the driver and the kernel ----------------------------------------------------
