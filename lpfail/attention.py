@@ -250,6 +250,16 @@ class _Masking:
 ScoreSource = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor | None]]
 
 
+def exp_scores(s: torch.Tensor, m: torch.Tensor, policy: Precision) -> torch.Tensor:
+    """P̄ = exp(S − m) as the forward forms it with sub="sub", before the cast to `pbar`: S (in `scores`) minus
+    m (in `acc`) computed in op and rounded to `exp_in`, then exp in `exp`. Also used by chapter 4 (Rounding)
+    to rebuild the forward's P̄ for a row."""
+    scores_dt, acc, exp_in = policy.dtype("scores"), policy.dtype("acc"), policy.dtype("exp_in")
+    op = _op(scores_dt, acc, exp_in)
+    x = (s.to(scores_dt).to(op) - m.to(acc).to(op)).to(exp_in)     # cast: S − m to `exp_in`
+    return torch.exp(x.to(policy.dtype("exp")))                    # cast: exp runs in `exp`
+
+
 def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, masking: _Masking,
                    alpha: float) -> ForwardResult:
     """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `matmul`."""
@@ -301,13 +311,12 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
 
         # -- P̄ = exp(S − m) --------------------------------------------------------------------------
         if policy.sub == "sub":
-            op = _op(scores_dt, acc, exp_in)
-            x = (s.to(op) - m_sub.to(op)).to(exp_in)               # cast: S − m to `exp_in`
+            p = exp_scores(s, m_sub, policy)                       # (…, R, bk) in `exp`
         else:
             x = (raw.double() * _fma_alpha(alpha, policy) - m_sub.double()).to(exp_in)  # cast: fused QKᵀ·α − m
             if allowed is not None:
                 x = x.masked_fill(~allowed, -math.inf)
-        p = torch.exp(x.to(exp_dt))                                # cast: exp runs in `exp`; (…, R, bk)
+            p = torch.exp(x.to(exp_dt))                            # cast: exp runs in `exp`; (…, R, bk)
         l_blk = p.sum(dim=-1, keepdim=True)                        # (…, R, 1) in `exp`
         if policy.l_clamp is not None:
             l_blk = l_blk.clamp(min=policy.l_clamp)                # the official code's per-block floor

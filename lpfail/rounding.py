@@ -109,9 +109,8 @@ def row_errors(s: torch.Tensor, v: torch.Tensor, policy: Precision) -> RowErrors
     o_true = torch.softmax(s64, dim=-1) @ v64                          # (rows, 1, d)
     o_unnorm = res.o_unnorm.double().reshape(o_true.shape)
     o_err = o_unnorm / l_exact - o_true
-    # P̄ as the one-tile forward rounds it (S − m in FP32, exp in `exp`, rounded to `pbar`), multiplied exactly
-    m_acc = res.m.reshape(s.shape[:-1] + (1,)).to(torch.float32)
-    pbar = torch.exp((s.float() - m_acc).to(policy.dtype("exp"))).to(policy.dtype("pbar")).double()
+    # P̄ exactly as the one-tile forward forms and rounds it, multiplied exactly
+    pbar = attn.exp_scores(s, res.m.reshape(s.shape[:-1] + (1,)), policy).to(policy.dtype("pbar")).double()
     acc_err = (o_unnorm - pbar @ v64) / l_exact
     out_err = res.o.double().reshape(o_true.shape) - o_true
     return RowErrors(o_err[:, 0].numpy(), acc_err[:, 0].numpy(), o_true[:, 0].numpy(), out_err[:, 0].numpy())
@@ -126,20 +125,22 @@ def mean_ci(x: np.ndarray, z: float = 1.96) -> tuple[float, float]:
 def running_error(s_row: torch.Tensor, v_col: torch.Tensor, policy: Precision = PAPER_BF16) -> dict:
     """The running error of Ō[i] = Σ_t P̄[t] V[t, i] along the key index t, for one row and one feature.
 
-    P̄ is formed as the policy forms it (exp in `exp`, rounded to `pbar`), the products are accumulated in
+    m and P̄ are those of the policy's forward over one tile (S − m rounded to `exp_in`, exp in `exp`, P̄
+    rounded to `pbar`; with the fix, Algorithm 3's maximum), the products are accumulated in
     FP32 one key at a time (as the P̄V matmul's accumulator does), and at every t the prefix sum is rounded to
     the policy's `pv_out` dtype — the value Ō would have if the tile ended at key t. The error is taken
     against the float64 prefix sum of the exact products and divided by the row's exact ℓ (so it is in units
     of the output O, comparable with and without the fix). Jumps happen where P̄ = 1."""
+    if policy.sub != "sub":
+        raise ValueError("running_error follows sub='sub' (scale, round, subtract); got sub='fma'")
+    # m (with Algorithm 3 when the policy has the fix) and P̄ exactly as the one-tile forward forms them
+    one_tile = policy.replace(block_q=None, block_k=None)
+    res = attn.forward_from_scores(s_row[None, :], v_col[:, None], one_tile)  # (1, Tk) scores, (Tk, 1) V
+    m = res.m.reshape(())
     s = s_row.double()
-    m = s.max()
-    if policy.fix is not None:  # the paper's Algorithm 3 on this single block
-        ties = int(((m - s) <= policy.fix.eps).sum())
-        if ties > 1:
-            m = policy.fix.beta * m if m > 0 else torch.zeros_like(m) if m < 0 else m
     # the matmul accumulates in FP32 for 16/32-bit operands (FP64 for an FP64 policy)
     acc_dtype = torch.float64 if policy.dtype("pv_out") == torch.float64 else torch.float32
-    pbar = torch.exp((s - m).to(policy.dtype("exp"))).to(policy.dtype("pbar")).to(acc_dtype)
+    pbar = attn.exp_scores(s_row, m, policy).to(policy.dtype("pbar")).to(acc_dtype)
     terms = pbar * v_col.to(acc_dtype)                            # exact for BF16 × BF16 in FP32
     prefix32 = torch.zeros_like(terms)
     acc = torch.zeros((), dtype=acc_dtype)
@@ -147,6 +148,7 @@ def running_error(s_row: torch.Tensor, v_col: torch.Tensor, policy: Precision = 
         acc = acc + terms[t]
         prefix32[t] = acc
     rounded = prefix32.to(policy.dtype("pv_out")).double()
+    m = m.double()
     exact = torch.cumsum(torch.exp(s - m) * v_col.double(), 0)
     l_exact = torch.exp(s - m).sum()                              # errors in units of the output O = Ō/ℓ
     return {"pbar": pbar.numpy(), "error": ((rounded - exact) / l_exact).numpy(),
