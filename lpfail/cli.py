@@ -19,11 +19,8 @@ def _cmd_list(args) -> int:
     width = max(len(n) for n in reg)
     print(f"{'name':<{width}}  {'needs':<5}  {'stored':<8}  computed on / when     description")
     for name, exp in sorted(reg.items()):
-        state = results.status(name)
-        where = ""
-        if state in ("fresh", "stale"):
-            meta = results._read(name, results.results_dir()).meta
-            where = f"{meta['device'][:14]:<14} {meta['created'][:10]}"
+        state, res = results.inspect(name)
+        where = f"{res.meta['device'][:14]:<14} {res.meta['created'][:10]}" if res is not None else ""
         print(f"{name:<{width}}  {'GPU' if exp.gpu else 'CPU':<5}  {state:<8}  {where:<22} {exp.description}")
     return 0
 
@@ -51,13 +48,15 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    res = results._read(args.name, results.results_dir())
+    state, res = results.inspect(args.name)
+    if res is None:  # missing or corrupt: reading it again raises the error that says why and what to run
+        results._read(args.name, results.results_dir())
     print(res.provenance)
     for key in sorted(res):
         v = res[key]
         desc = f"array {v.dtype} {tuple(v.shape)}" if hasattr(v, "shape") else repr(v)
         print(f"  {key}: {desc[:100]}")
-    print(f"  status: {results.status(args.name)}")
+    print(f"  status: {state}")
     return 0
 
 

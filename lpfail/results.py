@@ -342,6 +342,14 @@ def run(name: str, config=None, store: bool = True, directory: Path | None = Non
     return save(name, cfg, data, wall, directory)
 
 
+def _require_fresh(exp: Experiment, cfg, res: Result) -> Result:
+    if res.meta["config_hash"] != config_hash(cfg):
+        raise ResultStale(f"stored result {exp.name!r} was computed for config {res.meta['config_hash']} but the "
+                          f"current config hashes to {config_hash(cfg)}: its code or settings changed. Run "
+                          f"`{_command(exp.name)}`" + (" on a GPU machine" if exp.gpu else "") + " to regenerate it")
+    return res
+
+
 def load(name: str, config=None, directory: Path | None = None) -> Result:
     """The stored result of ``name`` for its current (or the given) config.
 
@@ -352,34 +360,28 @@ def load(name: str, config=None, directory: Path | None = None) -> Result:
     directory = Path(directory) if directory is not None else results_dir()
     if _want_recompute():
         return run(name, cfg, directory=directory)
-    res = _read(name, directory)
-    if res.meta["config_hash"] != config_hash(cfg):
-        raise ResultStale(f"stored result {name!r} was computed for config {res.meta['config_hash']} but the "
-                          f"current config hashes to {config_hash(cfg)}: its code or settings changed. Run "
-                          f"`{_command(name)}`" + (" on a GPU machine" if exp.gpu else "") + " to regenerate it")
-    return res
+    return _require_fresh(exp, cfg, _read(name, directory))
+
+
+def inspect(name: str, directory: Path | None = None) -> tuple[str, Result | None]:
+    """The state of the stored result of ``name`` against its default config — 'fresh', 'stale', 'missing' or
+    'corrupt' — and the result itself when it could be read (fresh or stale). Reads the files once."""
+    exp = get(name)
+    try:
+        res = _read(name, Path(directory) if directory is not None else results_dir())
+    except ResultMissing:
+        return "missing", None
+    except ResultCorrupt:
+        return "corrupt", None
+    try:
+        return "fresh", _require_fresh(exp, exp.default_config(), res)
+    except ResultStale:
+        return "stale", res
 
 
 def status(name: str, directory: Path | None = None) -> str:
     """'fresh', 'stale', 'missing' or 'corrupt' for the stored result of ``name``."""
-    try:
-        load_no_recompute(name, directory)
-        return "fresh"
-    except ResultMissing:
-        return "missing"
-    except ResultStale:
-        return "stale"
-    except ResultCorrupt:
-        return "corrupt"
-
-
-def load_no_recompute(name: str, directory: Path | None = None) -> Result:
-    exp = get(name)
-    directory = Path(directory) if directory is not None else results_dir()
-    res = _read(name, directory)
-    if res.meta["config_hash"] != config_hash(exp.default_config()):
-        raise ResultStale(f"stored result {name!r} is stale; run `{_command(name)}`")
-    return res
+    return inspect(name, directory)[0]
 
 
 def typed_config(exp: Experiment, overrides: dict[str, str]):
