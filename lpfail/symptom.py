@@ -162,7 +162,7 @@ class SymptomConfig:
     beta2: float = 0.95
     max_steps: int = 2000
     # the search
-    variants: tuple[str, ...] = ("A", "C", "Bp")
+    variants: tuple[str, ...] = ("A", "C", "Bp", "B", "D")
     seeds: tuple[int, ...] = (0, 1, 2)  # each seed is both the init seed and the batch-order seed
     impl: str = "auto"  # "auto": Triton where `checks` passed on CUDA, else the reference; "reference"; "triton"
     autotune: bool = False  # LPFAIL_KERNELS_AUTOTUNE: off, so every process picks the same kernel configs
@@ -171,7 +171,6 @@ class SymptomConfig:
     checkpoint_every: int = 100  # also the most work a run loses when the budget stops it
     curve_points: int = 400  # the downsampled curves' length
     check_steps: int = 20  # steps of each Triton-vs-reference check and of the continue check
-    parallel: int = 9  # processes at a time on the one GPU
 
     def __post_init__(self):
         for v in self.variants:
@@ -181,8 +180,8 @@ class SymptomConfig:
             raise ValueError("SymptomConfig: variants and seeds must not repeat")
         if self.impl not in ("auto", "reference", "triton"):
             raise ValueError(f"SymptomConfig.impl must be auto, reference or triton (got {self.impl!r})")
-        if self.parallel < 1 or self.curve_points < 1 or self.check_steps < 4:
-            raise ValueError("SymptomConfig: parallel >= 1, curve_points >= 1 and check_steps >= 4 required")
+        if self.curve_points < 1 or self.check_steps < 4 or self.max_steps < 1:
+            raise ValueError("SymptomConfig: curve_points >= 1, check_steps >= 4 and max_steps >= 1 required")
         if not self.seeds:
             raise ValueError("SymptomConfig.seeds must not be empty")
         # the runs' TrainConfig validates the rest (shapes, lr, warm-up ...)
@@ -276,14 +275,46 @@ def _stop(proc: subprocess.Popen, grace: float = 15.0):
         proc.wait()
 
 
+def gpu_ids() -> list[str]:
+    """The GPUs the driver spreads its runs over: $CUDA_VISIBLE_DEVICES if set, else every GPU torch sees;
+    [] without CUDA."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [g.strip() for g in vis.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        import torch
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # pragma: no cover - torch always imports here
+        return []
+
+
+def default_parallel(gpus: list[str] | None = None) -> int:
+    """Processes at a time: $LPFAIL_SYMPTOM_PARALLEL, else 8 per GPU (2 without one). Scheduling only: the
+    result of a run does not depend on it."""
+    env = os.environ.get("LPFAIL_SYMPTOM_PARALLEL", "").strip()
+    if env:
+        n = int(env)
+        if n < 1:
+            raise ValueError(f"LPFAIL_SYMPTOM_PARALLEL must be >= 1 (got {env!r})")
+        return n
+    gpus = gpu_ids() if gpus is None else gpus
+    return 8 * len(gpus) if gpus else 2
+
+
 def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = True, env: dict | None = None,
-          min_start_s: float = 45.0, poll_s: float = 0.5, log=print) -> dict[str, dict]:
+          min_start_s: float = 45.0, poll_s: float = 0.5, log=print, gpus: list[str] | None = None,
+          control: Path | None = None) -> dict[str, dict]:
     """Run `specs` as subprocesses (`python -m lpfail train --config`), `parallel` at a time, until all are
     done or `budget_s` seconds have passed; then stop the running ones (their checkpoints stay).
 
     cont         continue a run from its newest checkpoint (True), or start every unfinished run afresh
                  (False: its directory is wiped). Finished runs ("completed" or "nonfinite") are never rerun.
     min_start_s  no run is started with less than this left of the budget (it would only be stopped).
+    gpus         GPU ids to spread the runs over (each process gets CUDA_VISIBLE_DEVICES = the GPU with the
+                 fewest running processes); None or []: leave CUDA_VISIBLE_DEVICES alone.
+    control      a JSON file read while the sweep runs, to steer it from outside: {"stop_at": unix time}
+                 brings the deadline forward (never back), {"parallel": n} changes how many run at a time
+                 (running ones are not stopped). Missing or unreadable: ignored.
     Returns {name: {"state": done|stopped|failed|pending, "returncode", "resumed_from", "wall_s"}}.
     Per run, stdout and stderr go to <dir>/stdout.txt (appended across calls)."""
     t0 = time.monotonic()
@@ -306,8 +337,31 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
     old_term = None
     if threading.current_thread() is threading.main_thread():  # `timeout` sends SIGTERM: stop the runs too
         old_term = signal.signal(signal.SIGTERM, _terminated)
+    seen_mtime = None
+
+    def steer():
+        nonlocal deadline, parallel, seen_mtime
+        try:
+            m = control.stat().st_mtime
+            if m == seen_mtime:
+                return
+            seen_mtime = m
+            ctl = json.loads(control.read_text())
+        except (OSError, ValueError, AttributeError):
+            return
+        if "stop_at" in ctl:
+            new_deadline = time.monotonic() + float(ctl["stop_at"]) - time.time()
+            if new_deadline < deadline:
+                deadline = new_deadline
+                log(f"sweep: control: deadline brought forward to {deadline - t0:.0f} s")
+        if "parallel" in ctl and int(ctl["parallel"]) >= 1:
+            parallel = int(ctl["parallel"])
+            log(f"sweep: control: {parallel} at a time")
+
     try:
         while queue or running:
+            if control is not None:
+                steer()
             now = time.monotonic()
             while queue and len(running) < parallel and deadline - now > min_start_s:
                 s = queue.pop(0)
@@ -322,15 +376,24 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
                 out = open(s.dir / "stdout.txt", "a")
                 out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
                 out.flush()
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                running[s.name] = (proc, s, now, out)
-                log(f"sweep: start {s.name}" + (f" (from step {status[s.name]['resumed_from']})" if ck else ""))
+                penv, where = env, ""
+                if gpus:
+                    load = {g: 0 for g in gpus}
+                    for _p, _s, _t, _o, g in running.values():
+                        load[g] = load.get(g, 0) + 1
+                    g = min(gpus, key=lambda x: load.get(x, 0))
+                    penv, where = {**env, "CUDA_VISIBLE_DEVICES": g}, f" on GPU {g}"
+                else:
+                    g = ""
+                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=penv, start_new_session=True)
+                running[s.name] = (proc, s, now, out, g)
+                log(f"sweep: start {s.name}{where}" + (f" (from step {status[s.name]['resumed_from']})" if ck else ""))
             if not running:
                 break  # the rest cannot start within the budget
             time.sleep(poll_s)
             now = time.monotonic()
             for name in list(running):
-                proc, s, started, out = running[name]
+                proc, s, started, out, _g = running[name]
                 rc = proc.poll()
                 stop = False
                 if rc is None and s.interrupt_at_step is not None and _last_step(s.dir) >= s.interrupt_at_step:
@@ -351,7 +414,7 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
                 log(f"sweep: {name} {state} (rc {rc}) at step {_last_step(s.dir)} after "
                     f"{status[name]['wall_s']:.0f} s")
     finally:
-        for name, (proc, s, started, out) in running.items():
+        for name, (proc, s, started, out, _g) in running.items():
             _stop(proc)
             out.close()
             status[name].update(state="stopped", returncode=proc.returncode)
@@ -393,7 +456,8 @@ def checks(c: SymptomConfig, root, parallel: int | None = None, log=print) -> di
     if path.is_file():
         return json.loads(path.read_text())
     cuda = _use_cuda()
-    parallel = parallel or c.parallel
+    gpus = gpu_ids() if cuda else []
+    parallel = parallel or default_parallel(gpus)
     first = c.seeds[0]
     k = c.check_steps
     short = dict(max_steps=k, warmup=min(c.warmup, k // 2), diag_every=0, checkpoint_every=0,
@@ -415,10 +479,10 @@ def checks(c: SymptomConfig, root, parallel: int | None = None, log=print) -> di
                   interrupt_at_step=half)
     t0 = time.monotonic()
     st1 = sweep(specs + [whole, cut], parallel, budget_s=1e9, cont=False, env=_env(c), min_start_s=0,
-                poll_s=0.1, log=log)
+                poll_s=0.1, log=log, gpus=gpus)
     stopped_at = _last_step(cut.dir)
     st2 = sweep([dataclasses.replace(cut, interrupt_at_step=None)], 1, budget_s=1e9, cont=True, env=_env(c),
-                min_start_s=0, log=log)
+                min_start_s=0, log=log, gpus=gpus)
     out = {"cuda": cuda, "check_steps": k, "kernel": {}, "wall_s": 0.0}
     for v in kernel_variants:
         t, r = read_log(root / "checks" / f"{v}_triton"), read_log(root / "checks" / f"{v}_reference")
@@ -642,7 +706,8 @@ def run_symptom(c: SymptomConfig, root=None, budget_s: float | None = None, cont
     st = {}
     left = budget_s - (time.monotonic() - t0)
     if left > 0:
-        st = sweep(specs, c.parallel, left, cont=cont, env=_env(c), log=log)
+        gpus = gpu_ids() if chk.get("cuda") else []
+        st = sweep(specs, default_parallel(gpus), left, cont=cont, env=_env(c), log=log, gpus=gpus)
     out = collect(c, specs, chk)
     out["driver"] = json.dumps(st)
     out["root"] = str(root)
@@ -659,10 +724,167 @@ def symptom(c: SymptomConfig) -> dict:
     return run_symptom(c)
 
 
+# -- neighbouring configurations (the search around the default) -----------------------------------------
+@dataclass(frozen=True)
+class SymptomSweepConfig:
+    """Configurations next to the default one (`SymptomConfig()`), each given as ``key=value`` overrides
+    of it (several separated by spaces), run with the same seeds and the cheaper variants. Listed in the
+    order the driver starts them: when the GPU time runs out, the later points are the ones left incomplete
+    (the result says which)."""
+
+    points: tuple[str, ...] = ("lr=0.02", "impl=reference variants=A", "lr=0.01", "warmup=50")
+    variants: tuple[str, ...] = ("A", "C", "Bp")
+    seeds: tuple[int, ...] = (0, 1, 2)
+
+    def __post_init__(self):
+        if not self.points:
+            raise ValueError("SymptomSweepConfig.points must not be empty")
+        if len(set(self.points)) != len(self.points):
+            raise ValueError("SymptomSweepConfig.points must not repeat")
+        for k in range(len(self.points)):
+            point_config(self, k)  # raises on an unknown field or a bad value
+
+
+def _overrides(point: str) -> dict[str, str]:
+    out = {}
+    for kv in point.split():
+        key, sep, value = kv.partition("=")
+        if not sep or not key:
+            raise ValueError(f"a sweep point is `key=value [key=value ...]` (got {point!r})")
+        if key == "seeds":
+            raise ValueError(f"sweep point {point!r}: the seeds are set for all points at once")
+        out[key] = value
+    return out
+
+
+def point_config(sc: SymptomSweepConfig, k: int) -> SymptomConfig:
+    """The `SymptomConfig` of sweep point k: the default with the point's overrides, the sweep's seeds, and
+    the sweep's variants unless the point names its own (e.g. ``impl=reference variants=A``: A on the
+    bit-faithful reference, to compare with A on the kernel)."""
+    ov = _overrides(sc.points[k])
+    c = results.typed_config(results.get("symptom"), ov)
+    variants = c.variants if "variants" in ov else tuple(sc.variants)
+    return dataclasses.replace(c, variants=variants, seeds=tuple(sc.seeds))
+
+
+def _shared_checks(c: SymptomConfig, root: Path, source: Path, log=print) -> dict | None:
+    """Use the default configuration's checks for a neighbouring one with the same model shape (the checks
+    compare the kernel with the reference and a continued run with an uninterrupted one: neither depends on
+    lr or warm-up). Written to <root>/checks.json with ``shared_from``; None when they cannot be shared."""
+    src = source / "checks.json"
+    if not src.is_file():
+        return None
+    base = json.loads((source / "symptom_config.json").read_text())
+    shape = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "micro_batch", "data", "tokenizer",
+             "optimizer")
+    mine = results.config_dict(c)
+    if any(base.get(k) != mine.get(k) for k in shape):
+        return None
+    chk = json.loads(src.read_text())
+    if any(v in VARIANTS and VARIANTS[v].kernel and v not in chk.get("kernel", {}) for v in c.variants) \
+            and chk.get("cuda"):
+        return None
+    chk["shared_from"] = str(source)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "checks.json").write_text(json.dumps(chk, indent=1) + "\n")
+    log(f"checks for {root.name}: shared from {source.name} (same model, data and batch shape)")
+    return chk
+
+
+def drive(configs: list[SymptomConfig], budget_s: float, root=None, log=print) -> dict:
+    """The whole search in one driver: the checks of the first configuration (shared with the others where
+    the model shape is the same, else their own), then one sweep over every run of every configuration, in
+    the order given (so the first configuration's runs start first), until all are done or `budget_s` has
+    passed (<base>/control.json can bring that forward or change the number of processes: `sweep`).
+    Nothing is collected or stored here: `python -m lpfail run symptom` and `... run symptom_sweep`
+    (with LPFAIL_SYMPTOM_BUDGET_S=0) collect what the driver left. Writes <base>/drive.json when it ends."""
+    t0 = time.monotonic()
+    base = Path(root or os.environ.get("LPFAIL_SYMPTOM_ROOT") or DEFAULT_ROOT)
+    roots = [symptom_root(c, base) for c in configs]
+    chks = []
+    for i, (c, r) in enumerate(zip(configs, roots)):
+        r.mkdir(parents=True, exist_ok=True)
+        (r / "symptom_config.json").write_text(json.dumps(results.config_dict(c), indent=1) + "\n")
+        chk = json.loads((r / "checks.json").read_text()) if (r / "checks.json").is_file() else None
+        if chk is None and i > 0:
+            chk = _shared_checks(c, r, roots[0], log=log)
+        if chk is None:
+            chk = checks(c, r, log=log)
+        chks.append(chk)
+    specs = [dataclasses.replace(s, name=f"c{i}_{s.name}")  # names unique across the configurations
+             for i, (c, r, chk) in enumerate(zip(configs, roots, chks)) for s in plan(c, r, chk)]
+    gpus = gpu_ids() if chks[0].get("cuda") else []
+    env = _env(configs[0])
+    if any(_env(c) != env for c in configs):
+        raise ValueError("drive: the configurations must agree on `autotune`")
+    left = budget_s - (time.monotonic() - t0)
+    st = sweep(specs, default_parallel(gpus), left, cont=True, env=env, log=log, gpus=gpus,
+               control=base / "control.json") if left > 0 else {}
+    rec = {"roots": [str(r) for r in roots], "runs": st, "wall_s": round(time.monotonic() - t0, 2),
+           "budget_s": budget_s, "gpus": gpus, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
+    (base / "drive.json").write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def progress(base) -> str:
+    """One line per run under <base>/<config hash>/runs/: its last logged step, loss and status."""
+    from lpfail.train import read_status
+
+    lines = []
+    for cfg_path in sorted(Path(base).glob("*/symptom_config.json")):
+        conf = json.loads(cfg_path.read_text())
+        lines.append(f"{cfg_path.parent.name}: lr {conf.get('lr')} warmup {conf.get('warmup')}")
+        for run in sorted((cfg_path.parent / "runs").glob("*")):
+            step = _last_step(run)
+            loss = float("nan")
+            try:
+                with open(run / "log.jsonl", "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    f.seek(max(0, f.tell() - 4096))
+                    for line in reversed(f.read().split(b"\n")):
+                        try:
+                            loss = float(json.loads(line)["loss"])
+                            break
+                        except (ValueError, KeyError, TypeError):
+                            continue
+            except OSError:
+                pass
+            try:
+                st = read_status(run)["status"]
+            except (OSError, ValueError, KeyError):
+                st = "-"
+            lines.append(f"  {run.name:8s} step {step:5d} loss {loss:8.4f} {st}")
+    return "\n".join(lines)
+
+
+def sweep_configs(sc: SymptomSweepConfig) -> list[SymptomConfig]:
+    return [point_config(sc, k) for k in range(len(sc.points))]
+
+
+@results.experiment("symptom_sweep", config=SymptomSweepConfig, gpu=True,
+                    description="chapter 1's search around the default configuration (lr, warm-up)")
+def symptom_sweep(sc: SymptomSweepConfig) -> dict:
+    """Each point's `collect` (after a sweep within LPFAIL_SYMPTOM_BUDGET_S, continuing what earlier calls
+    left), stored with a ``p{k}_`` prefix per point (variants and seeds included), plus ``points``,
+    ``point_complete`` and ``complete``."""
+    out: dict = {"points": np.array(sc.points, dtype=str)}
+    completes = []
+    for k, c in enumerate(sweep_configs(sc)):
+        d = run_symptom(c)
+        for key, value in d.items():
+            out[f"p{k}_{key}"] = value
+        completes.append(bool(d["complete"]))
+    out["point_complete"] = np.array(completes)
+    out["complete"] = all(completes)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lpfail.symptom", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=["sweep", "collect", "plan"])
+    ap.add_argument("cmd", choices=["sweep", "collect", "plan", "drive", "progress"],
+                    help="drive: the default configuration and the symptom_sweep points in one driver "
+                         "(checks, then every run, until done or --budget; nothing stored)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a SymptomConfig field")
     ap.add_argument("--continue", dest="cont", action="store_true",
                     help="continue incomplete runs from their checkpoints (default: start them afresh)")
@@ -675,6 +897,16 @@ def main(argv=None) -> int:
         k, _, v = p.partition("=")
         sets[k.strip()] = v.strip()
     c = results.typed_config(results.get("symptom"), sets)
+    if args.cmd == "progress":
+        base = Path(args.root or os.environ.get("LPFAIL_SYMPTOM_ROOT") or DEFAULT_ROOT)
+        print(progress(base))
+        return 0
+    if args.cmd == "drive":
+        budget = args.budget if args.budget is not None else float(
+            os.environ.get("LPFAIL_SYMPTOM_BUDGET_S", DEFAULT_BUDGET_S))
+        rec = drive([c] + sweep_configs(SymptomSweepConfig()), budget, args.root)
+        print(json.dumps({k: rec[k] for k in ("wall_s", "budget_s", "gpus", "ended")}))
+        return 0
     root = symptom_root(c, args.root)
     if args.cmd == "plan":
         chk = json.loads((root / "checks.json").read_text()) if (root / "checks.json").is_file() else {}

@@ -1,6 +1,7 @@
 """lpfail.symptom on the CPU: the pre-registered failure criterion on synthetic curves, the sweep driver
 (tiny models, 2 variants x 2 seeds as concurrent subprocesses, a wall-clock budget, stop and continue from
 checkpoints with losses equal to an uninterrupted run's), the outcome table, and the pydocs corpus."""
+import dataclasses
 import hashlib
 import json
 import math
@@ -81,7 +82,7 @@ def test_outcome_table():
 def tiny(**kw) -> S.SymptomConfig:
     base = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=8, data="tinyshakespeare", lr=3e-3,
                 warmup=2, max_steps=60, variants=("A", "C"), seeds=(0, 1), diag_every=20, checkpoint_every=10,
-                check_steps=10, parallel=4, curve_points=20)
+                check_steps=10, curve_points=20)
     return S.SymptomConfig(**{**base, **kw})
 
 
@@ -92,7 +93,7 @@ def test_config_is_registered_and_validated():
     assert (c.n_layer, c.n_embd, c.warmup, c.schedule, c.optimizer, c.data) == (4, 256, 100, "constant", "adamw",
                                                                                 "pydocs")
     assert 1.2e-2 <= c.lr <= 2e-2 and c.block_size in (512, 1024) and len(c.seeds) >= 3
-    assert c.variants == ("A", "C", "Bp")
+    assert c.variants == ("A", "C", "Bp", "B", "D")
     cfg = S.train_config(c, "B", 0, "reference", "/tmp/x")
     assert cfg.attention == "reference(PAPER_BF16_OFFICIAL_FIX)" and cfg.min_lr == cfg.lr
     with pytest.raises(ValueError):
@@ -138,11 +139,59 @@ def test_driver_budget_stop_continue_and_collect(tmp_path):
     np.testing.assert_array_equal(again["loss"], out["loss"])
 
     # the budget: with one slot and 2 s, the first run is stopped and the others never start
-    c2 = tiny(max_steps=2000, parallel=1)
+    c2 = tiny(max_steps=2000)
     specs2 = S.plan(c2, S.symptom_root(c2, tmp_path), {"cuda": False})
     st2 = S.sweep(specs2, parallel=1, budget_s=2.0, min_start_s=0, log=lambda *a: None)
     assert st2["A_s0"]["state"] == "stopped" and st2["A_s0"]["wall_s"] < 25
     assert [st2[n]["state"] for n in ("C_s0", "A_s1", "C_s1")] == ["pending"] * 3
+    # a control file brings the deadline forward while the sweep runs
+    import time as _time
+    ctl = tmp_path / "control.json"
+    ctl.write_text(json.dumps({"stop_at": _time.time() + 3, "parallel": 2}))
+    specs3 = S.plan(c2, S.symptom_root(c2, tmp_path / "ctl"), {"cuda": False})
+    t0 = _time.monotonic()
+    st3 = S.sweep(specs3, parallel=1, budget_s=1e9, min_start_s=0, log=lambda *a: None, control=ctl)
+    assert _time.monotonic() - t0 < 40
+    assert [st3[n]["state"] for n in ("A_s0", "C_s0")] == ["stopped"] * 2  # 2 at a time, both stopped
+
+
+def test_sweep_points_validate_and_share_the_default_checks(tmp_path, monkeypatch):
+    sc = S.SymptomSweepConfig()
+    assert results.get("symptom_sweep").config is S.SymptomSweepConfig
+    cs = S.sweep_configs(sc)
+    d = S.SymptomConfig()
+    assert [c.lr for c in cs] == [0.02, d.lr, 0.01, d.lr] and cs[3].warmup == 50
+    assert cs[1].impl == "reference" and cs[1].variants == ("A",)
+    assert all(c.variants == ("A", "C", "Bp") for k, c in enumerate(cs) if k != 1)
+    assert all(c.seeds == d.seeds and c.n_embd == d.n_embd for c in cs)
+    for bad in (("lr=0.02", "lr=0.02"), ("nonsense=1",), ("lr",), ("seeds=1,2",), (), ("variants=A,Q",)):
+        with pytest.raises(ValueError):
+            S.SymptomSweepConfig(points=bad)
+    monkeypatch.setenv("LPFAIL_SYMPTOM_PARALLEL", "0")
+    with pytest.raises(ValueError):
+        S.default_parallel([])
+    monkeypatch.setenv("LPFAIL_SYMPTOM_PARALLEL", "3")
+    assert S.default_parallel(["0", "1"]) == 3
+    monkeypatch.delenv("LPFAIL_SYMPTOM_PARALLEL")
+    assert S.default_parallel(["0", "1"]) == 16 and S.default_parallel([]) == 2
+
+    # drive: the default's checks, shared with a neighbour of the same shape, one sweep over both
+    monkeypatch.setenv("LPFAIL_SYMPTOM_PARALLEL", "4")
+    c0 = tiny(max_steps=30)
+    c1 = dataclasses.replace(c0, lr=6e-3)
+    c2 = dataclasses.replace(c0, n_embd=16)  # another shape: its own checks
+    rec = S.drive([c0, c1, c2], budget_s=600, root=tmp_path, log=lambda *a: None)
+    roots = [Path(r) for r in rec["roots"]]
+    assert "shared_from" not in json.loads((roots[0] / "checks.json").read_text())
+    assert json.loads((roots[1] / "checks.json").read_text())["shared_from"] == str(roots[0])
+    assert "shared_from" not in json.loads((roots[2] / "checks.json").read_text())
+    assert all(v["state"] == "done" for v in rec["runs"].values()) and len(rec["runs"]) == 3 * 4
+    assert json.loads((tmp_path / "drive.json").read_text())["roots"] == rec["roots"]
+    outs = [S.run_symptom(c, tmp_path, budget_s=0, log=lambda *a: None) for c in (c0, c1, c2)]
+    assert all(o["complete"] for o in outs)
+    assert not np.array_equal(outs[0]["loss"][:, :, 5:], outs[1]["loss"][:, :, 5:])  # lr differs
+    np.testing.assert_array_equal(outs[0]["loss"][:, :, 0], outs[1]["loss"][:, :, 0])  # same init and batch
+    assert "A_s1" in S.progress(tmp_path) and "step    29" in S.progress(tmp_path)
 
 
 # -- the corpus -----------------------------------------------------------------------------------------

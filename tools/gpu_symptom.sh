@@ -1,38 +1,66 @@
 #!/bin/bash
-# One device call of the `symptom` search (issue 3) on one H200; results under $OUT.
-#   first     wipe the runs directory, run the checks (Triton vs reference for each kernel variant; stop +
-#             continue from a checkpoint) and the sweep for at most $BUDGET s, then store what exists
-#   continue  keep the runs directory (the machine stayed warm since the last call): continue every
-#             unfinished run from its newest checkpoint for at most $BUDGET s, then store
-#   store     train nothing: collect the runs directory and store
-# Usage (GPU machine, repo root):
-#   LPFAIL_GIT=<commit> [BUDGET=420] [SYMPTOM_SET="lr=0.02 variants=A,C,Bp"] bash tools/gpu_symptom.sh first|continue|store
-# Every mode writes $OUT/symptom.{json,npz} (a partial result says complete=false and which runs are
-# incomplete), $OUT/symptom_<mode>.txt (the log), $OUT/outcome_table.md, $OUT/checks.json and
-# $OUT/symptom_runs.tgz (every run's log.jsonl, diag.jsonl, run.json, stdout.txt; no checkpoints).
-# The runs live in $LPFAIL_SYMPTOM_ROOT (default /tmp/lpfail_symptom)/<config hash>/: a different
-# SYMPTOM_SET is a different directory, so several configurations can be continued side by side.
+# The `symptom` search (issue 3) on a GPU machine, as a driver that outlives each device call: the machine
+# stays up (and keeps /tmp) while calls follow each other, so one driver can use several 10-minute calls.
+#   start     wipe $LPFAIL_SYMPTOM_ROOT, start `python -m lpfail.symptom drive --budget $BUDGET` in its own
+#             session (setsid: it survives the end of this call), then `wait`
+#   wait      print progress every 60 s until the driver has ended or $WAIT seconds have passed, then collect
+#   collect   store what the runs directory holds now: $OUT/symptom.{json,npz} and symptom_sweep.{json,npz}
+#             (complete=false while runs are unfinished), checks.json, drive.log, symptom_runs.tgz
+# The driver runs the default configuration (all five variants) and the symptom_sweep points, spread over
+# every visible GPU (LPFAIL_SYMPTOM_PARALLEL processes at a time, default 8 per GPU).
+# Usage (GPU machine, repo root):  LPFAIL_GIT=<commit> BUDGET=1400 WAIT=540 bash tools/gpu_symptom.sh start|wait|collect
+# Steering a running driver: STOP_IN=<s> brings its deadline to <s> seconds from now; PARALLEL=<n> changes
+# how many runs go at a time (both through $LPFAIL_SYMPTOM_ROOT/control.json, read by lpfail.symptom.sweep).
 set -o pipefail
-MODE=${1:-first}
-case "$MODE" in first|continue|store) ;; *) echo "usage: $0 first|continue|store" >&2; exit 2;; esac
+MODE=${1:-wait}
+case "$MODE" in start|wait|collect) ;; *) echo "usage: $0 start|wait|collect" >&2; exit 2;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 export LPFAIL_SYMPTOM_ROOT=${LPFAIL_SYMPTOM_ROOT:-/tmp/lpfail_symptom}
 OUT=${OUT:-/tmp/lpfail_out}
-mkdir -p "$OUT" "$LPFAIL_SYMPTOM_ROOT"
-BUDGET=${BUDGET:-420}
-[ "$MODE" = store ] && BUDGET=0
-SETS=()
-for kv in ${SYMPTOM_SET:-}; do SETS+=(--set "$kv"); done
-ROOT=$(python3 -c "import sys; from lpfail import results, symptom as S; c = results.typed_config(results.get('symptom'), dict(a.split('=', 1) for a in sys.argv[1:])); print(S.symptom_root(c))" ${SYMPTOM_SET:-})
-echo "mode $MODE, budget $BUDGET s, runs in $ROOT, sets: ${SYMPTOM_SET:-none}" | tee "$OUT/symptom_$MODE.txt"
-[ "$MODE" = first ] && rm -rf "$ROOT"
-nvidia-smi --query-gpu=index,name,clocks.sm,memory.used,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$OUT/symptom_$MODE.txt"
-# the sweep stops its runs at the budget; timeout is the backstop (SIGTERM: the driver stops its runs too)
-LPFAIL_SYMPTOM_BUDGET_S=$BUDGET LPFAIL_RESULTS_DIR=$OUT timeout -k 20 $((BUDGET + 120)) \
-    python3 -m lpfail run symptom "${SETS[@]}" 2>&1 | tee -a "$OUT/symptom_$MODE.txt"
-RC=$?
-cp -f "$ROOT/outcome_table.md" "$ROOT/checks.json" "$OUT/" 2>/dev/null
-[ -d "$ROOT" ] && tar -C "$ROOT" --exclude='*.pt' --exclude='batches_rank*' -czf "$OUT/symptom_runs.tgz" .
-nvidia-smi --query-gpu=index,name,clocks.sm,memory.used,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$OUT/symptom_$MODE.txt"
-du -sh "$LPFAIL_SYMPTOM_ROOT" 2>&1 | tee -a "$OUT/symptom_$MODE.txt"
-exit $RC
+BUDGET=${BUDGET:-1400}
+WAIT=${WAIT:-540}
+BASE=$LPFAIL_SYMPTOM_ROOT
+mkdir -p "$OUT"
+T0=$(date +%s)
+log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+running() { [ -f "$BASE/drive.pid" ] && kill -0 "$(cat "$BASE/drive.pid")" 2>/dev/null; }
+if [ "$MODE" = start ]; then
+    rm -rf "$BASE"; mkdir -p "$BASE"
+    nvidia-smi --query-gpu=index,name,clocks.sm,memory.used,temperature.gpu,power.draw --format=csv
+    log "starting the driver, budget $BUDGET s"
+    setsid nohup python3 -m lpfail.symptom drive --budget "$BUDGET" >"$BASE/drive.log" 2>&1 </dev/null &
+    echo $! >"$BASE/drive.pid"
+    sleep 5
+fi
+if [ -n "${STOP_IN:-}${PARALLEL:-}" ]; then
+    python3 - "$BASE/control.json" <<PY
+import json, sys, time
+ctl = {}
+if "${STOP_IN:-}": ctl["stop_at"] = time.time() + float("${STOP_IN:-0}")
+if "${PARALLEL:-}": ctl["parallel"] = int("${PARALLEL:-1}")
+open(sys.argv[1], "w").write(json.dumps(ctl))
+print("control:", ctl)
+PY
+fi
+if [ "$MODE" != collect ]; then
+    running || log "the driver is not running (ended, or this is a fresh machine)"
+    last=0
+    while running && [ $(( $(date +%s) - T0 )) -lt "$WAIT" ]; do
+        sleep 5
+        if [ $(( $(date +%s) - last )) -ge 60 ]; then
+            last=$(date +%s)
+            log "progress"; python3 -m lpfail.symptom progress | grep -v "^  .*step    -1" | head -60
+            tail -n 3 "$BASE/drive.log"
+        fi
+    done
+    running && log "the driver is still running (it continues while the machine stays up)" || log "the driver has ended"
+fi
+log "collecting"
+LPFAIL_SYMPTOM_BUDGET_S=0 LPFAIL_RESULTS_DIR=$OUT python3 -m lpfail run symptom 2>&1 | tail -n 25
+LPFAIL_SYMPTOM_BUDGET_S=0 LPFAIL_RESULTS_DIR=$OUT python3 -m lpfail run symptom_sweep 2>&1 | tail -n 5
+cp -f "$BASE/drive.log" "$OUT/drive.log" 2>/dev/null
+CHK=$(grep -L shared_from "$BASE"/*/checks.json 2>/dev/null | head -n 1); [ -n "$CHK" ] && cp -f "$CHK" "$OUT/checks.json"  # the default configuration's (the others share it)
+[ -d "$BASE" ] && tar -C "$BASE" --exclude='*.pt' --exclude='batches_rank*' -czf "$OUT/symptom_runs.tgz" .
+grep -h "check \|Error\|error" "$BASE/drive.log" | head -20
+nvidia-smi --query-gpu=index,clocks.sm,memory.used,temperature.gpu,power.draw,utilization.gpu --format=csv
+log "done"; ls -la "$OUT"
