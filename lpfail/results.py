@@ -260,8 +260,13 @@ def _atomic_write(path: Path, payload: bytes) -> None:
         raise
 
 
-def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = None) -> Result:
-    """Store ``data`` as result ``name`` (atomically, with provenance)."""
+def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = None,
+         provenance: dict | None = None) -> Result:
+    """Store ``data`` as result ``name`` (atomically, with provenance).
+
+    ``provenance`` adds to (or replaces) the recorded fields, for a result computed in two stages: e.g. GPU
+    runs collected later on another machine from their logs (``device`` then names where the runs ran, and
+    the added fields say where and from what they were collected)."""
     arrays, scalars = _split(name, data)
     directory = Path(directory) if directory is not None else results_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -281,6 +286,10 @@ def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = Non
         "arrays": sorted(arrays),
         "scalars": scalars,
     }
+    for key, value in (provenance or {}).items():
+        if key in ("name", "config", "config_hash", "npz_sha256", "arrays", "scalars"):
+            raise ValueError(f"provenance cannot replace {key!r}")
+        meta[key] = value
     _atomic_write(directory / f"{name}.npz", npz_bytes)
     _atomic_write(directory / f"{name}.json", (json.dumps(meta, indent=1, allow_nan=True) + "\n").encode())
     return Result({**{k: v for k, v in arrays.items()}, **scalars}, meta)

@@ -539,8 +539,22 @@ def plan(c: SymptomConfig, root, chk: dict) -> list[RunSpec]:
 
 
 # -- collecting ----------------------------------------------------------------------------------------
+def crash_note(run_dir) -> str | None:
+    """The ``error: ...`` line that the run's last process ended with (its stdout.txt), or None."""
+    p = Path(run_dir) / "stdout.txt"
+    if not p.is_file():
+        return None
+    last = p.read_text(errors="replace").rsplit("\n# ", 1)[-1]  # each start appends a "# <date> <cmd>" line
+    errs = [line.strip() for line in last.splitlines() if line.startswith("error:")]
+    return errs[-1] if errs else None
+
+
 def outcome(run_dir, warmup: int) -> dict:
-    """The criterion applied to one run directory: failed, fail_step, final_loss, status, steps."""
+    """The criterion applied to one run directory: failed, fail_step, final_loss, status, steps, note.
+
+    A run whose process stopped with an error about non-finite values (an attention input check that saw
+    NaN: the forward of the step after its last logged one was not finite) counts as non-finite at that step,
+    status "nonfinite", with the error line as its note; any other error leaves status "error"."""
     from lpfail.train import read_log, read_status
 
     lg = read_log(run_dir)
@@ -552,8 +566,20 @@ def outcome(run_dir, warmup: int) -> dict:
     except (OSError, ValueError):
         st = {"status": "missing", "steps": 0}
     f, step = failed(loss, warmup, grad_norms=gn)
-    return {"failed": f, "fail_step": step, "final_loss": final_loss(loss), "status": st["status"],
-            "steps": int(len(loss)), "min_loss": float(np.nanmin(loss)) if np.isfinite(loss).any() else float("nan")}
+    status, note = st["status"], ""
+    if status not in ("completed", "nonfinite"):
+        err = crash_note(run_dir)
+        if err is not None:
+            note = err
+            if "non-finite" in err or "nan" in err.lower():
+                status = "nonfinite"
+                if not f:
+                    f, step = True, int(len(loss))
+            else:
+                status = "error"
+    return {"failed": f, "fail_step": step, "final_loss": final_loss(loss), "status": status,
+            "steps": int(len(loss)), "note": note,
+            "min_loss": float(np.nanmin(loss)) if np.isfinite(loss).any() else float("nan")}
 
 
 def _bins(x: np.ndarray, n_total: int, points: int, how=np.nanmean) -> np.ndarray:
@@ -579,7 +605,11 @@ def outcome_table(variants, seeds, failed_, fail_step, final, status, steps) -> 
                 cells.append("not run")
                 continue
             tail = "" if status[i][j] in ("completed", "nonfinite") else f" ({status[i][j]}, {steps[i][j]} steps)"
-            if failed_[i][j]:
+            if failed_[i][j] and status[i][j] == "nonfinite" and not np.isfinite(final[i][j]):
+                cells.append(f"**fails** at {fail_step[i][j]} (non-finite){tail}")
+            elif failed_[i][j] and status[i][j] == "nonfinite":
+                cells.append(f"**fails** at {fail_step[i][j]} (non-finite), final {final[i][j]:.3f}{tail}")
+            elif failed_[i][j]:
                 cells.append(f"**fails** at {fail_step[i][j]}, final {final[i][j]:.3f}{tail}")
             else:
                 cells.append(f"ok, final {final[i][j]:.3f}{tail}")
@@ -620,6 +650,7 @@ def collect(c: SymptomConfig, specs: list[RunSpec], chk: dict | None = None) -> 
     steps = np.zeros((V, S), dtype=np.int64)
     tps = np.full((V, S), np.nan)
     status = [["missing"] * S for _ in range(V)]
+    notes = [[""] * S for _ in range(V)]
     impls = [[""] * S for _ in range(V)]
     for i, v in enumerate(c.variants):
         for j, seed in enumerate(c.seeds):
@@ -637,6 +668,7 @@ def collect(c: SymptomConfig, specs: list[RunSpec], chk: dict | None = None) -> 
             failed_[i, j], fail_step[i, j] = o["failed"], (o["fail_step"] if o["fail_step"] is not None else -1)
             final[i, j], steps[i, j] = o["final_loss"], o["steps"]
             status[i][j] = o["status"] if not (o["status"] == "running") else "incomplete"
+            notes[i][j] = o["note"]
             if n > 1:
                 tps[i, j] = float(np.nanmedian(lg["tokens_per_s"][1:n]))
             d = read_diag(s.dir)
@@ -663,6 +695,7 @@ def collect(c: SymptomConfig, specs: list[RunSpec], chk: dict | None = None) -> 
         "spectral": spectral if spectral is not None else np.zeros((V, S, n_diag, 0)),
         "spectral_names": np.array(spectral_names, dtype=str), "failed": failed_, "fail_step": fail_step,
         "final_loss": final, "steps": steps, "tokens_per_s": tps, "status": np.array(status, dtype=str),
+        "notes": np.array(notes, dtype=str),
         "attention": np.array(impls, dtype=str),
         "outcome_table": table, "complete": complete,
         "criterion": f"fails at the first non-finite loss or gradient norm, or when a {WINDOW}-step mean loss "
@@ -879,10 +912,67 @@ def symptom_sweep(sc: SymptomSweepConfig) -> dict:
     return out
 
 
+def recollect(archive, gpu_results, directory=None, log=print) -> dict:
+    """Collect `symptom` and `symptom_sweep` again, here, from the runs' logs (``archive``: the
+    symptom_runs.tgz that a GPU call brought back, or an unpacked copy of it) and store both.
+
+    For results whose runs are finished but whose collection code changed after the GPU machine went away:
+    the collection is a pure function of the logs. ``gpu_results``: the directory holding the JSON files that
+    the GPU call stored itself (their provenance is carried over: ``device``, ``git`` and ``versions`` are the
+    runs'; ``collected_*`` say where, when and by which code this collection ran; ``runs_archive`` names the
+    archive and its sha256). Returns {name: Result}."""
+    import hashlib
+    import tarfile
+    import tempfile
+
+    archive, gpu_results = Path(archive), Path(gpu_results)
+    tmp = None
+    if archive.is_file():
+        tmp = tempfile.TemporaryDirectory(prefix="lpfail_recollect_")
+        with tarfile.open(archive) as tf:
+            tf.extractall(tmp.name, filter="data")
+        runs = Path(tmp.name)
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    else:
+        runs, digest = archive, None
+    drive_rec = json.loads((runs / "drive.json").read_text()) if (runs / "drive.json").is_file() else {}
+    stored = {}
+    old_env = {k: os.environ.get(k) for k in ("LPFAIL_SYMPTOM_ROOT", "LPFAIL_SYMPTOM_BUDGET_S")}
+    try:
+        os.environ["LPFAIL_SYMPTOM_ROOT"], os.environ["LPFAIL_SYMPTOM_BUDGET_S"] = str(runs), "0"
+        for name in ("symptom", "symptom_sweep"):
+            gmeta = json.loads((gpu_results / f"{name}.json").read_text())
+            exp = results.get(name)
+            cfg = exp.default_config()
+            if gmeta["config_hash"] != results.config_hash(cfg):
+                raise results.ResultStale(f"{gpu_results / (name + '.json')} is for config {gmeta['config_hash']}, "
+                                          f"the default now hashes to {results.config_hash(cfg)}")
+            t0 = time.perf_counter()
+            data = exp.fn(cfg)
+            prov = {"device": gmeta["device"], "git": gmeta["git"], "versions": gmeta["versions"],
+                    "created": gmeta["created"], "runs_wall_s": drive_rec.get("wall_s"),
+                    "runs_gpus": drive_rec.get("gpus"), "runs_ended": drive_rec.get("ended"),
+                    "collected_on": results._device(), "collected_git": results._git(),
+                    "collected_versions": results._versions(),
+                    "collected": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                    "runs_archive": {"path": archive.name, "sha256": digest}}
+            stored[name] = results.save(name, cfg, data, time.perf_counter() - t0, directory, provenance=prov)
+            log(f"{name}: recollected from {archive} (runs on {gmeta['device']}, git {gmeta['git'][:12]})")
+    finally:
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if tmp is not None:
+            tmp.cleanup()
+    return stored
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lpfail.symptom", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=["sweep", "collect", "plan", "drive", "progress"],
+    ap.add_argument("cmd", choices=["sweep", "collect", "plan", "drive", "progress", "recollect"],
                     help="drive: the default configuration and the symptom_sweep points in one driver "
                          "(checks, then every run, until done or --budget; nothing stored)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a SymptomConfig field")
@@ -891,12 +981,19 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=None, help="seconds (default $LPFAIL_SYMPTOM_BUDGET_S or 450)")
     ap.add_argument("--root", default=None, help="runs directory (default $LPFAIL_SYMPTOM_ROOT or /tmp/lpfail_symptom)")
     ap.add_argument("--summary", default=None, help="also write the collected arrays here (.npz) with a .json")
+    ap.add_argument("--archive", default=None, help="recollect: the runs archive (symptom_runs.tgz)")
+    ap.add_argument("--gpu-results", default=None, help="recollect: directory of the GPU call's symptom*.json")
     args = ap.parse_args(argv)
     sets = {}
     for p in args.set or []:
         k, _, v = p.partition("=")
         sets[k.strip()] = v.strip()
     c = results.typed_config(results.get("symptom"), sets)
+    if args.cmd == "recollect":
+        if not (args.archive and args.gpu_results):
+            ap.error("recollect needs --archive (symptom_runs.tgz) and --gpu-results (the GPU call's JSON files)")
+        recollect(args.archive, args.gpu_results)
+        return 0
     if args.cmd == "progress":
         base = Path(args.root or os.environ.get("LPFAIL_SYMPTOM_ROOT") or DEFAULT_ROOT)
         print(progress(base))

@@ -206,3 +206,58 @@ def test_pydocs_corpus_loads_and_matches_its_hashes():
     assert len(xz) < 8_000_000
     assert "The Python Tutorial" in text and "PSF LICENSE AGREEMENT" in text
     assert math.isclose(len(data.tokens("pydocs")), len(raw))
+
+
+# -- collecting runs that crashed on non-finite values, and recollection from the logs --------------------
+def _fake_run(d: Path, losses, status="running", stdout=""):
+    d.mkdir(parents=True)
+    with open(d / "log.jsonl", "w") as f:
+        for i, l in enumerate(losses):
+            f.write(json.dumps({"step": i, "loss": l, "grad_norm": 1.0, "lr": 1e-3, "tokens_per_s": 1.0,
+                                "time_s": 0.1}) + "\n")
+    (d / "run.json").write_text(json.dumps({"status": status, "steps": len(losses)}))
+    (d / "stdout.txt").write_text(stdout)
+
+
+def test_outcome_counts_a_crash_on_nonfinite_values_as_nonfinite(tmp_path):
+    loss = list(_decay(300))
+    _fake_run(tmp_path / "nan", loss, stdout="# 2026 first start\nerror: q contains non-finite values (inf or NaN)\n")
+    o = S.outcome(tmp_path / "nan", warmup=100)
+    assert (o["failed"], o["fail_step"], o["status"]) == (True, 300, "nonfinite") and "non-finite" in o["note"]
+    # an earlier attempt's error does not count once a later start ran cleanly
+    _fake_run(tmp_path / "later", loss, stdout="# a\nerror: q contains non-finite values\n\n# b\nstarted again\n")
+    o = S.outcome(tmp_path / "later", warmup=100)
+    assert (o["failed"], o["status"], o["note"]) == (False, "running", "")
+    # other errors are errors, not failures of the criterion
+    _fake_run(tmp_path / "err", loss, stdout="# a\nerror: TrainConfig.lr must be positive\n")
+    o = S.outcome(tmp_path / "err", warmup=100)
+    assert (o["failed"], o["status"]) == (False, "error")
+    t = S.outcome_table(["A"], [0], [[True]], [[300]], [[float("nan")]], [["nonfinite"]], [[300]])
+    assert "**fails** at 300 (non-finite)" in t
+
+
+def test_save_with_provenance_keeps_the_integrity_fields(tmp_path):
+    c = tiny()
+    r = results.save("symptom", c, {"x": np.arange(3)}, 1.0, tmp_path,
+                     provenance={"device": "NVIDIA H200", "collected_on": "cpu"})
+    meta = json.loads((tmp_path / "symptom.json").read_text())
+    assert meta["device"] == "NVIDIA H200" and meta["collected_on"] == "cpu" and r.meta["device"] == "NVIDIA H200"
+    with pytest.raises(ValueError):
+        results.save("symptom", c, {"x": np.arange(3)}, 1.0, tmp_path, provenance={"npz_sha256": "0"})
+
+
+def test_stored_symptom_results_match_their_archive():
+    """The committed results were collected from the committed run logs: same sha256, same losses."""
+    import tarfile
+    for name in ("symptom", "symptom_sweep"):
+        meta = json.loads((REPO / "results" / f"{name}.json").read_text())
+        arc = REPO / "results" / meta["runs_archive"]["path"]
+        assert hashlib.sha256(arc.read_bytes()).hexdigest() == meta["runs_archive"]["sha256"]
+    res = results.load("symptom")
+    with tarfile.open(REPO / "results" / "symptom_runs.tgz") as tf:
+        root = S.symptom_root(S.SymptomConfig(), "").name
+        f = tf.extractfile(f"./{root}/runs/A_s1/log.jsonl")
+        loss = np.array([json.loads(line)["loss"] for line in f.read().decode().splitlines()], dtype=np.float32)
+    i = list(res["variants"]).index("A")
+    np.testing.assert_array_equal(res["loss"][i, 1, :len(loss)], loss)
+    assert res["complete"] and res.meta["device"].startswith("NVIDIA H200")
