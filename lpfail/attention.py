@@ -10,8 +10,8 @@ drives the very same tile loop on synthetic rows through `forward_from_scores`.
 
 Public surface::
 
-    attention(q, k, v, policy=FA2_BF16, causal=True, scale=None) -> o      differentiable (Algorithm 2)
-    naive_attention(q, k, v, causal=True, scale=None) -> o                 float64 truth, autograd
+    attention(q, k, v, policy=FA2_BF16, causal=True, scale=None, check_finite=True) -> o   (Algorithm 2)
+    naive_attention(q, k, v, causal=True, scale=None, check_finite=True) -> o  float64 truth, autograd
     flash_forward(q, k, v, policy, causal=True, scale=None) -> ForwardResult
     flash_backward(q, k, v, o, lse, do, policy, causal=True, scale=None) -> (dq, dk, dv)
     forward_from_scores(s, v, policy, mask=None) -> ForwardResult          rows of given scores
@@ -148,10 +148,15 @@ from lpfail.precision import (
 __all__ = [
     "Precision", "DynamicMax", "PAPER_BF16", "FA2_BF16", "FP32", "FP64", "PAPER_BF16_OFFICIAL_FIX",
     "attention", "naive_attention", "flash_forward", "flash_backward", "forward_from_scores",
-    "ForwardResult",
+    "ForwardResult", "NonFiniteInputError",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class NonFiniteInputError(ValueError):
+    """q, k or v holds inf or NaN (raised by the public entry points; the model opts out with
+    ``check_finite=False`` so that NaN reaches its loss, where the training loop records it)."""
 
 
 class ForwardResult(NamedTuple):
@@ -361,7 +366,7 @@ def _qk_scores(q: torch.Tensor, k: torch.Tensor, policy: Precision, alpha: float
     return scores_of
 
 
-def _check_qkv(q, k, v, policy, causal):
+def _check_qkv(q, k, v, policy, causal, check_finite: bool = True):
     if not isinstance(policy, Precision):
         raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -388,9 +393,11 @@ def _check_qkv(q, k, v, policy, causal):
         raise ValueError(f"causal attention is bottom-right aligned (query i sees keys j <= i + Tk - Tq), so it "
                          f"needs seq_q <= seq_k; got seq_q {q.shape[-2]} > seq_k {k.shape[-2]}, which would "
                          "leave the first queries with no key")
+    if not check_finite:  # the model: NaN flows on to the loss, and no host-device sync per layer
+        return
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not torch.isfinite(t).all():
-            raise ValueError(f"{name} contains non-finite values (inf or NaN)")
+            raise NonFiniteInputError(f"{name} contains non-finite values (inf or NaN)")
 
 
 def _scale(scale, d):
@@ -599,22 +606,24 @@ class _FlashAttentionFn(torch.autograd.Function):
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
-              causal: bool = True, scale: float | None = None) -> torch.Tensor:
+              causal: bool = True, scale: float | None = None, check_finite: bool = True) -> torch.Tensor:
     """softmax(α·QKᵀ)·V computed as FlashAttention-2 under `policy`; differentiable (Algorithm 2 backward).
 
     q (B, H, Tq, D), k and v (B, H, Tk, D), one float dtype; α = scale or D^-1/2. Causal masking is
     bottom-right aligned (needs Tq ≤ Tk). Returns O (B, H, Tq, D) in the policy's `out` dtype; gradients
-    come back in the inputs' dtype."""
-    _check_qkv(q, k, v, policy, causal)
+    come back in the inputs' dtype. Inputs holding inf or NaN raise `NonFiniteInputError` (a ValueError)
+    unless ``check_finite=False`` (what the model passes: NaN then propagates to the output, as in a kernel,
+    and no host-device synchronization is spent on the check). Shape and dtype checks always run."""
+    _check_qkv(q, k, v, policy, causal, check_finite)
     return _FlashAttentionFn.apply(q, k, v, policy, causal, scale)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, check_finite: bool = True) -> torch.Tensor:
     """The truth: softmax(α·QKᵀ)·V in float64 (inputs upcast), no tiling, differentiable by autograd.
 
-    Same shapes and causal convention (bottom-right, Tq ≤ Tk) as `attention`; returns float64."""
-    _check_qkv(q, k, v, FP64, causal)
+    Same shapes, causal convention (bottom-right, Tq ≤ Tk) and `check_finite` as `attention`; returns float64."""
+    _check_qkv(q, k, v, FP64, causal, check_finite)
     alpha = _scale(scale, q.shape[-1])
     q64, k64, v64 = q.double(), k.double(), v.double()             # cast: everything to float64
     s = (q64 @ k64.transpose(-1, -2)) * alpha                      # (B, H, Tq, Tk)

@@ -23,7 +23,11 @@ so 1 GPU and N GPUs see the same global batch and differ only in the order of th
 ``diag_every`` steps, before the update: spectral norm of every weight matrix, per head ‖W_Q^h‖ and
 ‖W_Q^h W_K^hᵀ‖, and per layer the largest attention logit and the fraction of rows with tied maxima (from the
 step's first micro-batch). A non-finite loss or gradient norm stops the run with ``status="nonfinite"``
-(recorded, never raised). Files in ``out_dir`` (nothing is written without one)::
+(recorded, never raised): the model lets inf/NaN flow through every attention backend to the loss, and an
+error raised in a step because of non-finite values (``_nonfinite_error``) is recorded the same way, its
+message in the log record (``"nonfinite": "error", "error": ...``); other errors still raise (and under
+torchrun the error is recorded, then raised, so the job stops rather than hangs). Files in ``out_dir``
+(nothing is written without one)::
 
     config.json              the config, the world size, the attention table
     log.jsonl                one record per step: step, loss, grad_norm, lr, tokens_per_s, time_s
@@ -42,6 +46,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -53,6 +58,7 @@ import torch
 
 from lpfail import data as lpdata
 from lpfail import results
+from lpfail.attention import NonFiniteInputError
 from lpfail.model import BACKENDS, GPT, AttentionSpec, GPTConfig, head_query_norms, logit_capture, \
     weight_spectral_norms
 from lpfail.precision import Precision
@@ -670,6 +676,23 @@ def _finite(x: float) -> bool:
     return math.isfinite(x)
 
 
+_NONFINITE_MESSAGE = re.compile(r"non-?finite|returned nan values", re.IGNORECASE)
+
+
+def _nonfinite_error(e: BaseException) -> str | None:
+    """"Type: message" when `e` (or an exception it was raised from) reports non-finite values met in the step:
+    lpfail.attention's `NonFiniteInputError`, or a ValueError / RuntimeError saying "non-finite" (torch.linalg,
+    the kernels) or autograd's anomaly mode's "returned nan values"; else None (the error is re-raised)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, NonFiniteInputError) or (isinstance(e, (ValueError, RuntimeError))
+                                                   and _NONFINITE_MESSAGE.search(str(e))):
+            return f"{type(e).__name__}: {e}"
+        e = e.__cause__
+    return None
+
+
 # -- the loop ----------------------------------------------------------------------------------------------
 def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | None = None,
           progress: bool | None = None, hook=None) -> TrainResult:
@@ -826,27 +849,50 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
             diag_now = bool(cfg.diag_every) and step % cfg.diag_every == 0
             loss_sum = torch.zeros((), dtype=torch.float64, device=device)
             cap_rec = None
-            for i in range(n_micro):
-                x, y = _rows(tokens, offsets[i * micro:(i + 1) * micro], cfg.block_size)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                sync = model.no_sync() if (world > 1 and i < n_micro - 1) else contextlib.nullcontext()
-                with sync:
-                    with amp:
-                        logits, _ = model(x)  # (b, T, vocab)
-                    if cfg.loss_impl == "written":
-                        loss = cross_entropy(logits, y)
-                    else:  # FP32 like `cross_entropy`
-                        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                    (loss / n_micro).backward()
-                loss_sum += loss.detach().double()
-                if diag_now and i == 0 and lead:
-                    with torch.no_grad(), amp, logit_capture(raw) as cap:
-                        raw(x[:cfg.diag_rows])
-                    cap_rec = cap
-            loss_t = dist.all_sum(loss_sum) / (n_micro * world)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf,
-                                                       foreach=True)
-            loss_v, gn_v = loss_t.item(), grad_norm.item()
+            try:
+                for i in range(n_micro):
+                    x, y = _rows(tokens, offsets[i * micro:(i + 1) * micro], cfg.block_size)
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    sync = model.no_sync() if (world > 1 and i < n_micro - 1) else contextlib.nullcontext()
+                    with sync:
+                        with amp:
+                            logits, _ = model(x)  # (b, T, vocab)
+                        if cfg.loss_impl == "written":
+                            loss = cross_entropy(logits, y)
+                        else:  # FP32 like `cross_entropy`
+                            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                        (loss / n_micro).backward()
+                    loss_sum += loss.detach().double()
+                    if diag_now and i == 0 and lead:
+                        with torch.no_grad(), amp, logit_capture(raw) as cap:
+                            raw(x[:cfg.diag_rows])
+                        cap_rec = cap
+                loss_t = dist.all_sum(loss_sum) / (n_micro * world)
+                clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+                loss_v, gn_v = loss_t.item(), grad_norm.item()
+            except (ValueError, RuntimeError) as e:
+                reason = _nonfinite_error(e)
+                if reason is None:
+                    raise  # bad config, shapes, a backend that cannot run: not ours to swallow
+                # The safety net: something in the step refused non-finite values (the model itself lets NaN
+                # through to the loss). Same record as a non-finite loss, with the message.
+                now = time.perf_counter()
+                rec = {"step": step, "loss": math.nan, "grad_norm": math.nan, "lr": cfg.lr * factor,
+                       "tokens_per_s": None, "time_s": now - t_prev, "nonfinite": "error", "error": reason}
+                result.log.append(rec)
+                if log_f is not None:
+                    log_f.write(json.dumps(rec) + "\n")
+                    log_f.flush()
+                result.status, result.nonfinite_step = "nonfinite", step
+                if world > 1:
+                    # the other ranks may wait in this step's gradient all-reduce: stopping here alone would hang
+                    # the job, so record what we can and let torchrun tear it down
+                    if out is not None and lead:
+                        _write_status(out, result.status, result.steps, cfg, step, time.perf_counter() - t_start,
+                                      world)
+                    raise
+                break
             now = time.perf_counter()
             dt, t_prev = now - t_prev, now
             rec = {"step": step, "loss": loss_v, "grad_norm": gn_v, "lr": cfg.lr * factor,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lpfail import cli
+from lpfail.model import AttentionSpec
 from lpfail.optim import orthogonalize
 from lpfail.train import (TrainConfig, _Dist, _train, config_from_sets, load_batch_record, lr_factor, read_diag,
                           read_log, read_status, train)
@@ -241,3 +242,142 @@ def test_loss_implementations_agree():
     assert not np.array_equal(a.losses, run(tiny(max_steps=5, lr=1e-2)).losses)  # the check can fail
     with pytest.raises(ValueError, match="loss_impl"):
         tiny(loss_impl="mse")
+
+
+# -- non-finite values inside the model: recorded, never raised (the reference(PAPER_BF16+fix) 0/0 crash) ----------
+def _underflow_layer0(at_step: int):
+    """A hook that, after step `at_step` - 1's update, makes layer 0's reference(PAPER_BF16+fix) attention compute
+    0/0 from finite q, k, v at step `at_step` — the GPU failure: every position embeds alike (wpe = 0, all wte rows
+    equal), and layer 0's W_K = -W_Q maps that input to scores all equal to about -200. Every row past the first
+    then ties at a negative maximum, the fix sets m' = 0, exp(-200) underflows to 0 in FP32, the row sum is 0 and
+    O = 0/0 = NaN, which reaches layer 1 as its q, k and v."""
+    def hook(step, model):
+        if step != at_step - 1:
+            return
+        with torch.no_grad():
+            tr = model.transformer
+            tr.wpe.weight.zero_()
+            tr.wte.weight.copy_(tr.wte.weight[:1].expand_as(tr.wte.weight))  # every token embeds alike
+            block = tr.h[0]
+            u = block.ln_1(tr.wte.weight[0])  # (C,): layer 0's attention input, the same at every position
+            C, hs = u.numel(), model.config.head_size
+            a = math.sqrt(200.0 / math.sqrt(hs))  # q = a·1 per head, k = -q: S = -α·hs·a² = -200
+            w_q = a * torch.ones(C, 1) @ (u / u.dot(u))[None, :]  # (C, C): w_q @ u = a·1
+            block.attn.c_attn.weight[:C] = w_q
+            block.attn.c_attn.weight[C:2 * C] = -w_q
+    return hook
+
+
+def _layer0_output(model, x):
+    out = {}
+    handle = model.transformer.h[0].attn.register_forward_hook(lambda m, i, o: out.setdefault("y", o))
+    try:
+        model(x)
+    finally:
+        handle.remove()
+    return out["y"]
+
+
+def test_attention_nan_in_a_layer_is_recorded_not_raised(tmp_path):
+    cfg = tiny(attention="reference(PAPER_BF16+fix)", out_dir=str(tmp_path))
+    res = run(cfg, hook=_underflow_layer0(at_step=3))
+    assert res.status == "nonfinite" and res.nonfinite_step == 3 and res.steps == 3
+    status = read_status(tmp_path)
+    assert status["status"] == "nonfinite" and status["nonfinite_step"] == 3
+    last = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 3 and last["nonfinite"] == "loss" and math.isnan(last["loss"])
+    assert np.all(np.isfinite(res.losses[:3]))
+
+    # the construction does what it says: finite input to layer 0, NaN out of it (rows past the first)
+    from lpfail.model import GPT
+    model = GPT(cfg.gpt_config(256))
+    model.set_attention("reference", "PAPER_BF16+fix")
+    _underflow_layer0(at_step=1)(0, model)
+    x = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        y = _layer0_output(model, x)
+    assert torch.isfinite(y[:, 0]).all() and torch.isnan(y[:, 1:]).all()
+    model.set_attention("reference", "PAPER_BF16")  # without the fix the same input stays finite
+    with torch.no_grad():
+        assert torch.isfinite(model(x)[0]).all()
+
+
+@pytest.mark.parametrize("spec", ["reference(FP32)", "naive", "sdpa"])
+def test_model_lets_nonfinite_through_every_backend(spec):
+    from lpfail.model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=3, n_head=2, n_embd=32))
+    model.set_attention(AttentionSpec.parse(spec))
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_attn.weight[0, 0] = float("nan")  # a middle layer's q
+    x = torch.randint(0, 64, (2, 16))
+    logits, loss = model(x, x)  # no ValueError from the checks inside the model
+    assert torch.isnan(logits).any() and torch.isnan(loss)
+
+
+def test_public_attention_still_refuses_nonfinite_inputs():
+    from lpfail.attention import (FP32, NonFiniteInputError, attention, flash_backward, flash_forward,
+                                  naive_attention)
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    bad = q.clone()
+    bad[0, 1, 3, 2] = float("nan")
+    for fn in (lambda q: attention(q, k, v, policy=FP32), lambda q: flash_forward(q, k, v, FP32),
+               lambda q: naive_attention(q, k, v)):
+        with pytest.raises(ValueError, match="q contains non-finite values"):
+            fn(bad)
+    with pytest.raises(NonFiniteInputError):
+        flash_backward(q, k, v.index_fill(2, torch.tensor([1]), math.inf), q, q[..., :1], q, FP32)
+    out = attention(bad, k, v, policy=FP32, check_finite=False)  # the model's opt-out: NaN propagates
+    assert torch.isnan(out[0, 1, 3]).all() and torch.isfinite(out[0, 0]).all()
+    assert torch.isnan(naive_attention(bad, k, v, check_finite=False)[0, 1, 3]).all()
+    with pytest.raises(ValueError, match="4-D"):  # the opt-out skips only the finiteness check
+        attention(bad[0], k, v, policy=FP32, check_finite=False)
+    with pytest.raises(ValueError, match="share one dtype"):
+        attention(bad, k.double(), v, policy=FP32, check_finite=False)
+
+
+def test_nonfinite_error_in_a_step_is_recorded(tmp_path, monkeypatch):
+    """The safety net: an attention that still raises on NaN input (the pre-fix reference) ends the run as
+    non-finite at that step, with the message in the log record, instead of raising."""
+    import lpfail.model as lpmodel
+    from lpfail.attention import attention
+
+    def checking_reference(q, k, v, policy):
+        with torch.autocast(q.device.type, enabled=False):
+            return attention(q, k, v, policy=policy, causal=True)  # check_finite left on
+
+    monkeypatch.setattr(lpmodel, "_reference", checking_reference)
+    res = run(tiny(attention="reference(PAPER_BF16+fix)", out_dir=str(tmp_path)), hook=_underflow_layer0(at_step=2))
+    assert res.status == "nonfinite" and res.nonfinite_step == 2 and res.steps == 2
+    assert read_status(tmp_path)["status"] == "nonfinite" and read_status(tmp_path)["nonfinite_step"] == 2
+    last = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 2 and last["nonfinite"] == "error" and math.isnan(last["loss"])
+    assert "q contains non-finite values" in last["error"]
+    assert len(res.losses) == 3
+
+
+def test_unrelated_errors_in_a_step_still_raise(tmp_path, monkeypatch):
+    def break_shapes(step, model):
+        if step == 1:
+            model.transformer.h[0].attn.n_head = 3  # 32 channels do not split into 3 heads
+    with pytest.raises(RuntimeError, match="invalid for input of size"):
+        run(tiny(attention="reference(FP32)", out_dir=str(tmp_path / "a")), hook=break_shapes)
+    assert read_status(tmp_path / "a")["status"] == "running"
+
+    import lpfail.model as lpmodel
+
+    def unsupported(spec, q, k, v, state=None):
+        raise ValueError("head_dim must be 16, 32, 64 or 128 (got 12)")
+    monkeypatch.setattr(lpmodel, "run_attention", unsupported)
+    with pytest.raises(ValueError, match="head_dim"):
+        run(tiny())
+
+    from lpfail.train import _nonfinite_error
+    assert _nonfinite_error(ValueError("TrainConfig.lr must be positive (got nan)")) is None
+    assert _nonfinite_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 31x32)")) is None
+    assert _nonfinite_error(KeyError("non-finite")) is None
+    cause = ValueError("k contains non-finite values (inf or NaN)")
+    try:
+        raise RuntimeError("backend failed") from cause
+    except RuntimeError as e:
+        assert _nonfinite_error(e) == "ValueError: k contains non-finite values (inf or NaN)"
