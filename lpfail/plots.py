@@ -137,3 +137,185 @@ def kernel_bench_figure(res, mode: str = "fwd_bwd",
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# -- chapter 1: the symptom -----------------------------------------------------------------------------------
+VARIANT_STYLE = {"A": dict(color=COLORS["A"], lw=1.4), "C": dict(color=COLORS["C"], lw=1.4),
+                 "Bp": dict(color=COLORS["B'"], lw=1.2), "B": dict(color=COLORS["B"], lw=1.1, ls="--"),
+                 "D": dict(color=COLORS["D"], lw=1.1, ls=":")}
+VARIANT_NAME = {"A": "A  PAPER_BF16", "B": "B  official fix", "Bp": "B′ our fix (no clamp)", "C": "C  FP32",
+                "D": "D  FA2_BF16"}
+
+
+def _curve_end(curve: np.ndarray) -> int:
+    ok = np.nonzero(np.isfinite(curve))[0]
+    return int(ok[-1]) if ok.size else -1
+
+
+def _loss_panel(ax, conf, j: int, variants, ylim=(1.2, 4.2)):
+    a = conf.arrays
+    x = a["curve_steps"]
+    for v in variants:
+        if v not in conf.variants:
+            continue
+        i = conf.index(v)
+        y = a["loss_curve"][i, j]
+        st = VARIANT_STYLE.get(v, {})
+        ax.plot(x, y, label=VARIANT_NAME.get(v, v), **st)
+        status, fail = str(a["status"][i, j]), int(a["fail_step"][i, j])
+        e = _curve_end(y)
+        if status == "nonfinite" and e >= 0:
+            ax.plot([x[e]], [min(y[e], ylim[1] - 0.1)], marker="X", ms=9, color=st.get("color"), ls="none")
+        elif fail >= 0:
+            ax.axvline(fail, color=st.get("color"), lw=0.8, ls=(0, (2, 2)))
+        elif status not in ("completed", "nonfinite") and e >= 0:
+            ax.plot([x[e]], [y[e]], marker="|", ms=10, color=st.get("color"), ls="none")
+    ax.set_ylim(*ylim)
+    ax.grid(alpha=0.3)
+
+
+def symptom_loss_figure(conf, variants=("A", "C", "Bp", "B", "D")) -> plt.Figure:
+    """Training loss (mean per bin of 5 steps) of each variant, one panel per seed (the paper's Fig. 2).
+    X: a run that turned NaN (its last finite bin); dashed line: the step where the pre-registered criterion
+    says a run failed; bar: a run stopped unfinished."""
+    seeds = conf.seeds
+    fig, axes = plt.subplots(1, len(seeds), figsize=(4.2 * len(seeds), 3.6), sharey=True, squeeze=False)
+    for j, ax in enumerate(axes[0]):
+        _loss_panel(ax, conf, j, variants)
+        ax.set_title(f"seed {seeds[j]}")
+        ax.set_xlabel("step")
+    axes[0, 0].set_ylabel("training loss (nats per byte)")
+    axes[0, -1].legend(fontsize=8, loc="upper right")
+    fig.suptitle(f"{conf.label}: 4 layers × 256, 16,384 tokens per step", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def symptom_sweep_figure(confs, variants=("A", "C", "Bp")) -> plt.Figure:
+    """Loss curves of every other configuration (rows) and seed (columns)."""
+    confs = list(confs)
+    n = max(len(c.seeds) for c in confs)
+    fig, axes = plt.subplots(len(confs), n, figsize=(3.9 * n, 2.5 * len(confs)), sharex=True, sharey=True,
+                             squeeze=False)
+    for r, conf in enumerate(confs):
+        for j in range(n):
+            ax = axes[r, j]
+            if j < len(conf.seeds):
+                _loss_panel(ax, conf, j, variants)
+                ax.set_title(f"{conf.label}, seed {conf.seeds[j]}", fontsize=9)
+        axes[r, 0].set_ylabel("loss")
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    axes[0, -1].legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def symptom_grad_norm_figure(conf, variants=("A", "C", "B", "D")) -> plt.Figure:
+    """Pre-clip gradient norm (largest per bin of 5 steps), log scale, one panel per seed."""
+    seeds = conf.seeds
+    fig, axes = plt.subplots(1, len(seeds), figsize=(4.2 * len(seeds), 3.3), sharey=True, squeeze=False)
+    a = conf.arrays
+    for j, ax in enumerate(axes[0]):
+        for v in variants:
+            if v in conf.variants:
+                ax.semilogy(a["curve_steps"], a["grad_norm_curve_max"][conf.index(v), j], label=VARIANT_NAME[v],
+                            **VARIANT_STYLE[v])
+        ax.axhline(1.0, color="#999999", lw=0.8)
+        ax.set_title(f"seed {seeds[j]}")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3, which="major")
+    axes[0, 0].set_ylabel("pre-clip gradient norm\n(clip at 1.0, grey)")
+    axes[0, -1].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+_KIND_COLORS = {"attn.c_attn": "#c0392b", "attn.c_proj": "#e67e22", "mlp.c_fc": "#2980b9",
+                "mlp.c_proj": "#16a085", "wte": "#7f8c8d", "wpe": "#bdc3c7"}
+
+
+def _kind(name: str) -> tuple[str, str]:
+    for k in _KIND_COLORS:
+        if k in name:
+            layer = name.split(".h.")[1].split(".")[0] if ".h." in name else ""
+            return k, layer
+    return name, ""
+
+
+def spectral_figure(conf, seed_index: int = 0, variants=("A", "C", "B", "D")) -> plt.Figure:
+    """σ_max of every weight matrix against the step (the paper's Fig. 11), one panel per variant, one seed.
+    Colour: the kind of matrix (c_attn holds W_Q, W_K and W_V of a layer); the line's label at its end names
+    its layer."""
+    a = conf.arrays
+    names = [str(n) for n in a["spectral_names"]]
+    steps = a["diag_steps"]
+    variants = [v for v in variants if v in conf.variants]
+    fig, axes = plt.subplots(1, len(variants), figsize=(3.7 * len(variants), 3.6), sharey=True, squeeze=False)
+    for ax, v in zip(axes[0], variants):
+        sp = a["spectral"][conf.index(v), seed_index]
+        for kk, name in enumerate(names):
+            kind, layer = _kind(name)
+            y = sp[:, kk]
+            ax.semilogy(steps, y, color=_KIND_COLORS.get(kind, "#333333"), lw=1.0,
+                        alpha=0.9 if kind == "attn.c_attn" else 0.6)
+            e = _curve_end(y)
+            if kind == "attn.c_attn" and e >= 0:
+                ax.annotate(f"L{layer}", (steps[e], y[e]), fontsize=7, color=_KIND_COLORS[kind],
+                            xytext=(2, 0), textcoords="offset points", va="center")
+        ax.set_title(VARIANT_NAME[v], fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel(f"spectral norm σ_max (seed {conf.seeds[seed_index]})")
+    handles = [plt.Line2D([], [], color=c, label=k) for k, c in _KIND_COLORS.items()]
+    axes[0, -1].legend(handles=handles, fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def ties_loss_figure(conf, seed_index: int = 0, variants=("A", "C")) -> plt.Figure:
+    """Above: the loss of each variant. Below: the fraction of attention rows whose maximum is tied, per
+    layer, measured every 50 steps on a batch of the training data (the paper's Fig. 13 counts them)."""
+    a = conf.arrays
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(8.5, 5.4), sharex=True, gridspec_kw={"height_ratios": [1, 1.2]})
+    for v in variants:
+        i = conf.index(v)
+        ax0.plot(a["curve_steps"], a["loss_curve"][i, seed_index], label=VARIANT_NAME[v], **VARIANT_STYLE[v])
+        tf = a["tied_frac"][i, seed_index]
+        for layer in range(tf.shape[-1]):
+            ax1.plot(a["diag_steps"], tf[:, layer], color=VARIANT_STYLE[v]["color"], lw=1.0,
+                     ls=["-", "--", "-.", ":"][layer % 4], label=f"{v}, layer {layer}")
+    ax0.set_ylabel("loss")
+    ax0.legend(fontsize=8)
+    ax0.grid(alpha=0.3)
+    ax1.set_ylabel("rows with a tied maximum")
+    ax1.set_xlabel("step")
+    ax1.legend(fontsize=7, ncol=2)
+    ax1.grid(alpha=0.3)
+    ax0.set_title(f"{conf.label}, seed {conf.seeds[seed_index]}", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def fix_rows_figure(res) -> plt.Figure:
+    """‖O‖ / ‖O_exact‖ (mean over rows) against the tied maximum m for A, B, B′ and D (stored `fix_rows`
+    result); where B′'s output is not finite the ratio is drawn at the bottom as crosses."""
+    m = np.asarray(res["m_values"], dtype=float)
+    fig, ax = plt.subplots(figsize=(8.5, 3.8))
+    floor = 1e-14
+    for tag in ("A", "D", "B", "Bp"):
+        y = np.asarray(res[f"{tag}_ratio_mean"], dtype=float)
+        bad = np.asarray(res[f"{tag}_nonfinite_frac"], dtype=float) > 0
+        st = dict(VARIANT_STYLE[tag])
+        ax.semilogy(m[~bad], np.clip(y[~bad], floor, None), label=VARIANT_NAME[tag], **st)
+        if bad.any():
+            ax.plot(m[bad], np.full(bad.sum(), floor), ls="none", marker="x", ms=5, color=st["color"],
+                    label=f"{VARIANT_NAME[tag].split()[0]}: output not finite")
+    ax.axvline(float(res["b_clamp_m_theory"]), color=COLORS["B"], lw=0.8, ls=":")
+    ax.set_xlabel("tied maximum score m (two keys)")
+    ax.set_ylabel("‖O‖ / ‖O exact‖ (mean over rows)")
+    ax.set_ylim(floor / 3, 5)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    return fig

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 #: Modules that register experiments when imported. `registry()` imports them on first use.
-EXPERIMENT_MODULES = ("lpfail.rounding", "kernels.bench", "lpfail.train", "lpfail.symptom")
+EXPERIMENT_MODULES = ("lpfail.rounding", "kernels.bench", "lpfail.train", "lpfail.symptom", "lpfail.fixrows")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -214,6 +214,13 @@ class Result(Mapping):
     def provenance(self) -> str:
         """One line: where and when this result was computed."""
         m = self.meta
+        if m.get("collected_on"):  # runs on one machine, collected later from their logs on another
+            gpus = m.get("runs_gpus") or []
+            return (f"{m['name']}: runs on {m['device']}" + (f" × {len(gpus)}" if len(gpus) > 1 else "")
+                    + f" on {m['created'][:10]} (git {str(m['git'])[:12]}, "
+                    + (f"{m['runs_wall_s']:.0f} s, " if m.get("runs_wall_s") else "")
+                    + f"config {m['config_hash']}); collected from their logs on {m['collected_on']} "
+                    f"(git {str(m.get('collected_git', '?'))[:12]})")
         return (f"{m['name']}: computed on {m['device']} on {m['created'][:10]} "
                 f"(git {str(m['git'])[:12]}, {m['wall_s']:.1f} s, config {m['config_hash']})")
 

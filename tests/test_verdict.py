@@ -87,3 +87,48 @@ def test_page_from_the_stored_results():
     assert sum(V.counts(vs).values()) == len(vs)
     with pytest.raises(ValueError):
         V.Verdict("x", "y", "maybe", "", "")
+
+
+# -- C0 and Fix-b: training (chapter 1) -------------------------------------------------------------------
+def sym_ev(a=((0, 3), (1, 3)), c=((0, 3), (0, 3)), b=((0, 3), None), pairs=11, worse=11, bp_nan=6):
+    per = []
+    for k, (af, cf, bf) in enumerate(zip(a, c, b)):
+        d = {"config": f"cfg{k}", "A": af, "C": cf}
+        if bf is not None:
+            d["B"] = bf
+        per.append(d)
+    return {"per_config": per, "pairs": pairs, "pairs_a_worse": worse, "pairs_p": 0.001, "bp_nan": bp_nan,
+            "bp_runs": 6, "a_rise_max": 1.27, "c_rise_max": 1.016}
+
+
+@pytest.mark.parametrize("kw, expected", [
+    ({}, V.PARTLY),  # like ours: A fails once, C never; A above C in every pair
+    (dict(a=((3, 3), (0, 3))), V.REPRODUCED),  # A fails in every seed of one configuration, C in none
+    (dict(a=((3, 3), (0, 3)), c=((1, 3), (0, 3))), V.PARTLY),  # ... but C fails there once
+    (dict(a=((0, 3), (0, 3)), worse=6), V.NOT_REPRODUCED),  # nothing fails; pairs split
+    (dict(a=((0, 3), (0, 3))), V.PARTLY),  # nothing fails, but A above C in 11 of 11 pairs (post hoc)
+    (dict(a=((0, 3), (1, 3)), c=((1, 3), (0, 3))), V.CONTRADICTED),  # C fails as often as A
+    (dict(a=((0, 3), (0, 3)), pairs=4, worse=4), V.NOT_REPRODUCED),  # too few pairs to say anything
+])
+def test_symptom_verdict_flips(kw, expected):
+    v = V.judge_symptom(sym_ev(**kw))
+    assert v.verdict == expected, (kw, v.verdict)
+    assert "cfg0: A" in v.evidence
+
+
+@pytest.mark.parametrize("kw, expected", [
+    ({}, V.NOT_TESTED),  # like ours: B ran only where A did not fail
+    (dict(a=((2, 3), (1, 3)), b=((0, 3), None)), V.REPRODUCED),
+    (dict(a=((2, 3), (1, 3)), b=((1, 3), None)), V.PARTLY),
+    (dict(a=((2, 3), (1, 3)), b=((2, 3), None)), V.NOT_REPRODUCED),
+])
+def test_fix_training_verdict_flips(kw, expected):
+    v = V.judge_fix_training(sym_ev(**kw))
+    assert v.verdict == expected, (kw, v.verdict)
+    assert "NaN in 6 of 6" in v.evidence
+
+
+def test_symptom_verdicts_from_the_stored_results():
+    vs = {v.claim: v for v in V.verdicts()}
+    assert vs["C0"].verdict in V.VERDICTS and vs["C0"].verdict != V.NOT_TESTED
+    assert "Pre-registered failures" in vs["C0"].evidence and "symptom" in vs["C0"].evidence
