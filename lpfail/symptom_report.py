@@ -362,3 +362,27 @@ def evidence(confs: list[Conf]) -> dict:
     return {"per_config": per, "pairs": s["pairs"], "pairs_a_worse": s["pairs_a_worse"],
             "pairs_p": s["pairs_p"], "bp_nan": s["bp_nan"], "bp_runs": s["runs"]["Bp"],
             "a_rise_max": s["a_rise_max"], "c_rise_max": s["c_rise_max"]}
+
+
+def failures_text(summ: dict) -> str:
+    """One or two sentences on A's pre-registered failures and B′'s NaNs, for the chapter's prose (so that
+    the words follow the numbers when the search is rerun)."""
+    fa = summ["a_fail_steps"]
+    if not fa:
+        a = "No A run failed by the criterion."
+    else:
+        parts = [f"{cfg}, seed {seed}, at step {step:,} after {tok / 1e6:.1f} M tokens"
+                 + (f" ({sec / 60:.1f} minutes of wall-clock time while sharing its GPU with other runs)"
+                    if sec else "") for cfg, seed, step, tok, sec in fa]
+        a = ("The one failing A run crossed the threshold in " if len(fa) == 1 else
+             f"The {len(fa)} failing A runs crossed the threshold in ") + "; ".join(parts) + "."
+    n, k = summ["runs"]["Bp"], summ["bp_nan"]
+    if n == 0:
+        b = ""
+    elif k == 0:
+        b = f" B′ — our fix without the clamp — stayed finite in all {n} runs."
+    else:
+        b = (f" B′ — our fix without the clamp — turned NaN in {k} of {n} runs"
+             + (", every one," if k == n else ",") + f" between steps {summ['bp_nan_first']} and "
+             f"{summ['bp_nan_last']}.")
+    return a + b

@@ -139,3 +139,63 @@ def addition_explorer():
         w.observe(update, names="value")
     update()
     return W.VBox([presets, mode, W.HBox([a_box, b_box]), out])
+
+
+# -- chapter 1: every run of the symptom search ------------------------------------------------------------
+def _png_html(fig, dpi: int = 72) -> str:
+    import base64
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    return (f"<img alt='{html.escape(fig._suptitle.get_text() if fig._suptitle else 'run')}' style='max-width:100%' "
+            f"src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'/>")
+
+
+def runs_twin(confs, dpi: int = 60):
+    """Kernel-free twin of `runs_explorer`: every (configuration, seed) precomputed, behind one <select>."""
+    from lpfail import plots
+
+    cases = [(f"{c.label}, seed {s}", _png_html(plots.run_figure(c, j), dpi=dpi))
+             for c in confs for j, s in enumerate(c.seeds)]
+    return _HTML(switcher_html("runs_explorer", cases, label="configuration and seed"))
+
+
+def runs_explorer(confs):
+    """Live: choose a configuration, a seed and the variants; see loss, gradient norm and largest score."""
+    import ipywidgets as W
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from lpfail import plots
+
+    conf_dd = W.Dropdown(options=[(c.label, k) for k, c in enumerate(confs)], value=0, description="config")
+    seed_dd = W.Dropdown(options=[], description="seed")
+    var_sel = W.SelectMultiple(description="variants", rows=5)
+    out = W.Output()
+
+    def refresh_options(*_):
+        c = confs[conf_dd.value]
+        seed_dd.options = [(str(s), j) for j, s in enumerate(c.seeds)]
+        var_sel.options = [(plots.VARIANT_NAME.get(v, v), v) for v in c.variants]
+        var_sel.value = tuple(c.variants)
+
+    def draw(*_):
+        c = confs[conf_dd.value]
+        if seed_dd.value is None:
+            return
+        with out:
+            out.clear_output(wait=True)
+            fig = plots.run_figure(c, seed_dd.value, list(var_sel.value) or None)
+            display(fig)
+            plt.close(fig)
+
+    conf_dd.observe(lambda ch: (refresh_options(), draw()), names="value")
+    seed_dd.observe(draw, names="value")
+    var_sel.observe(draw, names="value")
+    refresh_options()
+    draw()
+    return W.VBox([W.HBox([conf_dd, seed_dd]), var_sel, out])

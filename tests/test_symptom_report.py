@@ -131,3 +131,27 @@ def test_figures_draw_from_the_stored_results(stored):
                 plots.ties_loss_figure(confs[0]), plots.fix_rows_figure(results.load("fix_rows"))):
         assert fig.axes and any(ax.lines for ax in fig.axes)
         plt.close(fig)
+
+
+def test_failures_text_follows_the_numbers():
+    base = {"a_fail_steps": [], "runs": {"Bp": 3}, "bp_nan": 0, "bp_nan_first": None, "bp_nan_last": None}
+    assert R.failures_text(base) == "No A run failed by the criterion. B′ — our fix without the clamp — stayed " \
+                                    "finite in all 3 runs."
+    one = dict(base, a_fail_steps=[("lr 0.02", 1, 1698, 27_820_032, 376.0)], bp_nan=3, bp_nan_first=27,
+               bp_nan_last=104)
+    t = R.failures_text(one)
+    assert "The one failing A run" in t and "step 1,698" in t and "27.8 M" in t and "every one" in t
+    two = dict(one, a_fail_steps=one["a_fail_steps"] * 2, bp_nan=2)
+    t = R.failures_text(two)
+    assert "The 2 failing A runs" in t and "2 of 3 runs," in t and "every one" not in t
+
+
+def test_runs_twin_holds_every_configuration_and_seed(stored):
+    import re
+
+    from lpfail import widgets
+    _, _, confs = stored
+    h = widgets.runs_twin(confs[:2], dpi=30)._repr_html_()
+    n = sum(len(c.seeds) for c in confs[:2])
+    assert h.count("<option") == n and len(re.findall(r"data-case='\d+'", h)) == n
+    assert h.count("data:image/png;base64,") == n and "data-lpfail-twin='runs_explorer'" in h
