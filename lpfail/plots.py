@@ -324,6 +324,8 @@ def fix_rows_figure(res) -> plt.Figure:
 def run_figure(conf, seed_index: int, variants=None, figsize=(10, 2.9), dpi=None) -> plt.Figure:
     """One seed of one configuration: loss, largest gradient norm per 5 steps (log), and the largest
     attention score over layers (log, every 50 steps), one line per variant."""
+    from lpfail.symptom_report import max_over_layers
+
     a = conf.arrays
     variants = [v for v in (variants or conf.variants) if v in conf.variants]
     fig, axes = plt.subplots(1, 3, figsize=figsize, dpi=dpi)
@@ -331,10 +333,7 @@ def run_figure(conf, seed_index: int, variants=None, figsize=(10, 2.9), dpi=None
         i, st = conf.index(v), VARIANT_STYLE.get(v, {})
         axes[0].plot(a["curve_steps"], a["loss_curve"][i, seed_index], label=VARIANT_NAME.get(v, v), **st)
         axes[1].semilogy(a["curve_steps"], a["grad_norm_curve_max"][i, seed_index], **st)
-        ml = a["max_logit"][i, seed_index]
-        with np.errstate(all="ignore"):
-            top = np.where(np.isfinite(ml).any(-1), np.nanmax(np.where(np.isfinite(ml), ml, -np.inf), -1), np.nan)
-        axes[2].semilogy(a["diag_steps"], top, **st)
+        axes[2].semilogy(a["diag_steps"], max_over_layers(a["max_logit"][i, seed_index]), **st)
     for ax, t in zip(axes, ("loss", "pre-clip gradient norm", "largest attention score")):
         ax.set_title(t, fontsize=9)
         ax.set_xlabel("step", fontsize=8)

@@ -238,9 +238,9 @@ def run_state(spec: RunSpec) -> str:
     return "partial" if latest_checkpoint(spec.dir) is not None else "new"
 
 
-def _last_step(run_dir: Path) -> int:
-    """The step of the last complete line of log.jsonl (-1 when none); reads only the file's tail."""
-    p = run_dir / "log.jsonl"
+def _last_record(run_dir: Path) -> dict | None:
+    """The last complete line of log.jsonl as a dict (None when there is none); reads only the file's tail."""
+    p = Path(run_dir) / "log.jsonl"
     try:
         with open(p, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -248,13 +248,21 @@ def _last_step(run_dir: Path) -> int:
             f.seek(max(0, size - 4096))
             lines = f.read().split(b"\n")
     except OSError:
-        return -1
+        return None
     for line in reversed(lines[:-1] if lines and lines[-1] else lines):
         try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError):
+            rec = json.loads(line)
+            int(rec["step"])
+            return rec
+        except (ValueError, KeyError, TypeError):
             continue
-    return -1
+    return None
+
+
+def _last_step(run_dir: Path) -> int:
+    """The step of the last complete line of log.jsonl (-1 when none)."""
+    rec = _last_record(run_dir)
+    return -1 if rec is None else int(rec["step"])
 
 
 def _stop(proc: subprocess.Popen, grace: float = 15.0):
@@ -555,7 +563,7 @@ def outcome(run_dir, warmup: int) -> dict:
     A run whose process stopped with an error about non-finite values (an attention input check that saw
     NaN: the forward of the step after its last logged one was not finite) counts as non-finite at that step,
     status "nonfinite", with the error line as its note; any other error leaves status "error"."""
-    from lpfail.train import read_log, read_status
+    from lpfail.train import is_nonfinite_message, read_log, read_status
 
     lg = read_log(run_dir)
     loss, gn = lg["loss"], lg["grad_norm"]
@@ -571,7 +579,7 @@ def outcome(run_dir, warmup: int) -> dict:
         err = crash_note(run_dir)
         if err is not None:
             note = err
-            if "non-finite" in err or "nan" in err.lower():
+            if is_nonfinite_message(err):
                 status = "nonfinite"
                 if not f:
                     f, step = True, int(len(loss))
@@ -868,20 +876,9 @@ def progress(base) -> str:
         conf = json.loads(cfg_path.read_text())
         lines.append(f"{cfg_path.parent.name}: lr {conf.get('lr')} warmup {conf.get('warmup')}")
         for run in sorted((cfg_path.parent / "runs").glob("*")):
-            step = _last_step(run)
-            loss = float("nan")
-            try:
-                with open(run / "log.jsonl", "rb") as f:
-                    f.seek(0, os.SEEK_END)
-                    f.seek(max(0, f.tell() - 4096))
-                    for line in reversed(f.read().split(b"\n")):
-                        try:
-                            loss = float(json.loads(line)["loss"])
-                            break
-                        except (ValueError, KeyError, TypeError):
-                            continue
-            except OSError:
-                pass
+            rec = _last_record(run) or {}
+            step = int(rec.get("step", -1))
+            loss = float(rec["loss"]) if rec.get("loss") is not None else float("nan")
             try:
                 st = read_status(run)["status"]
             except (OSError, ValueError, KeyError):

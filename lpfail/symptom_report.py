@@ -95,9 +95,15 @@ def late_grad_norm(gn: np.ndarray, last: int = 500) -> float:
     return float(np.median(g[-last:])) if g.size else float("nan")
 
 
+def max_over_layers(x: np.ndarray) -> np.ndarray:
+    """Per diagnostic step, the largest finite value over layers (last axis); NaN where there is none."""
+    m = np.max(np.where(np.isfinite(x), x, -np.inf), axis=-1)
+    return np.where(np.isfinite(m), m, np.nan)
+
+
 def _last_diag(x: np.ndarray) -> float:
     """The largest value over layers at the last diagnostic step that has one (NaN if none)."""
-    m = np.nanmax(np.where(np.isfinite(x), x, -np.inf), axis=-1)
+    m = max_over_layers(x)
     ok = np.isfinite(m)
     return float(m[ok][-1]) if ok.any() else float("nan")
 

@@ -679,6 +679,12 @@ def _finite(x: float) -> bool:
 _NONFINITE_MESSAGE = re.compile(r"non-?finite|returned nan values", re.IGNORECASE)
 
 
+def is_nonfinite_message(text: str) -> bool:
+    """Whether an error message reports non-finite values (the one test, also for the symptom search's
+    reading of a crashed run's last error line)."""
+    return bool(_NONFINITE_MESSAGE.search(text))
+
+
 def _nonfinite_error(e: BaseException) -> str | None:
     """"Type: message" when `e` (or an exception it was raised from) reports non-finite values met in the step:
     lpfail.attention's `NonFiniteInputError`, or a ValueError / RuntimeError saying "non-finite" (torch.linalg,
@@ -687,7 +693,7 @@ def _nonfinite_error(e: BaseException) -> str | None:
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, NonFiniteInputError) or (isinstance(e, (ValueError, RuntimeError))
-                                                   and _NONFINITE_MESSAGE.search(str(e))):
+                                                   and is_nonfinite_message(str(e))):
             return f"{type(e).__name__}: {e}"
         e = e.__cause__
     return None
