@@ -81,6 +81,21 @@ def _imin(a, b):
 
 
 @triton.jit
+def _bh_offset(off_hz, H, stride_z, stride_h):
+    """Offset (int64) of one (batch, head) slice of a (B, H, N, D) tensor, from the grid's flattened axis."""
+    return (off_hz // H).to(tl.int64) * stride_z + (off_hz % H).to(tl.int64) * stride_h
+
+
+@triton.jit
+def _load_rows(ptrs, offs, N_CTX, MASK: tl.constexpr):
+    """A (rows, HEAD_DIM) tile whose row indices are `offs`; rows at or past N_CTX read 0 when MASK."""
+    if MASK:
+        return tl.load(ptrs, mask=offs[:, None] < N_CTX, other=0.0)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
 def _block_max(qk, scale, EPS, BETA, SCORES: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr):
     """The maximum that this key block contributes, in natural units: r_m, or Algorithm 3's m' when FIX."""
     if SUB_FMA:
@@ -110,11 +125,8 @@ def _scores(q, K_block, offs_m, offs_n, N_CTX, scale,
             MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
             MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
     """One tile of scores: raw QKᵀ (FMA mode) or S = round(α·QKᵀ) (sub mode); masked entries are −inf."""
-    if MASK:
-        k = tl.load(K_block, mask=offs_n[None, :] < N_CTX, other=0.0).to(MATMUL)
-    else:
-        k = tl.load(K_block).to(MATMUL)
-    qk = tl.dot(q, k, input_precision=DOT_PREC)                        # (BLOCK_M, BLOCK_N)
+    k = _load_rows(K_block, offs_n, N_CTX, MASK).to(MATMUL)           # (BLOCK_N, HEAD_DIM)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)              # (BLOCK_M, BLOCK_N)
     if not SUB_FMA:
         qk = _round(_round(qk, QK_OUT) * scale, SCORES)                # S = round(round(QKᵀ)·α)
     if MASK:
@@ -170,10 +182,7 @@ def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, o
         p = _probs(qk, m_new, scale, EXP_IN, SUB_FMA)                # (BLOCK_M, BLOCK_N) FP32
         l_blk = _row_sum(p, L_CLAMP, CLAMP)
         pbar = _round(p, PBAR).to(PV_DT)                             # cast: P̄ right before the P̄V dot
-        if MASK:
-            v = tl.load(V_ptrs + start_n * stride_vn, mask=offs_n[:, None] < N_CTX, other=0.0).to(PV_DT)
-        else:
-            v = tl.load(V_ptrs + start_n * stride_vn).to(PV_DT)
+        v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, MASK).to(PV_DT)
         if (ACC == tl.float32) and (PV_OUT == tl.float32):
             # FP32 accumulator: let the dot add into the rescaled accumulator (one pass over acc)
             alpha = tl.exp(_round(m_i - m_new, EXP_IN))
@@ -229,7 +238,7 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
                          MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
             p = _probs(qk, m_new, scale, EXP_IN, SUB_FMA)
             l_blk += tl.sum(p, 1)
-            v = tl.load(V_ptrs + start_n * stride_vn, mask=offs_n[:, None] < N_CTX, other=0.0).to(PV_DT)
+            v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, True).to(PV_DT)
             pv = tl.dot(_round(p, PBAR).to(PV_DT), v, pv, input_precision=PV_PREC)
         if CLAMP:
             l_blk = tl.maximum(l_blk, L_CLAMP)
@@ -280,20 +289,18 @@ def _attn_fwd(Q, K, V, O, LSE,
               CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
-    off_z = off_hz // H
-    off_h = off_hz % H
-    Q += off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    K += off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    V += off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    O += off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
+    Q += _bh_offset(off_hz, H, stride_qz, stride_qh)
+    K += _bh_offset(off_hz, H, stride_kz, stride_kh)
+    V += _bh_offset(off_hz, H, stride_vz, stride_vh)
+    O += _bh_offset(off_hz, H, stride_oz, stride_oh)
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m[:, None] < N_CTX
-    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_ok, other=0.0)
+    q = _load_rows(Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, N_CTX, True)
     q = q.to(MATMUL)                                                    # (BLOCK_M, HEAD_DIM)
-    K_ptrs = K + offs_n0[None, :] * stride_kn + offs_d[:, None] * stride_kd  # (HEAD_DIM, BLOCK_N): Kᵀ
+    K_ptrs = K + offs_n0[:, None] * stride_kn + offs_d[None, :] * stride_kd  # (BLOCK_N, HEAD_DIM)
     V_ptrs = V + offs_n0[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, HEAD_DIM)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -342,7 +349,7 @@ def _probe_pbar(Q, K, P, stride_qm, stride_kn, stride_pm, M, N, scale, EPS, BETA
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < M, other=0.0)
-    qk = _scores(q.to(MATMUL), K + offs_n[None, :] * stride_kn + offs_d[:, None], offs_m, offs_n, N, scale,
+    qk = _scores(q.to(MATMUL), K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_m, offs_n, N, scale,
                  MATMUL, QK_OUT, SCORES, SUB_FMA, True, False, DOT_PREC)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
