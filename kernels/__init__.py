@@ -22,6 +22,7 @@ are accepted there (rounding cast points to BF16 still work: they are conversion
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -176,6 +177,12 @@ def _check_inputs(q, k, v):
         raise ValueError("q, k, v must be on one device")
 
 
+def _raw_units(kp: KernelPolicy, scale: float) -> bool:
+    """Sub mode with α a power of two (head dims 16 and 64 at the default α): the forward keeps scores in
+    units of α, one multiply fewer per score, with bit-identical results (see `kernels.fwd._attn_fwd`)."""
+    return not kp.sub_fma and math.frexp(scale)[0] == 0.5
+
+
 def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     """Launch the forward kernel; returns O (in the policy's `out` dtype) and L = m + log ℓ (FP32)."""
     B, H, N, D = q.shape
@@ -184,9 +191,10 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
     key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
+    raw = _raw_units(kp, scale)
     _fwd._attn_fwd[grid](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, N, key_block, scale, kp.eps, kp.beta, kp.l_clamp,
+        H, N, key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp, RAW=raw,
         HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
         PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix,
         CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass, DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **extra)
@@ -221,12 +229,19 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float)
     return dq, dk, dv
 
 
+@functools.lru_cache(maxsize=256)
+def _policy_for_launch(policy: Precision) -> KernelPolicy:
+    """`kernel_policy`, memoised: a launch must not pay to re-check and translate the policy every call
+    (Python overhead adds straight to a short kernel's time). Refusals raise anew each time (not cached)."""
+    return kernel_policy(policy)
+
+
 class FlashAttention(torch.autograd.Function):
     """O = softmax(α QKᵀ [+ causal mask]) V under a `Precision` policy, Triton forward and backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, policy: Precision, causal: bool, scale: float):
-        kp = kernel_policy(policy)
+        kp = _policy_for_launch(policy)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         o, lse = _forward(q, k, v, kp, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
@@ -249,7 +264,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     or shape the kernels cannot honour.
     """
     _check_inputs(q, k, v)
-    kernel_policy(policy)  # validate before anything is launched
+    if not isinstance(policy, Precision):
+        raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
+    _policy_for_launch(policy)  # validate before anything is launched
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return FlashAttention.apply(q, k, v, policy, bool(causal), scale)
 

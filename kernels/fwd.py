@@ -124,11 +124,14 @@ def _dynamic_max(r_m, ties, BETA, SCORES: tl.constexpr):
 @triton.jit
 def _scores(q, K_block, offs_m, offs_n, N_CTX, scale,
             MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
-            MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr):
-    """One tile of scores: raw QKᵀ (FMA mode) or S = round(α·QKᵀ) (sub mode); masked entries are −inf."""
+            MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):
+    """One tile of scores: raw QKᵀ (FMA mode) or S = round(α·QKᵀ) (sub mode); masked entries are −inf.
+    RAW (sub mode with α a power of two): S/α = round(round(QKᵀ)), the scores in units of α (see `_attn_fwd`)."""
     k = _load_rows(K_block, offs_n, N_CTX, MASK).to(MATMUL)           # (BLOCK_N, HEAD_DIM)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)              # (BLOCK_M, BLOCK_N)
-    if not SUB_FMA:
+    if RAW:
+        qk = _round(_round(qk, QK_OUT), SCORES)                        # S/α, exactly
+    elif not SUB_FMA:
         qk = _round(_round(qk, QK_OUT) * scale, SCORES)                # S = round(round(QKᵀ)·α)
     if MASK:
         valid = offs_n[None, :] < N_CTX
@@ -139,21 +142,23 @@ def _scores(q, K_block, offs_m, offs_n, N_CTX, scale,
 
 
 @triton.jit
-def _probs(qk, m_new, scale, EXP_IN: tl.constexpr, SUB_FMA: tl.constexpr):
-    """P = exp(S − m) in FP32 (before any rounding to PBAR); S − m rounded to EXP_IN, or one FMA."""
+def _probs(qk, m_new, scale, exp_c, EXP_IN: tl.constexpr, SUB_FMA: tl.constexpr):
+    """P = exp(S − m) in FP32 (before any rounding to PBAR); S − m rounded to EXP_IN, or one FMA.
+    Sub mode: exp2((S − m)·exp_c), exp_c = log2(e) (α·log2(e) in RAW units) — on the GPU the same two
+    instructions tl.exp(x) compiles to (a multiply by log2(e), then ex2)."""
     if SUB_FMA:
         # base 2 with log2(e) folded into both operands: one FFMA and one ex2 per score, as FlashAttention does
         # (tl.exp would add a multiply by log2(e) before its ex2)
         return tl.math.exp2(tl.fma(qk, scale * LOG2E, -(m_new * LOG2E)[:, None]))
     else:
-        return tl.exp(_round(qk - m_new[:, None], EXP_IN))
+        return tl.math.exp2(_round(qk - m_new[:, None], EXP_IN) * exp_c)
 
 
 @triton.jit
-def _accumulate(acc, l_i, m_i, m_new, l_blk, pv, ACC: tl.constexpr, EXP_IN: tl.constexpr,
+def _accumulate(acc, l_i, m_i, m_new, l_blk, pv, exp_c, ACC: tl.constexpr, EXP_IN: tl.constexpr,
                 PV_OUT: tl.constexpr):
     """Online-softmax update with one block's row sum and P̄V product (FP32): rescale, add, round."""
-    alpha = tl.exp(_round(m_i - m_new, EXP_IN))
+    alpha = tl.math.exp2(_round(m_i - m_new, EXP_IN) * exp_c)
     l_i = _round(l_i * alpha + l_blk, ACC)
     acc = _round(_round(acc * alpha[:, None], ACC) + _round(pv, PV_OUT), ACC)
     return acc, l_i
@@ -170,35 +175,35 @@ def _row_sum(p, L_CLAMP, CLAMP: tl.constexpr):
 
 # -- the inner loops ---------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_step(acc, l_i, m_i, qk, v_tile, offs_n, N_CTX, scale, EPS, BETA, L_CLAMP,
+def _fwd_step(acc, l_i, m_i, qk, v_tile, offs_n, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP,
               SCORES: tl.constexpr, EXP_IN: tl.constexpr, PBAR: tl.constexpr, PV_DT: tl.constexpr,
               PV_OUT: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
               CLAMP: tl.constexpr, MASK: tl.constexpr, PV_PREC: tl.constexpr):
     """One key tile of the fast path, given its scores: new maximum, P, row sum, P̄V, online update."""
     m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
-    p = _probs(qk, m_new, scale, EXP_IN, SUB_FMA)                    # (BLOCK_M, BLOCK_N) FP32
+    p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)             # (BLOCK_M, BLOCK_N) FP32
     l_blk = _row_sum(p, L_CLAMP, CLAMP)
     pbar = _round(p, PBAR).to(PV_DT)                                 # cast: P̄ right before the P̄V dot
     v = _load_rows(v_tile, offs_n, N_CTX, MASK).to(PV_DT)
     if (ACC == tl.float32) and (PV_OUT == tl.float32):
         # FP32 accumulator: let the dot add into the rescaled accumulator (one pass over acc)
-        alpha = tl.exp(_round(m_i - m_new, EXP_IN))
+        alpha = tl.math.exp2(_round(m_i - m_new, EXP_IN) * exp_c)
         l_i = l_i * alpha + l_blk
         acc = tl.dot(pbar, v, acc * alpha[:, None], input_precision=PV_PREC)
     else:
         pv = tl.dot(pbar, v, input_precision=PV_PREC)
-        acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, ACC, EXP_IN, PV_OUT)
+        acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, exp_c, ACC, EXP_IN, PV_OUT)
     return acc, l_i, m_new
 
 
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-               lo, hi, N_CTX, scale, EPS, BETA, L_CLAMP,
+               lo, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP,
                BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                EXP_IN: tl.constexpr, PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr,
                ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
-               ROTATE: tl.constexpr):
+               ROTATE: tl.constexpr, RAW: tl.constexpr):
     """Fast path: the policy's key block is one tile, so each tile is read once.
 
     ROTATE (unmasked tiles only; `hi − lo` is then a multiple of BLOCK_N) issues the next tile's QKᵀ before
@@ -207,25 +212,25 @@ def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, o
     if ROTATE and (not MASK):
         if lo < hi:
             qk = _scores(q, K_ptrs + lo * stride_kn, offs_m, lo + offs_n0, N_CTX, scale,
-                         MATMUL, QK_OUT, SCORES, SUB_FMA, False, CAUSAL, DOT_PREC)
+                         MATMUL, QK_OUT, SCORES, SUB_FMA, False, CAUSAL, DOT_PREC, RAW)
             for start_n in range(lo, hi - BLOCK_N, BLOCK_N):
                 qk_next = _scores(q, K_ptrs + (start_n + BLOCK_N) * stride_kn, offs_m,
                                   start_n + BLOCK_N + offs_n0, N_CTX, scale,
-                                  MATMUL, QK_OUT, SCORES, SUB_FMA, False, CAUSAL, DOT_PREC)
+                                  MATMUL, QK_OUT, SCORES, SUB_FMA, False, CAUSAL, DOT_PREC, RAW)
                 acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + start_n * stride_vn, start_n + offs_n0,
-                                          N_CTX, scale, EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT,
+                                          N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT,
                                           ACC, SUB_FMA, FIX, CLAMP, False, PV_PREC)
                 qk = qk_next
             last = hi - BLOCK_N
             acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + last * stride_vn, last + offs_n0,
-                                      N_CTX, scale, EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT,
+                                      N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT,
                                       ACC, SUB_FMA, FIX, CLAMP, False, PV_PREC)
     else:
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + offs_n0
             qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                         MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC)
-            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + start_n * stride_vn, offs_n, N_CTX, scale,
+                         MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC, RAW)
+            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + start_n * stride_vn, offs_n, N_CTX, scale, exp_c,
                                       EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA,
                                       FIX, CLAMP, MASK, PV_PREC)
     return acc, l_i, m_i
@@ -233,12 +238,12 @@ def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, o
 
 @triton.jit
 def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                       hi, N_CTX, KEY_BLOCK, scale, EPS, BETA, L_CLAMP,
+                       hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                        MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
                        PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
                        SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr, CAUSAL: tl.constexpr,
-                       DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr):
+                       DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, RAW: tl.constexpr):
     """Emulation path: policy key blocks of KEY_BLOCK keys (a multiple of BLOCK_N), walked in chunks."""
     for kb in range(0, hi, KEY_BLOCK):
         kb_hi = _imin(kb + KEY_BLOCK, hi)
@@ -247,7 +252,7 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
             qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                         MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
+                         MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC, RAW)
             if SUB_FMA:
                 r_m = tl.maximum(r_m, tl.max(qk, 1) * scale)
             else:
@@ -259,7 +264,7 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
             for start_n in range(kb, kb_hi, BLOCK_N):
                 offs_n = start_n + offs_n0
                 qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                             MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
+                             MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC, RAW)
                 if SUB_FMA:
                     qk = qk * scale
                 ties += tl.sum(tl.where(qk >= thresh[:, None], 1.0, 0.0), 1)
@@ -271,14 +276,14 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
             qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                         MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC)
-            p = _probs(qk, m_new, scale, EXP_IN, SUB_FMA)
+                         MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC, RAW)
+            p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)
             l_blk += tl.sum(p, 1)
             v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, True).to(PV_DT)
             pv = tl.dot(_round(p, PBAR).to(PV_DT), v, pv, input_precision=PV_PREC)
         if CLAMP:
             l_blk = tl.maximum(l_blk, L_CLAMP)
-        acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, ACC, EXP_IN, PV_OUT)
+        acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, exp_c, ACC, EXP_IN, PV_OUT)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -317,7 +322,7 @@ def _fwd_prune(configs, named_args, **kwargs):
 # every constexpr that changes the code is in the key: Triton's autotuner keys on the listed arguments and the
 # tensors' dtypes only, so a variant left out would reuse another variant's tuned (and pruned) config
 @triton.autotune(configs=_fwd_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N", "MATMUL",
-                                              "PV_DT", "ACC", "PV_OUT", "SUB_FMA", "FIX", "CLAMP"],
+                                              "PV_DT", "ACC", "PV_OUT", "SUB_FMA", "FIX", "CLAMP", "RAW"],
                  prune_configs_by={"early_config_prune": _fwd_prune})
 @triton.jit
 def _attn_fwd(Q, K, V, O, LSE,
@@ -331,7 +336,17 @@ def _attn_fwd(Q, K, V, O, LSE,
               PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
               SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
               CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
-              ROTATE: tl.constexpr):
+              ROTATE: tl.constexpr, RAW: tl.constexpr):
+    """One program: BLOCK_M query rows of one (batch, head). Writes O and L = m + log ℓ (natural units).
+
+    RAW (sub mode, α a power of two, which the launcher checks): scores, maxima and the fix's threshold are
+    kept in units of α — S/α = round(QKᵀ) — and α is folded into the exponent's constant, saving one multiply
+    per score. Rounding commutes with a power-of-two scaling, so every value is the one the natural-unit path
+    computes, bit for bit (EPS arrives divided by α)."""
+    if RAW:
+        exp_c = scale * LOG2E
+    else:
+        exp_c = LOG2E
     if CAUSAL:
         # longest rows first within each (batch, head): the short ones fill the last wave
         start_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -361,9 +376,9 @@ def _attn_fwd(Q, K, V, O, LSE,
         hi = N_CTX
     if TWO_PASS:
         acc, l_i, m_i = _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m,
-                                           offs_n0, hi, N_CTX, KEY_BLOCK, scale, EPS, BETA, L_CLAMP,
+                                           offs_n0, hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP,
                                            BLOCK_M, BLOCK_N, HEAD_DIM, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR,
-                                           PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, CAUSAL, DOT_PREC, PV_PREC)
+                                           PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, CAUSAL, DOT_PREC, PV_PREC, RAW)
     else:
         # tiles strictly below the diagonal (and inside the sequence) need no mask
         if CAUSAL:
@@ -371,14 +386,16 @@ def _attn_fwd(Q, K, V, O, LSE,
         else:
             lo_mask = (N_CTX // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                                   0, lo_mask, N_CTX, scale, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
+                                   0, lo_mask, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
                                    SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, False, CAUSAL,
-                                   DOT_PREC, PV_PREC, ROTATE)
+                                   DOT_PREC, PV_PREC, ROTATE, RAW)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                                   lo_mask, hi, N_CTX, scale, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
+                                   lo_mask, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
                                    SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, True, CAUSAL,
-                                   DOT_PREC, PV_PREC, False)
+                                   DOT_PREC, PV_PREC, False, RAW)
     o = acc / l_i[:, None]                                   # O = Ō / ℓ, rounded once to the stored dtype
+    if RAW:
+        m_i = m_i * scale                                    # back to natural units (exact)
     lse = tl.log(l_i) + m_i                                  # L = log ℓ + m
     tl.store(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, lse, mask=offs_m < N_CTX)
     tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, _round(o, O.dtype.element_ty).to(O.dtype.element_ty),
@@ -399,9 +416,9 @@ def _probe_pbar(Q, K, P, stride_qm, stride_kn, stride_pm, M, N, scale, EPS, BETA
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < M, other=0.0)
     qk = _scores(q.to(MATMUL), K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_m, offs_n, N, scale,
-                 MATMUL, QK_OUT, SCORES, SUB_FMA, True, False, DOT_PREC)
+                 MATMUL, QK_OUT, SCORES, SUB_FMA, True, False, DOT_PREC, False)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
-    pbar = _round(_probs(qk, m_new, scale, EXP_IN, SUB_FMA), PBAR)
+    pbar = _round(_probs(qk, m_new, scale, LOG2E, EXP_IN, SUB_FMA), PBAR)
     tl.store(P + offs_m[:, None] * stride_pm + offs_n[None, :], pbar,
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

@@ -119,6 +119,25 @@ def test_fast_path_both_loop_shapes(policy, causal, rotate, monkeypatch):
     assert all(e < 2e-5 for e in errs), errs
 
 
+@pytest.mark.parametrize("policy", [FP32.replace(block_k=64).with_fix(), FP32.replace(block_k=32),
+                                    PAPER_BF16.replace(matmul="fp32").with_fix(), PAPER_BF16.replace(matmul="fp32")],
+                         ids=str)
+def test_scores_in_units_of_alpha_change_no_bit(policy, monkeypatch):
+    """With α a power of two the forward keeps scores in units of α (one multiply fewer per score); rounding
+    commutes with such a scaling, so O and L must equal the natural-unit path's bit for bit. The rows get
+    tied maxima so that the fix's threshold (ε/α in these units) is exercised too."""
+    q, k, v, _ = inputs(1, 2, 203, 64, seed=11)
+    k[..., 40:44, :] = k[..., 7:8, :]                              # four copies of key 7: tied maxima in rows
+    q = q.to(DEVICE)
+    runs = []
+    for raw in (True, False):
+        monkeypatch.setattr(kernels, "_raw_units", lambda kp, scale, raw=raw: raw)
+        o, lse = kernels._forward(q, k.contiguous(), v, kernels.kernel_policy(policy), True, 0.125)
+        runs.append((o.cpu(), lse.cpu()))
+    (o_raw, l_raw), (o_nat, l_nat) = runs
+    assert torch.equal(o_raw, o_nat) and torch.equal(l_raw, l_nat)
+
+
 @pytest.mark.parametrize("delta", ["dO.O", "dO.O_hp", "dP.P"])
 def test_delta_sources(delta):
     q, k, v, do = inputs(1, 2, 113, 64, seed=5)
