@@ -29,13 +29,17 @@ class BenchKernelsConfig:
     width: int = 2048              # heads × head_dim: 32 heads of 64 or 16 of 128
     causal: bool = True
     methods: tuple = ("sdpa_flash", "sdpa_cudnn", "triton", "triton_fix", "triton_fma", "triton_fma_fix",
-                      "triton_paper", "reference_paper", "triton_bk128", "triton_bk128_fix")
+                      "triton_paper", "reference_paper")
+    # the fix's cost is timed a second time with the two kernels alternating (drift cancels in the ratio)
+    pairs: tuple = (("triton", "triton_fix"), ("triton_fma", "triton_fma_fix"))
+    pair_modes: tuple = ("fwd", "fwd_bwd")
+    pair_reps: int = 60
     reference_max_n: int = 2048    # the pure-PyTorch reference is slow: time it up to this length only
     reps: int = 30
     warmup: int = 5
     input_sets: int = 3
     matmul_size: int = 8192        # the BF16 matrix product that gives the card's ceiling
-    time_budget_s: float = 230.0   # stop measuring (leaving NaN) after this long, so a device call ends in time
+    time_budget_s: float = 300.0   # stop measuring (leaving NaN) after this long, so a device call ends in time
 
 
 def _flops(b, h, n, d, causal, mode):
@@ -72,38 +76,77 @@ def _method_fn(method, causal):
     return lambda q, k, v: kernels.flash_attention(q, k, v, policy, causal=causal)
 
 
-def _time(fn, sets, mode, reps, warmup):
-    """Median milliseconds of `mode` over `reps` CUDA-event timings, rotating among input sets."""
+def _runner(fn, sets, mode):
+    """(call, timed) for one method and mode: `call(i)` runs it on input set i % len(sets); `timed(i)` does the
+    same between two CUDA events and returns the milliseconds. "bwd" replays a stored graph's backward."""
     import torch
+
+    outs = [fn(q, k, v) for q, k, v, _ in sets] if mode == "bwd" else None
 
     def call(i):
         q, k, v, do = sets[i % len(sets)]
         if mode == "fwd":
             with torch.no_grad():
                 fn(q, k, v)
+        elif mode == "bwd":
+            torch.autograd.grad(outs[i % len(sets)], (q, k, v), do, retain_graph=True)
         else:
             o = fn(q, k, v)
             torch.autograd.grad(o, (q, k, v), do)
 
-    def call_bwd(i, outs):
-        q, k, v, do = sets[i % len(sets)]
-        torch.autograd.grad(outs[i % len(sets)], (q, k, v), do, retain_graph=True)
-
-    outs = None
-    if mode == "bwd":
-        outs = [fn(q, k, v) for q, k, v, _ in sets]
-    for i in range(warmup):
-        call_bwd(i, outs) if mode == "bwd" else call(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
+    def timed(i):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        call_bwd(i, outs) if mode == "bwd" else call(i)
+        call(i)
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        return start.elapsed_time(end)
+
+    return call, timed
+
+
+def _time(fn, sets, mode, reps, warmup):
+    """Median milliseconds of `mode` over `reps` CUDA-event timings, rotating among input sets."""
+    import torch
+
+    call, timed = _runner(fn, sets, mode)
+    for i in range(warmup):
+        call(i)
+    torch.cuda.synchronize()
+    return statistics.median(timed(i) for i in range(reps))
+
+
+def _time_paired(fn_a, fn_b, sets, mode, reps, warmup):
+    """Two methods timed in alternation (A B, then B A, ...) on the same inputs, so that clock and thermal drift
+    hit both alike: (median ms of A, median ms of B, median of the per-pair ratios B/A)."""
+    import torch
+
+    (call_a, timed_a), (call_b, timed_b) = _runner(fn_a, sets, mode), _runner(fn_b, sets, mode)
+    for i in range(warmup):
+        call_a(i)
+        call_b(i)
+    torch.cuda.synchronize()
+    ta, tb = [], []
+    for i in range(reps):
+        if i % 2:
+            tb.append(timed_b(i))
+            ta.append(timed_a(i))
+        else:
+            ta.append(timed_a(i))
+            tb.append(timed_b(i))
+    return statistics.median(ta), statistics.median(tb), statistics.median(b / a for a, b in zip(ta, tb))
+
+
+def _chosen_configs():
+    """The autotuner's last pick for each kernel (what the timings just above ran), as text."""
+    import kernels.bwd as kb
+    import kernels.fwd as kf
+    out = {}
+    for name, fn in (("fwd", kf._attn_fwd), ("dkdv", kb._bwd_dkdv), ("dq", kb._bwd_dq)):
+        cfg = getattr(fn, "best_config", None)
+        if cfg is not None:
+            out[name] = f"{cfg.kwargs} warps={cfg.num_warps} stages={cfg.num_stages}"
+    return out
 
 
 def _matmul_tflops(size, reps=10):
@@ -130,8 +173,12 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
     shape = (len(cfg.head_dims), len(cfg.seq_lens), len(cfg.methods), len(MODES))
     ms = np.full(shape, np.nan)
     tflops = np.full(shape, np.nan)
+    pair_shape = (len(cfg.head_dims), len(cfg.seq_lens), len(cfg.pairs), len(cfg.pair_modes))
+    pair_ratio = np.full(pair_shape, np.nan)   # median over alternating pairs of ms(fix) / ms(base)
+    pair_ms = np.full(pair_shape + (2,), np.nan)
     errors = []
     check = {}
+    chosen = {}
     t0 = time.time()
     for i, d in enumerate(cfg.head_dims):
         h = cfg.width // d
@@ -168,9 +215,23 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
                         continue
                     ms[i, j, m, a] = t
                     tflops[i, j, m, a] = _flops(b, h, n, d, cfg.causal, mode) / (t * 1e-3) / 1e12
+                if method.startswith("triton"):
+                    chosen[f"{method} d={d} n={n}"] = _chosen_configs()
                 print(f"[{time.time() - t0:6.1f}s] d={d:3d} N={n:5d} {method:16s} "
                       + "  ".join(f"{mode} {tflops[i, j, m, a]:6.1f}" for a, mode in enumerate(MODES)),
                       flush=True)
+            for p, (base, fix) in enumerate(cfg.pairs):
+                if time.time() - t0 > cfg.time_budget_s:
+                    errors.append(f"time budget: pair {base}/{fix} d={d} n={n} not measured")
+                    continue
+                fa, fb = _method_fn(base, cfg.causal), _method_fn(fix, cfg.causal)
+                for a, mode in enumerate(cfg.pair_modes):
+                    ta, tb, r = _time_paired(fa, fb, sets, mode, cfg.pair_reps, cfg.warmup)
+                    pair_ms[i, j, p, a] = ta, tb
+                    pair_ratio[i, j, p, a] = r
+                print(f"[{time.time() - t0:6.1f}s] d={d:3d} N={n:5d} {fix}/{base} alternating: "
+                      + "  ".join(f"{mode} {100 * (pair_ratio[i, j, p, a] - 1):+5.1f}%"
+                                  for a, mode in enumerate(cfg.pair_modes)), flush=True)
             del sets
             torch.cuda.empty_cache()
     return {
@@ -180,6 +241,9 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
         "matmul_tflops": float(_matmul_tflops(cfg.matmul_size)),
         "errors": "\n".join(errors),
         "check_rel_err": json.dumps(check),
+        "pairs": np.array(["/".join(p) for p in cfg.pairs]), "pair_modes": np.array(cfg.pair_modes),
+        "pair_ratio": pair_ratio, "pair_ms": pair_ms,
+        "configs": json.dumps(chosen),
     }
 
 
@@ -210,6 +274,13 @@ def table(res) -> str:
                 cost = res["ms"][i, :, a, modes.index("fwd_bwd")] / res["ms"][i, :, b, modes.index("fwd_bwd")] - 1
                 lines.append(f"  fix cost ({a_name} vs {b_name}), fwd+bwd time: "
                              + " / ".join(f"{100 * c:+.1f}%" for c in cost))
+        if "pair_ratio" in res:
+            pmodes = [str(x) for x in res["pair_modes"]]
+            for p, name in enumerate(res["pairs"]):
+                base, fix = str(name).split("/")
+                lines.append(f"  fix cost ({fix} vs {base}), alternating timings: " + ", ".join(
+                    f"{mode} " + " / ".join(f"{100 * (r - 1):+.1f}%" for r in res["pair_ratio"][i, :, p, a])
+                    for a, mode in enumerate(pmodes)))
         if "triton_paper" in methods and "reference_paper" in methods:
             a, b = methods.index("triton_paper"), methods.index("reference_paper")
             sp = res["ms"][i, :, b, modes.index("fwd_bwd")] / res["ms"][i, :, a, modes.index("fwd_bwd")]

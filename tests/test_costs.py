@@ -192,3 +192,15 @@ def test_stored_at_commit():
     assert e["meta"]["name"] == "train_speed" and len(e["tokens_per_s"]) == len(e["variants"])
     with pytest.raises(RuntimeError):
         C.stored_at_commit("train_speed", "0" * 40)
+
+
+def test_bench_table_reports_the_alternating_fix_cost():
+    """kernels.bench.table prints the paired (alternating) fix-cost ratios when the result has them."""
+    from kernels.bench import table
+    tf = np.full((1, 2, 2, 3), 100.0)
+    res = {"methods": np.array(["triton", "triton_fix"]), "modes": np.array(["fwd", "bwd", "fwd_bwd"]),
+           "head_dims": np.array([64]), "seq_lens": np.array([1024, 2048]), "tflops": tf, "ms": 1.0 / tf,
+           "matmul_tflops": 700.0, "pairs": np.array(["triton/triton_fix"]), "pair_modes": np.array(["fwd", "fwd_bwd"]),
+           "pair_ratio": np.array([[[[1.05, 1.02]], [[1.10, 0.99]]]])}
+    text = table(res)
+    assert "fix cost (triton_fix vs triton), alternating timings: fwd +5.0% / +10.0%, fwd_bwd +2.0% / -1.0%" in text
