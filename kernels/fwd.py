@@ -31,7 +31,7 @@ import os
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: jitted code may read no other globals
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
