@@ -203,36 +203,17 @@ def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, o
                EXP_IN: tl.constexpr, PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr,
                ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
-               ROTATE: tl.constexpr, RAW: tl.constexpr):
-    """Fast path: the policy's key block is one tile, so each tile is read once.
-
-    ROTATE (unmasked tiles only; `hi − lo` is then a multiple of BLOCK_N) issues the next tile's QKᵀ before
-    this tile's softmax, so that the tensor cores can work on it while the exponentials run — the overlap
-    FlashAttention-3 gets from its schedule. The autotuner decides whether it pays on the card at hand."""
-    if ROTATE and (not MASK):
-        if lo < hi:
-            qk = _scores(q, K_ptrs + lo * stride_kn, offs_m, lo + offs_n0, N_CTX, scale,
-                         MATMUL, QK_OUT, SCORES, SUB_FMA, False, CAUSAL, DOT_PREC, RAW)
-            for start_n in range(lo, hi - BLOCK_N, BLOCK_N):
-                qk_next = _scores(q, K_ptrs + (start_n + BLOCK_N) * stride_kn, offs_m,
-                                  start_n + BLOCK_N + offs_n0, N_CTX, scale,
-                                  MATMUL, QK_OUT, SCORES, SUB_FMA, False, CAUSAL, DOT_PREC, RAW)
-                acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + start_n * stride_vn, start_n + offs_n0,
-                                          N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT,
-                                          ACC, SUB_FMA, FIX, CLAMP, False, PV_PREC)
-                qk = qk_next
-            last = hi - BLOCK_N
-            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + last * stride_vn, last + offs_n0,
-                                      N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT,
-                                      ACC, SUB_FMA, FIX, CLAMP, False, PV_PREC)
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            offs_n = start_n + offs_n0
-            qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                         MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC, RAW)
-            acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + start_n * stride_vn, offs_n, N_CTX, scale, exp_c,
-                                      EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA,
-                                      FIX, CLAMP, MASK, PV_PREC)
+               RAW: tl.constexpr):
+    """Fast path: the policy's key block is one tile, so each tile is read once. (A rotated loop that issued
+    the next tile's QKᵀ before this tile's softmax was tried on the H200 on 2026-11-30: the autotuner chose it
+    in 1 of 32 shapes, so it was removed.)"""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
+                     MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC, RAW)
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + start_n * stride_vn, offs_n, N_CTX, scale, exp_c,
+                                  EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA,
+                                  FIX, CLAMP, MASK, PV_PREC)
     return acc, l_i, m_i
 
 
@@ -291,12 +272,11 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
 # -- the forward kernel --------------------------------------------------------------------------------------
 def _fwd_configs():
     if INTERPRET:
-        # one config: the interpreter cannot time configs (tests switch ROTATE on this config's kwargs)
-        return [triton.Config({"BLOCK_M": 64, "ROTATE": True}, num_warps=4, num_stages=1)]
-    # the first is what LPFAIL_KERNELS_AUTOTUNE=0 (the GPU tests) runs
-    return [triton.Config({"BLOCK_M": bm, "ROTATE": r}, num_warps=w, num_stages=s)
-            for bm, w, s, r in ((128, 8, 3, True), (128, 8, 3, False), (128, 4, 3, True), (128, 4, 3, False),
-                                (64, 4, 3, False), (128, 8, 2, True), (128, 8, 4, True), (64, 4, 4, True))]
+        return [triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=1)]
+    # the first is what LPFAIL_KERNELS_AUTOTUNE=0 (the GPU tests) runs; picks on the H200 (2026-11-30): 128/8/3
+    # without the fix, 64/4/3 with it (the tie count's registers), 128/8/4 once
+    return [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=s)
+            for bm, w, s in ((128, 8, 3), (128, 4, 3), (64, 4, 3), (128, 8, 2), (128, 8, 4), (64, 4, 4))]
 
 
 def _tune() -> bool:
@@ -309,13 +289,10 @@ def _fwd_prune(configs, named_args, **kwargs):
     """Keep configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N; FP32 dots (4-byte tiles) get one
     small config that fits shared memory at head dim 128."""
     block_n = kwargs["BLOCK_N"]
-    rotate = os.environ.get("LPFAIL_KERNELS_ROTATE", "")
-    if rotate in ("0", "1"):  # pin the loop shape (tests of both shapes; A/B timings)
-        configs = [c for c in configs if c.kwargs["ROTATE"] == (rotate == "1")]
     if tl.float32 in (kwargs["MATMUL"], kwargs["PV_DT"]) and not INTERPRET:
-        return [triton.Config({"BLOCK_M": max(block_n, 64), "ROTATE": rotate == "1"}, num_warps=4, num_stages=1)]
+        return [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=1)]
     keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0]
-    keep = keep or [triton.Config({"BLOCK_M": max(block_n, 64), "ROTATE": False}, num_warps=4, num_stages=2)]
+    keep = keep or [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=2)]
     return keep if _tune() else keep[:1]
 
 
@@ -336,7 +313,7 @@ def _attn_fwd(Q, K, V, O, LSE,
               PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
               SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
               CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
-              ROTATE: tl.constexpr, RAW: tl.constexpr):
+              RAW: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, head). Writes O and L = m + log ℓ (natural units).
 
     RAW (sub mode, α a power of two, which the launcher checks): scores, maxima and the fix's threshold are
@@ -388,11 +365,11 @@ def _attn_fwd(Q, K, V, O, LSE,
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
                                    0, lo_mask, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
                                    SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, False, CAUSAL,
-                                   DOT_PREC, PV_PREC, ROTATE, RAW)
+                                   DOT_PREC, PV_PREC, RAW)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
                                    lo_mask, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
                                    SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, True, CAUSAL,
-                                   DOT_PREC, PV_PREC, False, RAW)
+                                   DOT_PREC, PV_PREC, RAW)
     o = acc / l_i[:, None]                                   # O = Ō / ℓ, rounded once to the stored dtype
     if RAW:
         m_i = m_i * scale                                    # back to natural units (exact)

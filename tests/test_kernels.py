@@ -99,26 +99,6 @@ def test_fp32_block_paths(policy, causal):
     assert all(e < 2e-5 for e in errs), errs
 
 
-@pytest.mark.parametrize("rotate", [True, False])
-@pytest.mark.parametrize("policy", [FP32.replace(block_k=64), FP32.replace(block_k=64).with_fix(),
-                                    FP32.replace(block_k=32, sub="fma").with_fix()], ids=str)
-@pytest.mark.parametrize("causal", [True, False])
-def test_fast_path_both_loop_shapes(policy, causal, rotate, monkeypatch):
-    """The forward's unmasked tiles run either as a plain loop or rotated (the next tile's QKᵀ issued before this
-    tile's softmax); the autotuner picks one on the GPU, so both must give the same answer."""
-    from kernels import fwd
-    monkeypatch.setenv("LPFAIL_KERNELS_ROTATE", "1" if rotate else "0")
-    fwd._attn_fwd.cache.clear()
-    if kernels.interpreted():
-        monkeypatch.setitem(fwd._attn_fwd.configs[0].kwargs, "ROTATE", rotate)
-    q, k, v, do = inputs(1, 2, 203, 64, seed=5)
-    got = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=causal), q, k, v, do)
-    fwd._attn_fwd.cache.clear()
-    ref = truth_with_grads(q, k, v, do, causal)
-    errs = [rel(x, r) for x, r in zip(got, ref)]
-    assert all(e < 2e-5 for e in errs), errs
-
-
 @pytest.mark.parametrize("policy", [FP32.replace(block_k=64).with_fix(), FP32.replace(block_k=32),
                                     PAPER_BF16.replace(matmul="fp32").with_fix(), PAPER_BF16.replace(matmul="fp32")],
                          ids=str)

@@ -11,11 +11,11 @@ TEST_TIMEOUT=${2:-200}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$OUT/nvsmi.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" 2>&1 | tee -a "$OUT/nvsmi.txt"
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
-  # the gpu-marked tests, then the CPU suite's tests that matter most on the card (both forward loop shapes)
+  # the gpu-marked tests, then a CPU-suite test that matters most on the card (scores in units of α, bit for bit)
   LPFAIL_KERNELS_AUTOTUNE=0 timeout "$TEST_TIMEOUT" python3 -m pytest -q -s -p no:cacheprovider \
     $(ls tests/test_kernels.py tests/test_kernels_bwd.py 2>/dev/null) ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/tests.txt" | grep -v "^$" | tail -60
   LPFAIL_KERNELS_AUTOTUNE=0 timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider \
-    tests/test_kernels.py ${PYTEST_ARGS2:--k loop_shapes} 2>&1 | tee -a "$OUT/tests.txt" | tail -5
+    tests/test_kernels.py ${PYTEST_ARGS2:--k units_of_alpha} 2>&1 | tee -a "$OUT/tests.txt" | tail -5
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   LPFAIL_RESULTS_DIR=$OUT timeout 420 python3 -m lpfail run bench_kernels ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
