@@ -26,6 +26,7 @@ if not CUDA:  # stays set for the rest of the process: Triton reads it at run ti
         for name in ("kernels.fwd", "kernels.bwd", "kernels"):
             importlib.reload(sys.modules[name])
 import kernels  # noqa: E402
+from kernels.fwd import _raw_threshold  # noqa: E402,F401  (used by _raw_threshold_probe's kernel)
 
 try:  # the pure-PyTorch reference (the oracle for policy-matching tests), when it is there
     from lpfail.attention import attention as reference_attention
@@ -185,6 +186,81 @@ def test_probe_tied_maximum_gives_pbar_one_in_sub_mode():
     assert (p[tied] == 1).all()
     fixed = kernels.probe_pbar(q, k, FP32.with_fix()).cpu()
     assert (fixed[tied] < 1).all() and (fixed[tied] > 0).all()
+
+
+def test_fix_in_fma_mode_counts_ties_on_raw_products():
+    """FMA mode counts ties against a per-row raw threshold (no multiply per score): tied maxima must still be
+    found (P̄ < 1 everywhere on them) and a single maximum must not be shifted (its P̄ stays exactly 1 — the
+    FMA's residual is 0 there since α = 1/8 is a power of two)."""
+    d, m, n = 64, 16, 64
+    g = torch.Generator().manual_seed(1)
+    q = torch.zeros(m, d)
+    k = torch.randn(n, d, generator=g) * 0.05
+    tied = torch.zeros(m, n, dtype=torch.bool)
+    for i in range(m):
+        q[i, i] = 3.0 + 0.25 * i
+        k[4 * i:4 * i + 3] = 0.0
+        k[4 * i:4 * i + (3 if i % 2 else 1), i] = 5.0        # odd rows: three tied maxima; even rows: one
+        tied[i, 4 * i:4 * i + (3 if i % 2 else 1)] = True
+    q, k = q.to(DEVICE), k.to(DEVICE)
+    p = kernels.probe_pbar(q, k, FP32.replace(sub="fma").with_fix()).cpu()
+    odd = torch.arange(m) % 2 == 1
+    assert (p[odd][tied[odd]] < 1).all() and (p[odd][tied[odd]] > 0).all()
+    assert (p[~odd][tied[~odd]] == 1).all()
+
+
+def _raw_threshold_probe():
+    """A one-program kernel around `kernels.fwd._raw_threshold` (built here: Triton resolves a jitted
+    function's globals in its module, so the helper must be a module-level name)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def probe(T, X, scale, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(X + offs, _raw_threshold(tl.load(T + offs), scale))
+    return probe
+
+
+def test_raw_threshold_is_the_exact_boundary():
+    """`_raw_threshold(t, α)` is the smallest FP32 x with fl(x·α) ≥ t, checked with NumPy's FP32 arithmetic
+    for α = 1/√128 (not a power of two) and thresholds of both signs and ±inf. Within a few subnormals of 0
+    (t = ±0, ±1e-30 here) it is only a valid bound (fl(x·α) ≥ t): the boundary lies more steps away than the
+    helper walks — scores there are far below any ε-tie that matters."""
+    import numpy as np
+
+    probe = _raw_threshold_probe()
+    rng = np.random.default_rng(0)
+    t = np.concatenate([rng.normal(0, 30, 250), [0.0, -0.0, np.inf, -np.inf, 1e-30, -1e-30]]).astype(np.float32)
+    alpha = np.float32(1 / math.sqrt(128))
+    x = torch.empty(len(t), device=DEVICE)
+    probe[(1,)](torch.from_numpy(t).to(DEVICE), x, float(alpha), BLOCK=len(t))
+    x = x.cpu().numpy()
+    fin = np.isfinite(t)
+    assert (x[fin] * alpha >= t[fin]).all()
+    exact = fin & (np.abs(t) > 1e-20)
+    below = np.nextafter(x[exact], np.float32(-np.inf))
+    assert (below * alpha < t[exact]).all()
+    assert (x[~fin] == t[~fin] / alpha).all()
+
+
+@pytest.mark.parametrize("sub", ["sub", "fma"])
+def test_fix_ignores_rows_masked_out_of_a_tile(sub):
+    """Causal rows in the first half of a diagonal query block see no key of the block's second key tile. Those
+    scores are all −inf and must not count as tied maxima (which would shift the row's maximum to 0): with
+    row maxima near −100 that shift underflows ℓ to 0 and O to NaN. Scores are distinct, so the fix itself
+    changes nothing here."""
+    n, d = 64, 64
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 1, n, d, generator=g) * 0.3
+    k = torch.randn(1, 1, n, d, generator=g) * 0.3
+    q[..., 0], k[..., 0] = 20.0, -40.0                            # S ≈ −100 + distinct small parts
+    q, k, v = (t.to(DEVICE) for t in (q, k, torch.randn(1, 1, n, d, generator=g)))
+    policy = FP32.replace(block_k=32, sub=sub).with_fix()         # two key tiles per 64-row query block
+    out = kernels.flash_attention(q, k, v, policy, causal=True)
+    ref = truth(q.double(), k.double(), v.double(), True)
+    assert torch.isfinite(out).all()
+    assert rel(out, ref) < 2e-5
 
 
 # -- the API's promises ------------------------------------------------------------------------------------------
