@@ -247,6 +247,64 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
     }
 
 
+#: The issue's targets, at N ≥ 2048 (both head dims): (ratio name, bound, "min" = at least / "max" = at most)
+TARGETS = (("fwd / SDPA flash", 1.2, "min"), ("fwd+bwd / SDPA flash", 1.0, "min"),
+           ("fix cost, fwd+bwd", 0.03, "max"), ("PAPER_BF16 kernel / reference", 5.0, "min"))
+TARGET_MIN_N = 2048
+
+
+def summary(res, method: str = "triton") -> list[dict]:
+    """One row per (head dim, N): `method`'s speed against SDPA flash and cuDNN (fwd, fwd+bwd), the fix's cost
+    from the alternating timings (fraction of time; NaN when not measured) and the PAPER_BF16 kernel's
+    speed-up over the reference (NaN where the reference was not timed)."""
+    names, modes = [str(m) for m in res["methods"]], [str(m) for m in res["modes"]]
+    tf, ms = np.asarray(res["tflops"]), np.asarray(res["ms"])
+    pairs = [str(p) for p in res["pairs"]] if "pairs" in res else []
+    pmodes = [str(m) for m in res["pair_modes"]] if "pair_modes" in res else []
+    fix_pair = f"{method}/{method}_fix"
+    rows = []
+    for i, d in enumerate(res["head_dims"]):
+        for j, n in enumerate(res["seq_lens"]):
+            def r(a, b, mode, arr=tf):
+                if a not in names or b not in names:
+                    return math.nan
+                return float(arr[i, j, names.index(a), modes.index(mode)] / arr[i, j, names.index(b), modes.index(mode)])
+
+            def cost(mode):
+                if fix_pair in pairs and mode in pmodes:
+                    return float(res["pair_ratio"][i, j, pairs.index(fix_pair), pmodes.index(mode)] - 1)
+                return math.nan
+            rows.append({
+                "head_dim": int(d), "n": int(n),
+                "fwd_vs_flash": r(method, "sdpa_flash", "fwd"), "fwd_bwd_vs_flash": r(method, "sdpa_flash", "fwd_bwd"),
+                "fwd_vs_cudnn": r(method, "sdpa_cudnn", "fwd"), "fwd_bwd_vs_cudnn": r(method, "sdpa_cudnn", "fwd_bwd"),
+                "fix_cost_fwd": cost("fwd"), "fix_cost_fwd_bwd": cost("fwd_bwd"),
+                "paper_speedup": r("reference_paper", "triton_paper", "fwd_bwd", arr=ms),
+            })
+    return rows
+
+
+def targets(res, method: str = "triton") -> list[dict]:
+    """The issue's targets against `summary`: for each, the worst measured value at N ≥ 2048 (over both head
+    dims; the PAPER_BF16 speed-up over every N where the reference was timed) and whether it is met."""
+    rows = summary(res, method)
+    big = [r for r in rows if r["n"] >= TARGET_MIN_N]
+    keys = {"fwd / SDPA flash": ("fwd_vs_flash", big), "fwd+bwd / SDPA flash": ("fwd_bwd_vs_flash", big),
+            "fix cost, fwd+bwd": ("fix_cost_fwd_bwd", big), "PAPER_BF16 kernel / reference": ("paper_speedup", rows)}
+    out = []
+    for name, bound, kind in TARGETS:
+        key, subset = keys[name]
+        vals = [r[key] for r in subset if not math.isnan(r[key])]
+        if not vals:
+            out.append({"target": name, "bound": bound, "kind": kind, "worst": math.nan, "best": math.nan,
+                        "met": None})
+            continue
+        worst, best = (min(vals), max(vals)) if kind == "min" else (max(vals), min(vals))
+        out.append({"target": name, "bound": bound, "kind": kind, "worst": worst, "best": best,
+                    "met": worst >= bound if kind == "min" else worst <= bound})
+    return out
+
+
 def table(res) -> str:
     """The benchmark as a text table: TFLOP/s per method and mode, and the ratios the issue's targets use."""
     methods = [str(m) for m in res["methods"]]

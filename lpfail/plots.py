@@ -139,6 +139,55 @@ def kernel_bench_figure(res, mode: str = "fwd_bwd",
     return fig
 
 
+def kernel_targets_figure(res) -> plt.Figure:
+    """The issue's two kernel targets, one row per head dim: forward TFLOP/s against N with the 1.2 × SDPA
+    flash target dashed (left), and the fix's cost from the alternating timings with the 3 % target (right)."""
+    from kernels.bench import TARGETS
+    names = [str(m) for m in res["methods"]]
+    modes = [str(m) for m in res["modes"]]
+    dims, ns = res["head_dims"], res["seq_lens"]
+    fwd_bound = dict((t[0], t[1]) for t in TARGETS)["fwd / SDPA flash"]
+    cost_bound = dict((t[0], t[1]) for t in TARGETS)["fix cost, fwd+bwd"]
+    fig, axes = plt.subplots(len(dims), 2, figsize=(10.4, 3.3 * len(dims)), squeeze=False)
+    styles = {"sdpa_cudnn": ("#7f8c8d", "--"), "sdpa_flash": ("#2c3e50", "--"), "triton": ("#2980b9", "-"),
+              "triton_fma": ("#8e44ad", "-")}
+    a = modes.index("fwd")
+    for i, d in enumerate(dims):
+        ax = axes[i][0]
+        for method, (color, ls) in styles.items():
+            if method in names:
+                ax.plot(ns, res["tflops"][i, :, names.index(method), a], ls, marker="o", ms=4, color=color,
+                        label=method)
+        if "sdpa_flash" in names:
+            ax.plot(ns, fwd_bound * res["tflops"][i, :, names.index("sdpa_flash"), a], ":", color="#2c3e50",
+                    label=f"target: {fwd_bound:g} × sdpa_flash")
+        ax.set_title(f"head dim {int(d)}: forward, causal")
+        ax.set_ylabel("TFLOP/s")
+        ax = axes[i][1]
+        if "pair_ratio" in res:
+            pmodes = [str(m) for m in res["pair_modes"]]
+            for p, name in enumerate(res["pairs"]):
+                base = str(name).split("/")[0]
+                color = styles.get(base, ("#333333", "-"))[0]
+                for mode, ls in (("fwd_bwd", "-"), ("fwd", ":")):
+                    if mode in pmodes:
+                        y = 100 * (res["pair_ratio"][i, :, p, pmodes.index(mode)] - 1)
+                        ax.plot(ns, y, ls, marker="o", ms=4, color=color,
+                                label=f"{base}: {mode.replace('_', '+')}")
+        ax.axhline(100 * cost_bound, color="#c0392b", lw=0.8, ls="--", label=f"target {100 * cost_bound:g} % (fwd+bwd)")
+        ax.axhline(0, color="#999999", lw=0.6)
+        ax.set_title(f"head dim {int(d)}: the fix's cost (alternating timings)")
+        ax.set_ylabel("% of time")
+        for ax in axes[i]:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ns, [str(int(n)) for n in ns])
+            ax.set_xlabel("sequence length N")
+    axes[0][0].legend(fontsize=7)
+    axes[0][1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 # -- chapter 1: the symptom -----------------------------------------------------------------------------------
 VARIANT_STYLE = {"A": dict(color=COLORS["A"], lw=1.4), "C": dict(color=COLORS["C"], lw=1.4),
                  "Bp": dict(color=COLORS["B'"], lw=1.2), "B": dict(color=COLORS["B"], lw=1.1, ls="--"),

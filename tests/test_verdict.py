@@ -132,3 +132,14 @@ def test_symptom_verdicts_from_the_stored_results():
     vs = {v.claim: v for v in V.verdicts()}
     assert vs["C0"].verdict in V.VERDICTS and vs["C0"].verdict != V.NOT_TESTED
     assert "Pre-registered failures" in vs["C0"].evidence and "symptom" in vs["C0"].evidence
+
+
+def test_fix_cost_prefers_alternating_timings():
+    """Fix-c states the alternating (paired) measurement when the benchmark has it, else the separate medians."""
+    from tests.test_bench import fake
+    res = fake(fix_cost=(0.10, 0.02))
+    v = V.fix_cost(res)
+    assert "+2.0 % to +2.0 %" in v.evidence and "+10.0 % to +10.0 %" in v.evidence and "alternation" in v.evidence
+    single = {k: x for k, x in res.items() if not k.startswith("pair")}
+    v = V.fix_cost(single)
+    assert "+22.2 % to +22.2 %" in v.evidence and "single runs" in v.evidence  # 110 vs 90 TFLOP/s

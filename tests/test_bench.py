@@ -1,0 +1,67 @@
+"""kernels.bench's summaries of a stored benchmark (CPU: fake results with known ratios)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels.bench import summary, targets
+
+METHODS = ["sdpa_flash", "sdpa_cudnn", "triton", "triton_fix", "triton_paper", "reference_paper"]
+MODES = ["fwd", "bwd", "fwd_bwd"]
+
+
+def fake(flash=100.0, cudnn=150.0, triton=(130.0, 110.0), fix_cost=(0.10, 0.02), paper_x=8.0):
+    tf = np.full((2, 3, len(METHODS), 3), np.nan)
+    tf[..., 0, :] = flash
+    tf[..., 1, :] = cudnn
+    tf[..., 2, 0], tf[..., 2, 2], tf[..., 2, 1] = triton[0], triton[1], 100.0
+    tf[..., 3, :] = 90.0
+    tf[..., 4, :] = 50.0
+    tf[..., 5, :] = 50.0 / paper_x
+    tf[:, 2, 5, :] = np.nan                                   # the reference is not timed at the largest N
+    ratio = np.empty((2, 3, 1, 2))
+    ratio[..., 0], ratio[..., 1] = 1 + fix_cost[0], 1 + fix_cost[1]
+    return {"methods": np.array(METHODS), "modes": np.array(MODES), "head_dims": np.array([64, 128]),
+            "seq_lens": np.array([1024, 2048, 4096]), "tflops": tf, "ms": 1.0 / tf,
+            "pairs": np.array(["triton/triton_fix"]), "pair_modes": np.array(["fwd", "fwd_bwd"]), "pair_ratio": ratio}
+
+
+def test_summary_ratios():
+    rows = summary(fake())
+    assert len(rows) == 6 and rows[0]["head_dim"] == 64 and rows[0]["n"] == 1024
+    r = rows[1]
+    assert math.isclose(r["fwd_vs_flash"], 1.3) and math.isclose(r["fwd_bwd_vs_flash"], 1.1)
+    assert math.isclose(r["fwd_vs_cudnn"], 130 / 150) and math.isclose(r["fix_cost_fwd_bwd"], 0.02)
+    assert math.isclose(r["paper_speedup"], 8.0)
+    assert math.isnan(rows[2]["paper_speedup"])
+
+
+def test_targets_met_and_missed():
+    t = {x["target"]: x for x in targets(fake())}
+    assert t["fwd / SDPA flash"]["met"] and t["fwd+bwd / SDPA flash"]["met"]
+    assert t["fix cost, fwd+bwd"]["met"] and t["PAPER_BF16 kernel / reference"]["met"]
+    t = {x["target"]: x for x in targets(fake(triton=(115.0, 95.0), fix_cost=(0.2, 0.05), paper_x=4.0))}
+    assert not any(x["met"] for x in t.values())
+    assert math.isclose(t["fwd / SDPA flash"]["worst"], 1.15) and math.isclose(t["fix cost, fwd+bwd"]["worst"], 0.05)
+
+
+def test_targets_without_alternating_timings_are_unknown():
+    res = {k: v for k, v in fake().items() if not k.startswith("pair")}
+    t = {x["target"]: x for x in targets(res)}
+    assert t["fix cost, fwd+bwd"]["met"] is None and math.isnan(t["fix cost, fwd+bwd"]["worst"])
+
+
+def test_targets_figure_draws_both_panels():
+    import matplotlib
+    matplotlib.use("Agg")
+    from lpfail import plots
+    res = fake()
+    res["methods"] = np.array(METHODS)
+    fig = plots.kernel_targets_figure(res)
+    axes = fig.axes
+    assert len(axes) == 4
+    labels = [line.get_label() for line in axes[1].get_lines()]
+    assert "triton: fwd+bwd" in labels and any("target" in x for x in labels)
+    target = [line for line in axes[0].get_lines() if "target" in line.get_label()][0]
+    assert np.allclose(target.get_ydata(), 1.2 * 100.0)
