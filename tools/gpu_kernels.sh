@@ -15,9 +15,10 @@ if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   LPFAIL_KERNELS_AUTOTUNE=0 timeout "$TEST_TIMEOUT" python3 -m pytest -q -s -p no:cacheprovider \
     $(ls tests/test_kernels.py tests/test_kernels_bwd.py 2>/dev/null) ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/tests.txt" | grep -v "^$" | tail -60
   LPFAIL_KERNELS_AUTOTUNE=0 timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider \
-    tests/test_kernels.py ${PYTEST_ARGS2:--k units_of_alpha} 2>&1 | tee -a "$OUT/tests.txt" | tail -5
+    tests/test_kernels.py ${PYTEST_ARGS2:--k "units_of_alpha or raw_threshold or masked_out or raw_products"} 2>&1 | tee -a "$OUT/tests.txt" | tail -5
 fi
 if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
+  timeout 60 python3 tools/gpu_overhead.py "$OUT/overhead.json" 2>&1 | tail -3
   LPFAIL_RESULTS_DIR=$OUT timeout 420 python3 -m lpfail run bench_kernels ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
   LPFAIL_RESULTS_DIR=$OUT python3 -c "
 from lpfail import results; from kernels.bench import table
