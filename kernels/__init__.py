@@ -92,6 +92,7 @@ class KernelPolicy:
     delta: str
     block_n: int       # hardware tile along the keys
     key_block: int     # the policy's key block (a multiple of block_n); 0 = one block over the row
+    query_block: int   # the policy's query block (dK, dV's grad_acc roundings); 0 = one block over the sequence
     two_pass: bool
     dot_prec: str
     pv_prec: str
@@ -141,6 +142,17 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         block_n, key_block, two_pass = CHUNK, (bk or 0), True
     fix = policy.fix
     g = lambda knob: getattr(policy, knob, "fp32")  # noqa: E731  (knobs a policy may not have yet)
+    if g("grad_acc") != "fp32":
+        # dQ is rounded once per key block, dK and dV once per query block: the backward chains the hardware
+        # tiles of one policy block in FP32, so the block must be whole tiles for any config the autotuner
+        # may pick (tiles chosen per policy would need the block in the autotune key, and the interpreter
+        # never prunes its one config). An FP32 grad_acc rounds nothing between tiles: any block works.
+        for knob in ("block_q", "block_k"):
+            b = getattr(policy, knob)
+            if b is not None and b % _bwd.GRAD_TILE:
+                raise ValueError(f"kernels: Precision.{knob}={b} with grad_acc={policy.grad_acc!r}: the backward "
+                                 f"rounds the gradients once per policy tile, which must be a multiple of "
+                                 f"{_bwd.GRAD_TILE} (whole hardware tiles) or None; grad_acc='fp32' takes any")
     pv_dt, ds_dt = _wider(policy.pbar, policy.matmul), _wider(g("ds"), policy.matmul)
     return KernelPolicy(
         matmul=_TL[policy.matmul], qk_out=_TL[g("qk_out")], scores=_TL[policy.scores], exp_in=_TL[g("exp_in")],
@@ -149,7 +161,7 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         grad_acc=_TL[g("grad_acc")], delta_prod=g("delta_prod"), sub_fma=policy.sub == "fma",
         fix=fix is not None, beta=float(fix.beta) if fix else 2.0, eps=float(fix.eps) if fix else 0.0,
         clamp=policy.l_clamp is not None, l_clamp=float(policy.l_clamp or 0.0), delta=policy.delta,
-        block_n=block_n, key_block=key_block, two_pass=two_pass,
+        block_n=block_n, key_block=key_block, query_block=policy.block_q or 0, two_pass=two_pass,
         dot_prec=_prec(policy.matmul), pv_prec=_prec(pv_dt), ds_prec=_prec(ds_dt))
 
 
@@ -209,10 +221,13 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float)
                   DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
                   DS_PREC=kp.ds_prec, **extra)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    # the policy's blocks for the grad_acc roundings; one block over the sequence (0) is a boundary past its end
+    whole = triton.cdiv(N, _bwd.GRAD_TILE) * _bwd.GRAD_TILE
+    key_block, query_block = kp.key_block or whole, kp.query_block or whole
     q_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
     delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp
-        _bwd._bwd_dq[q_grid](q, k, v, do, lse, delta, q, *strides, H, N, scale,
+        _bwd._bwd_dq[q_grid](q, k, v, do, lse, delta, q, *strides, H, N, key_block, scale,
                              MODE=1 if kp.delta == "dP.P" else 2, **common)
     else:
         wide = "fp32" if torch.float32 in (o.dtype, do.dtype) else kp.delta_prod
@@ -223,9 +238,9 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     kv_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
-    _bwd._bwd_dkdv[kv_grid](q, k, v, do, lse, delta, dk, dv, *strides, H, N, scale, PBAR=kp.pbar,
+    _bwd._bwd_dkdv[kv_grid](q, k, v, do, lse, delta, dk, dv, *strides, H, N, query_block, scale, PBAR=kp.pbar,
                             PV_DT=kp.pv_dt, PV_PREC=kp.pv_prec, **common)
-    _bwd._bwd_dq[q_grid](q, k, v, do, lse, delta, dq, *strides, H, N, scale, MODE=0, **common)
+    _bwd._bwd_dq[q_grid](q, k, v, do, lse, delta, dq, *strides, H, N, key_block, scale, MODE=0, **common)
     return dq, dk, dv
 
 

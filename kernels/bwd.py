@@ -13,15 +13,29 @@ by the same `SUB_FMA` rule as the forward. δ (DELTA) comes from one of three so
 Two kernels then make the gradients without atomics: `_bwd_dkdv` (one program per key block, walking the
 query blocks) and `_bwd_dq` (one program per query block, walking the key blocks). Operands of every dot are
 rounded to MATMUL, the dots accumulate in FP32.
+
+The gradient accumulators follow the policy's tiles, not the hardware's. With a 16-bit `grad_acc` (GACC) the
+reference adds one rounded product per *policy* tile: dK_j and dV_j get one per query tile of `block_q` rows
+(QUERY_BLOCK), dQ one per key tile of `block_k` keys (KEY_BLOCK), tiles aligned at multiples of the block.
+The kernels walk BLOCK_M queries / BLOCK_N keys at a time, so they chain the dots of one policy tile in an
+FP32 partial (the dot's own accumulator, like the forward's two-pass path) and round it to GACC, and add it,
+only where the policy tile or the walk ends (`_flush_tile`); the accumulators themselves are held in GACC.
+A policy tile must therefore be a whole number of hardware tiles: every reduction tile (BLOCK_M of
+`_bwd_dkdv`, BLOCK_N of `_bwd_dq`) divides GRAD_TILE, and `kernel_policy` asks for policy blocks that are
+multiples of it. With an FP32 `grad_acc` the tiling does not matter (nothing is rounded between tiles) and
+each hardware tile's product is added straight to the accumulator, as before (the same instructions).
 """
 from __future__ import annotations
-
-import os
 
 import triton
 import triton.language as tl
 
-from kernels.fwd import INTERPRET, _imin, _round, _tune
+from kernels.fwd import INTERPRET, LOG2E, _bh_offset, _imin, _load_rows, _round, _tune
+
+#: Every reduction tile of the backward (BLOCK_M of the dK/dV kernel, BLOCK_N of the dQ kernel, in every
+#: config, interpreter and FP32 fallbacks included) divides this: a policy tile that is a multiple of it is a
+#: whole number of hardware tiles whatever the autotuner picks (asserted where the configs are defined).
+GRAD_TILE = 64
 
 
 # -- device helpers --------------------------------------------------------------------------------------
@@ -30,7 +44,8 @@ def _recompute_p(qk, lse_row, scale, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
     """P = exp(S − L) in FP32 from a raw QKᵀ tile (S rounded as in the forward, or one FMA);
     `lse_row` broadcasts along the key axis of the tile."""
     if SUB_FMA:
-        return tl.exp(tl.fma(qk, scale, -lse_row))
+        # as the forward's FMA mode: base 2 with log2(e) folded in, one FFMA and one ex2 per score
+        return tl.math.exp2(tl.fma(qk, scale * LOG2E, -(lse_row * LOG2E)))
     else:
         return tl.exp(_round(_round(qk, QK_OUT) * scale, SCORES) - lse_row)
 
@@ -39,6 +54,18 @@ def _recompute_p(qk, lse_row, scale, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
 def _add_rounded(acc, part, GACC: tl.constexpr):
     """acc + part with both rounded to GACC (the policy's grad_acc) — plain FP32 addition when GACC is FP32."""
     return _round(acc + _round(part, GACC), GACC)
+
+
+@triton.jit
+def _flush_tile(acc, part, end, GRAD_BLOCK, last, GACC: tl.constexpr):
+    """Close a policy tile (16-bit GACC only). `part` is the FP32 product of the policy tile so far and `end`
+    the end of the hardware tile just added into it: at a policy-tile boundary (a multiple of GRAD_BLOCK) or
+    at the end of the walk (`end` ≥ `last`), add `part` rounded to GACC into `acc`, rounding once per policy
+    tile as the reference does, and start the next tile's product at 0."""
+    if (end % GRAD_BLOCK == 0) | (end >= last):
+        acc = _add_rounded(acc.to(tl.float32), part, GACC).to(GACC)
+        part = tl.zeros_like(part)
+    return acc, part
 
 
 # -- δ preprocess -------------------------------------------------------------------------------------------
@@ -50,36 +77,31 @@ def _bwd_delta_dot(O, DO, DELTA,
     """δ = rowsum(dO ∘ O): each product rounded to PROD (the policy's delta_prod, widened), summed in FP32."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
-    off_z = off_hz // H
-    off_h = off_hz % H
+    O += _bh_offset(off_hz, H, stride_oz, stride_oh)
+    DO += _bh_offset(off_hz, H, stride_dz, stride_dh)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m[:, None] < N_CTX
-    o = tl.load(O + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
-                + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, mask=row_ok, other=0.0)
-    do = tl.load(DO + off_z.to(tl.int64) * stride_dz + off_h.to(tl.int64) * stride_dh
-                 + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=row_ok, other=0.0)
+    o = _load_rows(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, offs_m, N_CTX, True)
+    do = _load_rows(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, N_CTX, True)
     delta = tl.sum(_round(o.to(tl.float32) * do.to(tl.float32), PROD), 1)
     tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
 
 
 # -- the query-side loop: dQ, or δ = rowsum(dP ∘ P), or δ = rowsum(dO ∘ O_hp) -------------------------------------
 @triton.jit
-def _q_side_tiles(dq, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                  lo, hi, N_CTX, scale,
+def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+                  lo, hi, last, N_CTX, KEY_BLOCK, scale,
                   BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                   DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr,
                   SUB_FMA: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr,
                   DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr):
+    """Walk the key tiles lo:hi for one query block. dQ (MODE 0) with a 16-bit GACC: `dq_part` holds the FP32
+    product of the current policy key block (KEY_BLOCK keys) across tiles and across the two calls (unmasked,
+    then masked range); `last` is where the whole walk ends."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        if MASK:
-            kv_ok = offs_n[:, None] < N_CTX
-            k = tl.load(K_ptrs + start_n * stride_kn, mask=kv_ok, other=0.0)                # (BLOCK_N, D)
-            v = tl.load(V_ptrs + start_n * stride_vn, mask=kv_ok, other=0.0)
-        else:
-            k = tl.load(K_ptrs + start_n * stride_kn)
-            v = tl.load(V_ptrs + start_n * stride_vn)
+        k = _load_rows(K_ptrs + start_n * stride_kn, offs_n, N_CTX, MASK)                  # (BLOCK_N, D)
+        v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, MASK)
         qk = tl.dot(q, tl.trans(k.to(MATMUL)), input_precision=DOT_PREC)               # (BLOCK_M, BLOCK_N)
         p = _recompute_p(qk, lse[:, None], scale, QK_OUT, SCORES, SUB_FMA)
         if MASK:
@@ -95,12 +117,13 @@ def _q_side_tiles(dq, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_
                 aux += tl.sum(dp * p, 1)
             else:
                 ds = _round((p * scale) * (dp - delta[:, None]), DS)                  # dS = (P·α)(dP − δ)
-                part = tl.dot(ds.to(DS_DT), k.to(DS_DT), input_precision=DS_PREC)
                 if GACC == tl.float32:
+                    part = tl.dot(ds.to(DS_DT), k.to(DS_DT), input_precision=DS_PREC)
                     dq += part
                 else:
-                    dq = _add_rounded(dq, part, GACC)
-    return dq, aux
+                    dq_part = tl.dot(ds.to(DS_DT), k.to(DS_DT), dq_part, input_precision=DS_PREC)
+                    dq, dq_part = _flush_tile(dq, dq_part, start_n + BLOCK_N, KEY_BLOCK, last, GACC)
+    return dq, dq_part, aux
 
 
 def _q_side_configs():
@@ -120,39 +143,44 @@ def _fp32_prune(small):
     return prune
 
 
-@triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE"],
-                 prune_configs_by={"early_config_prune": _fp32_prune(
-                     triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1))})
+_DQ_SMALL = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
+assert all(GRAD_TILE % c.kwargs["BLOCK_N"] == 0 for c in (*_q_side_configs(), _DQ_SMALL)), \
+    "a dQ key tile (BLOCK_N) does not divide GRAD_TILE: policy key blocks would not be whole tiles"
+
+
+# code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py)
+@triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC",
+                                                 "SUB_FMA"],
+                 prune_configs_by={"early_config_prune": _fp32_prune(_DQ_SMALL)})
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             stride_qz, stride_qh, stride_qm, stride_qd,
             stride_kz, stride_kh, stride_kn, stride_kd,
             stride_vz, stride_vh, stride_vn, stride_vd,
             stride_dz, stride_dh, stride_dm, stride_dd,
-            H, N_CTX, scale,
+            H, N_CTX, KEY_BLOCK, scale,
             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, DP: tl.constexpr,
             DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr,
             CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr):
     """MODE 0: dQ = Σ_j dS K with dS = (P·α) ∘ (dP − δ).  MODE 1: δ = rowsum(dP ∘ P) into DELTA.
     MODE 2: δ = rowsum(dO ∘ O_hp), O_hp = Σ_j P V recomputed in FP32 from L, into DELTA.
-    DQ shares Q's strides (stride_q*); DO has its own (stride_d*)."""
+    DQ shares Q's strides (stride_q*); DO has its own (stride_d*). KEY_BLOCK: the policy's key block for dQ's
+    GACC roundings (a multiple of BLOCK_N, at least N_CTX for one block over the row; unused for FP32 GACC)."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
-    off_z = off_hz // H
-    off_h = off_hz % H
-    q_base = off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    K += off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    V += off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
-    DO += off_z.to(tl.int64) * stride_dz + off_h.to(tl.int64) * stride_dh
+    q_base = _bh_offset(off_hz, H, stride_qz, stride_qh)
+    K += _bh_offset(off_hz, H, stride_kz, stride_kh)
+    V += _bh_offset(off_hz, H, stride_vz, stride_vh)
+    DO += _bh_offset(off_hz, H, stride_dz, stride_dh)
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m[:, None] < N_CTX
-    q = tl.load(Q + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, mask=row_ok,
-                other=0.0).to(MATMUL)
-    do_in = tl.load(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, mask=row_ok, other=0.0)
+    q = _load_rows(Q + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, N_CTX,
+                   True).to(MATMUL)
+    do_in = _load_rows(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, N_CTX, True)
     do = do_in.to(MATMUL)
     lse = tl.load(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, mask=offs_m < N_CTX, other=float("inf"))
     if MODE == 0:
@@ -162,7 +190,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     K_ptrs = K + offs_n0[:, None] * stride_kn + offs_d[None, :] * stride_kd
     V_ptrs = V + offs_n0[:, None] * stride_vn + offs_d[None, :] * stride_vd
 
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], GACC)             # 16-bit GACC: holds only GACC values, in half the registers
+    dq_part = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # FP32 GACC: never touched, so compiled away
     if MODE == 2:
         aux = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     else:
@@ -173,15 +202,17 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     else:
         lo_mask = (N_CTX // BLOCK_N) * BLOCK_N
         hi = N_CTX
-    dq, aux = _q_side_tiles(dq, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                            0, lo_mask, N_CTX, scale, BLOCK_N, MATMUL, QK_OUT, SCORES, DP, DS, DS_DT, GACC,
-                            SUB_FMA, False, CAUSAL, MODE, DOT_PREC, DS_PREC)
-    dq, aux = _q_side_tiles(dq, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                            lo_mask, hi, N_CTX, scale, BLOCK_N, MATMUL, QK_OUT, SCORES, DP, DS, DS_DT, GACC,
-                            SUB_FMA, True, CAUSAL, MODE, DOT_PREC, DS_PREC)
+    dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn,
+                                     offs_m, offs_n0, 0, lo_mask, hi, N_CTX, KEY_BLOCK, scale, BLOCK_N, MATMUL,
+                                     QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, False, CAUSAL, MODE,
+                                     DOT_PREC, DS_PREC)
+    dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn,
+                                     offs_m, offs_n0, lo_mask, hi, hi, N_CTX, KEY_BLOCK, scale, BLOCK_N, MATMUL,
+                                     QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, True, CAUSAL, MODE,
+                                     DOT_PREC, DS_PREC)
     if MODE == 0:
         tl.store(DQ + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                 _round(dq, DQ.dtype.element_ty).to(DQ.dtype.element_ty), mask=row_ok)
+                 _round(dq.to(tl.float32), DQ.dtype.element_ty).to(DQ.dtype.element_ty), mask=row_ok)
     else:
         if MODE == 2:
             aux = tl.sum(do_in.to(tl.float32) * aux, 1)
@@ -190,36 +221,43 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
 
 # -- the key-side loop: dK and dV ----------------------------------------------------------------------------
 @triton.jit
-def _kv_side_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
-                   lo, hi, N_CTX, scale,
+def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n,
+                   offs_m0, lo, hi, N_CTX, QUERY_BLOCK, scale,
                    BLOCK_M: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                    PBAR: tl.constexpr, PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr,
                    DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr, MASK: tl.constexpr,
                    DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr):
     """Walk query blocks for one key block; tiles are held transposed (keys × queries) so that Pᵀ and dSᵀ
-    feed the dV and dK dots directly. Query rows past the sequence load L = +inf, so their P is 0."""
+    feed the dV and dK dots directly. Query rows past the sequence load L = +inf, so their P is 0.
+    With a 16-bit GACC, `dk_part` and `dv_part` hold the FP32 products of the current policy query tile
+    (QUERY_BLOCK rows) across tiles and across the two calls; the walk always ends at N_CTX."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
         row_ok = offs_m < N_CTX
-        q = tl.load(Q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0)            # (M, D)
-        do = tl.load(DO_ptrs + start_m * stride_dm, mask=row_ok[:, None], other=0.0).to(MATMUL)
+        q = _load_rows(Q_ptrs + start_m * stride_qm, offs_m, N_CTX, True)                      # (M, D)
+        do = _load_rows(DO_ptrs + start_m * stride_dm, offs_m, N_CTX, True).to(MATMUL)
         lse = tl.load(LSE + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
         kq = tl.dot(k, tl.trans(q.to(MATMUL)), input_precision=DOT_PREC)               # Sᵀ: (N, M)
         pT = _recompute_p(kq, lse[None, :], scale, QK_OUT, SCORES, SUB_FMA)
         if MASK:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
-        part = tl.dot(_round(pT, PBAR).to(PV_DT), do.to(PV_DT), input_precision=PV_PREC)     # Pᵀ dO
+        pbarT = _round(pT, PBAR).to(PV_DT)
+        if GACC == tl.float32:
+            part = tl.dot(pbarT, do.to(PV_DT), input_precision=PV_PREC)                       # Pᵀ dO
+        else:
+            dv_part = tl.dot(pbarT, do.to(PV_DT), dv_part, input_precision=PV_PREC)
         dpT = _round(tl.dot(v, tl.trans(do), input_precision=DOT_PREC), DP)                  # dPᵀ = V dOᵀ
         dsT = _round((pT * scale) * (dpT - delta[None, :]), DS)
-        part_k = tl.dot(dsT.to(DS_DT), q.to(DS_DT), input_precision=DS_PREC)                 # dSᵀ Q
         if GACC == tl.float32:
+            part_k = tl.dot(dsT.to(DS_DT), q.to(DS_DT), input_precision=DS_PREC)             # dSᵀ Q
             dv += part
             dk += part_k
         else:
-            dv = _add_rounded(dv, part, GACC)
-            dk = _add_rounded(dk, part_k, GACC)
-    return dk, dv
+            dk_part = tl.dot(dsT.to(DS_DT), q.to(DS_DT), dk_part, input_precision=DS_PREC)
+            dv, dv_part = _flush_tile(dv, dv_part, start_m + BLOCK_M, QUERY_BLOCK, N_CTX, GACC)
+            dk, dk_part = _flush_tile(dk, dk_part, start_m + BLOCK_M, QUERY_BLOCK, N_CTX, GACC)
+    return dk, dv, dk_part, dv_part
 
 
 def _kv_side_configs():
@@ -230,30 +268,35 @@ def _kv_side_configs():
     return configs
 
 
-@triton.autotune(configs=_kv_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL"],
-                 prune_configs_by={"early_config_prune": _fp32_prune(
-                     triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1))})
+_DKDV_SMALL = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1)
+assert all(GRAD_TILE % c.kwargs["BLOCK_M"] == 0 for c in (*_kv_side_configs(), _DKDV_SMALL)), \
+    "a dK/dV query tile (BLOCK_M) does not divide GRAD_TILE: policy query blocks would not be whole tiles"
+
+
+@triton.autotune(configs=_kv_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC",
+                                                  "SUB_FMA"],
+                 prune_configs_by={"early_config_prune": _fp32_prune(_DKDV_SMALL)})
 @triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               stride_qz, stride_qh, stride_qm, stride_qd,
               stride_kz, stride_kh, stride_kn, stride_kd,
               stride_vz, stride_vh, stride_vn, stride_vd,
               stride_dz, stride_dh, stride_dm, stride_dd,
-              H, N_CTX, scale,
+              H, N_CTX, QUERY_BLOCK, scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
               PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
               GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
               DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr):
-    """dV = Σ_i Pᵀ dO and dK = Σ_i dSᵀ Q for one key block. DK shares K's strides, DV V's."""
+    """dV = Σ_i Pᵀ dO and dK = Σ_i dSᵀ Q for one key block. DK shares K's strides, DV V's. QUERY_BLOCK: the
+    policy's query block for the GACC roundings (a multiple of BLOCK_M, at least N_CTX for one block over the
+    sequence; unused for FP32 GACC)."""
     start_n = tl.program_id(0)
     off_hz = tl.program_id(1)
-    off_z = off_hz // H
-    off_h = off_hz % H
-    Q += off_z.to(tl.int64) * stride_qz + off_h.to(tl.int64) * stride_qh
-    DO += off_z.to(tl.int64) * stride_dz + off_h.to(tl.int64) * stride_dh
-    k_base = off_z.to(tl.int64) * stride_kz + off_h.to(tl.int64) * stride_kh
-    v_base = off_z.to(tl.int64) * stride_vz + off_h.to(tl.int64) * stride_vh
+    Q += _bh_offset(off_hz, H, stride_qz, stride_qh)
+    DO += _bh_offset(off_hz, H, stride_dz, stride_dh)
+    k_base = _bh_offset(off_hz, H, stride_kz, stride_kh)
+    v_base = _bh_offset(off_hz, H, stride_vz, stride_vh)
     LSE += off_hz.to(tl.int64) * N_CTX
     DELTA += off_hz.to(tl.int64) * N_CTX
 
@@ -261,30 +304,35 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n[:, None] < N_CTX
-    k = tl.load(K + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=col_ok,
-                other=0.0).to(MATMUL)                                                  # (BLOCK_N, D)
-    v = tl.load(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=col_ok,
-                other=0.0).to(MATMUL)
+    k = _load_rows(K + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N_CTX,
+                   True).to(MATMUL)                                                    # (BLOCK_N, D)
+    v = _load_rows(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N_CTX,
+                   True).to(MATMUL)
     Q_ptrs = Q + offs_m0[:, None] * stride_qm + offs_d[None, :] * stride_qd
     DO_ptrs = DO + offs_m0[:, None] * stride_dm + offs_d[None, :] * stride_dd
 
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], GACC)             # 16-bit GACC: holds only GACC values, in half the registers
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], GACC)
+    dk_part = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)  # FP32 GACC: never touched, so compiled away
+    dv_part = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     if CAUSAL:
         # queries on the diagonal block need the mask; those below it see every key of the block
         lo = start_n * BLOCK_N
         mid = _imin(lo + BLOCK_N, N_CTX)
-        dk, dv = _kv_side_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n,
-                                offs_m0, lo, mid, N_CTX, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT,
-                                DP, DS, DS_DT, GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC)
-        dk, dv = _kv_side_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n,
-                                offs_m0, lo + BLOCK_N, N_CTX, N_CTX, scale, BLOCK_M, MATMUL, QK_OUT, SCORES,
-                                PBAR, PV_DT, DP, DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC)
+        dk, dv, dk_part, dv_part = _kv_side_tiles(
+            dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
+            lo, mid, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT,
+            GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC)
+        dk, dv, dk_part, dv_part = _kv_side_tiles(
+            dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
+            lo + BLOCK_N, N_CTX, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP,
+            DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC)
     else:
-        dk, dv = _kv_side_tiles(dk, dv, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n,
-                                offs_m0, 0, N_CTX, N_CTX, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT,
-                                DP, DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC)
+        dk, dv, dk_part, dv_part = _kv_side_tiles(
+            dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
+            0, N_CTX, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT,
+            GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC)
     tl.store(DK + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-             _round(dk, DK.dtype.element_ty).to(DK.dtype.element_ty), mask=col_ok)
+             _round(dk.to(tl.float32), DK.dtype.element_ty).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-             _round(dv, DV.dtype.element_ty).to(DV.dtype.element_ty), mask=col_ok)
+             _round(dv.to(tl.float32), DV.dtype.element_ty).to(DV.dtype.element_ty), mask=col_ok)
