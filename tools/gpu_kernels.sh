@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call for the Triton kernels: GPU tests, then the benchmark (results cache under $OUT).
-# Usage (on the GPU machine, from the repo root): LPFAIL_GIT=<commit> bash tools/gpu_kernels.sh [tests|bench|all] [test timeout s]
+# Usage (on the GPU machine, from the repo root): LPFAIL_GIT=<commit> bash tools/gpu_kernels.sh [tests|bench|check|all] [test timeout s]
 # (the device copy of the tree has no .git: pass the commit so the stored results name it)
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -23,5 +23,13 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   LPFAIL_RESULTS_DIR=$OUT python3 -c "
 from lpfail import results; from kernels.bench import table
 print(table(results._read('bench_kernels', results.results_dir())))" 2>&1 | tee "$OUT/table.txt"
+fi
+if [ "$WHAT" = check ] || [ "$WHAT" = all ]; then
+  # the symptom search's kernel check (20 training steps, Triton vs the reference) for A (PAPER_BF16) and D
+  timeout 200 python3 -c "
+import json
+from lpfail.symptom import SymptomConfig, checks
+out = checks(SymptomConfig(variants=('A', 'D')), '/tmp/lpfail_kernel_check')
+json.dump(out, open('$OUT/kernel_check.json', 'w'), indent=1)" 2>&1 | grep -v '^$' | tail -8
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$OUT/nvsmi.txt"
