@@ -219,7 +219,7 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float)
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
     common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
                   DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
-                  DS_PREC=kp.ds_prec, **extra)
+                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), **extra)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     # the policy's blocks for the grad_acc roundings; one block over the sequence (0) is a boundary past its end
     whole = triton.cdiv(N, _bwd.GRAD_TILE) * _bwd.GRAD_TILE

@@ -40,12 +40,16 @@ GRAD_TILE = 64
 
 # -- device helpers --------------------------------------------------------------------------------------
 @triton.jit
-def _recompute_p(qk, lse_row, scale, QK_OUT: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr):
+def _recompute_p(qk, lse_row, scale, QK_OUT: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
+                 RAW: tl.constexpr):
     """P = exp(S − L) in FP32 from a raw QKᵀ tile (S rounded as in the forward, or one FMA);
-    `lse_row` broadcasts along the key axis of the tile."""
+    `lse_row` broadcasts along the key axis of the tile. RAW (sub mode, α a power of two): S = α·round(QKᵀ)
+    is exact, so one FMA gives fl(S − L) bit for bit — one multiply fewer per score."""
     if SUB_FMA:
         # as the forward's FMA mode: base 2 with log2(e) folded in, one FFMA and one ex2 per score
         return tl.math.exp2(tl.fma(qk, scale * LOG2E, -(lse_row * LOG2E)))
+    elif RAW:
+        return tl.exp(tl.fma(_round(_round(qk, QK_OUT), SCORES), scale, -lse_row))
     else:
         return tl.exp(_round(_round(qk, QK_OUT) * scale, SCORES) - lse_row)
 
@@ -94,7 +98,7 @@ def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn
                   BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                   DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr,
                   SUB_FMA: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr,
-                  DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr):
+                  DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr):
     """Walk the key tiles lo:hi for one query block. dQ (MODE 0) with a 16-bit GACC: `dq_part` holds the FP32
     product of the current policy key block (KEY_BLOCK keys) across tiles and across the two calls (unmasked,
     then masked range); `last` is where the whole walk ends."""
@@ -103,7 +107,7 @@ def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn
         k = _load_rows(K_ptrs + start_n * stride_kn, offs_n, N_CTX, MASK)                  # (BLOCK_N, D)
         v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, MASK)
         qk = tl.dot(q, tl.trans(k.to(MATMUL)), input_precision=DOT_PREC)               # (BLOCK_M, BLOCK_N)
-        p = _recompute_p(qk, lse[:, None], scale, QK_OUT, SCORES, SUB_FMA)
+        p = _recompute_p(qk, lse[:, None], scale, QK_OUT, SCORES, SUB_FMA, RAW)
         if MASK:
             valid = offs_n[None, :] < N_CTX
             if CAUSAL:
@@ -150,7 +154,7 @@ assert all(GRAD_TILE % c.kwargs["BLOCK_N"] == 0 for c in (*_q_side_configs(), _D
 
 # code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py)
 @triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC",
-                                                 "SUB_FMA"],
+                                                 "SUB_FMA", "RAW"],
                  prune_configs_by={"early_config_prune": _fp32_prune(_DQ_SMALL)})
 @triton.jit
 def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
@@ -162,7 +166,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, DP: tl.constexpr,
             DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr,
-            CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr):
+            CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr,
+            RAW: tl.constexpr):
     """MODE 0: dQ = Σ_j dS K with dS = (P·α) ∘ (dP − δ).  MODE 1: δ = rowsum(dP ∘ P) into DELTA.
     MODE 2: δ = rowsum(dO ∘ O_hp), O_hp = Σ_j P V recomputed in FP32 from L, into DELTA.
     DQ shares Q's strides (stride_q*); DO has its own (stride_d*). KEY_BLOCK: the policy's key block for dQ's
@@ -205,11 +210,11 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn,
                                      offs_m, offs_n0, 0, lo_mask, hi, N_CTX, KEY_BLOCK, scale, BLOCK_N, MATMUL,
                                      QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, False, CAUSAL, MODE,
-                                     DOT_PREC, DS_PREC)
+                                     DOT_PREC, DS_PREC, RAW)
     dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn,
                                      offs_m, offs_n0, lo_mask, hi, hi, N_CTX, KEY_BLOCK, scale, BLOCK_N, MATMUL,
                                      QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, True, CAUSAL, MODE,
-                                     DOT_PREC, DS_PREC)
+                                     DOT_PREC, DS_PREC, RAW)
     if MODE == 0:
         tl.store(DQ + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                  _round(dq.to(tl.float32), DQ.dtype.element_ty).to(DQ.dtype.element_ty), mask=row_ok)
@@ -226,7 +231,7 @@ def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, 
                    BLOCK_M: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                    PBAR: tl.constexpr, PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr,
                    DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr, MASK: tl.constexpr,
-                   DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr):
+                   DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr):
     """Walk query blocks for one key block; tiles are held transposed (keys × queries) so that Pᵀ and dSᵀ
     feed the dV and dK dots directly. Query rows past the sequence load L = +inf, so their P is 0.
     With a 16-bit GACC, `dk_part` and `dv_part` hold the FP32 products of the current policy query tile
@@ -239,7 +244,7 @@ def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, 
         lse = tl.load(LSE + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
         kq = tl.dot(k, tl.trans(q.to(MATMUL)), input_precision=DOT_PREC)               # Sᵀ: (N, M)
-        pT = _recompute_p(kq, lse[None, :], scale, QK_OUT, SCORES, SUB_FMA)
+        pT = _recompute_p(kq, lse[None, :], scale, QK_OUT, SCORES, SUB_FMA, RAW)
         if MASK:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         pbarT = _round(pT, PBAR).to(PV_DT)
@@ -274,7 +279,7 @@ assert all(GRAD_TILE % c.kwargs["BLOCK_M"] == 0 for c in (*_kv_side_configs(), _
 
 
 @triton.autotune(configs=_kv_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC",
-                                                  "SUB_FMA"],
+                                                  "SUB_FMA", "RAW"],
                  prune_configs_by={"early_config_prune": _fp32_prune(_DKDV_SMALL)})
 @triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
@@ -287,7 +292,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
               MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
               PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
               GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
-              DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr):
+              DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr):
     """dV = Σ_i Pᵀ dO and dK = Σ_i dSᵀ Q for one key block. DK shares K's strides, DV V's. QUERY_BLOCK: the
     policy's query block for the GACC roundings (a multiple of BLOCK_M, at least N_CTX for one block over the
     sequence; unused for FP32 GACC)."""
@@ -322,16 +327,16 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
         dk, dv, dk_part, dv_part = _kv_side_tiles(
             dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
             lo, mid, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT,
-            GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC)
+            GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC, RAW)
         dk, dv, dk_part, dv_part = _kv_side_tiles(
             dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
             lo + BLOCK_N, N_CTX, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP,
-            DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC)
+            DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC, RAW)
     else:
         dk, dv, dk_part, dv_part = _kv_side_tiles(
             dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
             0, N_CTX, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT,
-            GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC)
+            GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC, RAW)
     tl.store(DK + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
              _round(dk.to(tl.float32), DK.dtype.element_ty).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,

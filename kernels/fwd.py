@@ -106,45 +106,16 @@ def _block_max(qk, scale, EPS, BETA, SCORES: tl.constexpr, SUB_FMA: tl.constexpr
         thresh = _round(r_m - EPS, SCORES)                   # the reference's tie test: S ≥ round(r_m − ε)
         # counted in FP32 (a compare that yields 1.0/0.0, then an add): one op fewer per score than int32
         if SUB_FMA:
-            # on the raw products: x ≥ x0 ⟺ fl(x·α) ≥ thresh (rounding is monotone), no multiply per score
-            ties = tl.sum(tl.where(qk >= _raw_threshold(thresh, scale)[:, None], 1.0, 0.0), 1)
+            # on fl(QKᵀ·α), one multiply per score. (Comparing raw QKᵀ against an exact per-row threshold was
+            # tried on the H200 on 2026-11-30: slower — row values are replicated in the 4 threads that hold
+            # a row, so the threshold's ~40 per-row ops cost more than the 16 multiplies per thread they saved.)
+            ties = tl.sum(tl.where(qk * scale >= thresh[:, None], 1.0, 0.0), 1)
         else:
             ties = tl.sum(tl.where(qk >= thresh[:, None], 1.0, 0.0), 1)
         # a row with every score of this tile masked (−inf ≥ −inf) has no tie: masked scores never count
         ties = tl.where(r_m > float("-inf"), ties, 0.0)
         r_m = _dynamic_max(r_m, ties, BETA, SCORES)
     return r_m
-
-
-@triton.jit
-def _next_float(x, UP: tl.constexpr):
-    """The FP32 neighbour of finite x towards +inf (UP) or −inf, by its bits (−0 is first made +0)."""
-    x = x + 0.0
-    bits = x.to(tl.int32, bitcast=True)
-    if UP:
-        bits = tl.where(x >= 0, bits + 1, bits - 1)
-        bits = tl.where(x == 0, 1, bits)
-    else:
-        bits = tl.where(x > 0, bits - 1, bits + 1)
-        bits = tl.where(x == 0, -2147483647, bits)   # 0x80000001: the negative denormal next to 0
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _raw_threshold(thresh, scale):
-    """Per row: the smallest FP32 x with fl(x·α) ≥ thresh (α > 0), so that the FMA mode can count ties on
-    raw QKᵀ with one compare per score. Starts from thresh/α and steps to the exact boundary (fl(x·α) is
-    monotone in x); rows with thresh = ±inf keep thresh/α. Within a few subnormals of 0 the boundary can lie
-    further than the three steps walked; x is then a valid bound (fl(x·α) ≥ thresh) but not the smallest."""
-    x0 = thresh / scale
-    finite = (x0 > float("-inf")) & (x0 < float("inf"))
-    x = tl.where(finite, x0, 0.0)                      # step finite values only (inf's neighbours are NaN)
-    for _ in tl.static_range(3):
-        down = _next_float(x, False)
-        x = tl.where(down * scale >= thresh, down, x)
-    for _ in tl.static_range(3):
-        x = tl.where(x * scale < thresh, _next_float(x, True), x)
-    return tl.where(finite, x, x0)
 
 
 @triton.jit

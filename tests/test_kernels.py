@@ -26,7 +26,6 @@ if not CUDA:  # stays set for the rest of the process: Triton reads it at run ti
         for name in ("kernels.fwd", "kernels.bwd", "kernels"):
             importlib.reload(sys.modules[name])
 import kernels  # noqa: E402
-from kernels.fwd import _raw_threshold  # noqa: E402,F401  (used by _raw_threshold_probe's kernel)
 
 try:  # the pure-PyTorch reference (the oracle for policy-matching tests), when it is there
     from lpfail.attention import attention as reference_attention
@@ -104,19 +103,24 @@ def test_fp32_block_paths(policy, causal):
                                     PAPER_BF16.replace(matmul="fp32").with_fix(), PAPER_BF16.replace(matmul="fp32")],
                          ids=str)
 def test_scores_in_units_of_alpha_change_no_bit(policy, monkeypatch):
-    """With α a power of two the forward keeps scores in units of α (one multiply fewer per score); rounding
-    commutes with such a scaling, so O and L must equal the natural-unit path's bit for bit. The rows get
-    tied maxima so that the fix's threshold (ε/α in these units) is exercised too."""
-    q, k, v, _ = inputs(1, 2, 203, 64, seed=11)
+    """With α a power of two the forward keeps scores in units of α and the backward forms S − L as one FMA on
+    round(QKᵀ) (one multiply fewer per score each); rounding commutes with such a scaling and α·round(QKᵀ) is
+    exact, so O, L, dQ, dK and dV must equal the natural-unit path's bit for bit. The rows get tied maxima so
+    that the fix's threshold (ε/α in these units) is exercised too."""
+    q, k, v, do = inputs(1, 2, 203, 64, seed=11)
     k[..., 40:44, :] = k[..., 7:8, :]                              # four copies of key 7: tied maxima in rows
-    q = q.to(DEVICE)
+    q, k = q.to(DEVICE), k.contiguous()
+    kp = kernels.kernel_policy(policy)
     runs = []
     for raw in (True, False):
         monkeypatch.setattr(kernels, "_raw_units", lambda kp, scale, raw=raw: raw)
-        o, lse = kernels._forward(q, k.contiguous(), v, kernels.kernel_policy(policy), True, 0.125)
+        o, lse = kernels._forward(q, k, v, kp, True, 0.125)
         runs.append((o.cpu(), lse.cpu()))
-    (o_raw, l_raw), (o_nat, l_nat) = runs
-    assert torch.equal(o_raw, o_nat) and torch.equal(l_raw, l_nat)
+        # the backward's P = exp(S − L) as one FMA on round(QKᵀ), from the same O and L for both
+        grads = kernels._backward(do, q, k, v, runs[0][0].to(DEVICE), runs[0][1].to(DEVICE), kp, True, 0.125)
+        runs[-1] += tuple(g.cpu() for g in grads)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("delta", ["dO.O", "dO.O_hp", "dP.P"])
@@ -188,10 +192,10 @@ def test_probe_tied_maximum_gives_pbar_one_in_sub_mode():
     assert (fixed[tied] < 1).all() and (fixed[tied] > 0).all()
 
 
-def test_fix_in_fma_mode_counts_ties_on_raw_products():
-    """FMA mode counts ties against a per-row raw threshold (no multiply per score): tied maxima must still be
-    found (P̄ < 1 everywhere on them) and a single maximum must not be shifted (its P̄ stays exactly 1 — the
-    FMA's residual is 0 there since α = 1/8 is a power of two)."""
+def test_fix_in_fma_mode_finds_ties():
+    """FMA mode with the fix: tied maxima are found (P̄ < 1 everywhere on them) and a single maximum is not
+    shifted (its P̄ stays within 1e-5 of 1: on the GPU the FFMA leaves the rounding error of m·log2(e) as a
+    residual, so 1 ± a few ulps, as measured on the H200 on 2026-11-30; the interpreter gives exactly 1)."""
     d, m, n = 64, 16, 64
     g = torch.Generator().manual_seed(1)
     q = torch.zeros(m, d)
@@ -206,42 +210,7 @@ def test_fix_in_fma_mode_counts_ties_on_raw_products():
     p = kernels.probe_pbar(q, k, FP32.replace(sub="fma").with_fix()).cpu()
     odd = torch.arange(m) % 2 == 1
     assert (p[odd][tied[odd]] < 1).all() and (p[odd][tied[odd]] > 0).all()
-    assert (p[~odd][tied[~odd]] == 1).all()
-
-
-def _raw_threshold_probe():
-    """A one-program kernel around `kernels.fwd._raw_threshold` (built here: Triton resolves a jitted
-    function's globals in its module, so the helper must be a module-level name)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def probe(T, X, scale, BLOCK: tl.constexpr):
-        offs = tl.arange(0, BLOCK)
-        tl.store(X + offs, _raw_threshold(tl.load(T + offs), scale))
-    return probe
-
-
-def test_raw_threshold_is_the_exact_boundary():
-    """`_raw_threshold(t, α)` is the smallest FP32 x with fl(x·α) ≥ t, checked with NumPy's FP32 arithmetic
-    for α = 1/√128 (not a power of two) and thresholds of both signs and ±inf. Within a few subnormals of 0
-    (t = ±0, ±1e-30 here) it is only a valid bound (fl(x·α) ≥ t): the boundary lies more steps away than the
-    helper walks — scores there are far below any ε-tie that matters."""
-    import numpy as np
-
-    probe = _raw_threshold_probe()
-    rng = np.random.default_rng(0)
-    t = np.concatenate([rng.normal(0, 30, 250), [0.0, -0.0, np.inf, -np.inf, 1e-30, -1e-30]]).astype(np.float32)
-    alpha = np.float32(1 / math.sqrt(128))
-    x = torch.empty(len(t), device=DEVICE)
-    probe[(1,)](torch.from_numpy(t).to(DEVICE), x, float(alpha), BLOCK=len(t))
-    x = x.cpu().numpy()
-    fin = np.isfinite(t)
-    assert (x[fin] * alpha >= t[fin]).all()
-    exact = fin & (np.abs(t) > 1e-20)
-    below = np.nextafter(x[exact], np.float32(-np.inf))
-    assert (below * alpha < t[exact]).all()
-    assert (x[~fin] == t[~fin] / alpha).all()
+    assert ((p[~odd][tied[~odd]] - 1).abs() < 1e-5).all()
 
 
 @pytest.mark.parametrize("sub", ["sub", "fma"])

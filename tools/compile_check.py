@@ -77,7 +77,7 @@ def variants():
                 yield (name, d, "fwd", cfg), fwd._attn_fwd, {**f, **cfg.kwargs}, cfg.num_warps, cfg.num_stages
             b = dict(HEAD_DIM=d, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
                      DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=True, DOT_PREC=kp.dot_prec,
-                     DS_PREC=kp.ds_prec)
+                     DS_PREC=kp.ds_prec, RAW=raw)
             cfg = bwd._kv_side_configs()[0]
             yield ((name, d, "dkdv", cfg), bwd._bwd_dkdv,
                    {**b, **cfg.kwargs, "PBAR": kp.pbar, "PV_DT": kp.pv_dt, "PV_PREC": kp.pv_prec},
