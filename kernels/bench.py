@@ -305,6 +305,38 @@ def targets(res, method: str = "triton") -> list[dict]:
     return out
 
 
+def _fmt(x, pct=False):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{100 * x:+.1f} %" if pct else f"{x:.2f}×"
+
+
+def summary_markdown(res, methods=("triton", "triton_fma")) -> str:
+    """`summary` of each method as one Markdown table: speed against SDPA flash and cuDNN, and the fix's cost."""
+    head = ("| method | d | N | fwd / flash | fwd+bwd / flash | fwd / cuDNN | fwd+bwd / cuDNN | fix: fwd | "
+            "fix: fwd+bwd |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for m in methods:
+        for r in summary(res, m):
+            lines.append(f"| `{m}` | {r['head_dim']} | {r['n']} | {_fmt(r['fwd_vs_flash'])} | "
+                         f"{_fmt(r['fwd_bwd_vs_flash'])} | {_fmt(r['fwd_vs_cudnn'])} | {_fmt(r['fwd_bwd_vs_cudnn'])} | "
+                         f"{_fmt(r['fix_cost_fwd'], True)} | {_fmt(r['fix_cost_fwd_bwd'], True)} |")
+    return "\n".join(lines)
+
+
+def targets_markdown(res, methods=("triton", "triton_fma")) -> str:
+    """`targets` of each method as one Markdown table: the bound, the worst and best measured value, met or not."""
+    lines = ["| method | target | bound | worst measured | best measured | met |", "|---|---|---|---|---|---|"]
+    for m in methods:
+        for t in targets(res, m):
+            pct = t["target"].startswith("fix")
+            bound = (f"≤ {100 * t['bound']:g} %" if pct else f"≥ {t['bound']:g}×")
+            met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+            lines.append(f"| `{m}` | {t['target']} | {bound} | {_fmt(t['worst'], pct)} | {_fmt(t['best'], pct)} | "
+                         f"{met} |")
+    return "\n".join(lines)
+
+
 def table(res) -> str:
     """The benchmark as a text table: TFLOP/s per method and mode, and the ratios the issue's targets use."""
     methods = [str(m) for m in res["methods"]]

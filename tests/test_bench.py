@@ -65,3 +65,13 @@ def test_targets_figure_draws_both_panels():
     assert "triton: fwd+bwd" in labels and any("target" in x for x in labels)
     target = [line for line in axes[0].get_lines() if "target" in line.get_label()][0]
     assert np.allclose(target.get_ydata(), 1.2 * 100.0)
+
+
+def test_markdown_tables():
+    from kernels.bench import summary_markdown, targets_markdown
+    res = fake(triton=(115.0, 95.0), fix_cost=(0.2, 0.05))
+    t = targets_markdown(res, methods=("triton",))
+    assert "| `triton` | fwd / SDPA flash | ≥ 1.2× | 1.15× | 1.15× | **no** |" in t
+    assert "| `triton` | fix cost, fwd+bwd | ≤ 3 % | +5.0 % | +5.0 % | **no** |" in t
+    s = summary_markdown(res, methods=("triton",))
+    assert s.count("\n") == 2 + 6 - 1 and "| `triton` | 64 | 1024 | 1.15× | 0.95× |" in s
