@@ -147,9 +147,14 @@ def _fp32_prune(small):
     return prune
 
 
+def _assert_tiles_divide_grad_tile(configs, axis: str, what: str):
+    """Every config's reduction tile `axis` divides GRAD_TILE, so policy blocks are whole hardware tiles."""
+    assert all(GRAD_TILE % c.kwargs[axis] == 0 for c in configs), \
+        f"a {what} tile ({axis}) does not divide GRAD_TILE: policy blocks would not be whole tiles"
+
+
 _DQ_SMALL = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
-assert all(GRAD_TILE % c.kwargs["BLOCK_N"] == 0 for c in (*_q_side_configs(), _DQ_SMALL)), \
-    "a dQ key tile (BLOCK_N) does not divide GRAD_TILE: policy key blocks would not be whole tiles"
+_assert_tiles_divide_grad_tile((*_q_side_configs(), _DQ_SMALL), "BLOCK_N", "dQ key")
 
 
 # code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py)
@@ -274,8 +279,7 @@ def _kv_side_configs():
 
 
 _DKDV_SMALL = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1)
-assert all(GRAD_TILE % c.kwargs["BLOCK_M"] == 0 for c in (*_kv_side_configs(), _DKDV_SMALL)), \
-    "a dK/dV query tile (BLOCK_M) does not divide GRAD_TILE: policy query blocks would not be whole tiles"
+_assert_tiles_divide_grad_tile((*_kv_side_configs(), _DKDV_SMALL), "BLOCK_M", "dK/dV query")
 
 
 @triton.autotune(configs=_kv_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC",

@@ -1,6 +1,17 @@
-"""Shared pytest set-up: tests marked `gpu` are skipped on machines without CUDA."""
+"""Shared pytest set-up: tests marked `gpu` are skipped on machines without CUDA, and without CUDA Triton runs
+in its CPU interpreter for the whole session.
+
+TRITON_INTERPRET=1 must be set before Triton is first imported: Triton's own library functions (tl.zeros, …)
+are built as interpreter functions or as GPU ones once, at import, and only the former run in the
+interpreter. A test module that imports `kernels` early (for its benchmark helpers, say) would otherwise
+import Triton in GPU mode, and the kernel tests (tests/kernel_env.py) could not switch it back."""
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_collection_modifyitems(config, items):

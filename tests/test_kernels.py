@@ -9,30 +9,23 @@ Run `pytest -s tests/test_kernels.py` to see the measured errors.
 """
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import sys
 
 import pytest
 import torch
 
 from lpfail.precision import FA2_BF16, FP32, PAPER_BF16
 
-CUDA = torch.cuda.is_available()
-if not CUDA:  # stays set for the rest of the process: Triton reads it at run time too
-    os.environ["TRITON_INTERPRET"] = "1"
-    if "kernels" in sys.modules and not sys.modules["kernels"].interpreted():
-        for name in ("kernels.fwd", "kernels.bwd", "kernels"):
-            importlib.reload(sys.modules[name])
-import kernels  # noqa: E402
+from tests.kernel_env import CUDA, load_kernels
+
+kernels = load_kernels()
 
 try:  # the pure-PyTorch reference (the oracle for policy-matching tests), when it is there
     from lpfail.attention import attention as reference_attention
 except ImportError:  # pragma: no cover
     reference_attention = None
 
-DEVICE = "cuda" if CUDA else "cpu"
+from tests.kernel_env import DEVICE  # noqa: E402
 
 
 def truth(q, k, v, causal, scale=None):
@@ -175,16 +168,22 @@ def test_bf16_cast_points_are_honoured_on_the_fp32_path():
         assert rel(o, r.double()) <= 0.5 * err
 
 
-def test_probe_tied_maximum_gives_pbar_one_in_sub_mode():
-    d, m, n = 128, 16, 64
+def probe_rows(d, m, n, seed, ties, base=3.0, step=0.0):
+    """q (m, d) and k (n, d) where row i's maximum is tied `ties(i)` times (keys 4i …), and the mask of those
+    tied entries: q_i = (base + step·i)·e_i, the tied keys 5·e_i, keys 4i … 4i+2 otherwise 0, the rest small."""
     q = torch.zeros(m, d)
-    k = torch.randn(n, d, generator=torch.Generator().manual_seed(0)) * 0.05
+    k = torch.randn(n, d, generator=torch.Generator().manual_seed(seed)) * 0.05
     tied = torch.zeros(m, n, dtype=torch.bool)
     for i in range(m):
-        q[i, i] = 3.0
+        q[i, i] = base + step * i
         k[4 * i:4 * i + 3] = 0.0
-        k[4 * i:4 * i + 3, i] = 5.0
-        tied[i, 4 * i:4 * i + 3] = True
+        k[4 * i:4 * i + ties(i), i] = 5.0
+        tied[i, 4 * i:4 * i + ties(i)] = True
+    return q, k, tied
+
+
+def test_probe_tied_maximum_gives_pbar_one_in_sub_mode():
+    q, k, tied = probe_rows(128, 16, 64, seed=0, ties=lambda i: 3)
     q, k = q.to(DEVICE), k.to(DEVICE)
     p = kernels.probe_pbar(q, k, FP32).cpu()
     assert (p[tied] == 1).all()
@@ -196,16 +195,8 @@ def test_fix_in_fma_mode_finds_ties():
     """FMA mode with the fix: tied maxima are found (P̄ < 1 everywhere on them) and a single maximum is not
     shifted (its P̄ stays within 1e-5 of 1: on the GPU the FFMA leaves the rounding error of m·log2(e) as a
     residual, so 1 ± a few ulps, as measured on the H200 on 2026-11-30; the interpreter gives exactly 1)."""
-    d, m, n = 64, 16, 64
-    g = torch.Generator().manual_seed(1)
-    q = torch.zeros(m, d)
-    k = torch.randn(n, d, generator=g) * 0.05
-    tied = torch.zeros(m, n, dtype=torch.bool)
-    for i in range(m):
-        q[i, i] = 3.0 + 0.25 * i
-        k[4 * i:4 * i + 3] = 0.0
-        k[4 * i:4 * i + (3 if i % 2 else 1), i] = 5.0        # odd rows: three tied maxima; even rows: one
-        tied[i, 4 * i:4 * i + (3 if i % 2 else 1)] = True
+    m = 16
+    q, k, tied = probe_rows(64, m, 64, seed=1, ties=lambda i: 3 if i % 2 else 1, step=0.25)  # odd rows tie
     q, k = q.to(DEVICE), k.to(DEVICE)
     p = kernels.probe_pbar(q, k, FP32.replace(sub="fma").with_fix()).cpu()
     odd = torch.arange(m) % 2 == 1
@@ -325,16 +316,7 @@ def test_bf16_forward_agrees_with_the_reference_bits(policy):
 def test_tied_maxima_on_the_hardware(pbar):
     """'sub' gives P̄ = 1 exactly at a tied maximum; record what 'fma' gives (α = 1/√128 is not a power of
     two, so α·QKᵀ rounds and the fused form leaves S − m slightly off 0)."""
-    d, m, n = 128, 16, 64
-    g = torch.Generator().manual_seed(0)
-    q = torch.zeros(m, d)
-    k = torch.randn(n, d, generator=g) * 0.05
-    tied = torch.zeros(m, n, dtype=torch.bool)
-    for i in range(m):
-        q[i, i] = 3.0 + 0.25 * i
-        k[4 * i:4 * i + 3] = 0.0
-        k[4 * i:4 * i + 3, i] = 5.0
-        tied[i, 4 * i:4 * i + 3] = True
+    q, k, tied = probe_rows(128, 16, 64, seed=0, ties=lambda i: 3, step=0.25)
     q, k = q.cuda().bfloat16(), k.cuda().bfloat16()
     sub = kernels.probe_pbar(q, k, FA2_BF16.replace(pbar=pbar)).cpu()
     fma = kernels.probe_pbar(q, k, FA2_BF16.replace(pbar=pbar, sub="fma")).cpu()

@@ -13,22 +13,15 @@ right). The test marked `gpu` checks PAPER_BF16 itself on the GPU. Run `pytest -
 """
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 
 import pytest
 import torch
 
 from lpfail.precision import FP32, PAPER_BF16
 
-CUDA = torch.cuda.is_available()
-if not CUDA:  # stays set for the rest of the process: Triton reads it at run time too
-    os.environ["TRITON_INTERPRET"] = "1"
-    if "kernels" in sys.modules and not sys.modules["kernels"].interpreted():
-        for name in ("kernels.fwd", "kernels.bwd", "kernels"):
-            importlib.reload(sys.modules[name])
-import kernels  # noqa: E402
+from tests.kernel_env import CUDA, load_kernels
+
+kernels = load_kernels()
 from kernels import bwd  # noqa: E402
 
 from lpfail.attention import attention, flash_backward, flash_forward  # noqa: E402

@@ -1,0 +1,24 @@
+"""Imports `kernels` for the kernel tests: on a machine without CUDA, in Triton's CPU interpreter.
+
+TRITON_INTERPRET=1 is set before `kernels` is imported — or `kernels` is re-imported, if another module
+imported it first — and stays set for the rest of the process, since Triton reads it at run time too."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import torch
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def load_kernels():
+    """The `kernels` package, interpreted when there is no CUDA."""
+    if not CUDA:
+        os.environ["TRITON_INTERPRET"] = "1"
+        if "kernels" in sys.modules and not sys.modules["kernels"].interpreted():
+            for name in ("kernels.fwd", "kernels.bwd", "kernels"):
+                importlib.reload(sys.modules[name])
+    return importlib.import_module("kernels")
