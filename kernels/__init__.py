@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -46,6 +47,7 @@ _TL = {}
 if _IMPORT_ERROR is None:
     _TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 CHUNK = 64  # key chunk of the two-pass emulation path
+_TUNE_ENV = "LPFAIL_KERNELS_AUTOTUNE"  # read by the kernels' prune step; part of the launch picks' key
 _DTYPE_KNOBS = tuple(k for k in ("matmul", "qk_out", "scores", "exp_in", "pbar", "pv_out", "acc", "out", "dp",
                                  "delta_prod", "ds", "grad_acc") if k in {f.name for f in fields(Precision)})
 
@@ -195,6 +197,22 @@ def _raw_units(kp: KernelPolicy, scale: float) -> bool:
     return not kp.sub_fma and math.frexp(scale)[0] == 0.5
 
 
+_PICKS: dict = {}
+
+
+def _launch(kernel, grid, key, *args, **kwargs):
+    """Launch an autotuned kernel. Once the autotuner has picked a config for `key`, launch that config
+    directly: Triton's autotuner rebuilds its own key from every argument on each call, ≈ 25 µs of Python per
+    launch, which adds straight to a short kernel's time. `key` holds the shape, the input dtype and every
+    constexpr (the whole KernelPolicy), so it is at least as fine as the autotuner's key."""
+    cfg = _PICKS.get((kernel, key))
+    if cfg is None:
+        out = kernel[grid](*args, **kwargs)
+        _PICKS[(kernel, key)] = kernel.best_config
+        return out
+    return kernel.fn.run(*args, grid=grid, warmup=False, **kwargs, **cfg.all_kwargs())
+
+
 def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     """Launch the forward kernel; returns O (in the policy's `out` dtype) and L = m + log ℓ (FP32)."""
     B, H, N, D = q.shape
@@ -204,7 +222,7 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
     key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
     raw = _raw_units(kp, scale)
-    _fwd._attn_fwd[grid](
+    _launch(_fwd._attn_fwd, grid, (N, D, causal, kp, raw, q.dtype, os.environ.get(_TUNE_ENV)),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, N, key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp, RAW=raw,
         HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
@@ -226,9 +244,11 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float)
     key_block, query_block = kp.key_block or whole, kp.query_block or whole
     q_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
     delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
+    key = (N, D, causal, kp, q.dtype, do.dtype, os.environ.get(_TUNE_ENV))
     if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp
-        _bwd._bwd_dq[q_grid](q, k, v, do, lse, delta, q, *strides, H, N, key_block, scale,
-                             MODE=1 if kp.delta == "dP.P" else 2, **common)
+        mode = 1 if kp.delta == "dP.P" else 2
+        _launch(_bwd._bwd_dq, q_grid, key + (mode,), q, k, v, do, lse, delta, q, *strides, H, N, key_block, scale,
+                MODE=mode, **common)
     else:
         wide = "fp32" if torch.float32 in (o.dtype, do.dtype) else kp.delta_prod
         _bwd._bwd_delta_dot[(triton.cdiv(N, 64), B * H)](
@@ -238,9 +258,10 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     kv_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
-    _bwd._bwd_dkdv[kv_grid](q, k, v, do, lse, delta, dk, dv, *strides, H, N, query_block, scale, PBAR=kp.pbar,
-                            PV_DT=kp.pv_dt, PV_PREC=kp.pv_prec, **common)
-    _bwd._bwd_dq[q_grid](q, k, v, do, lse, delta, dq, *strides, H, N, key_block, scale, MODE=0, **common)
+    _launch(_bwd._bwd_dkdv, kv_grid, key, q, k, v, do, lse, delta, dk, dv, *strides, H, N, query_block, scale,
+            PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_PREC=kp.pv_prec, **common)
+    _launch(_bwd._bwd_dq, q_grid, key + (0,), q, k, v, do, lse, delta, dq, *strides, H, N, key_block, scale, MODE=0,
+            **common)
     return dq, dk, dv
 
 

@@ -150,6 +150,21 @@ def test_fix_leaves_fp32_output_unchanged(block_k, causal):
     assert all(e < 2e-5 for e in errs), errs
 
 
+@pytest.mark.parametrize("policy", [FP32.replace(block_k=64).with_fix(), PAPER_BF16.replace(matmul="fp32"),
+                                    FP32.replace(block_k=64, delta="dP.P")], ids=str)
+def test_second_launch_skips_the_autotuner_and_changes_no_bit(policy):
+    """After the first launch for a shape and policy, `kernels._launch` runs the autotuner's pick directly;
+    the forward and all three gradients must come out bit for bit as from the first (autotuned) launch."""
+    q, k, v, do = inputs(1, 2, 150, 64, seed=21)
+    kernels._PICKS.clear()
+    first = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
+    n_picks = len(kernels._PICKS)
+    second = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
+    assert n_picks >= 3 and len(kernels._PICKS) == n_picks          # fwd, dK/dV, dQ (+ δ pass): no new picks
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
 def test_bf16_cast_points_are_honoured_on_the_fp32_path():
     """The paper's roundings (S, m, ℓ, O, P̄ and P̄V in BF16) with FP32 dots: the error grows to BF16 size."""
     q, k, v, _ = inputs(1, 2, 203, 64, seed=11)
