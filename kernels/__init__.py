@@ -47,7 +47,6 @@ _TL = {}
 if _IMPORT_ERROR is None:
     _TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 CHUNK = 64  # key chunk of the two-pass emulation path
-_TUNE_ENV = "LPFAIL_KERNELS_AUTOTUNE"  # read by the kernels' prune step; part of the launch picks' key
 _DTYPE_KNOBS = tuple(k for k in ("matmul", "qk_out", "scores", "exp_in", "pbar", "pv_out", "acc", "out", "dp",
                                  "delta_prod", "ds", "grad_acc") if k in {f.name for f in fields(Precision)})
 
@@ -109,10 +108,14 @@ def _prec(dt: str) -> str:
     return "ieee" if dt == "fp32" else "tf32"  # FP32 dots are true FP32 (the policy says so); 16-bit ignore it
 
 
-def kernel_policy(policy: Precision) -> KernelPolicy:
-    """Check that the kernels can honour `policy` and translate it; ValueError names the knob that can't."""
+def _require_precision(policy) -> None:
     if not isinstance(policy, Precision):
         raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
+
+
+def kernel_policy(policy: Precision) -> KernelPolicy:
+    """Check that the kernels can honour `policy` and translate it; ValueError names the knob that can't."""
+    _require_precision(policy)
     for knob in _DTYPE_KNOBS:
         value = getattr(policy, knob)
         if value not in ("bf16", "fp16", "fp32"):
@@ -222,7 +225,7 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
     key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
     raw = _raw_units(kp, scale)
-    _launch(_fwd._attn_fwd, grid, (N, D, causal, kp, raw, q.dtype, os.environ.get(_TUNE_ENV)),
+    _launch(_fwd._attn_fwd, grid, (N, D, causal, kp, raw, q.dtype, os.environ.get(_fwd.TUNE_ENV)),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, N, key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp, RAW=raw,
         HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
@@ -244,7 +247,7 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float)
     key_block, query_block = kp.key_block or whole, kp.query_block or whole
     q_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
     delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
-    key = (N, D, causal, kp, q.dtype, do.dtype, os.environ.get(_TUNE_ENV))
+    key = (N, D, causal, kp, q.dtype, do.dtype, os.environ.get(_fwd.TUNE_ENV))
     if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp
         mode = 1 if kp.delta == "dP.P" else 2
         _launch(_bwd._bwd_dq, q_grid, key + (mode,), q, k, v, do, lse, delta, q, *strides, H, N, key_block, scale,
@@ -300,8 +303,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     or shape the kernels cannot honour.
     """
     _check_inputs(q, k, v)
-    if not isinstance(policy, Precision):
-        raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
+    _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
     _policy_for_launch(policy)  # validate before anything is launched
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     return FlashAttention.apply(q, k, v, policy, bool(causal), scale)

@@ -257,8 +257,9 @@ TARGET_MIN_N = 2048
 
 def summary(res, method: str = "triton") -> list[dict]:
     """One row per (head dim, N): `method`'s speed against SDPA flash and cuDNN (fwd, fwd+bwd), the fix's cost
-    from the alternating timings (fraction of time; NaN when not measured) and the PAPER_BF16 kernel's
-    speed-up over the reference (NaN where the reference was not timed)."""
+    (fraction of time) from the alternating timings (NaN when not measured) and from the two methods' separate
+    medians (`*_medians`), and the PAPER_BF16 kernel's speed-up over the reference (NaN where the reference
+    was not timed). Every ratio the benchmark's table, chapter 5 and the verdict show comes from here."""
     names, modes = [str(m) for m in res["methods"]], [str(m) for m in res["modes"]]
     tf, ms = np.asarray(res["tflops"]), np.asarray(res["ms"])
     pairs = [str(p) for p in res["pairs"]] if "pairs" in res else []
@@ -270,7 +271,8 @@ def summary(res, method: str = "triton") -> list[dict]:
             def r(a, b, mode, arr=tf):
                 if a not in names or b not in names:
                     return math.nan
-                return float(arr[i, j, names.index(a), modes.index(mode)] / arr[i, j, names.index(b), modes.index(mode)])
+                k = modes.index(mode)
+                return float(arr[i, j, names.index(a), k] / arr[i, j, names.index(b), k])
 
             def cost(mode):
                 if fix_pair in pairs and mode in pmodes:
@@ -281,6 +283,8 @@ def summary(res, method: str = "triton") -> list[dict]:
                 "fwd_vs_flash": r(method, "sdpa_flash", "fwd"), "fwd_bwd_vs_flash": r(method, "sdpa_flash", "fwd_bwd"),
                 "fwd_vs_cudnn": r(method, "sdpa_cudnn", "fwd"), "fwd_bwd_vs_cudnn": r(method, "sdpa_cudnn", "fwd_bwd"),
                 "fix_cost_fwd": cost("fwd"), "fix_cost_fwd_bwd": cost("fwd_bwd"),
+                "fix_cost_fwd_medians": r(f"{method}_fix", method, "fwd", arr=ms) - 1,
+                "fix_cost_fwd_bwd_medians": r(f"{method}_fix", method, "fwd_bwd", arr=ms) - 1,
                 "paper_speedup": r("reference_paper", "triton_paper", "fwd_bwd", arr=ms),
             })
     return rows
@@ -352,32 +356,26 @@ def table(res) -> str:
             for a, mode in enumerate(modes):
                 cells.append(mode + " " + " / ".join("  -  " if math.isnan(x) else f"{x:5.0f}" for x in tf[i, :, m, a]))
             lines.append(f"  {method:16s} " + " | ".join(cells))
-        def ratio(a_name, b_name, mode):
-            a, b = methods.index(a_name), methods.index(b_name)
-            return " / ".join(f"{x:4.2f}" for x in tf[i, :, a, modes.index(mode)] / tf[i, :, b, modes.index(mode)])
-        for a_name, b_name in (("triton", "sdpa_flash"), ("triton", "sdpa_cudnn"), ("triton_fma", "sdpa_flash"),
-                               ("triton_fma", "sdpa_cudnn")):
-            if a_name in methods and b_name in methods:
-                lines.append(f"  {a_name}/{b_name}: fwd {ratio(a_name, b_name, 'fwd')}, "
-                             f"fwd+bwd {ratio(a_name, b_name, 'fwd_bwd')}")
-        for a_name, b_name in (("triton_fix", "triton"), ("triton_fma_fix", "triton_fma")):
-            if a_name in methods and b_name in methods:
-                a, b = methods.index(a_name), methods.index(b_name)
-                cost = res["ms"][i, :, a, modes.index("fwd_bwd")] / res["ms"][i, :, b, modes.index("fwd_bwd")] - 1
-                lines.append(f"  fix cost ({a_name} vs {b_name}), fwd+bwd time: "
-                             + " / ".join(f"{100 * c:+.1f}%" for c in cost))
+        rows = {m: [r for r in summary(res, m) if r["head_dim"] == int(d)] for m in ("triton", "triton_fma")
+                if m in methods}
+        join = lambda key, m, fmt: " / ".join(fmt(r[key]) for r in rows[m])  # noqa: E731  (one value per N)
+        ratio, pct = (lambda x: f"{x:4.2f}"), (lambda x: f"{100 * x:+.1f}%")  # noqa: E731
+        for m in rows:
+            for ref, name in (("flash", "sdpa_flash"), ("cudnn", "sdpa_cudnn")):
+                if name in methods:
+                    lines.append(f"  {m}/{name}: fwd {join(f'fwd_vs_{ref}', m, ratio)}, "
+                                 f"fwd+bwd {join(f'fwd_bwd_vs_{ref}', m, ratio)}")
+        for m in rows:
+            if f"{m}_fix" in methods:
+                lines.append(f"  fix cost ({m}_fix vs {m}), fwd+bwd time: {join('fix_cost_fwd_bwd_medians', m, pct)}")
         if "pair_ratio" in res:
-            pmodes = [str(x) for x in res["pair_modes"]]
-            for p, name in enumerate(res["pairs"]):
-                base, fix = str(name).split("/")
-                lines.append(f"  fix cost ({fix} vs {base}), alternating timings: " + ", ".join(
-                    f"{mode} " + " / ".join(f"{100 * (r - 1):+.1f}%" for r in res["pair_ratio"][i, :, p, a])
-                    for a, mode in enumerate(pmodes)))
-        if "triton_paper" in methods and "reference_paper" in methods:
-            a, b = methods.index("triton_paper"), methods.index("reference_paper")
-            sp = res["ms"][i, :, b, modes.index("fwd_bwd")] / res["ms"][i, :, a, modes.index("fwd_bwd")]
-            lines.append("  PAPER_BF16 speed-up of the kernel over the reference, fwd+bwd: "
-                         + " / ".join("  -  " if math.isnan(x) else f"{x:.1f}x" for x in sp))
+            for m in rows:
+                if f"{m}/{m}_fix" in [str(p) for p in res["pairs"]]:
+                    lines.append(f"  fix cost ({m}_fix vs {m}), alternating timings: "
+                                 f"fwd {join('fix_cost_fwd', m, pct)}, fwd_bwd {join('fix_cost_fwd_bwd', m, pct)}")
+        if rows and "triton_paper" in methods and "reference_paper" in methods:
+            lines.append("  PAPER_BF16 speed-up of the kernel over the reference, fwd+bwd: " + join(
+                "paper_speedup", next(iter(rows)), lambda x: "  -  " if math.isnan(x) else f"{x:.1f}x"))
     lines.append(f"BF16 {8192}^3 matmul: {res['matmul_tflops']:.0f} TFLOP/s")
     return "\n".join(lines)
 

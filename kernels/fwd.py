@@ -33,6 +33,7 @@ import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: jitted code may read no other globals
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+TUNE_ENV = "LPFAIL_KERNELS_AUTOTUNE"  # "0": every kernel takes its first eligible config (see `_tune`)
 
 
 def _patch_interpreter_index():
@@ -160,10 +161,16 @@ def _probs(qk, m_new, scale, exp_c, EXP_IN: tl.constexpr, SUB_FMA: tl.constexpr)
 
 
 @triton.jit
+def _alpha(m_i, m_new, exp_c, EXP_IN: tl.constexpr):
+    """The online softmax's rescale factor exp(m_old − m_new), rounded and exponentiated as P is."""
+    return tl.math.exp2(_round(m_i - m_new, EXP_IN) * exp_c)
+
+
+@triton.jit
 def _accumulate(acc, l_i, m_i, m_new, l_blk, pv, exp_c, ACC: tl.constexpr, EXP_IN: tl.constexpr,
                 PV_OUT: tl.constexpr):
     """Online-softmax update with one block's row sum and P̄V product (FP32): rescale, add, round."""
-    alpha = tl.math.exp2(_round(m_i - m_new, EXP_IN) * exp_c)
+    alpha = _alpha(m_i, m_new, exp_c, EXP_IN)
     l_i = _round(l_i * alpha + l_blk, ACC)
     acc = _round(_round(acc * alpha[:, None], ACC) + _round(pv, PV_OUT), ACC)
     return acc, l_i
@@ -180,28 +187,6 @@ def _row_sum(p, L_CLAMP, CLAMP: tl.constexpr):
 
 # -- the inner loops ---------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_step(acc, l_i, m_i, qk, v_tile, offs_n, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP,
-              SCORES: tl.constexpr, EXP_IN: tl.constexpr, PBAR: tl.constexpr, PV_DT: tl.constexpr,
-              PV_OUT: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
-              CLAMP: tl.constexpr, MASK: tl.constexpr, PV_PREC: tl.constexpr):
-    """One key tile of the fast path, given its scores: new maximum, P, row sum, P̄V, online update."""
-    m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
-    p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)             # (BLOCK_M, BLOCK_N) FP32
-    l_blk = _row_sum(p, L_CLAMP, CLAMP)
-    pbar = _round(p, PBAR).to(PV_DT)                                 # cast: P̄ right before the P̄V dot
-    v = _load_rows(v_tile, offs_n, N_CTX, MASK).to(PV_DT)
-    if (ACC == tl.float32) and (PV_OUT == tl.float32):
-        # FP32 accumulator: let the dot add into the rescaled accumulator (one pass over acc)
-        alpha = tl.math.exp2(_round(m_i - m_new, EXP_IN) * exp_c)
-        l_i = l_i * alpha + l_blk
-        acc = tl.dot(pbar, v, acc * alpha[:, None], input_precision=PV_PREC)
-    else:
-        pv = tl.dot(pbar, v, input_precision=PV_PREC)
-        acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, exp_c, ACC, EXP_IN, PV_OUT)
-    return acc, l_i, m_new
-
-
-@triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
                lo, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP,
                BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
@@ -216,9 +201,20 @@ def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, o
         offs_n = start_n + offs_n0
         qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
                      MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC, RAW)
-        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, qk, V_ptrs + start_n * stride_vn, offs_n, N_CTX, scale, exp_c,
-                                  EPS, BETA, L_CLAMP, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA,
-                                  FIX, CLAMP, MASK, PV_PREC)
+        m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
+        p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)            # (BLOCK_M, BLOCK_N) FP32
+        l_blk = _row_sum(p, L_CLAMP, CLAMP)
+        pbar = _round(p, PBAR).to(PV_DT)                                # cast: P̄ right before the P̄V dot
+        v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, MASK).to(PV_DT)
+        if (ACC == tl.float32) and (PV_OUT == tl.float32):
+            # FP32 accumulator: let the dot add into the rescaled accumulator (one pass over acc)
+            alpha = _alpha(m_i, m_new, exp_c, EXP_IN)
+            l_i = l_i * alpha + l_blk
+            acc = tl.dot(pbar, v, acc * alpha[:, None], input_precision=PV_PREC)
+        else:
+            pv = tl.dot(pbar, v, input_precision=PV_PREC)
+            acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, exp_c, ACC, EXP_IN, PV_OUT)
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -288,7 +284,7 @@ def _fwd_configs():
 def _tune() -> bool:
     """LPFAIL_KERNELS_AUTOTUNE=0 takes the first eligible config instead of timing them (tests: less compiling).
     Done in the prune step, because Triton's autotuner skips pruning when it holds one config."""
-    return os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1") != "0"
+    return os.environ.get(TUNE_ENV, "1") != "0"
 
 
 def _fwd_prune(configs, named_args, **kwargs):

@@ -112,6 +112,12 @@ def rounding_sweep_figure(res) -> plt.Figure:
     return fig
 
 
+#: colour and line style of each benchmark method, shared by the kernel figures
+KERNEL_STYLES = {"sdpa_cudnn": ("#7f8c8d", "--"), "sdpa_flash": ("#2c3e50", "--"), "triton": ("#2980b9", "-"),
+                 "triton_fma": ("#8e44ad", "-"), "triton_fix": ("#27ae60", "-"), "triton_paper": ("#c0392b", "-"),
+                 "reference_paper": ("#c0392b", ":")}
+
+
 def kernel_bench_figure(res, mode: str = "fwd_bwd",
                         methods=("sdpa_cudnn", "sdpa_flash", "triton", "triton_fix", "triton_paper",
                                  "reference_paper")) -> plt.Figure:
@@ -120,14 +126,12 @@ def kernel_bench_figure(res, mode: str = "fwd_bwd",
     a = [str(m) for m in res["modes"]].index(mode)
     dims = res["head_dims"]
     fig, axes = plt.subplots(1, len(dims), figsize=(5.2 * len(dims), 3.6), sharey=True, squeeze=False)
-    styles = {"sdpa_cudnn": ("#7f8c8d", "--"), "sdpa_flash": ("#2c3e50", "--"), "triton": ("#2980b9", "-"),
-              "triton_fix": ("#27ae60", "-"), "triton_paper": ("#c0392b", "-"), "reference_paper": ("#c0392b", ":")}
     for ax, (i, d) in zip(axes[0], enumerate(dims)):
         for method in methods:
             if method not in names:
                 continue
             y = res["tflops"][i, :, names.index(method), a]
-            color, ls = styles.get(method, (None, "-"))
+            color, ls = KERNEL_STYLES.get(method, (None, "-"))
             ax.plot(res["seq_lens"], y, ls, marker="o", ms=4, color=color, label=method)
         ax.set_xscale("log", base=2)
         ax.set_xticks(res["seq_lens"], [str(int(n)) for n in res["seq_lens"]])
@@ -146,11 +150,10 @@ def kernel_targets_figure(res) -> plt.Figure:
     names = [str(m) for m in res["methods"]]
     modes = [str(m) for m in res["modes"]]
     dims, ns = res["head_dims"], res["seq_lens"]
-    fwd_bound = dict((t[0], t[1]) for t in TARGETS)["fwd / SDPA flash"]
-    cost_bound = dict((t[0], t[1]) for t in TARGETS)["fix cost, fwd+bwd"]
+    bounds = {name: bound for name, bound, _ in TARGETS}
+    fwd_bound, cost_bound = bounds["fwd / SDPA flash"], bounds["fix cost, fwd+bwd"]
     fig, axes = plt.subplots(len(dims), 2, figsize=(10.4, 3.3 * len(dims)), squeeze=False)
-    styles = {"sdpa_cudnn": ("#7f8c8d", "--"), "sdpa_flash": ("#2c3e50", "--"), "triton": ("#2980b9", "-"),
-              "triton_fma": ("#8e44ad", "-")}
+    styles = {m: KERNEL_STYLES[m] for m in ("sdpa_cudnn", "sdpa_flash", "triton", "triton_fma")}
     a = modes.index("fwd")
     for i, d in enumerate(dims):
         ax = axes[i][0]

@@ -210,20 +210,16 @@ def fix_cost(bench: Mapping) -> Verdict:
     the page states the measured range (forward + backward, and forward alone). Where the stored benchmark
     has alternating timings of the kernel with and without the fix (`pair_ratio`), those are used; else the
     ratio of the two methods' separate medians."""
-    names = [str(m) for m in bench["methods"]]
-    modes = [str(m) for m in bench["modes"]]
-    pairs = [str(p) for p in bench["pairs"]] if "pairs" in bench else []
-    if "triton/triton_fix" in pairs:
-        pmodes = [str(m) for m in bench["pair_modes"]]
-        ratio = np.asarray(bench["pair_ratio"])[:, :, pairs.index("triton/triton_fix"), :]
-        fb, fw = 100 * (ratio[..., pmodes.index("fwd_bwd")] - 1), 100 * (ratio[..., pmodes.index("fwd")] - 1)
+    from kernels.bench import summary  # the benchmark's own ratios (imports Triton: only when judged)
+
+    rows = summary(bench, "triton")
+    if "pairs" in bench and "triton/triton_fix" in [str(p) for p in bench["pairs"]]:
+        keys = ("fix_cost_fwd_bwd", "fix_cost_fwd")
         how = "median of per-pair ratios, the two kernels timed in alternation"
     else:
-        ms = np.asarray(bench["ms"])
-        base, fix = names.index("triton"), names.index("triton_fix")
-        cost = 100 * (ms[:, :, fix, :] / ms[:, :, base, :] - 1)  # (head_dim, seq_len, mode)
-        fb, fw = cost[..., modes.index("fwd_bwd")], cost[..., modes.index("fwd")]
+        keys = ("fix_cost_fwd_bwd_medians", "fix_cost_fwd_medians")
         how = "single runs: differences of a few per cent are noise"
+    fb, fw = (100 * np.array([r[k] for r in rows]) for k in keys)
     return Verdict(
         "Fix-c", "The fix's cost: the paper reports no overhead figure (only that the backward is unchanged, "
         "since it uses L = m + log ℓ alone).",

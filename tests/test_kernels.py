@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from lpfail.precision import FA2_BF16, FP32, PAPER_BF16
-
-from tests.kernel_env import CUDA, load_kernels
+from tests.kernel_env import CUDA, DEVICE, load_kernels
 
 kernels = load_kernels()
 
@@ -24,8 +23,6 @@ try:  # the pure-PyTorch reference (the oracle for policy-matching tests), when 
     from lpfail.attention import attention as reference_attention
 except ImportError:  # pragma: no cover
     reference_attention = None
-
-from tests.kernel_env import DEVICE  # noqa: E402
 
 
 def truth(q, k, v, causal, scale=None):

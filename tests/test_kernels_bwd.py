@@ -13,20 +13,17 @@ right). The test marked `gpu` checks PAPER_BF16 itself on the GPU. Run `pytest -
 """
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from lpfail.precision import FP32, PAPER_BF16
-
-from tests.kernel_env import CUDA, load_kernels
+from tests.kernel_env import CUDA, DEVICE, load_kernels
 
 kernels = load_kernels()
 from kernels import bwd  # noqa: E402
 
 from lpfail.attention import attention, flash_backward, flash_forward  # noqa: E402
 
-DEVICE = "cuda" if CUDA else "cpu"
 SCALE = 0.125  # 1/√64, exact: the kernel and the reference multiply by the same α
 PAPER_FP32_DOTS = PAPER_BF16.replace(matmul="fp32")  # the paper's casts, FP32 dot operands (interpreter)
 interpreter_only = pytest.mark.skipif(CUDA, reason="rates measured under the CPU interpreter (NumPy's dots and "
