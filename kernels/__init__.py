@@ -14,8 +14,8 @@ constants of the kernels, so one source compiles every precision variant:
   walked in 64-key chunks with two passes per block (the paper's 512, or ``None`` for one tile per row);
 * ``l_clamp``   the row-sum clamp of the paper's official code.
 
-``exp`` must be FP32 and nothing may be FP64: such policies raise ``ValueError`` naming the knob. The
-kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
+``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
+reference only): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
 Triton's CPU interpreter, which is slow and whose BF16 arithmetic is broken, so only ``matmul="fp32"`` policies
 are accepted there (rounding cast points to BF16 still work: they are conversions). Without either,
 ``flash_attention`` raises ``RuntimeError``; the reference is ``lpfail.attention``.
@@ -124,6 +124,10 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
     if policy.exp != "fp32":
         raise ValueError(f"kernels: Precision.exp={policy.exp!r} is not supported: the kernels evaluate exp in "
                          "fp32 only")
+    if getattr(policy, "rounding", "rne") != "rne":
+        raise ValueError(f"kernels: Precision.rounding={policy.rounding!r} (stochastic rounding of the output path) "
+                         "is not implemented in the Triton kernels, which round to nearest even only; run it with "
+                         "the reference, lpfail.attention(q, k, v, policy)")
     if getattr(policy, "masked_ties", False):
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "

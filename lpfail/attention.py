@@ -56,6 +56,12 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
   after the last tile:
     O    = Ō / ℓ      (op, rounded to `out`)         L = log(ℓ) + m   in `exp`
 
+  ``policy.rounding = "sr"``: the four casts of the output path — P̄V to `pv_out`, Ō·a and Ō + P̄V to `acc`,
+  O to `out` — round stochastically where their dtype is 16-bit (`_round`, `lpfail.bf16.round_stochastic`,
+  unbiased; random bits from torch's default generator of the device, so torch.manual_seed fixes them). P̄V
+  is then formed in FP32 (operands upcast exactly) and rounded once, instead of the native 16-bit matmul.
+  m, ℓ and every other cast keep round-to-nearest-even; the backward is unchanged (δ reads the stored O).
+
 Backward (Algorithm 2), per key tile j, for all query rows at once::
 
     δ    = rowsum(dO ∘ O)                            "dO.O": products rounded to `delta_prod` (widened to
@@ -135,6 +141,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from lpfail.bf16 import round_stochastic
 from lpfail.precision import (
     FA2_BF16,
     FP32,
@@ -195,15 +202,28 @@ def _wider(*dtypes: torch.dtype) -> torch.dtype:
     return best
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.dtype) -> torch.Tensor:
-    """a @ b with a, b already in their operand dtypes, the result in `out` (see the module docstring)."""
-    if a.dtype == b.dtype == out:
+def _stochastic(dtype: torch.dtype, policy: Precision | None) -> bool:
+    """Whether a cast to `dtype` rounds stochastically: policy.rounding == "sr" and a 16-bit `dtype`."""
+    return policy is not None and policy.rounding == "sr" and dtype in (torch.bfloat16, torch.float16)
+
+
+def _round(x: torch.Tensor, dtype: torch.dtype, policy: Precision | None) -> torch.Tensor:
+    """x (in op, FP32 or FP64) rounded to `dtype`: to nearest even (``.to``), or stochastically (unbiased,
+    `lpfail.bf16.round_stochastic`, torch's default generator of x's device) under policy.rounding == "sr"
+    when `dtype` is 16-bit. Used by the output path's casts only: P̄V, Ō·a, Ō·a + P̄V and O."""
+    return round_stochastic(x, dtype) if _stochastic(dtype, policy) else x.to(dtype)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.dtype, policy: Precision | None = None) -> torch.Tensor:
+    """a @ b with a, b already in their operand dtypes, the result in `out` (see the module docstring).
+    With `policy` given, the result is rounded to `out` by `_round` (stochastic rounding under "sr")."""
+    if a.dtype == b.dtype == out and not _stochastic(out, policy):
         return a @ b  # native: for BF16 operands FP32 accumulation and one rounding, as under autocast
     compute = _wider(a.dtype, b.dtype, torch.float32)
     if compute == torch.float32 and a.is_cuda and torch.backends.cuda.matmul.allow_tf32:
         raise RuntimeError("lpfail.attention needs true FP32 matmuls, but TF32 is allowed "
                            "(torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision): turn it off")
-    return (a.to(compute) @ b.to(compute)).to(out)
+    return _round(a.to(compute) @ b.to(compute), out, policy)  # cast: product to `out` (P̄V: `pv_out`, "sr")
 
 
 def _tiles(n: int, block: int | None) -> list[tuple[int, int]]:
@@ -326,7 +346,7 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         if policy.l_clamp is not None:
             l_blk = l_blk.clamp(min=policy.l_clamp)                # the official code's per-block floor
         p_mm = p.to(pbar)                                          # cast: P̄ to `pbar`
-        pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(pbar, v.dtype)), pv_out)  # (…, R, D) in `pv_out`
+        pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(pbar, v.dtype)), pv_out, policy)  # cast: P̄V to `pv_out`
 
         # -- online rescaling --------------------------------------------------------------------------
         op = _op(acc, exp_in)
@@ -335,15 +355,15 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         op = _op(acc, exp_dt)
         l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
         op = _op(acc, exp_dt, pv_out)
-        o_scaled = (o[..., r0:, :].to(op) * a.to(op)).to(acc)      # cast: Ō·a to `acc`
-        o_new = (o_scaled.to(op) + pv.to(op)).to(acc)              # cast: Ō·a + P̄V to `acc`
+        o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), acc, policy)  # cast: Ō·a to `acc`
+        o_new = _round(o_scaled.to(op) + pv.to(op), acc, policy)   # cast: Ō·a + P̄V to `acc`
 
         o[..., r0:, :] = o_new
         l[..., r0:, :] = l_new
         m[..., r0:, :] = m_new
 
     op = _op(acc, out_dt)
-    o_out = (o.to(op) / l.to(op)).to(out_dt)                       # cast: O = Ō / ℓ to `out`
+    o_out = _round(o.to(op) / l.to(op), out_dt, policy)            # cast: O = Ō / ℓ to `out`
     lse = torch.log(l.to(exp_dt)) + m.to(exp_dt)                   # cast: L = log ℓ + m in `exp`
     return ForwardResult(o_out, o, m, l, lse, fix_pos, fix_neg)
 

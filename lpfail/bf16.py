@@ -20,6 +20,7 @@ Public surface::
     classify(x)          -> "zero" | "subnormal" | "normal" | "inf" | "nan"
     describe(x)          -> "-2.40625 = -1.0011010₂ × 2^1"
     round_bf16(x32, mode="rne" | "rtz" | "stochastic", generator=None) -> bf16 tensor
+    round_stochastic(x, dtype=bf16 | fp16, generator=None) -> unbiased stochastic rounding of fp32/fp64
     ulp(x), next_up(x), next_down(x)                  of bf16 values (floats or tensors)
     add_trace(a, b)            -> AddTrace            bf16 + bf16, rounded once to bf16 (RNE)
     add_trace_acc(acc, term)   -> AddTrace            fp32 running sum + bf16 term → fp32 → bf16
@@ -39,7 +40,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "bits", "from_bits", "classify", "describe", "round_bf16", "ulp", "next_up", "next_down",
+    "bits", "from_bits", "classify", "describe", "round_bf16", "round_stochastic", "ulp", "next_up",
+    "next_down",
     "AddTrace", "add_trace", "add_trace_acc", "paper_example",
     "BF16_MAX", "BF16_SMALLEST_NORMAL", "BF16_SMALLEST_SUBNORMAL", "BF16_EPS",
     "PAPER_RUNNING_SUM", "PAPER_TERM",
@@ -281,6 +283,82 @@ def round_bf16(x: torch.Tensor, mode: str = "rne", generator: torch.Generator | 
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     r = torch.where(nan, (u >> 16) & 0x8000 | _QNAN16, r)
     return _patterns_to_bf16(r)
+
+
+#: 16-bit formats `round_stochastic` rounds to: (fraction bits, exponent bias).
+_SR_FORMATS = {torch.bfloat16: (7, 127), torch.float16: (10, 15)}
+_SR_BITS = 62                                 # random bits per draw of the exact Bernoulli comparison
+
+
+def _pow2(k: torch.Tensor) -> torch.Tensor:
+    """2^k as float64, exactly, for an int64 tensor k in [-1022, 1023] (built from its bit pattern)."""
+    return ((k + 1023) << 52).view(torch.float64)
+
+
+def round_stochastic(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """Stochastic rounding of an fp32 or fp64 tensor to bf16 or fp16: unbiased, E[result] = x exactly.
+
+    Each finite nonzero x becomes one of its two neighbours in `dtype`, lo ≤ |x| < hi (magnitudes), the
+    upper one with probability (|x| − lo) / (hi − lo); values representable in `dtype` never move. The
+    expectation is x exactly for every finite x of the input whose magnitude is at most the largest finite
+    value of `dtype`, subnormals included. fp32 → bf16 is the classic trick (`round_bf16` mode "stochastic":
+    a uniform 16-bit integer added to the low 16 bits of the fp32 pattern, then truncation; bf16 has fp32's
+    exponent range, so it is exact down to the subnormals). Every other pair (fp64 input: fp64 → fp32 would
+    itself be a rounding; or fp16 output) computes the neighbours in float64 and compares the exact
+    probability, a dyadic fraction, with uniform random integers of 62 bits, drawing 62 more bits for the
+    (probability 2^-62) elements the first draw leaves undecided, so the comparison is exact; this path
+    reads one flag back from the device per call.
+
+    Overflow: above the largest finite value M the format is continued by its last spacing (2^120 for bf16,
+    32 for fp16), whose next value is ±inf: |x| in (M, M + spacing) becomes ±inf with probability
+    (|x| − M) / spacing, larger values always do. Zero (either sign), ±inf and NaN pass through unchanged.
+
+    Randomness: `torch.randint` with `generator` (which must live on x's device), or that device's default
+    generator when None, so results follow torch.manual_seed, are deterministic under
+    torch.use_deterministic_algorithms, and resume bit-exactly from a checkpoint of torch's RNG state. Used by
+    the attention's output path under ``Precision.rounding = "sr"`` (lpfail.attention).
+
+    >>> x = torch.full((100_000,), 1.0 + 2.0 ** -9)    # a quarter of the way from 1.0 to its bf16 successor
+    >>> r = round_stochastic(x, generator=torch.Generator().manual_seed(0))
+    >>> sorted(set(r.tolist())), abs(r.double().mean().item() - (1.0 + 2.0 ** -9)) < 1e-4
+    ([1.0, 1.0078125], True)
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"round_stochastic takes a float32 or float64 tensor (got {type(x).__name__})")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"round_stochastic takes a float32 or float64 tensor (got dtype {x.dtype}): it rounds "
+                        "a wider value to a 16-bit format, and a 16-bit input has nothing left to round")
+    if dtype not in _SR_FORMATS:
+        raise ValueError(f"round_stochastic rounds to torch.bfloat16 or torch.float16 (got {dtype}): the wider "
+                         "formats are where the attention's values are computed, not rounded to")
+    if x.dtype == torch.float32 and dtype == torch.bfloat16:
+        return round_bf16(x, "stochastic", generator)
+    frac_bits, bias = _SR_FORMATS[dtype]
+    regular = torch.isfinite(x) & (x != 0)
+    a = torch.where(regular, x.abs().double(), torch.ones((), dtype=torch.float64, device=x.device))
+    near = a.to(dtype)                                    # round to nearest: one of the two neighbours
+    mag = near.view(torch.int16).to(torch.int64) & 0x7FFF
+    mag = mag - (near.double() > a).to(torch.int64)       # the pattern of lo, the neighbour toward zero
+    lo = mag.to(torch.int16).view(dtype).double()
+    k = (mag >> frac_bits).clamp(min=1) - bias - frac_bits  # hi − lo = 2^k (past the max: the spacing continued)
+    p = ((a - lo) * _pow2(-k)).clamp(max=1.0)             # exact dyadic P(hi); 1 for |x| ≥ max + spacing
+    up = torch.zeros(a.shape, dtype=torch.bool, device=x.device)
+    pending = torch.ones_like(up)
+    while True:                                           # up ⇔ U < p for U uniform in [0, 1), bit by bit
+        t = p * float(1 << _SR_BITS)                      # exact: a power-of-two scaling
+        whole = torch.floor(t)
+        w = whole.to(torch.int64)                         # ≤ 2^62
+        r = torch.randint(0, 1 << _SR_BITS, a.shape, generator=generator, device=x.device, dtype=torch.int64)
+        up = up | (pending & (r < w))
+        p = t - whole                                     # exact: the bits of p below these 62
+        pending = pending & (r == w) & (p > 0)            # undecided: the next 62 bits of U decide
+        if not bool(pending.any()):
+            break
+    mag = mag + up.to(torch.int64)                        # max finite + 1 is the pattern of +inf
+    pattern = mag | (torch.signbit(x).to(torch.int64) << 15)
+    out = torch.where(pattern >= 0x8000, pattern - 0x10000, pattern).to(torch.int16).view(dtype)
+    return torch.where(regular, out, x.to(dtype))         # ±0, ±inf and NaN: unchanged
 
 
 # ---------------------------------------------------------------------------------------------------

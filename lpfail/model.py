@@ -56,6 +56,8 @@ class GPTConfig:
     n_embd: int = 768  # head size n_embd / n_head = 64
     dropout: float = 0.0  # the paper (and nanoGPT pre-training) uses none; it would also perturb replays
     bias: bool = False  # no biases in Linear or LayerNorm: the paper's setting, a bit faster, no worse
+    qk_norm: bool = False  # LayerNorm of q and k per head before the scores (Dehghani et al. 2023; Wortsman
+    #                        et al. 2023, arXiv 2309.14322); off: the paper's model
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -67,6 +69,8 @@ class GPTConfig:
                              "each head gets n_embd / n_head channels")
         if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
             raise ValueError(f"GPTConfig.dropout must be in [0, 1) (got {self.dropout!r})")
+        if not isinstance(self.qk_norm, bool):
+            raise ValueError(f"GPTConfig.qk_norm must be True or False (got {self.qk_norm!r})")
         if self.bias:
             raise ValueError("GPTConfig.bias=True is not supported: this model follows the paper, which has no "
                              "biases (the field exists only to say so)")
@@ -262,6 +266,15 @@ class CausalSelfAttention(nn.Module):
         self.specs: tuple[AttentionSpec, ...] = (DEFAULT_SPEC,) * config.n_head  # one per head
         self.fallback_state: dict = {}  # shared by all layers of a GPT: "warn once" for the triton fallback
         self.capture: dict | None = None  # set by logit_capture(): {"dtype": ..., "out": list}
+        if config.qk_norm:
+            # QK-norm: LayerNorm over each head's channels, one gain vector shared by the heads, no bias (the
+            # model has none). LayerNorm, not RMSNorm, because LayerNorm is what both papers that showed it
+            # removes attention-logit growth used (ViT-22B, Dehghani et al. 2023; Wortsman et al. 2023).
+            hs = config.n_embd // config.n_head
+            self.q_norm = nn.LayerNorm(hs, bias=False)
+            self.k_norm = nn.LayerNorm(hs, bias=False)
+        else:
+            self.q_norm = self.k_norm = None
 
     def attend(self, q, k, v):
         """(B, nh, T, hs) q, k, v → (B, nh, T, hs) attention output, heads grouped by their spec."""
@@ -285,6 +298,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        if self.q_norm is not None:
+            # every backend (sdpa, naive, reference, triton) sees the normalised q and k; under autocast
+            # layer_norm computes and returns FP32, so the result goes back to v's dtype (the matmul dtype)
+            q = self.q_norm(q).to(v.dtype)  # (B, nh, T, hs)
+            k = self.k_norm(k).to(v.dtype)  # (B, nh, T, hs)
         if self.capture is not None:
             self.capture["out"].append(_logit_stats(q, k, self.capture["dtype"]))
         y = self.attend(q, k, v).to(x.dtype)  # (B, nh, T, hs), cast to the residual stream's dtype
@@ -292,7 +310,8 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def extra_repr(self) -> str:
-        return f"layer={self.layer}, n_head={self.n_head}, attention: {_describe_heads(self.specs)}"
+        qk = ", qk_norm" if self.q_norm is not None else ""
+        return f"layer={self.layer}, n_head={self.n_head}{qk}, attention: {_describe_heads(self.specs)}"
 
 
 class MLP(nn.Module):
@@ -413,7 +432,8 @@ class GPT(nn.Module):
         """Config, parameter count and where attention is overridden — what a chapter prints above a run."""
         c = self.config
         lines = [f"GPT: {c.n_layer} layers, {c.n_head} heads, width {c.n_embd}, context {c.block_size}, "
-                 f"vocab {c.vocab_size}, {self.num_params() / 1e6:.2f}M parameters"]
+                 f"vocab {c.vocab_size}, {self.num_params() / 1e6:.2f}M parameters"
+                 + (", QK-norm (LayerNorm of q and k per head)" if c.qk_norm else "")]
         table = self.attention_specs()
         uniform = {s for specs in table.values() for s in specs}
         if len(uniform) == 1:

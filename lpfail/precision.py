@@ -47,6 +47,10 @@ masked_ties False: masked scores are −∞, never tie, and key tiles  False   F
             code's masking (most negative finite score, every tile
             visited), so under the fix a fully masked tile counts
             as r_s > 1 ties with r_m < 0 and sets m' = 0
+rounding    how the output path's 16-bit casts round (P̄V to       rne     rne     rne
+            `pv_out`, Ō·a and Ō·a + P̄V to `acc`, O to `out`):
+            "rne" to nearest even, "sr" stochastically (unbiased;
+            m, ℓ and all other casts stay "rne")
 =========== ====================================================== ======= ======= =====
 
 The knobs from qk_out on were added with the reference attention (`lpfail.attention`, whose docstring gives
@@ -54,6 +58,10 @@ the order of operations), for cast points of the paper's official code that PAPE
 for bit. FP64 sets every dtype knob to fp64. PAPER_BF16_OFFICIAL_FIX is PAPER_BF16 with fix=DynamicMax(2, 1e-3),
 l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_in of at least FP32 (a
 16-bit product or score would be rounded before the fused step, which is what the step exists to avoid).
+``rounding="sr"`` is the control of the paper's claim that the rounding error harms because it is biased: the
+same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, acc, out
+in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), so the strings of all
+"rne" policies, and with them every stored result's config hash, are those from before the knob existed.
 """
 from __future__ import annotations
 
@@ -67,6 +75,8 @@ import torch
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 DELTAS = ("dO.O", "dO.O_hp", "dP.P")
 SUBS = ("sub", "fma")
+ROUNDINGS = ("rne", "sr")
+_SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
@@ -119,6 +129,8 @@ class Precision:
     ds: str = "bf16"
     grad_acc: str = "fp32"
     masked_ties: bool = False
+    # added with stochastic rounding (lpfail.bf16.round_stochastic):
+    rounding: str = "rne"
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -139,6 +151,12 @@ class Precision:
             raise ValueError(f"Precision.l_clamp must be None or a positive number (got {self.l_clamp!r})")
         if not isinstance(self.masked_ties, bool):
             raise ValueError(f"Precision.masked_ties must be True or False (got {self.masked_ties!r})")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"Precision.rounding must be one of {list(ROUNDINGS)} (got {self.rounding!r})")
+        if self.rounding == "sr" and not any(getattr(self, n) in ("bf16", "fp16") for n in _SR_FIELDS):
+            raise ValueError(f"Precision.rounding='sr' would do nothing here: it rounds only the 16-bit casts of "
+                             f"the output path ({', '.join(f'{n}={getattr(self, n)}' for n in _SR_FIELDS)}), "
+                             "and none of them is bf16 or fp16; use rounding='rne' for this policy")
         if self.sub == "fma":
             narrow = [name for name in ("qk_out", "scores", "exp_in") if getattr(self, name) in ("bf16", "fp16")]
             if narrow:
@@ -167,7 +185,11 @@ class Precision:
 
     @property
     def name(self) -> str:
-        """The preset's name when this policy is one (with "+fix" for the fixed variants), else its string."""
+        """The preset's name when this policy is one (with "+fix" for the fixed variants, and ",rounding=sr"
+        appended for stochastic rounding: "PAPER_BF16,rounding=sr"), else its string."""
+        if self.rounding != "rne":
+            base = dataclasses.replace(self, rounding="rne")
+            return f"{base.name},rounding={self.rounding}" if base.name != str(base) else str(self)
         for preset_name, preset in PRESETS.items():
             if self == preset:
                 return preset_name
@@ -184,6 +206,8 @@ class Precision:
         parts.append(f"fix={self.fix if self.fix is not None else 'none'}")
         parts.append(f"l_clamp={repr(float(self.l_clamp)) if self.l_clamp is not None else 'none'}")
         parts.append(f"masked_ties={'true' if self.masked_ties else 'false'}")
+        if self.rounding != "rne":  # only when set: the strings (cache keys) of "rne" policies stay unchanged
+            parts.append(f"rounding={self.rounding}")
         return ",".join(parts)
 
     @classmethod
@@ -202,14 +226,14 @@ class Precision:
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
         valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
-                                       "masked_ties"]
+                                       "masked_ties", "rounding"]
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
             key, value = (s.strip() for s in item.split("=", 1))
             if key not in valid:
                 raise ValueError(f"unknown Precision key {key!r} in {text!r}; valid keys: {valid}")
-            if key in _DTYPE_FIELDS or key in ("delta", "sub"):
+            if key in _DTYPE_FIELDS or key in ("delta", "sub", "rounding"):
                 changes[key] = value
             elif key == "block":
                 m = re.fullmatch(r"(\w+)x(\w+)", value)

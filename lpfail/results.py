@@ -36,7 +36,9 @@ from typing import Any, Callable
 import numpy as np
 
 #: Modules that register experiments when imported. `registry()` imports them on first use.
-EXPERIMENT_MODULES = ("lpfail.rounding", "kernels.bench", "lpfail.train", "lpfail.symptom", "lpfail.fixrows")
+EXPERIMENT_MODULES = ("lpfail.experiments.rounding", "kernels.bench", "lpfail.experiments.train_ddp",
+                      "lpfail.experiments.train_speed", "lpfail.experiments.symptom", "lpfail.experiments.fix_rows",
+                      "lpfail.experiments.lr_sweep")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

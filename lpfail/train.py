@@ -81,10 +81,14 @@ class TrainConfig:
     n_embd: int = 256
     block_size: int = 256  # context length T
     vocab_size: int = 0  # 0: the tokenizer's vocabulary padded to a multiple of 64 (bytes 256, GPT-2 50304)
+    qk_norm: bool = False  # LayerNorm of q and k per head before the scores (GPTConfig.qk_norm)
     # data
     data: str = "tinyshakespeare"  # an embedded corpus, "openwebtext" (data_dir/train.bin) or a .bin path
     data_dir: str = "data/openwebtext"  # where openwebtext_bins() wrote train.bin / val.bin
     tokenizer: str = "bytes"  # "bytes" or "gpt2" (for the embedded corpus; .bin files are GPT-2 ids)
+    val_fraction: float = 0.0  # > 0: hold out the corpus' last fraction as validation data, never trained on
+    val_rows: int = 64  # validation windows of block_size + 1 tokens, evenly spaced over the held-out part
+    val_every: int = 0  # validation loss every this many steps (0: only before the first and after the last)
     # batch: tokens per step = batch_size · block_size, whatever the number of GPUs
     batch_size: int = 32  # sequences per optimizer step, all ranks together (the global batch)
     micro_batch: int = 0  # sequences per forward pass on one rank; 0 = batch_size / world_size
@@ -109,6 +113,11 @@ class TrainConfig:
     #                          string / preset name alone, meaning the reference ("PAPER_BF16")
     overrides: tuple[str, ...] = ()  # "LAYERS[/HEADS]:SPEC", e.g. "1:sdpa", "1/0,6,7:reference(FP32)", "0-2:FP32"
     deterministic: bool = True  # torch.use_deterministic_algorithms + CUBLAS_WORKSPACE_CONFIG
+    cuda_graph: bool = False  # on CUDA, one process: after GRAPH_WARMUP eager steps, each step (forward, backward,
+    #                           clip, update) is replayed from one captured CUDA graph — the small models are
+    #                           launch-bound. AdamW then runs in its capturable form (lr and step count on the
+    #                           device), whose last bits differ from the default form's; a captured and an
+    #                           uncaptured run (LPFAIL_NO_CAPTURE=1) of the same config agree bit for bit
     loss_impl: str = "torch"  # "torch": F.cross_entropy in FP32; "written": logsumexp − target logit (cross_entropy).
     #                           Both repeat bit for bit under deterministic mode on the H200; "torch" is 1.1× faster
     #                           (results/train_speed.json)
@@ -143,7 +152,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainConfig.{name} must be positive (got {getattr(self, name)})")
         for name in ("vocab_size", "micro_batch", "warmup", "decay_steps", "diag_every", "checkpoint_every",
-                     "keep_checkpoints", "init_seed", "data_seed"):
+                     "keep_checkpoints", "init_seed", "data_seed", "val_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0 (got {getattr(self, name)})")
         if self.n_embd % self.n_head:
@@ -173,6 +182,12 @@ class TrainConfig:
         if self.micro_batch and self.batch_size % self.micro_batch:
             raise ValueError(f"TrainConfig.micro_batch ({self.micro_batch}) must divide batch_size "
                              f"({self.batch_size})")
+        if not 0.0 <= self.val_fraction < 0.5:
+            raise ValueError(f"TrainConfig.val_fraction must lie in [0, 0.5) (got {self.val_fraction})")
+        if self.val_rows <= 0:
+            raise ValueError(f"TrainConfig.val_rows must be positive (got {self.val_rows})")
+        if self.cuda_graph and self.optimizer != "adamw":
+            raise ValueError("TrainConfig.cuda_graph needs optimizer='adamw' (Muon's step is not captured)")
         if self.checkpoint_every and not self.out_dir:
             raise ValueError("TrainConfig.checkpoint_every needs an out_dir to write checkpoints into")
         self.attention_table()  # parse the specs now: unknown backends and policies fail here
@@ -197,7 +212,7 @@ class TrainConfig:
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig(block_size=self.block_size, vocab_size=vocab_size, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd)
+                         n_head=self.n_head, n_embd=self.n_embd, qk_norm=self.qk_norm)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "TrainConfig":
@@ -332,7 +347,7 @@ def load_config(path) -> TrainConfig:
 #: Fields a resumed (or branched) run must share with its checkpoint: they fix the weights' shapes, the
 #: optimizer state's meaning, and which tokens a step reads.
 STRUCTURAL = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "data", "tokenizer", "batch_size",
-              "optimizer")
+              "optimizer", "qk_norm", "val_fraction")
 
 
 # -- data --------------------------------------------------------------------------------------------------
@@ -354,6 +369,40 @@ def load_tokens(cfg: TrainConfig) -> tuple[np.ndarray, str, int]:
         return lpdata.load_bin(path), str(path), 50257
     raise ValueError(f"TrainConfig.data: unknown data {cfg.data!r}; use an embedded corpus "
                      f"{list(lpdata.CORPORA)}, 'openwebtext', or a path to a nanoGPT .bin token file")
+
+
+def split_validation(tokens: np.ndarray, cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray | None]:
+    """(training tokens, held-out tokens or None): the corpus' last ``val_fraction`` is never trained on."""
+    if cfg.val_fraction <= 0:
+        return tokens, None
+    n_val = int(len(tokens) * cfg.val_fraction)
+    if n_val < cfg.block_size + 1 or len(tokens) - n_val < cfg.block_size + 1:
+        raise ValueError(f"TrainConfig.val_fraction={cfg.val_fraction} leaves {n_val} held-out and "
+                         f"{len(tokens) - n_val} training tokens; each part needs block_size + 1 = "
+                         f"{cfg.block_size + 1}")
+    return tokens[:-n_val], tokens[-n_val:]
+
+
+def validation_offsets(n_val: int, cfg: TrainConfig) -> np.ndarray:
+    """The ``val_rows`` start offsets of the validation windows: evenly spaced over the held-out tokens, the
+    same for every run on the same corpus and context length."""
+    return np.linspace(0, n_val - cfg.block_size - 1, cfg.val_rows).round().astype(np.int64)
+
+
+@torch.no_grad()
+def validation_loss(model, val_tokens: np.ndarray, offsets: np.ndarray, cfg: TrainConfig, rows: int, device,
+                    amp) -> float:
+    """Mean next-token cross-entropy (nats per token, FP32 loss of the model's own arithmetic) over the
+    validation windows, `rows` windows per forward pass. NaN or inf when the model produces them."""
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for i in range(0, len(offsets), rows):
+        x, y = _rows(val_tokens, offsets[i:i + rows], cfg.block_size)
+        x, y = x.to(device), y.to(device)
+        with amp:
+            logits, _ = model(x)  # (b, T, vocab)
+        total += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
+                                                   reduction="sum").double()
+    return total.item() / (len(offsets) * cfg.block_size)
 
 
 def _rows(tokens, offsets, T: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -494,6 +543,17 @@ def _log_arrays(records: list[dict]) -> dict[str, np.ndarray]:
     return out
 
 
+def read_val(out_dir) -> dict[str, np.ndarray]:
+    """val.jsonl as arrays: step (updates done before the evaluation; 0 = at initialization) and val_loss."""
+    return _val_arrays(_read_jsonl(Path(out_dir) / "val.jsonl"))
+
+
+def _val_arrays(records: list[dict]) -> dict[str, np.ndarray]:
+    return {"step": np.array([r["step"] for r in records], dtype=np.int64),
+            "val_loss": np.array([np.nan if r["val_loss"] is None else r["val_loss"] for r in records],
+                                 dtype=np.float64)}
+
+
 def read_diag(out_dir) -> dict:
     """diag.jsonl as arrays: step (n,), spectral {weight name: (n,)}, wq and wqk (n, layers, heads),
     max_logit and tied_frac (n, layers), max_logit_per_head and tied_frac_per_head (n, layers, heads)."""
@@ -521,6 +581,7 @@ class TrainResult:
     config: TrainConfig
     log: list[dict] = field(default_factory=list)
     diag: list[dict] = field(default_factory=list)
+    val: list[dict] = field(default_factory=list)  # {"step", "val_loss"}: with TrainConfig.val_fraction > 0
     nonfinite_step: int | None = None  # the step whose loss or gradient norm was not finite
     wall_s: float = 0.0
     world_size: int = 1
@@ -539,6 +600,9 @@ class TrainResult:
 
     def diag_arrays(self) -> dict:
         return _diag_arrays(self.diag)
+
+    def val_arrays(self) -> dict[str, np.ndarray]:
+        return _val_arrays(self.val)
 
     def __repr__(self):
         last = f", last loss {self.log[-1]['loss']:.4f}" if self.log else ""
@@ -615,7 +679,7 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
 
 def _build_optimizer(cfg: TrainConfig, model: torch.nn.Module):
     if cfg.optimizer == "muon":
-        from lpfail.optim import Muon, muon_param_groups
+        from lpfail.optim import muon_param_groups
 
         groups = muon_param_groups(model, cfg.muon_lr, cfg.lr, cfg.weight_decay, cfg.muon_momentum,
                                    cfg.ns_steps, (cfg.beta1, cfg.beta2), cfg.eps)
@@ -627,9 +691,70 @@ def _build_optimizer(cfg: TrainConfig, model: torch.nn.Module):
     for g in groups:
         g["base_lr"] = cfg.muon_lr if g.get("muon") else cfg.lr
     if cfg.optimizer == "muon":
-        from lpfail.optim import Muon
-        return Muon(groups)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+        from lpfail.optim import MuonAdamW
+        return MuonAdamW(groups, lr=cfg.muon_lr, adam_lr=cfg.lr, weight_decay=cfg.weight_decay,
+                         momentum=cfg.muon_momentum, ns_steps=cfg.ns_steps, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    capturable = cfg.cuda_graph and any(p.is_cuda for p in model.parameters())
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, capturable=capturable)
+    if capturable:
+        _device_lr(opt)
+    return opt
+
+
+def _device_lr(optimizer):
+    """Each group's lr as a 0-d FP32 tensor on the parameters' device (what a captured step reads)."""
+    for g in optimizer.param_groups:
+        g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=g["params"][0].device)
+
+
+def _set_lr(group: dict, value: float):
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"].fill_(value)  # in place: a captured graph reads this memory
+    else:
+        group["lr"] = value
+
+
+#: Eager steps before a step is captured as a CUDA graph (torch.cuda.graphs: warm up on a side stream first).
+GRAPH_WARMUP = 3
+
+
+def _loss(cfg: TrainConfig, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if cfg.loss_impl == "written":
+        return cross_entropy(logits, y)
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())  # FP32 like `cross_entropy`
+
+
+class _CapturedStep:
+    """One training step — forward and backward over the micro-batches, the loss, the clip, the AdamW update —
+    captured once as a CUDA graph and replayed for every later step, with the batch copied into static
+    inputs first. Same kernels in the same order as the eager step, so the same bits."""
+
+    def __init__(self, model, optimizer, params, cfg: TrainConfig, n_micro: int, micro: int, device, amp):
+        self.n_micro, self.micro, self.T = n_micro, micro, cfg.block_size
+        self.x = torch.zeros((n_micro, micro, cfg.block_size), dtype=torch.long, device=device)
+        self.y = torch.zeros_like(self.x)
+        optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients itself
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            for i in range(n_micro):
+                with amp:
+                    logits, _ = model(self.x[i])  # (b, T, vocab)
+                loss = _loss(cfg, logits, self.y[i])
+                (loss / n_micro).backward()
+                loss_sum += loss.detach().double()
+            self.loss = loss_sum / n_micro
+            clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+            optimizer.step()
+
+    def run(self, tokens, offsets) -> tuple[float, float]:
+        for i in range(self.n_micro):
+            x, y = _rows(tokens, offsets[i * self.micro:(i + 1) * self.micro], self.T)
+            self.x[i].copy_(x)
+            self.y[i].copy_(y)
+        self.graph.replay()
+        return self.loss.item(), self.grad_norm.item()
 
 
 def _apply_hparams(cfg: TrainConfig, optimizer):
@@ -756,6 +881,7 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
     n_micro = local_rows // micro
 
     tokens, data_desc, n_vocab = load_tokens(cfg)
+    tokens, val_tokens = split_validation(tokens, cfg)  # training never reads val_tokens
     vocab = cfg.vocab_size or -(-n_vocab // 64) * 64
     if vocab < n_vocab:
         raise ValueError(f"TrainConfig.vocab_size ({vocab}) is smaller than the tokenizer's {n_vocab} tokens")
@@ -795,6 +921,8 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
                              f"({cfg.max_steps})")
         model.load_state_dict(ck["model"])
         optimizer.load_state_dict(ck["optimizer"])
+        if any(isinstance(g["lr"], torch.Tensor) for g in optimizer.param_groups):
+            _device_lr(optimizer)  # the checkpoint's lr tensors were loaded onto the CPU
         _apply_hparams(cfg, optimizer)
         torch.set_rng_state(ck["rng_cpu"])
         if device.type == "cuda" and ck["rng_cuda"]:
@@ -811,8 +939,8 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
     # -- files -----------------------------------------------------------------------------------------
     out = Path(cfg.out_dir) if cfg.out_dir else None
     lead = rank == 0
-    log_f = diag_f = record = None
-    prefix_log, prefix_diag = [], []
+    log_f = diag_f = val_f = record = None
+    prefix_log, prefix_diag, prefix_val = [], [], []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         dist.barrier()
@@ -821,6 +949,7 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
             if src is not None:
                 prefix_log = [r for r in _read_jsonl(src / "log.jsonl") if r["step"] < start]
                 prefix_diag = [r for r in _read_jsonl(src / "diag.jsonl") if r["step"] < start]
+                prefix_val = [r for r in _read_jsonl(src / "val.jsonl") if r["step"] <= start]
             _atomic_write_text(out / "config.json", json.dumps(
                 {"config": cfg.to_dict(), "world_size": world, "vocab_size": vocab, "data": data_desc,
                  "batch_order": source, "resumed_from": str(resume_from) if resume_from else None,
@@ -828,55 +957,94 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
                  "parameters": raw.num_params()}, indent=1) + "\n")
             _atomic_write_text(out / "log.jsonl", "".join(json.dumps(r) + "\n" for r in prefix_log))
             _atomic_write_text(out / "diag.jsonl", "".join(json.dumps(r) + "\n" for r in prefix_diag))
+            _atomic_write_text(out / "val.jsonl", "".join(json.dumps(r) + "\n" for r in prefix_val))
             log_f, diag_f = open(out / "log.jsonl", "a"), open(out / "diag.jsonl", "a")
+            val_f = open(out / "val.jsonl", "a")
             _write_status(out, "running", start, cfg, None, 0.0, world)
         record = BatchRecord(out, rank, world, cfg, len(tokens), source)
         record.open(start, order, slice(rank * local_rows, (rank + 1) * local_rows))
 
-    result = TrainResult("completed", start, cfg, log=list(prefix_log), diag=list(prefix_diag), world_size=world,
-                         out_dir=str(out or ""))
-    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16")
+    result = TrainResult("completed", start, cfg, log=list(prefix_log), diag=list(prefix_diag),
+                         val=list(prefix_val), world_size=world, out_dir=str(out or ""))
+    # a captured graph must not reuse autocast's cache of cast weights (same values either way)
+    amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bf16",
+                         cache_enabled=not cfg.cuda_graph)
+    use_graph = (cfg.cuda_graph and device.type == "cuda" and world == 1
+                 and os.environ.get("LPFAIL_NO_CAPTURE", "") != "1")
+    if cfg.cuda_graph and world > 1:
+        raise ValueError("TrainConfig.cuda_graph runs one process only (DDP's all-reduce is not captured)")
+    captured = None
     show = lead and (progress if progress is not None else sys.stderr.isatty())
     bar = None
     if show:
         from tqdm.auto import tqdm
         bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     saved_ckpts = sorted(out.glob("ckpt_*.pt")) if (out is not None and lead) else []
+    val_offsets = validation_offsets(len(val_tokens), cfg) if val_tokens is not None else None
+
+    def validate(done: int):
+        """Validation loss after `done` updates (rank 0; recorded once per step count)."""
+        if val_offsets is None or not lead or any(r["step"] == done for r in result.val):
+            return
+        v = validation_loss(raw, val_tokens, val_offsets, cfg, micro, device, amp)
+        vrec = {"step": done, "val_loss": v if _finite(v) else None}
+        result.val.append(vrec)
+        if val_f is not None:
+            val_f.write(json.dumps(vrec) + "\n")
+            val_f.flush()
+
     optimizer.zero_grad(set_to_none=True)
     t_prev = time.perf_counter()
+    side = torch.cuda.Stream(device) if use_graph else None  # warm-up and capture off the default stream
+    stream_ctx = torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+    stream_ctx.__enter__()
     try:
         for step in range(start, cfg.max_steps):
+            if step == 0 or (cfg.val_every and step % cfg.val_every == 0):
+                validate(step)
+                t_prev = time.perf_counter()  # the evaluation is not part of the step's time
             factor = lr_factor(cfg, step)
             for g in optimizer.param_groups:
-                g["lr"] = g["base_lr"] * factor
+                _set_lr(g, g["base_lr"] * factor)
             offsets = order.offsets(step)[rank * local_rows:(rank + 1) * local_rows]
             if record is not None:
                 record.write(step, offsets)
             diag_now = bool(cfg.diag_every) and step % cfg.diag_every == 0
             loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            cap_rec = None
+            cap_rec = drec_pre = None
             try:
-                for i in range(n_micro):
+                if captured is None and use_graph and step - start >= GRAPH_WARMUP:
+                    captured = _CapturedStep(model, optimizer, params, cfg, n_micro, micro, device, amp)
+            except RuntimeError as e:
+                raise RuntimeError(f"capturing the training step as a CUDA graph failed ({e}); "
+                                   "LPFAIL_NO_CAPTURE=1 runs the same arithmetic uncaptured") from e
+            try:
+                if captured is not None:
+                    if diag_now and lead:  # before the replay, which updates the weights
+                        x0, _ = _rows(tokens, offsets[:micro], cfg.block_size)
+                        with torch.no_grad(), amp, logit_capture(raw) as cap:
+                            raw(x0[:cfg.diag_rows].to(device))
+                        drec_pre = _diagnostics(raw, cap)
+                    loss_v, gn_v = captured.run(tokens, offsets)
+                for i in range(n_micro if captured is None else 0):
                     x, y = _rows(tokens, offsets[i * micro:(i + 1) * micro], cfg.block_size)
                     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                     sync = model.no_sync() if (world > 1 and i < n_micro - 1) else contextlib.nullcontext()
                     with sync:
                         with amp:
                             logits, _ = model(x)  # (b, T, vocab)
-                        if cfg.loss_impl == "written":
-                            loss = cross_entropy(logits, y)
-                        else:  # FP32 like `cross_entropy`
-                            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                        loss = _loss(cfg, logits, y)
                         (loss / n_micro).backward()
                     loss_sum += loss.detach().double()
                     if diag_now and i == 0 and lead:
                         with torch.no_grad(), amp, logit_capture(raw) as cap:
                             raw(x[:cfg.diag_rows])
                         cap_rec = cap
-                loss_t = dist.all_sum(loss_sum) / (n_micro * world)
-                clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
-                loss_v, gn_v = loss_t.item(), grad_norm.item()
+                if captured is None:
+                    loss_t = dist.all_sum(loss_sum) / (n_micro * world)
+                    clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+                    loss_v, gn_v = loss_t.item(), grad_norm.item()
             except (ValueError, RuntimeError) as e:
                 reason = _nonfinite_error(e)
                 if reason is None:
@@ -904,7 +1072,7 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
             rec = {"step": step, "loss": loss_v, "grad_norm": gn_v, "lr": cfg.lr * factor,
                    "tokens_per_s": cfg.tokens_per_step / dt if dt > 0 else None, "time_s": dt}
             if diag_now and lead:
-                drec = {"step": step, **_diagnostics(raw, cap_rec)}
+                drec = {"step": step, **(drec_pre if drec_pre is not None else _diagnostics(raw, cap_rec))}
                 result.diag.append(drec)
                 if diag_f is not None:
                     diag_f.write(json.dumps(drec) + "\n")
@@ -916,8 +1084,9 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
                     log_f.write(json.dumps(rec) + "\n")
                 result.status, result.nonfinite_step = "nonfinite", step
                 break
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            if captured is None:  # the captured step has already updated the weights
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
             result.steps = step + 1
             if hook is not None:
                 hook(step, raw)
@@ -942,10 +1111,15 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
                         saved_ckpts = saved_ckpts[-cfg.keep_checkpoints:]
                     _write_status(out, "running", done, cfg, None, time.perf_counter() - t_start, world)
                 dist.barrier()
+        if result.status == "completed":
+            validate(result.steps)
     finally:
+        stream_ctx.__exit__(None, None, None)
+        if side is not None:
+            torch.cuda.current_stream(device).wait_stream(side)
         if bar is not None:
             bar.close()
-        for f in (log_f, diag_f):
+        for f in (log_f, diag_f, val_f):
             if f is not None:
                 f.close()
         if record is not None:
@@ -965,186 +1139,3 @@ def _write_status(out: Path, status, steps, cfg, nonfinite_step, wall_s, world):
 def read_status(out_dir) -> dict:
     """run.json of a run directory: status, steps, nonfinite_step, wall_s, world_size."""
     return json.loads((Path(out_dir) / "run.json").read_text())
-
-
-# -- the stored GPU check: 1 GPU vs N GPUs, determinism, tokens/s (appendix A) -------------------------------
-@dataclass(frozen=True)
-class TrainDDPConfig:
-    """A small model trained on 1 GPU and with torchrun on `nproc` GPUs over the same global batch order (and
-    on 1 GPU twice: determinism), then GPT-2 small's training throughput per attention implementation."""
-
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 256
-    block_size: int = 256
-    batch_size: int = 64  # 16k tokens per step
-    micro_batch: int = 16  # 1 GPU: 4 accumulated micro-batches; 2 GPUs: 2 each
-    steps: int = 300
-    lr: float = 3e-3
-    warmup: int = 30
-    attention: str = "sdpa"
-    diag_every: int = 50
-    nproc: int = 2
-    bench_attention: tuple[str, ...] = ("sdpa", "reference(PAPER_BF16)", "triton(FA2_BF16)", "triton(PAPER_BF16)")
-    bench_micro_batch: int = 16  # GPT-2 small, T 1024: 16,384 tokens per forward
-    bench_warmup: int = 3  # steps left out of the timing (compilation, autotuning, allocator)
-    bench_steps: int = 10
-
-
-def _small_cfg(c: TrainDDPConfig, out_dir: str = "") -> TrainConfig:
-    return TrainConfig(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.block_size,
-                       batch_size=c.batch_size, micro_batch=c.micro_batch, lr=c.lr, min_lr=c.lr / 10,
-                       warmup=c.warmup, max_steps=c.steps, attention=c.attention, diag_every=c.diag_every,
-                       out_dir=out_dir, device="cuda")
-
-
-def _speed_cfg(attention: str, micro_batch: int, steps: int, **overrides) -> TrainConfig:
-    """GPT-2 small (vocab 50304, T 1024) on byte tokens of the embedded corpus, one micro-batch per step: the
-    same compute per token as the paper's run (the token ids do not change the FLOPs), without needing
-    OpenWebText on the machine."""
-    return TrainConfig.preset("gpt2-small", data="tinyshakespeare", tokenizer="bytes",
-                              batch_size=micro_batch, micro_batch=micro_batch, warmup=0, max_steps=steps,
-                              decay_steps=0, diag_every=0, checkpoint_every=0, out_dir="", attention=attention,
-                              device="cuda", **overrides)
-
-
-def _bench_cfg(c: TrainDDPConfig, attention: str) -> TrainConfig:
-    return _speed_cfg(attention, c.bench_micro_batch, c.bench_warmup + c.bench_steps)
-
-
-@results.experiment("train_ddp", config=TrainDDPConfig, gpu=True,
-                    description="1 GPU vs torchrun on 2 GPUs (same batches), determinism, GPT-2 small tokens/s")
-def train_ddp(c: TrainDDPConfig) -> dict:
-    """1 GPU vs torchrun on N GPUs (same global batches), determinism, and GPT-2 small tokens/s per attention."""
-    import subprocess
-    import tempfile
-
-    if torch.cuda.device_count() < c.nproc:
-        raise RuntimeError(f"train_ddp needs {c.nproc} GPUs; this machine has {torch.cuda.device_count()}")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # no NVLink multicast (the machines we use forbid it)
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    out: dict = {}
-    tmp = Path(tempfile.mkdtemp(prefix="lpfail_train_ddp_"))
-    t0 = time.perf_counter()
-    one = train(_small_cfg(c, str(tmp / "one")), progress=False)
-    out["wall_1gpu_s"] = time.perf_counter() - t0
-    again = train(_small_cfg(c), progress=False)
-    # a yardstick for "reduction-order noise": 1 GPU, half as many micro-batches of twice the size
-    other = train(dataclasses.replace(_small_cfg(c), micro_batch=2 * c.micro_batch), progress=False)
-    print(f"train_ddp: 1 GPU {one}; again {again}; micro-batch x2 {other}", flush=True)
-    cfg_path = tmp / "cfg.json"
-    cfg_path.write_text(json.dumps(_small_cfg(c, str(tmp / "multi")).to_dict()))
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={c.nproc}", "-m", "lpfail", "train", "--config", str(cfg_path),
-                           "--no-progress"], capture_output=True, text=True, timeout=600)
-    out["wall_multi_s"] = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    multi = read_log(tmp / "multi")
-    a, b = one.arrays(), multi
-    n = min(len(a["loss"]), len(b["loss"]))
-    out.update(loss_1gpu=a["loss"], loss_multi=b["loss"], loss_1gpu_again=again.losses,
-               grad_norm_1gpu=a["grad_norm"], grad_norm_multi=b["grad_norm"],
-               tokens_per_s_1gpu=a["tokens_per_s"], tokens_per_s_multi=b["tokens_per_s"])
-    diff = np.abs(a["loss"][:n] - b["loss"][:n])
-    out["loss_abs_diff"] = diff
-    out["max_abs_diff"] = float(diff.max())
-    out["max_abs_diff_first_10"] = float(diff[:10].max())
-    noise = np.abs(a["loss"][:n] - other.losses[:n])
-    out["loss_1gpu_micro2x"], out["noise_abs_diff"] = other.losses, noise
-    out["noise_max_abs_diff"] = float(noise.max())
-    out["deterministic_1gpu"] = bool(np.array_equal(one.losses, again.losses)
-                                     and np.array_equal(one.grad_norms, again.grad_norms))
-    out["steps_1gpu"], out["steps_multi"] = one.steps, n
-    out["status_1gpu"], out["status_multi"] = one.status, read_status(tmp / "multi")["status"]
-    d1, dm = read_diag(tmp / "one"), read_diag(tmp / "multi")
-    if "max_logit" in d1 and "max_logit" in dm:
-        out["diag_steps"] = d1["step"]
-        out["max_logit_1gpu"], out["max_logit_multi"] = d1["max_logit"], dm["max_logit"]
-    print(f"train_ddp: max |loss(1 GPU) − loss({c.nproc} GPUs)| = {out['max_abs_diff']:.3g} over {n} steps; "
-          f"(1 GPU with 2x micro-batches: {out['noise_max_abs_diff']:.3g}); 1 GPU deterministic: "
-          f"{out['deterministic_1gpu']}", flush=True)
-
-    names, tps, step_ms, mem, errors = [], [], [], [], []
-    for spec in c.bench_attention:
-        names.append(spec)
-        try:
-            torch.cuda.reset_peak_memory_stats()
-            res = train(_bench_cfg(c, spec), progress=False)
-            arr = res.arrays()
-            t = arr["time_s"][c.bench_warmup:]
-            tps.append(float(c.bench_steps * c.bench_micro_batch * 1024 / t.sum()))
-            step_ms.append(float(np.median(t) * 1e3))
-            mem.append(torch.cuda.max_memory_allocated() / 2 ** 30)
-            errors.append("" if res.status == "completed" else res.status)
-        except Exception as e:  # one implementation failing must not lose the others' numbers
-            tps.append(float("nan"))
-            step_ms.append(float("nan"))
-            mem.append(float("nan"))
-            errors.append(f"{type(e).__name__}: {str(e)[:300]}")
-        print(f"train_ddp: GPT-2 small, {spec}: {tps[-1]:,.0f} tokens/s, {step_ms[-1]:.1f} ms/step, "
-              f"{mem[-1]:.1f} GiB {errors[-1]}", flush=True)
-    out.update(bench_attention=np.array(names), bench_tokens_per_s=np.array(tps),
-               bench_step_ms=np.array(step_ms), bench_peak_gib=np.array(mem), bench_errors=json.dumps(errors),
-               bench_autotune=os.environ.get("LPFAIL_KERNELS_AUTOTUNE", "1"), gpus=torch.cuda.device_count(),
-               gpu_name=torch.cuda.get_device_name(0))
-    return out
-
-
-
-# -- where the training loop's time goes (GPU) --------------------------------------------------------------
-@dataclass(frozen=True)
-class TrainSpeedConfig:
-    """GPT-2 small with SDPA attention, timed under variants of the loop's numerics settings, each in its own
-    process (CUBLAS_WORKSPACE_CONFIG only takes effect in a fresh process)."""
-    variants: tuple = ("deterministic,written", "nondeterministic,written", "nondeterministic,torch",
-                       "deterministic,torch")
-    attention: str = "sdpa"
-    micro_batch: int = 16  # 16 × 1024 tokens per step
-    warmup_steps: int = 3
-    timed_steps: int = 10
-    runs: int = 2  # each variant runs this often; `identical` says whether losses and grad norms repeat bit for bit
-
-
-@results.experiment("train_speed", config=TrainSpeedConfig, gpu=True,
-                    description="GPT-2 small tokens/s with/without deterministic mode and with each loss (GPU)")
-def train_speed(c: TrainSpeedConfig) -> dict:
-    """Tokens/s of GPT-2 small training per (deterministic, loss implementation) variant, and whether each
-    variant repeats bit for bit over `runs` runs."""
-    import subprocess
-
-    names, tps, step_ms, identical, errors = [], [], [], [], []
-    for variant in c.variants:
-        det, loss_impl = variant.split(",")
-        cfg = _speed_cfg(c.attention, c.micro_batch, c.warmup_steps + c.timed_steps,
-                         deterministic=(det == "deterministic"), loss_impl=loss_impl)
-        logs, err = [], ""
-        for _ in range(c.runs):
-            with tempfile.TemporaryDirectory(prefix="lpfail_speed_") as tmp:
-                run_cfg = dataclasses.replace(cfg, out_dir=str(Path(tmp) / "run"))
-                cfg_path = Path(tmp) / "cfg.json"
-                cfg_path.write_text(json.dumps(run_cfg.to_dict()))
-                env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
-                proc = subprocess.run([sys.executable, "-m", "lpfail", "train", "--config", str(cfg_path),
-                                       "--no-progress"], capture_output=True, text=True, timeout=300, env=env)
-                if proc.returncode != 0:
-                    err = (proc.stderr or proc.stdout)[-400:]
-                    break
-                logs.append(read_log(Path(tmp) / "run"))
-        names.append(variant)
-        errors.append(err)
-        if err:
-            tps.append(float("nan"))
-            step_ms.append(float("nan"))
-            identical.append(False)
-        else:
-            t = np.asarray(logs[0]["time_s"][c.warmup_steps:], dtype=np.float64)
-            tps.append(float(c.timed_steps * c.micro_batch * cfg.block_size / t.sum()))
-            step_ms.append(float(np.median(t) * 1e3))
-            identical.append(all(np.array_equal(lg["loss"], logs[0]["loss"])
-                                 and np.array_equal(lg["grad_norm"], logs[0]["grad_norm"]) for lg in logs[1:]))
-        print(f"train_speed: {variant}: {tps[-1]:,.0f} tokens/s, {step_ms[-1]:.1f} ms/step, identical over "
-              f"{c.runs} runs: {identical[-1]} {errors[-1][-200:]}", flush=True)
-    return {"variants": np.array(names), "tokens_per_s": np.array(tps), "step_ms": np.array(step_ms),
-            "identical": np.array(identical), "errors": json.dumps(errors), "gpu_name": torch.cuda.get_device_name(0)}

@@ -286,8 +286,16 @@ def test_delta_sources_bf16(base, seed):
 @pytest.mark.parametrize("policy", [PAPER_BF16.replace(block_k=48), FA2_BF16.replace(block_k=32).with_fix()],
                          ids=["PAPER_BF16", "FA2_BF16+fix"])
 def test_forward_from_scores_is_the_same_code_path(policy):
-    """Given the scores the main forward computes, forward_from_scores reproduces it bit for bit."""
-    q, k, v = (rand(1, 2, n, 64, seed=s, dtype=torch.bfloat16, scale=2.0) for n, s in ((80, 18), (112, 19), (112, 20)))
+    """Given the scores the main forward computes, forward_from_scores reproduces it bit for bit.
+
+    Both run the same tiles from the scores on (the forward skips the causally masked rows above a tile, which
+    changes how many rows a P̄V matmul has, not any row's sum). The scores themselves the test forms in one
+    FP32 matmul, the forward tile by tile in the policy's matmul (BF16 in oneDNN, whose kernels and so
+    summation order depend on the CPU): q and k on a grid of 1/2 with |·| ≤ 4 make every product and partial
+    sum of QKᵀ exact in FP32, so the scores are the same bits whatever the order."""
+    q, k = ((torch.randint(-8, 9, (1, 2, n, 64), generator=torch.Generator().manual_seed(s)) / 2).to(torch.bfloat16)
+            for n, s in ((80, 18), (112, 19)))
+    v = rand(1, 2, 112, 64, seed=20, dtype=torch.bfloat16, scale=2.0)
     res = flash_forward(q, k, v, policy, causal=True)
     qk = (q.float() @ k.float().transpose(-1, -2)).to(policy.dtype("qk_out"))
     s = (qk.float() * 0.125).to(policy.dtype("scores"))

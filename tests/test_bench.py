@@ -55,7 +55,7 @@ def test_targets_without_alternating_timings_are_unknown():
 def test_targets_figure_draws_both_panels():
     import matplotlib
     matplotlib.use("Agg")
-    from lpfail import plots
+    from lpfail.book import plots
     res = fake()
     res["methods"] = np.array(METHODS)
     fig = plots.kernel_targets_figure(res)

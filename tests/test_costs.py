@@ -1,11 +1,11 @@
-"""lpfail.costs: the appendix's costs and estimates, on the stored results and on fabricated ones."""
+"""lpfail.book.costs: the appendix's costs and estimates, on the stored results and on fabricated ones."""
 import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from lpfail import costs as C
+from lpfail.book import costs as C
 from lpfail import results
 
 
@@ -72,7 +72,7 @@ def test_symptom_search_counts():
 
 
 def test_symptom_search_stored():
-    from lpfail import symptom_report as R
+    from lpfail.book import symptom_report as R
 
     confs = R.configurations(results.load("symptom"), results.load("symptom_sweep"))
     s = C.symptom_search(confs)

@@ -1,11 +1,12 @@
-"""Rows with a tied maximum m under the fix: B's row suppression and B′'s 0/0 (lpfail.fixrows)."""
+"""Rows with a tied maximum m under the fix: B's row suppression and B′'s 0/0 (lpfail.experiments.fix_rows)."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from lpfail import fixrows, results
+from lpfail import results
+from lpfail.experiments import fix_rows as fixrows
 from lpfail.precision import FA2_BF16, PAPER_BF16, PAPER_BF16_OFFICIAL_FIX
 
 A, B, BP, D = PAPER_BF16, PAPER_BF16_OFFICIAL_FIX, PAPER_BF16.with_fix(), FA2_BF16

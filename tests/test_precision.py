@@ -167,3 +167,76 @@ def test_policies_are_frozen_and_hashable():
         FA2_BF16.acc = "bf16"  # type: ignore[misc]
     assert len({FA2_BF16, FA2_BF16.replace(), PAPER_BF16}) == 2
     assert set(DTYPES) == {"bf16", "fp16", "fp32", "fp64"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# rounding: "rne" (default) or "sr" (stochastic rounding of the output path)
+# ---------------------------------------------------------------------------------------------------
+#: The strings of the presets from before the `rounding` knob existed: every stored result's config hash is
+#: built from them, so they must never change.
+LEGACY_STRINGS = {
+    "PAPER_BF16": "matmul=bf16,scores=bf16,exp=fp32,pbar=bf16,pv_out=bf16,acc=bf16,out=bf16,qk_out=bf16,"
+                  "exp_in=bf16,dp=bf16,delta_prod=bf16,ds=bf16,grad_acc=bf16,delta=dO.O,block=512x512,sub=sub,"
+                  "fix=none,l_clamp=none,masked_ties=false",
+    "FA2_BF16": "matmul=bf16,scores=fp32,exp=fp32,pbar=bf16,pv_out=fp32,acc=fp32,out=bf16,qk_out=fp32,"
+                "exp_in=fp32,dp=fp32,delta_prod=fp32,ds=bf16,grad_acc=fp32,delta=dO.O,block=128x64,sub=sub,"
+                "fix=none,l_clamp=none,masked_ties=false",
+    "FP32": "matmul=fp32,scores=fp32,exp=fp32,pbar=fp32,pv_out=fp32,acc=fp32,out=fp32,qk_out=fp32,exp_in=fp32,"
+            "dp=fp32,delta_prod=fp32,ds=fp32,grad_acc=fp32,delta=dO.O,block=512x512,sub=sub,fix=none,"
+            "l_clamp=none,masked_ties=false",
+    "FP64": "matmul=fp64,scores=fp64,exp=fp64,pbar=fp64,pv_out=fp64,acc=fp64,out=fp64,qk_out=fp64,exp_in=fp64,"
+            "dp=fp64,delta_prod=fp64,ds=fp64,grad_acc=fp64,delta=dO.O,block=512x512,sub=sub,fix=none,"
+            "l_clamp=none,masked_ties=false",
+    "PAPER_BF16_OFFICIAL_FIX": "matmul=bf16,scores=bf16,exp=fp32,pbar=bf16,pv_out=bf16,acc=bf16,out=bf16,"
+                               "qk_out=bf16,exp_in=bf16,dp=bf16,delta_prod=bf16,ds=bf16,grad_acc=bf16,delta=dO.O,"
+                               "block=512x512,sub=sub,fix=dynmax(2,0.001),l_clamp=1e-10,masked_ties=true",
+}
+
+
+@pytest.mark.parametrize("name", list(LEGACY_STRINGS))
+def test_rne_strings_are_unchanged(name):
+    assert PRESETS[name].rounding == "rne"
+    assert str(PRESETS[name]) == LEGACY_STRINGS[name]
+    assert str(PRESETS[name].replace(rounding="rne")) == LEGACY_STRINGS[name]
+    assert Precision.parse(LEGACY_STRINGS[name]) == PRESETS[name]
+
+
+def test_default_policy_string_is_unchanged():
+    assert str(Precision()) == LEGACY_STRINGS["FA2_BF16"]
+
+
+@pytest.mark.parametrize("policy", [PAPER_BF16, FA2_BF16, PAPER_BF16.with_fix(), PAPER_BF16_OFFICIAL_FIX,
+                                    FA2_BF16.replace(out="fp32", acc="fp16"), PAPER_BF16.with_fix(8.0, 0.0)],
+                         ids=lambda p: p.name)
+def test_sr_round_trips(policy):
+    sr = policy.replace(rounding="sr")
+    assert str(sr) == str(policy) + ",rounding=sr"
+    assert Precision.parse(str(sr)) == sr
+    assert sr.name == (f"{policy.name},rounding=sr" if policy.name != str(policy) else str(sr))
+    if not policy.name.startswith("PAPER_BF16+dynmax"):     # names with a non-default fix never parsed
+        assert Precision.parse(sr.name) == sr
+    assert Precision.parse(str(sr).replace("rounding=sr", "rounding=rne")) == policy
+
+
+def test_sr_names():
+    assert PAPER_BF16.replace(rounding="sr").name == "PAPER_BF16,rounding=sr"
+    assert PAPER_BF16.with_fix().replace(rounding="sr").name == "PAPER_BF16+fix,rounding=sr"
+    assert Precision.parse("PAPER_BF16,rounding=sr") == PAPER_BF16.replace(rounding="sr")
+    assert Precision.parse("FA2_BF16+fix,rounding=sr") == FA2_BF16.with_fix().replace(rounding="sr")
+    odd = FA2_BF16.replace(block_k=32, rounding="sr")
+    assert odd.name == str(odd)
+
+
+def test_rounding_validation():
+    with pytest.raises(ValueError, match=r"Precision.rounding must be one of \['rne', 'sr'\].*'stochastic'"):
+        PAPER_BF16.replace(rounding="stochastic")
+    with pytest.raises(ValueError, match=r"rounding='sr' would do nothing.*pv_out=fp32, acc=fp32, out=fp32"):
+        FP32.replace(rounding="sr")
+    with pytest.raises(ValueError, match="would do nothing"):
+        Precision.parse("FP64,rounding=sr")
+    with pytest.raises(ValueError, match="Precision.rounding must be one of"):
+        Precision.parse("PAPER_BF16,rounding=up")
+    # one 16-bit cast point of the output path is enough
+    for knob in ("pv_out", "acc", "out"):
+        assert FP32.replace(**{knob: "bf16"}, rounding="sr").rounding == "sr"
+    assert FP32.replace(out="fp16", rounding="sr").rounding == "sr"

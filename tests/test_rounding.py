@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from lpfail import bf16, results, rounding, widgets
+from lpfail import bf16, results
+from lpfail.book import widgets
+from lpfail.experiments import rounding
 from lpfail.precision import FP64, PAPER_BF16
 
 

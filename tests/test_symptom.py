@@ -1,4 +1,4 @@
-"""lpfail.symptom on the CPU: the pre-registered failure criterion on synthetic curves, the sweep driver
+"""lpfail.experiments.symptom on the CPU: the pre-registered failure criterion on synthetic curves, the sweep driver
 (tiny models, 2 variants x 2 seeds as concurrent subprocesses, a wall-clock budget, stop and continue from
 checkpoints with losses equal to an uninterrupted run's), the outcome table, and the pydocs corpus."""
 import dataclasses
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lpfail import data, results
-from lpfail import symptom as S
+from lpfail.experiments import symptom as S
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -118,15 +118,19 @@ def test_driver_budget_stop_continue_and_collect(tmp_path):
     assert specs[0].cfg.attention == "reference(PAPER_BF16)" and specs[1].cfg.attention == "reference(FP32)"
     for s in specs:
         s.interrupt_at_step = 25
-    st = S.sweep(specs, parallel=4, budget_s=1e9, poll_s=0.1, log=lambda *a: None)
+    finished = []  # on_finish: once per run that leaves the running set, with its status
+    st = S.sweep(specs, parallel=4, budget_s=1e9, poll_s=0.1, log=lambda *a: None,
+                 on_finish=lambda name, d: finished.append((name, d["state"])))
     assert all(v["state"] == "stopped" for v in st.values()), st
+    assert sorted(finished) == sorted((s.name, "stopped") for s in specs)
     assert all(S.run_state(s) == "partial" for s in specs)
 
     out = S.run_symptom(c, tmp_path, budget_s=120, log=lambda *a: None)
     drv = json.loads(out["driver"])
     assert all(d["state"] == "done" and d["resumed_from"] >= 20 for d in drv.values()), drv
     assert out["complete"] and out["steps"].tolist() == [[60, 60], [60, 60]]
-    # continued runs equal an uninterrupted process over the check's 40 steps (A, seed 0, same settings)
+    # continued runs equal an uninterrupted process over the check's 40 steps (A, seed 0, same settings): bit
+    # equality is right, every run is a subprocess of this machine with the same config and OMP_NUM_THREADS
     np.testing.assert_array_equal(out["loss"][0, 0, :40], np.float32(chk["continue"]["loss_whole"]))
     assert not np.array_equal(out["loss"][0, 0], out["loss"][0, 1])  # seeds differ
     assert out["loss_curve"].shape == (2, 2, 20) and np.all(np.isfinite(out["loss_curve"]))
@@ -141,8 +145,11 @@ def test_driver_budget_stop_continue_and_collect(tmp_path):
     # the budget: with one slot and 2 s, the first run is stopped and the others never start
     c2 = tiny(max_steps=2000)
     specs2 = S.plan(c2, S.symptom_root(c2, tmp_path), {"cuda": False})
-    st2 = S.sweep(specs2, parallel=1, budget_s=2.0, min_start_s=0, log=lambda *a: None)
+    finished2 = []
+    st2 = S.sweep(specs2, parallel=1, budget_s=2.0, min_start_s=0, log=lambda *a: None,
+                  on_finish=lambda name, d: finished2.append(name))
     assert st2["A_s0"]["state"] == "stopped" and st2["A_s0"]["wall_s"] < 25
+    assert finished2 == ["A_s0"]  # runs that never started are not reported
     assert [st2[n]["state"] for n in ("C_s0", "A_s1", "C_s1")] == ["pending"] * 3
     # a control file brings the deadline forward while the sweep runs
     import time as _time
@@ -190,7 +197,8 @@ def test_sweep_points_validate_and_share_the_default_checks(tmp_path, monkeypatc
     outs = [S.run_symptom(c, tmp_path, budget_s=0, log=lambda *a: None) for c in (c0, c1, c2)]
     assert all(o["complete"] for o in outs)
     assert not np.array_equal(outs[0]["loss"][:, :, 5:], outs[1]["loss"][:, :, 5:])  # lr differs
-    np.testing.assert_array_equal(outs[0]["loss"][:, :, 0], outs[1]["loss"][:, :, 0])  # same init and batch
+    # same init and batch: step 0's loss is computed before the lr acts, the same arithmetic (same machine)
+    np.testing.assert_array_equal(outs[0]["loss"][:, :, 0], outs[1]["loss"][:, :, 0])
     assert "A_s1" in S.progress(tmp_path) and "step    29" in S.progress(tmp_path)
 
 

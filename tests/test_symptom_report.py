@@ -1,13 +1,14 @@
-"""lpfail.symptom_report on fabricated runs (each measure can fail) and on the stored results (chapter 1)."""
+"""lpfail.book.symptom_report on fabricated runs (each measure can fail) and on the stored results (chapter 1)."""
 import math
 
 import matplotlib
 import numpy as np
 import pytest
 
-from lpfail import plots, results
-from lpfail import symptom as S
-from lpfail import symptom_report as R
+from lpfail import results
+from lpfail.book import plots
+from lpfail.book import symptom_report as R
+from lpfail.experiments import symptom as S
 
 matplotlib.use("Agg")
 
@@ -149,7 +150,7 @@ def test_failures_text_follows_the_numbers():
 def test_runs_twin_holds_every_configuration_and_seed(stored):
     import re
 
-    from lpfail import widgets
+    from lpfail.book import widgets
     _, _, confs = stored
     h = widgets.runs_twin(confs[:2], dpi=30)._repr_html_()
     n = sum(len(c.seeds) for c in confs[:2])

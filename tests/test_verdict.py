@@ -1,8 +1,8 @@
-"""The verdict rules (lpfail.verdict) on fabricated results: each rule's outcomes, including flipped ones."""
+"""The verdict rules (lpfail.book.verdict) on fabricated results: each rule's outcomes, including flipped ones."""
 import numpy as np
 import pytest
 
-from lpfail import verdict as V
+from lpfail.book import verdict as V
 from lpfail.results import ResultMissing
 
 

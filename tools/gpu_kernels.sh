@@ -28,7 +28,7 @@ if [ "$WHAT" = check ] || [ "$WHAT" = all ]; then
   # the symptom search's kernel check (20 training steps, Triton vs the reference) for A (PAPER_BF16) and D
   timeout 200 python3 -c "
 import json
-from lpfail.symptom import SymptomConfig, checks
+from lpfail.experiments.symptom import SymptomConfig, checks
 out = checks(SymptomConfig(variants=('A', 'D')), '/tmp/lpfail_kernel_check')
 json.dump(out, open('$OUT/kernel_check.json', 'w'), indent=1)" 2>&1 | grep -v '^$' | tail -8
 fi

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The `symptom` search (issue 3) on a GPU machine, as a driver that outlives each device call: the machine
 # stays up (and keeps /tmp) while calls follow each other, so one driver can use several 10-minute calls.
-#   start     wipe $LPFAIL_SYMPTOM_ROOT, start `python -m lpfail.symptom drive --budget $BUDGET` in its own
+#   start     wipe $LPFAIL_SYMPTOM_ROOT, start `python -m lpfail.experiments.symptom drive --budget $BUDGET` in its own
 #             session (setsid: it survives the end of this call), then `wait`
 #   wait      print progress every 60 s until the driver has ended or $WAIT seconds have passed, then collect
 #   collect   store what the runs directory holds now: $OUT/symptom.{json,npz} and symptom_sweep.{json,npz}
@@ -10,7 +10,7 @@
 # every visible GPU (LPFAIL_SYMPTOM_PARALLEL processes at a time, default 8 per GPU).
 # Usage (GPU machine, repo root):  LPFAIL_GIT=<commit> BUDGET=1400 WAIT=540 bash tools/gpu_symptom.sh start|wait|collect
 # Steering a running driver: STOP_IN=<s> brings its deadline to <s> seconds from now; PARALLEL=<n> changes
-# how many runs go at a time (both through $LPFAIL_SYMPTOM_ROOT/control.json, read by lpfail.symptom.sweep).
+# how many runs go at a time (both through $LPFAIL_SYMPTOM_ROOT/control.json, read by lpfail.experiments.driver.sweep).
 set -o pipefail
 MODE=${1:-wait}
 case "$MODE" in start|wait|collect) ;; *) echo "usage: $0 start|wait|collect" >&2; exit 2;; esac
@@ -28,7 +28,7 @@ if [ "$MODE" = start ]; then
     rm -rf "$BASE"; mkdir -p "$BASE"
     nvidia-smi --query-gpu=index,name,clocks.sm,memory.used,temperature.gpu,power.draw --format=csv
     log "starting the driver, budget $BUDGET s"
-    setsid nohup python3 -m lpfail.symptom drive --budget "$BUDGET" >"$BASE/drive.log" 2>&1 </dev/null &
+    setsid nohup python3 -m lpfail.experiments.symptom drive --budget "$BUDGET" >"$BASE/drive.log" 2>&1 </dev/null &
     echo $! >"$BASE/drive.pid"
     sleep 5
 fi
@@ -49,7 +49,7 @@ if [ "$MODE" != collect ]; then
         sleep 5
         if [ $(( $(date +%s) - last )) -ge 60 ]; then
             last=$(date +%s)
-            log "progress"; python3 -m lpfail.symptom progress | grep -v "^  .*step    -1" | head -60
+            log "progress"; python3 -m lpfail.experiments.symptom progress | grep -v "^  .*step    -1" | head -60
             tail -n 3 "$BASE/drive.log"
         fi
     done

@@ -376,7 +376,7 @@ def fix_rows_figure(res) -> plt.Figure:
 def run_figure(conf, seed_index: int, variants=None, figsize=(10, 2.9), dpi=None) -> plt.Figure:
     """One seed of one configuration: loss, largest gradient norm per 5 steps (log), and the largest
     attention score over layers (log, every 50 steps), one line per variant."""
-    from lpfail.symptom_report import max_over_layers
+    from lpfail.book.symptom_report import max_over_layers
 
     a = conf.arrays
     variants = [v for v in (variants or conf.variants) if v in conf.variants]

@@ -157,7 +157,7 @@ def _png_html(fig, dpi: int = 72) -> str:
 
 def runs_twin(confs, dpi: int = 60):
     """Kernel-free twin of `runs_explorer`: every (configuration, seed) precomputed, behind one <select>."""
-    from lpfail import plots
+    from lpfail.book import plots
 
     cases = [(f"{c.label}, seed {s}", _png_html(plots.run_figure(c, j), dpi=dpi))
              for c in confs for j, s in enumerate(c.seeds)]
@@ -170,7 +170,7 @@ def runs_explorer(confs):
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from lpfail import plots
+    from lpfail.book import plots
 
     conf_dd = W.Dropdown(options=[(c.label, k) for k, c in enumerate(confs)], value=0, description="config")
     seed_dd = W.Dropdown(options=[], description="seed")

@@ -237,7 +237,7 @@ def fix_cost(bench: Mapping) -> Verdict:
 def judge_symptom(ev: Mapping, prov: str = "") -> Verdict:
     """C0: training with the paper's BF16 flash attention fails where high-precision attention does not.
 
-    Rule, with the pre-registered criterion (`lpfail.symptom.failed`): some configuration where A fails in
+    Rule, with the pre-registered criterion (`lpfail.experiments.symptom.failed`): some configuration where A fails in
     every seed (≥ 3) and C in none → reproduced; C failing at least as often as A over all runs (with some
     failure) → contradicted; A failing in some run and C in none, or (post hoc) A's loss above C's in at
     least 80 % of ≥ 5 paired comparisons → partly; else not reproduced."""
@@ -321,7 +321,7 @@ PENDING = [
 
 
 def pending(claim, statement, experiment, page, stored: Callable[[str], bool]) -> Verdict:
-    note = (f"A stored result `{experiment}` exists, but no rule in `lpfail.verdict` judges it yet."
+    note = (f"A stored result `{experiment}` exists, but no rule in `lpfail.book.verdict` judges it yet."
             if stored(experiment) else f"No stored result `{experiment}` yet; planned in {{doc}}`{page}`.")
     return Verdict(claim, statement, NOT_TESTED, note,
                    "no rule and no evidence yet: never counted as reproduced", "")
@@ -354,7 +354,7 @@ def verdicts(load: Callable[[str], Any] | None = None, stored: Callable[[str], b
     symptom, sweep = _load_or_none(load, "symptom"), _load_or_none(load, "symptom_sweep")
     ev = None
     if symptom is not None:
-        from lpfail import symptom_report
+        from lpfail.book import symptom_report
         ev = symptom_report.evidence(symptom_report.configurations(symptom, sweep))
         out = [judge_symptom(ev, _prov(symptom))]
     else:

@@ -1,5 +1,5 @@
 """Chapter 1 ("Symptom") from the stored results: per-run outcomes, post-hoc measures named as such, and the
-numbers the chapter's prose quotes. The search itself is `lpfail.symptom`; this module only reads.
+numbers the chapter's prose quotes. The search itself is `lpfail.experiments.symptom`; this module only reads.
 
 Inputs are the stored results ``symptom`` (the default configuration, all five variants) and
 ``symptom_sweep`` (its neighbours; arrays prefixed ``p{k}_``). `configurations` turns both into one list of
@@ -7,8 +7,9 @@ Inputs are the stored results ``symptom`` (the default configuration, all five v
 
 Two kinds of numbers, never mixed:
 
-* **pre-registered**: `lpfail.symptom.failed` — fixed in code before any outcome was seen (non-finite, or a
-  100-step mean loss more than 25 % above the run's best after warm-up). ``failed`` / ``fail_step`` below.
+* **pre-registered**: `lpfail.experiments.symptom.failed` — fixed in code before any outcome was seen
+  (non-finite, or a 100-step mean loss more than 25 % above the run's best after warm-up). ``failed`` /
+  ``fail_step`` below.
 * **post hoc** (chosen after seeing the curves, reported as such): ``rise`` — the largest ratio of a 100-step
   mean loss to the best 100-step mean before it (the criterion's own statistic, without its 25 % threshold);
   ``late_grad_norm`` — the median pre-clip gradient norm over the last 500 logged steps; and the paired
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lpfail import symptom as S
+from lpfail.experiments import symptom as S
 
 TOKENS_PER_STEP_KEY = ("batch_size", "block_size")
 
@@ -30,7 +31,7 @@ TOKENS_PER_STEP_KEY = ("batch_size", "block_size")
 class Conf:
     label: str  # e.g. "default (lr 1.5e-2)", "lr 2e-2"
     overrides: str  # the symptom_sweep point ("" for the default)
-    arrays: dict = field(repr=False)  # the collected arrays and scalars of `lpfail.symptom.collect`
+    arrays: dict = field(repr=False)  # the collected arrays and scalars of `lpfail.experiments.symptom.collect`
     config: dict = field(default_factory=dict, repr=False)  # the SymptomConfig as a dict
 
     @property
@@ -351,7 +352,7 @@ def layer_of_largest(conf: Conf, variant: str, what: str = "wq") -> list[int]:
 
 
 def evidence(confs: list[Conf]) -> dict:
-    """What the verdict rules read (`lpfail.verdict.judge_symptom`, `judge_fix_training`): per configuration
+    """What the verdict rules read (`lpfail.book.verdict.judge_symptom`, `judge_fix_training`): per configuration
     (repeats left out) the pre-registered failures of each variant over its finished-or-failed runs, and the
     paired A − C comparison."""
     rows = [r for r in run_rows(confs) if not r["repeat"]]

@@ -1,0 +1,88 @@
+#!/bin/bash
+# The `lr_sweep` experiment (issue 11) on a GPU machine, as a driver that outlives each device call: the
+# machine stays up (and keeps /tmp) while calls follow each other within its 30 s of warmth.
+#   start    CUDA MPS if the machine has it (many small processes then share the GPU without time-slicing),
+#            the graph checks (captured == uncaptured, bit for bit; continue == uninterrupted), then
+#            `python -m lpfail.experiments.lr_sweep drive --budget $BUDGET` in its own session, then `wait`
+#   wait     print progress every 60 s until the driver has ended or $WAIT seconds have passed, then collect
+#   collect  copy the part files (every finished run's summary), the checks and the logs to $OUT
+# Parts are written under $LPFAIL_RESULTS_DIR/lr_sweep_parts (default /tmp/lpfail_results): copy them from
+# $OUT into results/lr_sweep_parts/ here, then `python -m lpfail.experiments.lr_sweep collect`.
+# Usage (GPU machine, repo root): BUDGET=1500 WAIT=540 bash tools/gpu_lr_sweep.sh start|wait|collect
+# Steering: STOP_IN=<s> brings the driver's deadline to <s> s from now; PARALLEL=<n> changes how many run at once.
+set -o pipefail
+MODE=${1:-wait}
+case "$MODE" in start|wait|collect) ;; *) echo "usage: $0 start|wait|collect" >&2; exit 2;; esac
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+export LPFAIL_LR_SWEEP_ROOT=${LPFAIL_LR_SWEEP_ROOT:-/tmp/lpfail_lr_sweep}
+export LPFAIL_RESULTS_DIR=${LPFAIL_RESULTS_DIR:-/tmp/lpfail_results}
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/lpfail_mps CUDA_MPS_LOG_DIRECTORY=/tmp/lpfail_mps_log
+OUT=${OUT:-/tmp/lpfail_out}
+BUDGET=${BUDGET:-1500}
+WAIT=${WAIT:-540}
+BASE=$LPFAIL_LR_SWEEP_ROOT
+mkdir -p "$OUT" "$LPFAIL_RESULTS_DIR"
+T0=$(date +%s)
+log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+running() { [ -f "$BASE/drive.pid" ] && kill -0 "$(cat "$BASE/drive.pid")" 2>/dev/null; }
+if [ "$MODE" = start ]; then
+    rm -rf "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"; mkdir -p "$BASE"
+    nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,memory.used,temperature.gpu --format=csv
+    python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+    if command -v nvidia-cuda-mps-control >/dev/null; then
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        setsid nvidia-cuda-mps-control -d && log "MPS control daemon started" || log "MPS did not start"
+        if ! timeout 120 python3 -c "import torch; x = torch.ones(4, device='cuda'); print('a CUDA client under MPS:', float(x.sum()))"; then
+            log "a CUDA client failed under MPS: stopping MPS"
+            echo quit | nvidia-cuda-mps-control; sleep 2
+        fi
+    else
+        log "no nvidia-cuda-mps-control on this machine: processes time-slice the GPU"
+    fi
+    log "graph checks"
+    python3 -m lpfail.experiments.lr_sweep checks --root "$BASE" 2>&1 | tail -n 12
+    ok=$?
+    cp "$BASE/checks.json" "$OUT/" 2>/dev/null
+    if [ $ok -ne 0 ]; then
+        log "graph checks failed: the sweep runs uncaptured (LPFAIL_NO_CAPTURE=1, the same arithmetic)"
+        export LPFAIL_NO_CAPTURE=1
+    fi
+    log "starting the driver, budget $BUDGET s"
+    setsid nohup python3 -m lpfail.experiments.lr_sweep drive --budget "$BUDGET" --root "$BASE" \
+        >"$BASE/drive.log" 2>&1 </dev/null &
+    echo $! >"$BASE/drive.pid"
+    sleep 5
+fi
+if [ -n "${STOP_IN:-}${PARALLEL:-}" ]; then
+    python3 - "$BASE/runs/control.json" <<PY
+import json, sys, time
+ctl = {}
+if "${STOP_IN:-}": ctl["stop_at"] = time.time() + float("${STOP_IN:-0}")
+if "${PARALLEL:-}": ctl["parallel"] = int("${PARALLEL:-1}")
+open(sys.argv[1], "w").write(json.dumps(ctl))
+print("control:", ctl)
+PY
+fi
+if [ "$MODE" != collect ]; then
+    running || log "the driver is not running (ended, or this is a fresh machine)"
+    last=0
+    while running && [ $(( $(date +%s) - T0 )) -lt "$WAIT" ]; do
+        sleep 5
+        if [ $(( $(date +%s) - last )) -ge 60 ]; then
+            last=$(date +%s)
+            log "$(python3 -m lpfail.experiments.lr_sweep status 2>&1 | cut -c1-200)"
+            nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+            grep -c "done (rc 0)" "$BASE/drive.log" | sed 's/^/runs done this driver: /'
+            tail -n 2 "$BASE/drive.log"
+        fi
+    done
+    running && log "the driver is still running (it continues while the machine stays up)" || log "the driver has ended"
+fi
+log "collecting"
+python3 -m lpfail.experiments.lr_sweep status
+cp "$LPFAIL_RESULTS_DIR"/lr_sweep_parts/part-*.json "$OUT/" 2>/dev/null
+cp "$BASE/drive.log" "$OUT/" 2>/dev/null
+cp "$BASE/checks.json" "$OUT/" 2>/dev/null
+(cd "$BASE/runs" 2>/dev/null && tar czf "$OUT/lr_sweep_runs.tgz" --exclude='ckpt_*' --exclude='batches_rank*' \
+    --exclude='train_config.json' . 2>/dev/null)
+ls -la "$OUT"
