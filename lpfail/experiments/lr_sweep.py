@@ -482,13 +482,19 @@ def lr_sweep(c: LRSweepConfig) -> dict:
     return assemble(c, have, metas)
 
 
-def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = None) -> results.Result:
+def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = None,
+                     partial: bool = False) -> results.Result:
     """Store the result from the parts alone, on any machine (the runs' GPU, git and dates are kept as the
-    result's provenance, the collecting machine's as ``collected_on``)."""
+    result's provenance, the collecting machine's as ``collected_on``). With ``partial`` a grid with missing
+    points is stored too, marked ``complete=False`` (the analysis then leaves out every variant with a missing
+    run, and says so); a later `python -m lpfail run lr_sweep` runs the rest and stores it whole."""
     c = c or LRSweepConfig()
     runs, metas = load_parts(directory)
     have, missing = stored_for(c, runs)
-    if missing:
+    if not have:
+        raise SweepIncomplete(f"lr_sweep: none of the {len(missing)} runs is stored yet; run "
+                              "`python -m lpfail run lr_sweep` on a GPU machine")
+    if missing and not partial:
         raise SweepIncomplete(f"lr_sweep: {len(missing)} of {len(have) + len(missing)} runs are not stored yet "
                               f"(first: {missing[0].key}); run `python -m lpfail run lr_sweep` on a GPU machine")
     used = [m for m in metas if any(k in have for k in _keys_of(m, directory))]
@@ -521,8 +527,12 @@ def _pad(rows: list[list], shape: tuple) -> np.ndarray:
 
 
 def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict]) -> dict:
-    """The stored arrays: per size, (variant, lr, seed[, ...]) arrays of every run's numbers."""
+    """The stored arrays: per size, (variant, lr, seed[, ...]) arrays of every run's numbers. Points not in
+    `runs` (a partial store) are NaN, ``{size}_stored`` says which are there, and ``complete`` whether all."""
+    planned = plan(c)
     out: dict = {"lrs": np.array(c.lrs), "seeds": np.array(c.seeds), "preregistered_on": PREREGISTERED_ON,
+                 "complete": all(p.key in runs for p in planned),
+                 "runs_stored": sum(p.key in runs for p in planned), "runs_planned": len(planned),
                  "parts": [{k: m.get(k) for k in ("file", "device", "created", "git", "runs", "wall_s")} for m in metas]}
     n_diag = -(-c.max_steps // c.diag_every) if c.diag_every else 0
     for size, variants in c.sizes().items():
@@ -531,6 +541,7 @@ def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict]) -> dict
         arr = {k: np.full((V, L, S), np.nan) for k in ("val_init", "val_final", "final_train_loss", "wall_s",
                                                        "tokens_per_s", "gnorm_max", "nonfinite_step")}
         status = np.zeros((V, L, S), dtype=np.int8)
+        stored = np.zeros((V, L, S), dtype=bool)
         val_curve = np.full((V, L, S, c.max_steps // c.val_every + 1 if c.val_every else 2), np.nan)
         curves = {k: np.full((V, L, S, c.curve_points), np.nan) for k in ("loss_curve", "gnorm_curve",
                                                                          "gnorm_max_curve")}
@@ -541,7 +552,10 @@ def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict]) -> dict
         for i, v in enumerate(variants):
             for j, lr in enumerate(c.lrs):
                 for k, seed in enumerate(c.seeds):
-                    r = runs[Point(size, v, float(lr), int(seed)).key]
+                    r = runs.get(Point(size, v, float(lr), int(seed)).key)
+                    if r is None:
+                        continue
+                    stored[i, j, k] = True
                     vs, vl = np.asarray(r["val_step"]), np.asarray(r["val_loss"], dtype=np.float64)
                     arr["val_init"][i, j, k] = vl[vs == 0][0] if (vs == 0).any() else np.nan
                     ok = r["status"] == "completed" and (vs == c.max_steps).any()
@@ -565,6 +579,7 @@ def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict]) -> dict
                                 a[i, j, k, s_ // c.diag_every] = vals[t]
         out[f"{size}_variants"] = np.array(variants)
         out[f"{size}_status"] = status
+        out[f"{size}_stored"] = stored
         out[f"{size}_val_curve"] = val_curve
         for key, a in {**arr, **curves, **diag}.items():
             out[f"{size}_{key}"] = a
@@ -590,9 +605,13 @@ def analyse(res) -> dict:
             continue
         variants = [str(v) for v in np.asarray(res[f"{size}_variants"])]
         eff = effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])  # (V, L, S)
+        stored = np.asarray(res[f"{size}_stored"]) if f"{size}_stored" in res else np.ones(eff.shape, bool)
         point, boot = sensitivities(eff, idx)
-        sz = {}
+        sz, missing = {}, {}
         for i, v in enumerate(variants):
+            if not stored[i].all():  # a sensitivity needs the whole curve and every seed
+                missing[v] = {"stored": int(stored[i].sum()), "runs": int(stored[i].size)}
+                continue
             curve = eff[i].mean(axis=-1)
             lo, hi = interval(boot[i])
             sz[v] = {"S": float(point[i]), "ci": [lo, hi], "curve": curve.tolist(),
@@ -603,6 +622,8 @@ def analyse(res) -> dict:
                      "runs": int(eff[i].size)}
             draws[(size, v)] = (float(point[i]), boot[i])
         out["sizes"][size] = sz
+        if missing:
+            out.setdefault("incomplete", {})[size] = missing
 
     def diff(a, b, half=None):
         """point and draws of S(a) − S(b) [− ½·(S(half[0]) − S(half[1]))]."""
@@ -633,12 +654,14 @@ def analyse(res) -> dict:
         lo, hi = interval(d)
         verdicts["H4"] = {"point": pl["point"] - ps["point"], "ci": [lo, hi], "gap_large": pl, "gap_small": ps,
                           "verdict": judge(lo, hi, "above")}
+    for name in HYPOTHESES:
+        verdicts.setdefault(name, {"point": None, "ci": None, "verdict": "not measured (runs missing)"})
     out["verdicts"] = verdicts
     # per learning rate, A − C in final loss with a bootstrap interval (descriptive)
     per_lr = {}
     for size in out["sizes"]:
         variants = [str(v) for v in np.asarray(res[f"{size}_variants"])]
-        if "A" in variants and "C" in variants:
+        if "A" in out["sizes"][size] and "C" in out["sizes"][size]:
             eff = effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])
             dlt = eff[variants.index("A")] - eff[variants.index("C")]  # (L, S)
             boot = dlt[:, idx].mean(axis=-1)  # (L, n)
@@ -728,6 +751,7 @@ def main(argv=None) -> int:
                                  description="the lr_sweep experiment's parts: status, or store from parts")
     ap.add_argument("command", choices=("status", "collect", "checks", "drive"))
     ap.add_argument("--budget", type=float, default=None, help="drive: seconds before running runs are stopped")
+    ap.add_argument("--partial", action="store_true", help="collect: store an incomplete grid too")
     ap.add_argument("--root", default=None, help="checks/drive: where the runs write (default "
                     "$LPFAIL_LR_SWEEP_ROOT or /tmp/lpfail_lr_sweep)")
     args = ap.parse_args(argv)
@@ -748,7 +772,7 @@ def main(argv=None) -> int:
         print(status_text(), flush=True)
         return 0
     try:
-        res = store_from_parts()
+        res = store_from_parts(partial=args.partial)
     except results.ResultError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
