@@ -163,6 +163,16 @@ def test_tiny_sweep_end_to_end(tmp_path):
     assert again["small_val_final"].shape == (2, 2, 1) and np.isfinite(again["small_val_final"]).all()
     assert (again["small_val_final"] < again["small_val_init"]).all()  # 6 steps of training help a little
     assert again["small_max_logit"].shape == (2, 2, 1, 2, 1)
+    # a grid with more points than stored: refused whole, stored marked incomplete with --partial
+    bigger = L.LRSweepConfig(**{**TINY, "variants": ("A", "C", "C_qk")})
+    with pytest.raises(L.SweepIncomplete, match="2 of 6 runs are not stored"):
+        L.store_from_parts(bigger, directory=tmp_path)
+    part = L.store_from_parts(bigger, directory=tmp_path, partial=True)
+    assert part["complete"] is False and part["runs_stored"] == 4 and part["runs_planned"] == 6
+    assert part["small_stored"][:2].all() and not part["small_stored"][2].any()
+    a = part["analysis"]
+    assert set(a["sizes"]["small"]) == {"A", "C"} and a["incomplete"]["small"]["C_qk"] == {"stored": 0, "runs": 2}
+    assert a["verdicts"]["H3"]["verdict"] == "not measured (runs missing)"
     # a changed setting orphans the stored runs instead of silently reusing them
     _, missing = L.stored_for(L.LRSweepConfig(**{**TINY, "max_steps": 9}), stored)
     assert len(missing) == 4
@@ -175,7 +185,7 @@ def test_tiny_sweep_end_to_end(tmp_path):
 
 def test_incomplete_sweep_says_how_many(tmp_path):
     c = L.LRSweepConfig(**TINY)
-    with pytest.raises(L.SweepIncomplete, match="4 of 4 runs are not stored"):
+    with pytest.raises(L.SweepIncomplete, match="none of the 4 runs"):
         L.store_from_parts(c, directory=tmp_path)
     part = L.Part(tmp_path)
     part.add({"key": L.plan(c)[0].key, "run_hash": "stale"})

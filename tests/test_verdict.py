@@ -72,7 +72,8 @@ def test_missing_evidence_is_never_reproduced():
     by = {v.claim: v.verdict for v in vs}
     assert by["C3a"] == V.REPRODUCED  # computed live from lpfail.bf16, needs no stored result
     assert all(by[c] == V.NOT_TESTED for c in by if c != "C3a")
-    assert {"C1a", "C1b", "C1c", "C2", "C3b", "Fix-a", "Fix-b", "Fix-c", "β"} <= set(by)
+    assert {"C0", "C0-bias", "C0-qk", "C0-size", "C1a", "C1b", "C1c", "C2", "C3b", "Fix-a", "Fix-b", "Fix-c",
+            "β"} <= set(by)
 
 
 def test_stored_but_unjudged_result_stays_not_tested():
@@ -131,7 +132,10 @@ def test_fix_training_verdict_flips(kw, expected):
 def test_symptom_verdicts_from_the_stored_results():
     vs = {v.claim: v for v in V.verdicts()}
     assert vs["C0"].verdict in V.VERDICTS and vs["C0"].verdict != V.NOT_TESTED
-    assert "Pre-registered failures" in vs["C0"].evidence and "symptom" in vs["C0"].evidence
+    # C0 is decided by lr_sweep's H1; the explosion search (`symptom`) is still reported beside it
+    assert "H1" in vs["C0"].evidence and "lr_sweep" in vs["C0"].evidence
+    assert "Pre-registered failures" in vs["C0"].old and "symptom" in vs["C0"].old
+    assert "Fix-b" in vs and "NaN in" in vs["Fix-b"].evidence  # Fix-b still from the explosion search
 
 
 def test_fix_cost_prefers_alternating_timings():
@@ -143,3 +147,135 @@ def test_fix_cost_prefers_alternating_timings():
     single = {k: x for k, x in res.items() if not k.startswith("pair")}
     v = V.fix_cost(single)
     assert "+22.2 % to +22.2 %" in v.evidence and "single runs" in v.evidence  # 110 vs 90 TFLOP/s
+
+
+# -- C0, C0-bias, C0-qk, C0-size: the pre-registered learning-rate sweep (lr_sweep) -------------------------
+WORDS = {"supported": V.REPRODUCED, "refuted": V.CONTRADICTED, "inconclusive": V.NOT_REPRODUCED,
+         "no gap to close": V.NOT_TESTED, "not measured (runs missing)": V.NOT_TESTED}
+_CI = {"supported": (0.05, 0.14), "refuted": (-0.14, -0.05), "inconclusive": (-0.02, 0.06)}  # for H1, H4 (>)
+
+
+def _h(word, above=True):
+    if word in ("no gap to close",):
+        return {"point": 0.05, "ci": [0.03, 0.07], "verdict": word}
+    if word not in _CI:
+        return {"point": None, "ci": None, "verdict": word}
+    lo, hi = _CI[word] if above else (-_CI[word][1], -_CI[word][0])
+    return {"point": (lo + hi) / 2, "ci": [lo, hi], "verdict": word}
+
+
+def sweep(h1="supported", h2="refuted", h3="supported", h4="not measured (runs missing)", complete=False,
+          s=dict(A=0.595, C=0.512, A_sr=0.608, A_qk=0.158, C_qk=0.153)):
+    """A dict shaped like the stored 'lr_sweep' result (the keys the rules read); defaults ≈ ours (partial grid)."""
+    sizes = {"small": {v: {"S": x, "ci": [x - 0.02, x + 0.02], "nonfinite": 0} for v, x in s.items()}, "large": {}}
+    a = {"preregistered_on": "2026-12-01", "hypotheses": {"H1": "S(A) − S(C) > 0", "H2": "H2 text",
+                                                         "H3": "H3 text", "H4": "H4 text"},
+         "sizes": sizes,
+         "verdicts": {"H1": _h(h1), "H2": _h(h2, above=False), "H3": _h(h3, above=False), "H4": _h(h4)},
+         "a_minus_c_per_lr": {"small": [{"lr": 0.008, "point": 0.0, "ci": [-0.03, 0.01]},
+                                        {"lr": 0.032, "point": 0.42, "ci": [0.24, 0.71]}]}}
+    if not complete:
+        a["incomplete"] = {"small": {"D": {"stored": 0, "runs": 18}},
+                           "large": {"A": {"stored": 6, "runs": 18}, "C": {"stored": 6, "runs": 18}}}
+    return {"analysis": a, "complete": complete, "runs_stored": 102 if not complete else 198, "runs_planned": 198}
+
+
+def test_sweep_words_cover_every_pre_registered_outcome():
+    assert V.SWEEP_WORDS == WORDS
+    with pytest.raises(ValueError):
+        V.judge_lr_symptom(sweep(h1="maybe"))
+
+
+@pytest.mark.parametrize("word", list(WORDS))
+def test_c0_is_judged_by_h1(word):
+    v = V.judge_lr_symptom(sweep(h1=word), old=V.judge_symptom(sym_ev()))
+    assert v.claim == "C0" and v.verdict == WORDS[word], (word, v.verdict)
+    assert f"**{word}**" in v.evidence
+    # the old criterion (explosion search) is reported beside the verdict, whatever it says, and does not decide
+    assert "explosion search" in v.old and "**partly**" in v.old and "Pre-registered failures" in v.old
+    assert "old criterion, explosion search: partly" in v.note
+    md = V.summary_table([v]) + V.details([v])
+    assert "old criterion, explosion search: partly" in md and "Old criterion" in md
+
+
+def test_c0_old_criterion_does_not_decide():
+    failing_old = V.judge_symptom(sym_ev(a=((3, 3), (0, 3))))  # the explosion search alone would say reproduced
+    assert failing_old.verdict == V.REPRODUCED
+    v = V.judge_lr_symptom(sweep(h1="inconclusive"), old=failing_old)
+    assert v.verdict == V.NOT_REPRODUCED and "explosion search: reproduced" in v.note
+    assert V.judge_lr_symptom(sweep(h1="refuted"), old=failing_old).verdict == V.CONTRADICTED
+    assert V.judge_lr_symptom(sweep(), old=None).old == ""  # no explosion search stored: nothing beside it
+
+
+def test_c0_evidence_numbers_and_where_the_gap_is():
+    v = V.judge_lr_symptom(sweep())
+    assert "+0.095 [+0.050, +0.140]" in v.evidence and "S(A) = 0.595" in v.evidence
+    assert "significantly above C's at lr 0.032 of 2" in v.evidence
+
+
+def test_partial_grid_is_stated():
+    for judge in (V.judge_lr_symptom, V.judge_bias_not_noise, V.judge_qk_norm, V.judge_size):
+        v = judge(sweep())
+        assert "Partial evidence" in v.evidence and "102 of 198 runs" in v.evidence
+        assert "D 0/18" in v.evidence and "the verdict is on the complete part" in v.evidence
+        assert v.note.startswith("partial grid")
+        full = judge(sweep(complete=True))
+        assert "Partial evidence" not in full.evidence and "partial grid" not in full.note
+
+
+@pytest.mark.parametrize("word", list(WORDS))
+def test_bias_not_noise_by_h2(word):
+    v = V.judge_bias_not_noise(sweep(h2=word))
+    assert v.claim == "C0-bias" and v.verdict == WORDS[word] and f"**{word}**" in v.evidence
+
+
+def test_bias_not_noise_refuted_says_so_plainly():
+    v = V.judge_bias_not_noise(sweep())  # ≈ ours: S(A_sr) above S(A)
+    assert v.verdict == V.CONTRADICTED
+    assert v.evidence.startswith("The A − C gap survives stochastic rounding")
+    assert "S(A_sr) − S(C) = +0.096 against S(A) − S(C) = +0.083" in v.evidence
+    assert "closes none of the gap: it widens it by 16 %" in v.evidence
+    half = V.judge_bias_not_noise(sweep(h2="supported", s=dict(A=0.595, C=0.512, A_sr=0.52, A_qk=0.2, C_qk=0.2)))
+    assert half.verdict == V.REPRODUCED and "closes 90 % of the gap" in half.evidence
+    assert "no A − C gap" in V.judge_bias_not_noise(sweep(h1="inconclusive", h2="no gap to close")).evidence
+
+
+@pytest.mark.parametrize("word", list(WORDS))
+def test_qk_norm_by_h3(word):
+    v = V.judge_qk_norm(sweep(h3=word))
+    assert v.claim == "C0-qk" and v.verdict == WORDS[word] and f"**{word}**" in v.evidence
+    assert "Not a claim of the paper" in v.statement
+
+
+def test_qk_norm_closes_the_gap_on_numbers_like_ours():
+    v = V.judge_qk_norm(sweep())
+    assert v.verdict == V.REPRODUCED and "closes 94 % of the gap" in v.evidence
+
+
+@pytest.mark.parametrize("word", ["supported", "refuted", "inconclusive", "not measured (runs missing)"])
+def test_size_by_h4(word):
+    v = V.judge_size(sweep(h4=word))
+    assert v.claim == "C0-size" and v.verdict == WORDS[word]
+    if word.startswith("not measured"):
+        assert "Not measured" in v.evidence and "A 6/18, C 6/18" in v.evidence
+    else:
+        assert f"**{word}**" in v.evidence
+
+
+def test_sweep_rows_from_the_stored_results():
+    vs = {v.claim: v for v in V.verdicts()}
+    assert {"C0", "C0-bias", "C0-qk", "C0-size"} <= set(vs)
+    assert "H1" in vs["C0"].evidence and "lr_sweep" in vs["C0"].evidence
+    assert "explosion search" in vs["C0"].old and "Pre-registered failures" in vs["C0"].old
+
+
+def test_c0_without_the_sweep_is_not_yet_tested_but_keeps_the_old_evidence():
+    from lpfail import results
+
+    def load(name):
+        if name == "lr_sweep":
+            raise ResultMissing(name)
+        return results.load(name)
+    vs = {v.claim: v for v in V.verdicts(load=load, stored=lambda name: name != "lr_sweep")}
+    assert all(vs[c].verdict == V.NOT_TESTED for c in ("C0", "C0-bias", "C0-qk", "C0-size"))
+    assert "explosion search" in vs["C0"].old and "old criterion" in vs["C0"].note

@@ -6,9 +6,13 @@
 #            `python -m lpfail.experiments.lr_sweep drive --budget $BUDGET` in its own session, then `wait`
 #   wait     print progress every 60 s until the driver has ended or $WAIT seconds have passed, then collect
 #   collect  copy the part files (every finished run's summary), the checks and the logs to $OUT
+# Call 1 of 2026-12-01 ran every variant uncaptured because A_sr's check failed (captured random draws
+# differ); since then only the variants whose check fails run uncaptured (LPFAIL_LR_SWEEP_UNCAPTURED).
 # Parts are written under $LPFAIL_RESULTS_DIR/lr_sweep_parts (default /tmp/lpfail_results): copy them from
 # $OUT into results/lr_sweep_parts/ here, then `python -m lpfail.experiments.lr_sweep collect`.
-# Usage (GPU machine, repo root): BUDGET=1500 WAIT=540 bash tools/gpu_lr_sweep.sh start|wait|collect
+# Usage (GPU machine, repo root): LPFAIL_GIT=<commit> BUDGET=1500 WAIT=540 bash tools/gpu_lr_sweep.sh start|wait|collect
+# LPFAIL_GIT: the commit of the tree sent, computed where it was committed — the device tool's copy of .git
+# may point elsewhere (on 2026-12-01 `git rev-parse HEAD` there gave the session's first commit).
 # Steering: STOP_IN=<s> brings the driver's deadline to <s> s from now; PARALLEL=<n> changes how many run at once.
 set -o pipefail
 MODE=${1:-wait}
@@ -26,7 +30,8 @@ T0=$(date +%s)
 log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
 running() { [ -f "$BASE/drive.pid" ] && kill -0 "$(cat "$BASE/drive.pid")" 2>/dev/null; }
 if [ "$MODE" = start ]; then
-    rm -rf "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"; mkdir -p "$BASE"
+    rm -rf "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"; mkdir -p "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"
+    cp results/lr_sweep_parts/part-*.json "$LPFAIL_RESULTS_DIR/lr_sweep_parts/" 2>/dev/null  # stored runs are not rerun
     nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,memory.used,temperature.gpu --format=csv
     python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
     if command -v nvidia-cuda-mps-control >/dev/null; then
@@ -44,8 +49,13 @@ if [ "$MODE" = start ]; then
     ok=$?
     cp "$BASE/checks.json" "$OUT/" 2>/dev/null
     if [ $ok -ne 0 ]; then
-        log "graph checks failed: the sweep runs uncaptured (LPFAIL_NO_CAPTURE=1, the same arithmetic)"
-        export LPFAIL_NO_CAPTURE=1
+        # a variant whose captured steps differ from its uncaptured ones runs uncaptured (the same arithmetic);
+        # if the continue check failed too, every variant does
+        export LPFAIL_LR_SWEEP_UNCAPTURED=$(python3 -c "
+import json; c = json.load(open('$BASE/checks.json'))
+bad = [v for v, ok in c['equal'].items() if not ok]
+print(','.join(['A', 'C', 'D', 'B', 'S', 'A_sr', 'A_qk', 'C_qk'] if not c['resume_equal'] else bad))")
+        log "graph checks: uncaptured variants: $LPFAIL_LR_SWEEP_UNCAPTURED (the same arithmetic, slower)"
     fi
     log "starting the driver, budget $BUDGET s"
     setsid nohup python3 -m lpfail.experiments.lr_sweep drive --budget "$BUDGET" --root "$BASE" \
@@ -80,7 +90,9 @@ if [ "$MODE" != collect ]; then
 fi
 log "collecting"
 python3 -m lpfail.experiments.lr_sweep status
-cp "$LPFAIL_RESULTS_DIR"/lr_sweep_parts/part-*.json "$OUT/" 2>/dev/null
+for f in "$LPFAIL_RESULTS_DIR"/lr_sweep_parts/part-*.json; do  # only this machine's new parts
+    [ -e "results/lr_sweep_parts/$(basename "$f")" ] || cp "$f" "$OUT/"
+done
 cp "$BASE/drive.log" "$OUT/" 2>/dev/null
 cp "$BASE/checks.json" "$OUT/" 2>/dev/null
 (cd "$BASE/runs" 2>/dev/null && tar czf "$OUT/lr_sweep_runs.tgz" --exclude='ckpt_*' --exclude='batches_rank*' \

@@ -49,15 +49,21 @@ def lr_curves_figure(res, analysis=None, variants=None):
     fig, axes = plt.subplots(1, len(ss), figsize=(5.2 * len(ss), 3.8), squeeze=False, sharey=True)
     for ax, size in zip(axes[0], ss):
         eff = L.effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])  # (V, L, S)
+        stored = np.asarray(res[f"{size}_stored"])
+        eff = np.where(stored, eff, np.nan)
         status = np.asarray(res[f"{size}_status"])
         for i, v in enumerate(_variants(res, size)):
-            if variants is not None and v not in variants:
+            if (variants is not None and v not in variants) or not stored[i].any():
                 continue
             color, ls = STYLE.get(v, ("k", "-"))
-            mean = eff[i].mean(axis=-1)
-            ax.plot(lrs, mean, ls, color=color, marker="o", ms=3.5, lw=1.6,
-                    label=f"{v}  (S = {analysis['sizes'][size][v]['S']:.3f})")
-            ax.fill_between(lrs, eff[i].min(axis=-1), eff[i].max(axis=-1), color=color, alpha=0.10, lw=0)
+            with np.errstate(all="ignore"):
+                mean = np.nanmean(eff[i], axis=-1)
+            done = analysis["sizes"].get(size, {}).get(v)
+            tag = (f"S = {done['S']:.3f}" if done else
+                   f"{int(stored[i].sum())} of {stored[i].size} runs: no S")
+            ax.plot(lrs, mean, ls, color=color, marker="o", ms=3.5, lw=1.6, label=f"{v}  ({tag})")
+            ax.fill_between(lrs, np.nanmin(eff[i], axis=-1), np.nanmax(eff[i], axis=-1), color=color,
+                            alpha=0.10, lw=0)
             bad = status[i].any(axis=-1)
             if bad.any():
                 ax.plot(lrs[bad], mean[bad], "o", mfc="none", mec=color, ms=10, mew=1.5)
@@ -124,39 +130,104 @@ def growth_figure(res, size: str = "small", lr_index: int = -1, variants=("A", "
     return fig
 
 
-def run_figure(res, size: str, variant: str, lr_index: int, seed_index: int, dpi=None):
-    """One run: training loss (binned), held-out loss, gradient norm and largest logit against the step."""
+def run_figure(res, size: str, variant: str, lr_index: int, seed_index: int | None = None, dpi=None):
+    """Runs of one (size, variant, lr): training loss (binned) and held-out loss, gradient norm and largest
+    logit against the step — one seed, or every stored seed (``seed_index=None``, one shade per seed)."""
     import matplotlib.pyplot as plt
 
     i = _variants(res, size).index(variant)
-    idx = (i, lr_index, seed_index)
+    seeds = np.asarray(res["seeds"])
+    stored = np.asarray(res[f"{size}_stored"])[i, lr_index]
+    ks = [seed_index] if seed_index is not None else [k for k in range(len(seeds)) if stored[k]]
     P = np.asarray(res[f"{size}_loss_curve"]).shape[-1]
     n = int(np.asarray(res["val_step"])[-1])
     x = (np.arange(P) + 0.5) * n / P
     lr = float(np.asarray(res["lrs"])[lr_index])
-    seed = int(np.asarray(res["seeds"])[seed_index])
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.0), dpi=dpi)
     color, _ = STYLE.get(variant, ("k", "-"))
-    axes[0].plot(x, np.asarray(res[f"{size}_loss_curve"])[idx], color=color, lw=1.3, label="training (binned)")
-    axes[0].plot(np.asarray(res["val_step"]), np.asarray(res[f"{size}_val_curve"])[idx], "ko", ms=4,
-                 label="held-out")
-    axes[0].set_title("loss", fontsize=9)
+    notes = []
+    for n_k, k in enumerate(ks):
+        idx = (i, lr_index, k)
+        alpha = 1.0 if len(ks) == 1 else 0.45 + 0.55 * n_k / max(1, len(ks) - 1)
+        lab = f"seed {int(seeds[k])}"
+        axes[0].plot(x, np.asarray(res[f"{size}_loss_curve"])[idx], color=color, lw=1.2, alpha=alpha, label=lab)
+        axes[0].plot(np.asarray(res["val_step"]), np.asarray(res[f"{size}_val_curve"])[idx], "o", color="k",
+                     ms=3.5, alpha=alpha)
+        axes[1].semilogy(x, np.asarray(res[f"{size}_gnorm_curve"])[idx], color=color, lw=1.2, alpha=alpha)
+        axes[2].semilogy(np.asarray(res["diag_step"]),
+                         np.nanmax(np.asarray(res[f"{size}_max_logit"])[idx], axis=-1), "o-", color=color, ms=3,
+                         alpha=alpha)
+        if res[f"{size}_status"][idx]:
+            notes.append(f"seed {int(seeds[k])} non-finite at step {int(res[f'{size}_nonfinite_step'][idx])}")
+    axes[0].set_title("loss (line: training, dots: held-out)", fontsize=9)
     axes[0].legend(fontsize=7)
-    axes[1].semilogy(x, np.asarray(res[f"{size}_gnorm_curve"])[idx], color=color, lw=1.3, label="geometric mean")
-    axes[1].semilogy(x, np.asarray(res[f"{size}_gnorm_max_curve"])[idx], color=color, lw=0.7, alpha=0.5,
-                     label="max in bin")
-    axes[1].set_title("gradient norm before clipping", fontsize=9)
-    axes[1].legend(fontsize=7)
-    axes[2].semilogy(np.asarray(res["diag_step"]), np.nanmax(np.asarray(res[f"{size}_max_logit"])[idx], axis=-1),
-                     "o-", color=color, ms=3)
+    axes[1].set_title("gradient norm before clipping (geometric mean)", fontsize=9)
     axes[2].set_title("largest attention logit", fontsize=9)
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    status = "non-finite at step %d" % res[f"{size}_nonfinite_step"][idx] if res[f"{size}_status"][idx] else "completed"
-    fig.suptitle(f"{label(variant)} — {size}, lr {_fmt_lr(lr)}, seed {seed}: {status}", fontsize=10)
+    fig.suptitle(f"{label(variant)} — {size}, lr {_fmt_lr(lr)}" + (f" ({'; '.join(notes)})" if notes else ""),
+                 fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# -- sentences from the numbers ---------------------------------------------------------------------------------
+WORDS = {"supported": "holds", "refuted": "is refuted", "inconclusive": "is undecided",
+         "no gap to close": "has no gap to close", "not measured (runs missing)": "is not measured yet (runs missing)"}
+
+
+def verdict_sentences(analysis) -> str:
+    """One Markdown bullet per hypothesis, its statistic and interval, generated from the analysis."""
+    out = []
+    for r in verdict_rows(analysis):
+        word = WORDS.get(r["verdict"], r["verdict"])
+        stat = ("" if r["point"] is None else
+                f": statistic {r['point']:+.3f}, 95 % interval [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]")
+        out.append(f"* **{r['name']} {word}**{stat}. *{r['hypothesis']}.*")
+    return "\n".join(out)
+
+
+def incomplete_text(res, analysis) -> str:
+    """What is missing from a partial grid, as one sentence ('' when complete)."""
+    if bool(res["complete"]):
+        return ""
+    parts = [f"{size}: " + ", ".join(f"{v} ({d['stored']} of {d['runs']} runs)" for v, d in miss.items())
+             for size, miss in analysis.get("incomplete", {}).items()]
+    return (f"{int(res['runs_stored'])} of {int(res['runs_planned'])} runs of the pre-registered grid are stored; "
+            "missing or partial, and left out of every statistic: " + "; ".join(parts) + ".")
+
+
+def cost(res, parallel: int) -> dict:
+    """Measured run times and what the whole grid costs at that rate, for runs `parallel` at a time on one GPU:
+    per size the stored runs' median wall time, and (run-seconds of the whole grid) / parallel in minutes."""
+    out = {}
+    for size in sizes(res):
+        stored = np.asarray(res[f"{size}_stored"])
+        wall = np.asarray(res[f"{size}_wall_s"])[stored]
+        out[size] = {"runs": int(stored.sum()), "planned": int(stored.size),
+                     "median_wall_s": float(np.median(wall)) if wall.size else float("nan"),
+                     "grid_min": float(np.median(wall) * stored.size / parallel / 60) if wall.size else float("nan")}
+    out["total_grid_min"] = float(sum(v["grid_min"] for k, v in out.items() if isinstance(v, dict)))
+    return out
+
+
+def setting_html(c) -> str:
+    """The sweep's setting beside the paper's run (its App. B), as a narrow table."""
+    rows = [
+        ["model", f"{c.small[0]} layers × {c.small[2]} ({c.small[1]} heads), and {c.large[0]} × {c.large[2]}",
+         "GPT-2 small: 12 × 768 (12 heads)"],
+        ["data", f"{c.data}: Python documentation as bytes, {c.val_fraction:.0%} held out", "OpenWebText, GPT-2 BPE"],
+        ["tokens per step", f"{c.batch_size} × {c.block_size} = {c.batch_size * c.block_size:,}", "524,288"],
+        ["steps", f"{c.max_steps:,} ({c.max_steps * c.batch_size * c.block_size / 1e6:.1f} M tokens)",
+         "≈ 6,600 until the failure"],
+        ["learning rate", f"{len(c.lrs)} rates {c.lrs[0]:g} … {c.lrs[-1]:g}; warm-up {c.warmup}, cosine to lr/"
+                          f"{1 / c.min_lr_ratio:g}", "1e-3, warm-up 2,000, cosine"],
+        ["optimizer", f"AdamW (0.9, {c.beta2}), wd {c.weight_decay:g}, clip {c.grad_clip:g}",
+         "AdamW (0.9, 0.95), wd 0, clip 1"],
+        ["seeds", f"{len(c.seeds)} (init and batch order)", "1"],
+    ]
+    return _table(["", "this sweep", "the paper"], [[html.escape(x) for x in r] for r in rows])
 
 
 # -- tables (HTML: they wrap in the text column) ---------------------------------------------------------------
@@ -228,15 +299,18 @@ def provenance_html(res) -> str:
 
 # -- the explorer -------------------------------------------------------------------------------------------
 def runs_twin(res, size: str = "small", dpi: int = 55, variants=None):
-    """Kernel-free twin of `runs_explorer`: every run of one size precomputed behind one <select>."""
+    """Kernel-free twin of `runs_explorer`: every stored (variant, lr) of one size precomputed, its seeds
+    drawn together, behind one <select>."""
     from lpfail.book import widgets
 
     cases = []
+    stored = np.asarray(res[f"{size}_stored"])
     for v in variants or _variants(res, size):
+        i = _variants(res, size).index(v)
         for j, lr in enumerate(np.asarray(res["lrs"])):
-            for k, s in enumerate(np.asarray(res["seeds"])):
-                cases.append((f"{v}, lr {_fmt_lr(float(lr))}, seed {int(s)}",
-                              widgets._png_html(run_figure(res, size, v, j, k), dpi=dpi)))
+            if stored[i, j].any():
+                cases.append((f"{v}, lr {_fmt_lr(float(lr))}",
+                              widgets._png_html(run_figure(res, size, v, j), dpi=dpi)))
     return widgets._HTML(widgets.switcher_html(f"lr_sweep_runs_{size}", cases, label="run"))
 
 
@@ -250,8 +324,8 @@ def runs_explorer(res):
     var_dd = W.Dropdown(description="variant")
     lr_dd = W.Dropdown(options=[(_fmt_lr(float(x)), j) for j, x in enumerate(np.asarray(res["lrs"]))],
                        value=len(res["lrs"]) - 1, description="lr")
-    seed_dd = W.Dropdown(options=[(str(int(s)), k) for k, s in enumerate(np.asarray(res["seeds"]))], value=0,
-                         description="seed")
+    seed_dd = W.Dropdown(options=[("all", None)] + [(str(int(s)), k) for k, s in enumerate(np.asarray(res["seeds"]))],
+                         value=None, description="seed")
     out = W.Output()
 
     def refresh(*_):

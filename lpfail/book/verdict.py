@@ -9,6 +9,13 @@ Verdicts, from best to worst: ``reproduced``, ``partly``, ``not reproduced``, ``
 
 Significance everywhere is the 95 % confidence interval over rows that the ``rounding`` experiment stores
 next to each mean (``NAME_ci``): a mean is *significantly positive* when ``mean - ci > 0``.
+
+The training claims (C0, C0-bias, C0-qk, C0-size) are judged by the hypotheses pre-registered in
+``lpfail.experiments.lr_sweep`` (H1–H4, bootstrap intervals over seeds), their words mapped onto this page's
+by `SWEEP_WORDS`: supported → reproduced, inconclusive → not reproduced, refuted (the interval entirely on the
+other side) → contradicted, and "no gap to close" or "not measured (runs missing)" → not yet tested. Where the
+stored grid is incomplete the row says so: its verdict is on the complete part. C0 still reports the explosion
+search (``symptom``, `judge_symptom`) beside its verdict, without letting it decide.
 """
 from __future__ import annotations
 
@@ -45,6 +52,8 @@ class Verdict:
     evidence: str     # MyST Markdown: numbers, figures ({numref}), pages ({doc}), stored results
     rule: str         # the rule that produced the verdict
     differs: str = ""  # where our setting differs from the paper's
+    note: str = ""    # a few words shown beside the verdict in the summary table (e.g. "partial grid")
+    old: str = ""     # MyST Markdown: an earlier criterion's outcome, reported beside the verdict, not deciding it
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -303,6 +312,207 @@ def per_with(ev: Mapping, *variants) -> list:
     return [d for d in ev["per_config"] if all(v in d for v in variants)]
 
 
+# -- C0 and its mechanism, by the pre-registered learning-rate sweep (lpfail.experiments.lr_sweep) ----------
+#: The sweep's pre-registered words (its RULE) → this page's verdicts.
+SWEEP_WORDS = {"supported": REPRODUCED, "inconclusive": NOT_REPRODUCED, "refuted": CONTRADICTED,
+               "no gap to close": NOT_TESTED, "not measured (runs missing)": NOT_TESTED}
+SWEEP_RULE = ("pre-registered word → verdict: supported (95 % bootstrap interval entirely on the hypothesised "
+              "side of 0) → reproduced; inconclusive (the interval contains 0) → not reproduced; refuted (entirely "
+              "on the other side) → contradicted; not measured (runs missing) → not yet tested")
+_SIZE = {"small": "smaller", "large": "larger"}
+
+
+def _hyp(a: Mapping, name: str) -> tuple[str, Mapping]:
+    """(this page's verdict, the stored statistic) of hypothesis ``name`` of an lr_sweep analysis."""
+    h = a.get("verdicts", {}).get(name) or {"point": None, "ci": None, "verdict": "not measured (runs missing)"}
+    if h["verdict"] not in SWEEP_WORDS:
+        raise ValueError(f"unknown lr_sweep verdict {h['verdict']!r} for {name}")
+    return SWEEP_WORDS[h["verdict"]], h
+
+
+def _stat(h: Mapping) -> str:
+    """'+0.083 [+0.057, +0.139]' (point, 95 % interval) or 'not measured'."""
+    if h.get("point") is None or h.get("ci") is None:
+        return "not measured"
+    lo, hi = h["ci"]
+    return f"{_f(h['point']):+.3f} [{_f(lo):+.3f}, {_f(hi):+.3f}]"
+
+
+def _s(a: Mapping, variant: str, size: str = "small") -> str:
+    d = a.get("sizes", {}).get(size, {}).get(variant)
+    if d is None:
+        return f"S({variant}) not measured"
+    return f"S({variant}) = {_f(d['S']):.3f} [{_f(d['ci'][0]):.3f}, {_f(d['ci'][1]):.3f}]"
+
+
+def _closed(a: Mapping, treated: str, control: str) -> str:
+    """How much of the smaller size's A − C gap the pair (treated, control) closes, from the point estimates."""
+    sz = a.get("sizes", {}).get("small", {})
+    if not all(k in sz for k in ("A", "C", treated, control)):
+        return ""
+    gap, left = _f(sz["A"]["S"]) - _f(sz["C"]["S"]), _f(sz[treated]["S"]) - _f(sz[control]["S"])
+    if gap <= 0:
+        return ""
+    frac = 1 - left / gap
+    how = (f"closes {frac * 100:.0f} % of the gap" if frac >= 0
+           else f"closes none of the gap: it widens it by {-frac * 100:.0f} %")
+    return f"S({treated}) − S({control}) = {left:+.3f} against S(A) − S(C) = {gap:+.3f} ({how}, point estimates)"
+
+
+def sweep_scope(res: Mapping) -> str:
+    """Empty for a complete grid; else which runs are missing and that verdicts are on the complete part."""
+    if res.get("complete", True):
+        return ""
+    a = res["analysis"]
+    inc = a.get("incomplete", {})
+    miss = "; ".join(f"{_SIZE.get(size, size)} size: " + ", ".join(f"{v} {d['stored']}/{d['runs']}"
+                                                                     for v, d in per.items())
+                     for size, per in inc.items() if per)
+    done = "; ".join(f"{_SIZE.get(size, size)} size: {', '.join(per)}" for size, per in a.get("sizes", {}).items()
+                     if per)
+    n = (f"{int(res['runs_stored'])} of {int(res['runs_planned'])} runs stored"
+         if "runs_stored" in res and "runs_planned" in res else "not every run stored")
+    return (f"**Partial evidence:** the grid is incomplete, {n} (runs stored of the variants with missing ones — "
+            f"{miss or 'none listed'}); the verdict is on the complete part: {done or 'no complete variant'}.")
+
+
+def _sweep_note(res: Mapping) -> str:
+    return "" if res.get("complete", True) else "partial grid"
+
+
+def _sweep_differs(res: Mapping) -> str:
+    cfg = (getattr(res, "meta", None) or {}).get("config") or {}
+    if cfg.get("small"):
+        (nl, _, ne), lrs = cfg["small"], [float(x) for x in cfg.get("lrs", [])]
+        setting = (f"{nl} layers × {ne} (the smaller size), {cfg['max_steps']:,} steps of "
+                   f"{int(cfg['batch_size']) * int(cfg['block_size']):,} byte-level tokens per run at learning "
+                   f"rates {min(lrs):g}–{max(lrs):g}, {len(cfg.get('seeds', []))} seeds")
+    else:
+        setting = "small byte-level GPTs trained briefly over a grid of learning rates (see the stored config)"
+    return (f"A small-scale proxy (Wortsman et al. {{cite}}`wortsman2023small`): {setting}; the final held-out loss "
+            "summarised as LR sensitivity, not the paper's loss explosion of GPT-2 small over 3.5 B tokens.")
+
+
+def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
+    """C0, by the sweep's pre-registered H1: the LR sensitivity of A (PAPER_BF16) exceeds that of C (FP32) at
+    the smaller size. Its word maps by `SWEEP_WORDS`. ``old`` — the explosion search's verdict
+    (`judge_symptom`) — is reported beside it and does not decide it."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H1")
+    per_lr = a.get("a_minus_c_per_lr", {}).get("small", [])
+    where = [f"{_f(d['lr']):g}" for d in per_lr if d.get("ci") is not None and _f(d["ci"][0]) > 0]
+    small = a.get("sizes", {}).get("small", {})
+    nonfinite = sum(int(small[k].get("nonfinite", 0)) for k in ("A", "C") if k in small)
+    ev = (f"Pre-registered ({a.get('preregistered_on', '?')}) H1, S(A) − S(C) at the smaller size: "
+          f"{_stat(h)} — **{h['verdict']}**. {_s(a, 'A')}, {_s(a, 'C')} (LR sensitivity of the held-out loss, "
+          "95 % bootstrap intervals over seeds).")
+    if per_lr:
+        ev += (" Per learning rate, A's final loss is significantly above C's at "
+               + (f"lr {', '.join(where)}" if where else "no learning rate")
+               + f" of {len(per_lr)}; {nonfinite} runs of A and C turned non-finite.")
+    ev += f" See {{numref}}`fig-lr-curves`; {_prov(res)}."
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    oldtxt, note = "", _sweep_note(res)
+    if old is not None:
+        oldtxt = (f"explosion search (`symptom`), by its own pre-registered rule: **{old.verdict}**. "
+                  f"{old.evidence} Its rule: {old.rule}.")
+        note = "; ".join(x for x in (note, f"old criterion, explosion search: {old.verdict}") if x)
+    return Verdict(
+        "C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than with "
+              "high-precision (FP32) attention — measured as learning-rate sensitivity.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H1', 'H1: S(A) − S(C) > 0')}; {SWEEP_RULE}. The explosion search's "
+        "criterion is reported beside it and no longer decides",
+        _sweep_differs(res), note=note, old=oldtxt)
+
+
+def judge_bias_not_noise(res: Mapping) -> Verdict:
+    """C0-bias, by H2: stochastic rounding of A's output path (P̄V, Ō, O: the same 8-bit mantissas without the
+    bias) closes at least half of the A − C gap. Needs H1 supported ("no gap to close" → not yet tested)."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H2")
+    closed = _closed(a, "A_sr", "C")
+    word = h["verdict"]
+    if word == "refuted":
+        plain = ("The A − C gap survives stochastic rounding: removing the bias at the same precision closes "
+                 "significantly less than half of it, so on this proxy the harm does not come from the bias alone.")
+    elif word == "supported":
+        plain = ("Stochastic rounding closes at least half of the A − C gap: the bias, not the precision, does "
+                 "the harm.")
+    elif word == "inconclusive":
+        plain = "The interval cannot tell whether stochastic rounding closes half of the A − C gap."
+    elif word == "no gap to close":
+        plain = "H1 is not supported, so there is no A − C gap for stochastic rounding to close."
+    else:
+        plain = "The runs it needs (A, C and A_sr at the smaller size) are not all stored."
+    ev = (f"{plain} Pre-registered H2, S(A_sr) − S(C) − ½·(S(A) − S(C)): {_stat(h)} — **{word}**"
+          + (f"; {closed}" if closed else "") + f". {_s(a, 'A_sr')}. See {{doc}}`01_symptom`; {_prov(res)}.")
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself: the same "
+                   "8-bit rounding made unbiased (stochastic rounding of P̄V, Ō and O) trains like FP32 attention.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H2', 'H2')}; {SWEEP_RULE}; H1 not supported → no gap to close → not yet "
+        "tested",
+        "Stochastic rounding only of P̄V, Ō and O in the reference attention (the rest of A's arithmetic as it "
+        "is); " + _sweep_differs(res)[0].lower() + _sweep_differs(res)[1:], note=_sweep_note(res))
+
+
+def judge_qk_norm(res: Mapping) -> Verdict:
+    """C0-qk, by H3: QK-norm closes at least half of the A − C gap (S(A_qk) − S(C_qk) against S(A) − S(C)).
+    Not a claim of the paper: a remedy from the follow-up literature, tested with the same rule."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H3")
+    closed = _closed(a, "A_qk", "C_qk")
+    word = h["verdict"]
+    plain = {"supported": "QK-norm closes at least half of the A − C gap.",
+             "refuted": "QK-norm leaves more than half of the A − C gap.",
+             "inconclusive": "The interval cannot tell whether QK-norm closes half of the A − C gap.",
+             "no gap to close": "H1 is not supported, so there is no A − C gap for QK-norm to close."
+             }.get(word, "The runs it needs (A, C, A_qk and C_qk at the smaller size) are not all stored.")
+    ev = (f"{plain} Pre-registered H3, S(A_qk) − S(C_qk) − ½·(S(A) − S(C)): {_stat(h)} — **{word}**"
+          + (f"; {closed}" if closed else "") + f". {_s(a, 'A_qk')}, {_s(a, 'C_qk')}. See {{doc}}`01_symptom`; "
+          f"{_prov(res)}.")
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-qk", "QK-norm (LayerNorm of q and k per head) blocks it: with QK-norm in both, BF16 flash attention's "
+                 "extra LR sensitivity over FP32 attention shrinks by at least half. Not a claim of the paper: a "
+                 "remedy from the follow-up literature {cite}`arxiv2608.02091`.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H3', 'H3')}; {SWEEP_RULE}; H1 not supported → no gap to close → not yet "
+        "tested",
+        _sweep_differs(res), note=_sweep_note(res))
+
+
+def judge_size(res: Mapping) -> Verdict:
+    """C0-size, by the descriptive H4: the A − C gap at the larger size is at least the gap at the smaller."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H4")
+    word = h["verdict"]
+    if word == "not measured (runs missing)":
+        inc = a.get("incomplete", {}).get("large", {})
+        ev = ("Not measured: the larger size's A and C runs are not all stored"
+              + (" (" + ", ".join(f"{k} {d['stored']}/{d['runs']}" for k, d in inc.items()) + ")" if inc else "")
+              + ".")
+    else:
+        gl, gs = h.get("gap_large"), h.get("gap_small")
+        ev = (f"Pre-registered H4 (descriptive), (S(A) − S(C))_larger − (S(A) − S(C))_smaller: {_stat(h)} — "
+              f"**{word}**" + (f"; the gap is {_stat(gl)} at the larger size, {_stat(gs)} at the smaller"
+                               if gl and gs else "") + ".")
+    ev += f" See {{doc}}`01_symptom`; {_prov(res)}."
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-size", "Larger models are at least as sensitive: the A − C gap does not shrink with model size (the "
+                   "premise of a small-scale proxy; the paper's failures are at GPT-2 scale).",
+        v, ev, f"{a.get('hypotheses', {}).get('H4', 'H4')}; {SWEEP_RULE}",
+        "Two sizes only, ≈ 8× apart in parameters; " + _sweep_differs(res)[0].lower() + _sweep_differs(res)[1:],
+        note=_sweep_note(res))
+
+
 # -- claims whose evidence does not exist yet ---------------------------------------------------------------
 #: (id, statement, experiment that will test it, page that will show it, where we will differ)
 PENDING = [
@@ -352,14 +562,24 @@ def verdicts(load: Callable[[str], Any] | None = None, stored: Callable[[str], b
         worked_addition = (float(t.result), float(t.error), t.fp32_bits)
     rounding, bench = _load_or_none(load, "rounding"), _load_or_none(load, "bench_kernels")
     symptom, sweep = _load_or_none(load, "symptom"), _load_or_none(load, "symptom_sweep")
-    ev = None
+    lr = _load_or_none(load, "lr_sweep")
+    ev = old = None
     if symptom is not None:
         from lpfail.book import symptom_report
         ev = symptom_report.evidence(symptom_report.configurations(symptom, sweep))
-        out = [judge_symptom(ev, _prov(symptom))]
+        old = judge_symptom(ev, _prov(symptom))
+    if lr is not None:
+        out = [judge_lr_symptom(lr, old), judge_bias_not_noise(lr), judge_qk_norm(lr), judge_size(lr)]
     else:
-        out = [pending("C0", "Training with BF16 flash attention fails where standard attention does not.",
-                       "symptom", "01_symptom", stored)]
+        c0 = pending("C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than "
+                           "with high-precision attention.", "lr_sweep", "01_symptom", stored)
+        if old is not None:
+            c0 = dataclasses.replace(c0, note=f"old criterion, explosion search: {old.verdict}",
+                                     old=f"explosion search (`symptom`): **{old.verdict}**. {old.evidence}")
+        out = [c0] + [pending(c, s, "lr_sweep", "01_symptom", stored) for c, s in (
+            ("C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself."),
+            ("C0-qk", "QK-norm blocks it."),
+            ("C0-size", "Larger models are at least as sensitive."))]
     out += [pending(*p, stored=stored) for p in PENDING[:4]]
     out.append(judge_worked_addition(*worked_addition))
     if rounding is not None:
@@ -376,9 +596,9 @@ def verdicts(load: Callable[[str], Any] | None = None, stored: Callable[[str], b
 
 
 def summary_table(vs: list[Verdict]) -> str:
-    rows = ["| claim | the paper says | our verdict |", "|---|---|---|"]
+    rows = ["| claim | what is claimed | our verdict |", "|---|---|---|"]
     for v in vs:
-        rows.append(f"| {v.claim} | {v.statement} | **{v.verdict}** |")
+        rows.append(f"| {v.claim} | {v.statement} | **{v.verdict}**" + (f" ({v.note})" if v.note else "") + " |")
     return "\n".join(rows)
 
 
@@ -387,6 +607,7 @@ def details(vs: list[Verdict]) -> str:
     for v in vs:
         parts.append(f"**{v.claim} — {v.verdict}.** *{v.statement}*\n\n"
                      f"- **Evidence.** {v.evidence}\n- **Rule.** {v.rule}\n"
+                     + (f"- **Old criterion, beside the verdict (it does not decide it).** {v.old}\n" if v.old else "")
                      + (f"- **Where our setting differs.** {v.differs}\n" if v.differs else ""))
     return "\n".join(parts)
 

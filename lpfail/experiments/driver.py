@@ -32,6 +32,7 @@ class RunSpec:
     variant: str = ""
     seed: int = 0
     interrupt_at_step: int | None = None  # the driver stops the run once its log reaches this step (checks)
+    env: dict | None = None  # extra environment variables of this run's process only
 
     @property
     def dir(self) -> Path:
@@ -206,13 +207,13 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
                 out = open(s.dir / "stdout.txt", "a")
                 out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
                 out.flush()
-                penv, where = env, ""
+                penv, where = {**env, **(s.env or {})}, ""
                 if gpus:
                     load = {g: 0 for g in gpus}
                     for _p, _s, _t, _o, g in running.values():
                         load[g] = load.get(g, 0) + 1
                     g = min(gpus, key=lambda x: load.get(x, 0))
-                    penv, where = {**env, "CUDA_VISIBLE_DEVICES": g}, f" on GPU {g}"
+                    penv, where = {**penv, "CUDA_VISIBLE_DEVICES": g}, f" on GPU {g}"
                 else:
                     g = ""
                 proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=penv, start_new_session=True)

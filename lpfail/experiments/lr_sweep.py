@@ -46,7 +46,9 @@ The pieces, usable separately:
 ``python -m lpfail.experiments.lr_sweep collect`` stores it from the parts on any machine (e.g. the CPU that
 the parts were copied to); ``... status`` says what is stored. Scheduling — ``LPFAIL_LR_SWEEP_ROOT`` (default
 /tmp/lpfail_lr_sweep), ``LPFAIL_LR_SWEEP_BUDGET_S`` (default 3,600 s), ``LPFAIL_LR_SWEEP_PARALLEL`` (default
-12 processes per GPU) — is not part of the config: a run's numbers do not depend on it.
+12 processes per GPU), ``LPFAIL_LR_SWEEP_UNCAPTURED`` (variants whose steps run without CUDA-graph capture,
+e.g. "A_sr" when `graph_checks` found its captured random draws differ) — is not part of the config: a run's
+numbers do not depend on it.
 """
 from __future__ import annotations
 
@@ -425,10 +427,14 @@ def run_points(c: LRSweepConfig, points: list[Point], root=None, budget_s: float
                                                                           DEFAULT_BUDGET_S))
     gpus = driver.gpu_ids()
     parallel = parallel or _parallel(gpus)
+    # variants whose captured step did not reproduce the uncaptured one (graph_checks) run uncaptured: the same
+    # arithmetic, only slower
+    uncaptured = {v.strip() for v in os.environ.get("LPFAIL_LR_SWEEP_UNCAPTURED", "").split(",") if v.strip()}
     specs, by_name = [], {}
     for p in points:
         tc = train_config(c, p, str(root / p.key.replace("/", "_")))
-        specs.append(driver.RunSpec(p.key.replace("/", "_"), tc, variant=p.variant, seed=p.seed))
+        specs.append(driver.RunSpec(p.key.replace("/", "_"), tc, variant=p.variant, seed=p.seed,
+                                    env={"LPFAIL_NO_CAPTURE": "1"} if p.variant in uncaptured else None))
         by_name[specs[-1].name] = (p, tc)
     part = Part(directory)
     from tqdm.auto import tqdm
@@ -445,7 +451,7 @@ def run_points(c: LRSweepConfig, points: list[Point], root=None, budget_s: float
         bar.set_postfix(stored=len(part.runs), refresh=False)
 
     log(f"lr_sweep: {len(specs)} runs, {parallel} at a time on GPUs {gpus or 'none'}, budget {budget_s:.0f} s, "
-        f"root {root}, part {part.path.name}")
+        f"root {root}, part {part.path.name}, uncaptured: {sorted(uncaptured) or 'none'}")
     try:
         status = driver.sweep(specs, parallel, budget_s, cont=True, env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
                               log=log, gpus=gpus, on_finish=on_finish, control=root / "control.json")
