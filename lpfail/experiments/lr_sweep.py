@@ -509,7 +509,8 @@ def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = No
     prov = {"device": " + ".join(devices), "created": max(m["created"] for m in used),
             "git": " ".join(sorted({str(m["git"])[:12] for m in used})),
             "runs_wall_s": float(sum(m["wall_s"] for m in used)), "runs_gpus": devices,
-            "collected_on": results._device(), "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "collected_on": results._device(),
+            "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "collected_git": results._git()}
     return results.save("lr_sweep", c, data, 0.0, directory, provenance=prov)
 
