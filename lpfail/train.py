@@ -48,7 +48,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +56,6 @@ import numpy as np
 import torch
 
 from lpfail import data as lpdata
-from lpfail import results
 from lpfail.attention import NonFiniteInputError
 from lpfail.model import BACKENDS, GPT, AttentionSpec, GPTConfig, head_query_norms, logit_capture, \
     weight_spectral_norms

@@ -515,3 +515,57 @@ def test_capture_leaves_forward_unchanged():
         with logit_capture(m) as cap:
             pass
         cap.stats()
+
+
+# -- QK-norm (issue 11) ------------------------------------------------------------------------------------
+def test_qk_norm_is_off_by_default_and_adds_only_two_gains_per_layer():
+    plain, normed = tiny_model(), tiny_model(qk_norm=True)
+    assert not GPTConfig().qk_norm
+    extra = set(normed.state_dict()) - set(plain.state_dict())
+    assert extra == {f"transformer.h.{i}.attn.{n}.weight" for i in range(TINY["n_layer"])
+                     for n in ("q_norm", "k_norm")}
+    # LayerNorm gains start at 1 and draw no random numbers: every other weight is the same as without
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, normed.state_dict()[k]), k
+    with pytest.raises(ValueError, match="qk_norm"):
+        GPTConfig(qk_norm=1)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "naive"])
+def test_every_backend_sees_normalised_q_and_k(monkeypatch, backend):
+    """The norm sits before the dispatch, so whatever runs the attention (sdpa, naive, reference, the Triton
+    kernel) gets q and k with zero mean and unit variance over each head's channels (gains at init = 1)."""
+    import lpfail.model as M
+
+    seen = []
+    real = M.run_attention
+
+    def spy(spec, q, k, v, state=None):
+        seen.append((q.detach().double(), k.detach().double()))
+        return real(spec, q, k, v, state)
+
+    monkeypatch.setattr(M, "run_attention", spy)
+    m = tiny_model(qk_norm=True).set_attention(backend)
+    x, _ = batch()
+    m(x)
+    assert len(seen) == TINY["n_layer"]
+    for q, k in seen:
+        for t in (q, k):
+            assert t.mean(-1).abs().max() < 1e-5
+            assert (t.var(-1, unbiased=False) - 1).abs().max() < 1e-2  # var = σ²/(σ² + 1e-5): σ² is small at init
+    # without the norm they are not normalised
+    seen.clear()
+    tiny_model().set_attention(backend)(x)
+    assert max(float((q.var(-1, unbiased=False) - 1).abs().max()) for q, _ in seen) > 0.5
+
+
+def test_qk_norm_bounds_the_logits():
+    """|αqkᵀ| ≤ α·‖q‖‖k‖ = √hs with unit-variance, zero-mean rows (gains 1), however large W_Q grows."""
+    m = tiny_model(qk_norm=True)
+    with torch.no_grad():
+        for block in m.transformer.h:
+            block.attn.c_attn.weight.mul_(1000.0)
+    x, _ = batch()
+    st = capture_attention_logits(m, x, dtype=torch.float32)
+    hs = TINY["n_embd"] // TINY["n_head"]
+    assert st.max_logit.max() <= hs ** 0.5 * (1 + 1e-4)

@@ -421,3 +421,47 @@ def test_unrelated_errors_in_a_step_still_raise(tmp_path, monkeypatch):
         raise RuntimeError("backend failed") from cause
     except RuntimeError as e:
         assert _nonfinite_error(e) == "ValueError: k contains non-finite values (inf or NaN)"
+
+
+# -- CUDA-graph steps (issue 11) ---------------------------------------------------------------------------
+def test_cuda_graph_config():
+    with pytest.raises(ValueError, match="cuda_graph needs optimizer='adamw'"):
+        tiny(cuda_graph=True, optimizer="muon")
+
+
+def test_cuda_graph_on_the_cpu_is_the_plain_loop():
+    """Without CUDA nothing is captured and AdamW keeps its default form: the same losses as cuda_graph=False
+    (same process, same arithmetic)."""
+    a, b = run(tiny(cuda_graph=True)), run(tiny())
+    assert a.status == "completed" and np.array_equal(a.losses, b.losses)
+
+
+def test_set_lr_writes_tensors_in_place():
+    from lpfail.train import _set_lr
+
+    t = torch.tensor(1.0)
+    g = {"lr": t}
+    _set_lr(g, 0.25)
+    assert g["lr"] is t and float(t) == 0.25
+    g = {"lr": 1.0}
+    _set_lr(g, 0.5)
+    assert g["lr"] == 0.5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["reference(PAPER_BF16)", "sdpa"])
+def test_captured_steps_equal_uncaptured(tmp_path, attention, monkeypatch):
+    """On CUDA a captured run and the same config with LPFAIL_NO_CAPTURE=1 give the same losses bit for bit
+    (same kernels, same order), and a run continued from a checkpoint (3 eager steps, then capture again)
+    gives the uninterrupted run's. Checked on the H200 by lr_sweep.graph_checks (results/lr_sweep_gpu)."""
+    cfg = TrainConfig(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=8, data="pydocs", max_steps=16,
+                      warmup=4, lr=1e-2, attention=attention, cuda_graph=True, diag_every=8, device="cuda",
+                      checkpoint_every=8, out_dir=str(tmp_path / "a"))
+    captured = run(cfg)
+    monkeypatch.setenv("LPFAIL_NO_CAPTURE", "1")
+    eager = run(cfg.__class__(**{**cfg.to_dict(), "out_dir": str(tmp_path / "b"), "overrides": ()}))
+    monkeypatch.delenv("LPFAIL_NO_CAPTURE")
+    assert np.array_equal(captured.losses, eager.losses) and np.array_equal(captured.grad_norms, eager.grad_norms)
+    cont = run(cfg.__class__(**{**cfg.to_dict(), "out_dir": str(tmp_path / "c"), "overrides": ()}),
+               resume_from=tmp_path / "a" / "ckpt_0000008.pt")
+    assert np.array_equal(cont.losses, captured.losses)

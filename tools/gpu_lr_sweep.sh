@@ -27,8 +27,13 @@ WAIT=${WAIT:-540}
 BASE=$LPFAIL_LR_SWEEP_ROOT
 mkdir -p "$OUT" "$LPFAIL_RESULTS_DIR"
 T0=$(date +%s)
-log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
-running() { [ -f "$BASE/drive.pid" ] && kill -0 "$(cat "$BASE/drive.pid")" 2>/dev/null; }
+source "$(dirname "$0")/gpu_driver.sh"
+progress() {
+    log "$(python3 -m lpfail.experiments.lr_sweep status 2>&1 | cut -c1-200)"
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    grep -c "done (rc 0)" "$BASE/drive.log" | sed 's/^/runs done this driver: /'
+    tail -n 2 "$BASE/drive.log"
+}
 if [ "$MODE" = start ]; then
     rm -rf "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"; mkdir -p "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"
     cp results/lr_sweep_parts/part-*.json "$LPFAIL_RESULTS_DIR/lr_sweep_parts/" 2>/dev/null  # stored runs are not rerun
@@ -63,35 +68,14 @@ print(','.join(['A', 'C', 'D', 'B', 'S', 'A_sr', 'A_qk', 'C_qk'] if not c['resum
     echo $! >"$BASE/drive.pid"
     sleep 5
 fi
-if [ -n "${STOP_IN:-}${PARALLEL:-}" ]; then
-    python3 - "$BASE/runs/control.json" <<PY
-import json, sys, time
-ctl = {}
-if "${STOP_IN:-}": ctl["stop_at"] = time.time() + float("${STOP_IN:-0}")
-if "${PARALLEL:-}": ctl["parallel"] = int("${PARALLEL:-1}")
-open(sys.argv[1], "w").write(json.dumps(ctl))
-print("control:", ctl)
-PY
-fi
+steer "$BASE/runs/control.json"
 if [ "$MODE" != collect ]; then
-    running || log "the driver is not running (ended, or this is a fresh machine)"
-    last=0
-    while running && [ $(( $(date +%s) - T0 )) -lt "$WAIT" ]; do
-        sleep 5
-        if [ $(( $(date +%s) - last )) -ge 60 ]; then
-            last=$(date +%s)
-            log "$(python3 -m lpfail.experiments.lr_sweep status 2>&1 | cut -c1-200)"
-            nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-            grep -c "done (rc 0)" "$BASE/drive.log" | sed 's/^/runs done this driver: /'
-            tail -n 2 "$BASE/drive.log"
-        fi
-    done
-    running && log "the driver is still running (it continues while the machine stays up)" || log "the driver has ended"
+    wait_for_driver
 fi
 log "collecting"
 python3 -m lpfail.experiments.lr_sweep status
 for f in "$LPFAIL_RESULTS_DIR"/lr_sweep_parts/part-*.json; do  # only this machine's new parts
-    [ -e "results/lr_sweep_parts/$(basename "$f")" ] || cp "$f" "$OUT/"
+    [ -e "$f" ] && [ ! -e "results/lr_sweep_parts/$(basename "$f")" ] && cp "$f" "$OUT/"
 done
 cp "$BASE/drive.log" "$OUT/" 2>/dev/null
 cp "$BASE/checks.json" "$OUT/" 2>/dev/null

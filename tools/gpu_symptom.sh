@@ -22,8 +22,11 @@ WAIT=${WAIT:-540}
 BASE=$LPFAIL_SYMPTOM_ROOT
 mkdir -p "$OUT"
 T0=$(date +%s)
-log() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
-running() { [ -f "$BASE/drive.pid" ] && kill -0 "$(cat "$BASE/drive.pid")" 2>/dev/null; }
+source "$(dirname "$0")/gpu_driver.sh"
+progress() {
+    log "progress"; python3 -m lpfail.experiments.symptom progress | grep -v "^  .*step    -1" | head -60
+    tail -n 3 "$BASE/drive.log"
+}
 if [ "$MODE" = start ]; then
     rm -rf "$BASE"; mkdir -p "$BASE"
     nvidia-smi --query-gpu=index,name,clocks.sm,memory.used,temperature.gpu,power.draw --format=csv
@@ -32,28 +35,9 @@ if [ "$MODE" = start ]; then
     echo $! >"$BASE/drive.pid"
     sleep 5
 fi
-if [ -n "${STOP_IN:-}${PARALLEL:-}" ]; then
-    python3 - "$BASE/control.json" <<PY
-import json, sys, time
-ctl = {}
-if "${STOP_IN:-}": ctl["stop_at"] = time.time() + float("${STOP_IN:-0}")
-if "${PARALLEL:-}": ctl["parallel"] = int("${PARALLEL:-1}")
-open(sys.argv[1], "w").write(json.dumps(ctl))
-print("control:", ctl)
-PY
-fi
+steer "$BASE/control.json"
 if [ "$MODE" != collect ]; then
-    running || log "the driver is not running (ended, or this is a fresh machine)"
-    last=0
-    while running && [ $(( $(date +%s) - T0 )) -lt "$WAIT" ]; do
-        sleep 5
-        if [ $(( $(date +%s) - last )) -ge 60 ]; then
-            last=$(date +%s)
-            log "progress"; python3 -m lpfail.experiments.symptom progress | grep -v "^  .*step    -1" | head -60
-            tail -n 3 "$BASE/drive.log"
-        fi
-    done
-    running && log "the driver is still running (it continues while the machine stays up)" || log "the driver has ended"
+    wait_for_driver
 fi
 log "collecting"
 LPFAIL_SYMPTOM_BUDGET_S=0 LPFAIL_RESULTS_DIR=$OUT python3 -m lpfail run symptom 2>&1 | tail -n 25

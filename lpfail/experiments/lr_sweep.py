@@ -384,7 +384,7 @@ def load_parts(directory: Path | None = None) -> tuple[dict[str, dict], list[dic
         runs.update(new)
         if new:
             metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host")}
-                         | {"file": path.name, "runs": len(new)})
+                         | {"file": path.name, "runs": len(new), "keys": sorted(new)})
     return runs, metas
 
 
@@ -503,7 +503,7 @@ def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = No
     if missing and not partial:
         raise SweepIncomplete(f"lr_sweep: {len(missing)} of {len(have) + len(missing)} runs are not stored yet "
                               f"(first: {missing[0].key}); run `python -m lpfail run lr_sweep` on a GPU machine")
-    used = [m for m in metas if any(k in have for k in _keys_of(m, directory))]
+    used = [m for m in metas if any(k in have for k in m["keys"])]
     data = assemble(c, have, used)
     devices = sorted({m["device"] for m in used})
     prov = {"device": " + ".join(devices), "created": max(m["created"] for m in used),
@@ -515,22 +515,8 @@ def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = No
     return results.save("lr_sweep", c, data, 0.0, directory, provenance=prov)
 
 
-def _keys_of(meta: dict, directory) -> list[str]:
-    path = parts_dir(directory) / meta["file"]
-    return list(json.loads(path.read_text())["runs"])
-
-
 # -- assembling the result --------------------------------------------------------------------------------------
 _STATUS = {"completed": 0, "nonfinite": 1}
-
-
-def _pad(rows: list[list], shape: tuple) -> np.ndarray:
-    out = np.full(shape, np.nan)
-    for i, r in enumerate(rows[:shape[0]]):
-        a = np.asarray(r, dtype=np.float64)
-        if a.size:
-            out[i, ...] = a if a.shape == shape[1:] else np.nan
-    return out
 
 
 def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict]) -> dict:
