@@ -188,6 +188,41 @@ def verdict_sentences(analysis) -> str:
     return "\n".join(out)
 
 
+def turning_text(analysis, size: str = "small") -> str:
+    """Whether the variants share their best learning rate and the rate where the loss first exceeds the best
+    by 10 %, as one sentence."""
+    sz = analysis["sizes"][size]
+    best = {v: d["best_lr"] for v, d in sz.items()}
+    up = {v: d["lr_10pct"] for v, d in sz.items()}
+    if len(set(best.values())) == 1 and len(set(up.values())) == 1:
+        return (f"Every variant has its best loss at lr {_fmt_lr(next(iter(best.values())))} and first exceeds it "
+                f"by 10 % at lr {_fmt_lr(next(iter(up.values())))}: the variants differ in how much worse the high "
+                "rates get, not in where the curve turns.")
+    return ("Best learning rate per variant: " + ", ".join(f"{v} {_fmt_lr(x)}" for v, x in best.items())
+            + "; loss first above 1.1 × best from: " + ", ".join(f"{v} {_fmt_lr(x)}" for v, x in up.items()) + ".")
+
+
+def one_seed_text(res, size: str = "large", a: str = "A", b: str = "C") -> str:
+    """For a size where only some seeds are stored: at which learning rates a ends above and below b, in the
+    seeds both have (descriptive)."""
+    vs = _variants(res, size)
+    if a not in vs or b not in vs:
+        return ""
+    stored = np.asarray(res[f"{size}_stored"])
+    both = stored[vs.index(a)] & stored[vs.index(b)]  # (lr, seed)
+    seeds = [int(s) for k, s in enumerate(np.asarray(res["seeds"])) if both[:, k].all()]
+    if not seeds:
+        return ""
+    final = np.asarray(res[f"{size}_val_final"])
+    k = [int(s) for s in np.asarray(res["seeds"])].index(seeds[0])
+    d = final[vs.index(a), :, k] - final[vs.index(b), :, k]
+    lrs = np.asarray(res["lrs"])
+    above = ", ".join(_fmt_lr(x) for x in lrs[d > 0])
+    below = ", ".join(_fmt_lr(x) for x in lrs[d < 0])
+    return (f"In seed {seeds[0]} (the only seed stored for both), {a} ends above {b} at lr {above or 'none'} and "
+            f"below it at lr {below or 'none'} (largest difference {d[np.argmax(np.abs(d))]:+.2f}).")
+
+
 def incomplete_text(res, analysis) -> str:
     """What is missing from a partial grid, as one sentence ('' when complete)."""
     if bool(res["complete"]):
