@@ -326,7 +326,7 @@ def provenance_html(res) -> str:
     items = [f"{html.escape(str(p['device']))}, {html.escape(str(p['created'])[:16]).replace('T', ' ')} UTC, "
              f"git {html.escape(str(p['git'])[:12])}, {p['runs']} runs, {p['wall_s'] / 60:.1f} min"
              for p in res["parts"]]
-    head = (f"lr_sweep: config {html.escape(str(m.get('config_hash', '?')))}, collected "
+    head = (f"lr_sweep: config {html.escape(str(m.get('config_hash', '?')))}, collected on "
             f"{html.escape(str(m.get('collected_on', m.get('created', '?'))))}") if m else "lr_sweep"
     return (f"<div style='font-size:0.8em;color:#555'>{head}; runs from:<ul style='margin:0'>"
             + "".join(f"<li>{i}</li>" for i in items) + "</ul></div>")
