@@ -480,7 +480,7 @@ def judge_qk_norm(res: Mapping) -> Verdict:
     return Verdict(
         "C0-qk", "QK-norm (LayerNorm of q and k per head) blocks it: with QK-norm in both, BF16 flash attention's "
                  "extra LR sensitivity over FP32 attention shrinks by at least half. Not a claim of the paper: a "
-                 "remedy from the follow-up literature {cite}`arxiv2608.02091`.",
+                 "remedy from the instability literature {cite}`dehghani2023scaling,wortsman2023small`.",
         v, ev,
         f"{a.get('hypotheses', {}).get('H3', 'H3')}; {SWEEP_RULE}; H1 not supported → no gap to close → not yet "
         "tested",
