@@ -28,7 +28,8 @@ build-strict: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
 
 # Every page in headless Chromium: console errors, off-site resources, broken internal links and anchors,
-# images that did not load, untypeset math, widgets without a static twin (tools/browser_check.py).
+# images that did not load, untypeset math, widgets without a static twin, output boxes wider than the text
+# column at 1280 px, pages that scroll sideways at 400 px; whole-page screenshots at both widths (tools/browser_check.py).
 browser-check: $(STAMP)
 	$(BIN)/python tools/browser_check.py _build/html --screenshots _build/screenshots
 

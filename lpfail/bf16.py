@@ -604,9 +604,13 @@ class AddTrace:
             for t, role in segs:
                 t = html.escape(_abbrev(t, 64))
                 cells.append(f'<span class="{role}" style="{style[role]}">{t}</span>' if role in style else t)
-            out.append(f'<tr><td style="text-align:left;padding-right:1em">{html.escape(name)}</td>'
-                       f'<td style="text-align:left;font-family:monospace;white-space:pre">{"".join(cells)}</td>'
-                       f'<td style="text-align:left">{html.escape(note)}</td></tr>')
+            # the explanation goes under the bits, in the same cell, and wraps to their width: a third column
+            # beside 64 monospace bits would be wider than the book's text column
+            out.append(f'<tr><td style="text-align:left;vertical-align:top;padding-right:1em">{html.escape(name)}'
+                       f'</td><td style="text-align:left;padding-bottom:0.4em">'
+                       f'<div style="font-family:monospace;white-space:pre">{"".join(cells)}</div>'
+                       f'<div style="white-space:normal;font-size:0.9em;color:#555">{html.escape(note)}</div>'
+                       f'</td></tr>')
         out.append("</table>")
         return "\n".join(out)
 

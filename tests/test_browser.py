@@ -1,8 +1,9 @@
 """The browser check (tools/browser_check.py) on two tiny sites: one it must accept, one it must reject.
 
 `make test` runs the check itself on the built book after this; these tests show that it fails where it
-should (a deliberately broken link, anchor, image, script and widget). They need Debian's chromium and
-chromium-driver (.ci/run installs them); without them they are skipped locally and fail under CI=true.
+should (a deliberately broken link, anchor, image, script and widget, output boxes wider than the text
+column, a page that scrolls sideways on a phone) and that its screenshots cover a tall page whole. They need
+Debian's chromium and chromium-driver (.ci/run installs them); without them they are skipped locally and fail under CI=true.
 """
 import os
 import sys
@@ -66,3 +67,42 @@ def test_main_exit_status(tmp_path, capsys):
     assert browser_check.main([str(FIXTURES / "good_site"), "--screenshots", str(tmp_path)]) == 0
     assert browser_check.main([str(FIXTURES / "broken_site"), "--screenshots", str(tmp_path)]) == 1
     assert "failed" in capsys.readouterr().out
+
+
+def test_wide_output_box_is_rejected():
+    r = _by_page(browser_check.check_site(FIXTURES / "broken_site", pages=["wide_output.html"]))["wide_output.html"]
+    print(r.line())
+    wide = [e for e in r.errors if e.startswith("output box ")]
+    assert r.outputs == 4
+    assert len(wide) == 3, wide  # the input cell and the short output line are not flagged
+    assert any(e.startswith("output box 2 ") and "too wide: {4.0" in e for e in wide)
+    assert any(e.startswith("output box 3 ") and "a wide table" in e for e in wide)
+    assert any(e.startswith("output box 4 ") and 'twin choice "wide"' in e for e in wide)  # a hidden state too
+    assert all("the text column 600 px at 1280 px" in e for e in wide)
+    assert not any("scrolls sideways" in e for e in r.errors)  # each box scrolls inside itself, not the page
+
+
+def test_page_scrolling_sideways_on_a_phone_is_rejected(tmp_path):
+    r = _by_page(browser_check.check_site(FIXTURES / "broken_site", screenshots=tmp_path,
+                                          pages=["phone.html"]))["phone.html"]
+    print(r.line())
+    assert len(r.errors) == 1 and r.errors[0].startswith("the page scrolls sideways at 400 px"), r.errors
+    assert "table.too-wide" in r.errors[0]  # the culprit is named; the <pre> that scrolls inside itself is not
+    assert "a_long_line" not in r.errors[0]
+
+
+def test_screenshots_cover_the_whole_page_at_both_widths(tmp_path):
+    from PIL import Image
+
+    (r,) = browser_check.check_site(FIXTURES / "tall_site", screenshots=tmp_path)
+    print(r.line())
+    assert r.ok
+    desktop, phone = Image.open(tmp_path / "index.png"), Image.open(tmp_path / "index.w400.png")
+    assert desktop.size[0] == 1280 and desktop.size[1] > 3500  # taller than any one window (900 px)
+    assert phone.size[0] == 400 and phone.size[1] > desktop.size[1]
+    # every block's 4 px bottom border is in the stitched image, none hidden under the sticky bar
+    for im in (desktop, phone):
+        grey = im.convert("L")
+        rows = [y for y in range(grey.size[1]) if grey.getpixel((15, y)) < 160 and grey.getpixel((200, y)) < 160]
+        runs = [y for y in rows if y - 1 not in rows]
+        assert len(runs) >= 5, runs

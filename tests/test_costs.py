@@ -29,6 +29,19 @@ def test_provenance_short_and_table():
     assert C.markdown_table(("a", "b"), [(1, 2)]) == "| a | b |\n|---|---|\n| 1 | 2 |"
 
 
+def test_html_table_and_provenance_html():
+    t = C.html_table(("gap", "bias"), [(4, "+0.05 ± 0.2"), ("<b>", 1)], caption="by gap")
+    assert t.startswith("<table") and t.endswith("</table>")
+    assert t.count("<tr>") == 3 and "<caption" in t and "by gap" in t
+    assert "&lt;b&gt;" in t and "<b>" not in t  # cells are escaped
+
+    class R:
+        provenance = "x: computed on cpu on 2030-01-01 (git <abc>, 1.0 s, config 0)"
+
+    h = C.provenance_html(R(), R())
+    assert h.count("<div>") == 2 and "&lt;abc&gt;" in h and "overflow-wrap:anywhere" in h
+
+
 # -- cost rows ----------------------------------------------------------------------------------------------
 def test_cost_row_fabricated():
     single = {"name": "train_speed", "wall_s": 12.34, "device": "NVIDIA X1", "created": "2030-05-06T00:00:00",

@@ -14,10 +14,19 @@ For each HTML page (served from a local HTTP server on 127.0.0.1, so the pages a
 * widgets that neither render nor have a visible static twin: a page whose notebook (book/X.ipynb next to
   book/X.html's source) has a widget output, or whose HTML holds a widget view, must show a rendered widget
   or one visible ``[data-lpfail-twin]`` per widget; every twin's <select> is exercised (each choice must show
-  exactly its own state).
+  exactly its own state);
+* notebook output that must be scrolled sideways to be read: at 1280 px, any output box (``.cell_output``, not
+  an input cell) whose content (the largest ``scrollWidth`` of the box and everything in it, with every choice
+  of a static twin's <select> tried) is wider than the text column (``article.bd-article``'s content box) by
+  more than ``OVERFLOW_TOLERANCE_PX``;
+* a page that scrolls sideways as a whole at a phone's width (``PHONE_WIDTH`` = 400 px): the window can be
+  scrolled to the right by more than ``OVERFLOW_TOLERANCE_PX`` (the widest elements past the edge are named).
 
-It writes a screenshot of every page (the top 1280 × up to 6000 px) and report.json to the screenshots folder,
-prints one line per page, and exits 1 when any page has an error. Chromium and chromedriver come from Debian
+It writes a screenshot of every page whole, top to bottom, at both widths (``X.png`` at 1280 px, ``X.w400.png``
+at 400 px), and report.json to the screenshots folder, prints one line per page, and exits 1 when any page has
+an error. A screenshot is stitched from one capture per viewport height, each scrolled as a reader scrolls
+(so the page keeps the layout it has in a 900 px tall window); the strip hidden under a sticky top bar is
+taken from the next capture, which overlaps the previous one by the bar's height. Chromium and chromedriver come from Debian
 (`apt-get install chromium chromium-driver`); set CHROMIUM / CHROMEDRIVER to use others.
 """
 from __future__ import annotations
@@ -38,6 +47,12 @@ from pathlib import Path
 
 SKIP_DIRS = {"_static", "_sources", "_images", "_sphinx_design_static", "_panels_static"}
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+DESKTOP = (1280, 900)
+PHONE_WIDTH = 400
+# A box (or the page) is "too wide" when its content exceeds the width it has by more than this. Widths are
+# whole CSS pixels but sub-pixel layout (borders, rounded font metrics, a table's 0.5 px border) can add one or
+# two; anything a reader would have to scroll for is far wider (the smallest real overflow found was ~20 px).
+OVERFLOW_TOLERANCE_PX = 2
 
 
 @dataclasses.dataclass
@@ -50,6 +65,8 @@ class PageResult:
     twins: int = 0
     math: int = 0
     screenshot: str = ""
+    screenshot_phone: str = ""
+    outputs: int = 0
     seconds: float = 0.0
 
     @property
@@ -59,7 +76,7 @@ class PageResult:
     def line(self) -> str:
         head = "OK  " if self.ok else "FAIL"
         info = (f"{self.links} internal links, {self.images} images, {self.math} math, "
-                f"{self.widgets} widgets / {self.twins} twins, {self.seconds:.1f} s")
+                f"{self.widgets} widgets / {self.twins} twins, {self.outputs} outputs, {self.seconds:.1f} s")
         return "\n".join([f"{head} {self.page:<32} {info}"] + [f"     - {e}" for e in self.errors])
 
 
@@ -152,6 +169,122 @@ else done('none');
 """
 
 
+# Output boxes wider than the text column (at the desktop width). The column is the article's content box;
+# pages without one (the test fixtures may have it or not) fall back to <main> or <body>. A box's content width
+# is the largest scrollWidth of the box or anything in it: a <pre> or a table wrapper with overflow:auto keeps
+# its overflow inside (its scrollWidth grows), a box with overflow:visible lets it grow past its edge (its own
+# scrollWidth grows). Twins are measured in every state of their <select>.
+_OVERFLOW_JS = r"""
+const tol = arguments[0];
+const col = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+const cs = getComputedStyle(col);
+const colWidth = col.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+const widest = box => {
+  let w = box.scrollWidth;
+  box.querySelectorAll('*').forEach(e => { if (e.scrollWidth > w) w = e.scrollWidth; });
+  return w;
+};
+const boxes = Array.from(document.querySelectorAll('.cell_output'));
+const out = [];
+boxes.forEach((box, i) => {
+  let w = widest(box), where = '';
+  box.querySelectorAll('[data-lpfail-twin] select').forEach(sel => {
+    const keep = sel.selectedIndex;
+    for (let k = 0; k < sel.options.length; k++) {
+      sel.selectedIndex = k; sel.dispatchEvent(new Event('change'));
+      const wk = widest(box);
+      if (wk > w) { w = wk; where = ' (twin choice "' + sel.options[k].text.trim().slice(0, 40) + '")'; }
+    }
+    sel.selectedIndex = keep; sel.dispatchEvent(new Event('change'));
+  });
+  if (w > colWidth + tol)
+    out.push({box: i + 1, width: w, text: box.textContent.replace(/\s+/g, ' ').trim().slice(0, 70) + where});
+});
+return {colWidth: Math.round(colWidth), boxes: boxes.length, wide: out};
+"""
+
+# At a phone's width: can the window itself be scrolled sideways, and which elements stick out past its right
+# edge (outside any box that clips or scrolls its own overflow)?
+_PHONE_JS = r"""
+const tol = arguments[0];
+const vw = window.innerWidth;
+window.scrollTo(1e6, window.scrollY);
+const sx = window.scrollX;
+window.scrollTo(0, window.scrollY);
+const out = [];
+if (sx > tol) {
+  const clipped = e => {
+    for (let a = e.parentElement; a && a !== document.body && a !== document.documentElement; a = a.parentElement)
+      if (getComputedStyle(a).overflowX !== 'visible') return true;
+    return false;
+  };
+  const far = Array.from(document.body.querySelectorAll('*')).filter(e => {
+    const r = e.getBoundingClientRect();
+    return r.width && r.right > vw + tol && !clipped(e);
+  });
+  // name the outermost ones: an element whose parent also sticks out is covered by the parent's entry
+  far.filter(e => !far.includes(e.parentElement)).slice(0, 3).forEach(e => {
+    const cls = (e.className && e.className.baseVal === undefined ? '.' + e.className.trim().split(/\s+/).join('.') : '');
+    out.push(e.tagName.toLowerCase() + (cls === '.' ? '' : cls) + ' to x=' + Math.round(e.getBoundingClientRect().right)
+             + ': ' + e.textContent.replace(/\s+/g, ' ').trim().slice(0, 50));
+  });
+}
+return {width: vw, scroll: sx, pageWidth: document.documentElement.scrollWidth, culprits: out};
+"""
+
+# One viewport-height capture at a time: where the window is scrolled to, how tall the document and the window
+# are, and the bottom edge of any sticky or fixed bar across the top (its strip is covered in every capture).
+_SCROLL_JS = r"""
+window.scrollTo(0, arguments[0]);
+if (!document.getElementById('lpfail-shot-style')) {  // the theme's floating 'Back to top' button
+  const st = document.createElement('style');
+  st.id = 'lpfail-shot-style';
+  st.textContent = '#pst-back-to-top { display: none !important; }';
+  document.head.appendChild(st);
+}
+let cover = 0;
+if (window.scrollY > 0)
+  document.querySelectorAll('body *').forEach(e => {
+    const p = getComputedStyle(e).position;
+    if (p !== 'sticky' && p !== 'fixed') return;
+    const r = e.getBoundingClientRect();
+    if (r.top <= 1 && r.bottom > 0 && r.width >= window.innerWidth / 2 && r.bottom < window.innerHeight / 2)
+      cover = Math.max(cover, Math.ceil(r.bottom));
+  });
+return {y: window.scrollY, height: document.documentElement.scrollHeight, view: window.innerHeight, cover};
+"""
+
+
+def full_page_screenshot(driver, path: Path, max_captures: int = 200) -> None:
+    """The page whole, stitched from captures one viewport height apart (see the module's docstring)."""
+    import io
+
+    from PIL import Image
+
+    tiles = []
+    bar = 0  # the sticky top bar's height, once the page is scrolled (0 at the very top)
+    want = 0
+    for _ in range(max_captures):
+        pos = driver.execute_script(_SCROLL_JS, want)
+        if pos["cover"] > bar and tiles:  # a bar appeared on scrolling: step back so the captures overlap by it
+            bar = pos["cover"]
+            want = tiles[-1][0]["y"] + tiles[-1][0]["view"] - bar
+            pos = driver.execute_script(_SCROLL_JS, want)
+        time.sleep(0.05)
+        tiles.append((pos, Image.open(io.BytesIO(driver.get_screenshot_as_png())).convert("RGB")))
+        if pos["y"] + pos["view"] >= pos["height"] or pos["y"] < want:  # at the bottom
+            break
+        want = pos["y"] + pos["view"] - bar
+    height = max(p["y"] + p["view"] for p, _ in tiles)
+    width = tiles[0][1].width
+    sheet = Image.new("RGB", (width, height), "white")
+    for k, (pos, im) in enumerate(tiles):
+        top = 0 if k == 0 else pos["cover"]
+        sheet.paste(im.crop((0, top, width, im.height)), (0, pos["y"] + top))
+    driver.execute_script("window.scrollTo(0, 0)")
+    sheet.save(path, optimize=False)
+
+
 class Site:
     """The built HTML: which files exist and which ids each page defines (for #fragment links)."""
 
@@ -198,7 +331,7 @@ def check_page(driver, base: str, site: Site, page: str, shots: Path | None, sou
     r = PageResult(page)
     t0 = time.time()
     driver.get_log("browser")  # drop what earlier pages left
-    driver.set_window_size(1280, 900)
+    driver.set_window_size(*DESKTOP)
     driver.get(f"{base}/{page}")
     end = time.time() + timeout
     while driver.execute_script("return document.readyState") != "complete" and time.time() < end:
@@ -255,13 +388,28 @@ def check_page(driver, base: str, site: Site, page: str, shots: Path | None, sou
         r.errors.append(f"{r.widgets} widget(s) neither rendered nor shown by a static twin "
                         f"({info['twins']} visible twin(s))")
     r.errors += [f"static twin broken: {m}" for m in driver.execute_script(_TWIN_JS)]
+    wide = driver.execute_script(_OVERFLOW_JS, OVERFLOW_TOLERANCE_PX)
+    r.outputs = wide["boxes"]
+    for b in wide["wide"]:
+        r.errors.append(f"output box {b['box']} is {b['width']} px wide, the text column {wide['colWidth']} px "
+                        f"at {DESKTOP[0]} px: {b['text']}")
+    stem = page[:-len(".html")].replace("/", "__")
     if shots is not None:
         shots.mkdir(parents=True, exist_ok=True)
-        driver.set_window_size(1280, max(900, min(int(info["height"]), 6000)))
-        time.sleep(0.2)
-        path = shots / (page[:-len(".html")].replace("/", "__") + ".png")
-        driver.save_screenshot(str(path))
+        path = shots / (stem + ".png")
+        full_page_screenshot(driver, path)
         r.screenshot = str(path)
+    driver.set_window_size(PHONE_WIDTH, DESKTOP[1])
+    time.sleep(0.2)
+    phone = driver.execute_script(_PHONE_JS, OVERFLOW_TOLERANCE_PX)
+    if phone["scroll"] > OVERFLOW_TOLERANCE_PX:
+        r.errors.append(f"the page scrolls sideways at {phone['width']} px (by {phone['scroll']} px, "
+                        f"{phone['pageWidth']} px wide)" + "".join(f"; {c}" for c in phone["culprits"]))
+    if shots is not None:
+        path = shots / f"{stem}.w{PHONE_WIDTH}.png"
+        full_page_screenshot(driver, path)
+        r.screenshot_phone = str(path)
+    driver.set_window_size(*DESKTOP)
     r.seconds = time.time() - t0
     return r
 

@@ -12,10 +12,13 @@ the stored results and on fabricated ones.
   ``train_speed``.
 * ``full_setting(rates)`` — GPU-hours to the paper's explosion, replays of a window, the whole schedule.
 * ``stored_at_commit(name, commit)`` — an earlier stored result, read from the git history.
+* ``provenance_html(*results)`` and ``html_table(header, rows)`` — what the chapters show instead of printed
+  lines and reprs: provenance as short lines that wrap, numbers as small tables (they fit the text column).
 """
 from __future__ import annotations
 
 import hashlib
+import html
 import io
 import json
 import re
@@ -79,6 +82,31 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+_TABLE = "<table class='lpfail-table' style='font-size:0.85em;border-collapse:collapse'>"
+
+
+def _cell(x, tag="td"):
+    return f"<{tag} style='padding:2px 8px;border-bottom:1px solid #ddd;text-align:left'>{x}</{tag}>"
+
+
+def html_table(header: Sequence[str], rows: Sequence[Sequence], caption: str | None = None) -> str:
+    """A small HTML table (cells escaped) in the style of chapter 1's tables: what a chapter shows instead of a
+    printed dict or a column layout made of spaces."""
+    out = [_TABLE]
+    if caption:
+        out.append(f"<caption style='text-align:left;caption-side:top'>{html.escape(caption)}</caption>")
+    out.append("<tr>" + "".join(_cell(html.escape(str(h)), "th") for h in header) + "</tr>")
+    out += ["<tr>" + "".join(_cell(html.escape(str(c))) for c in r) + "</tr>" for r in rows]
+    return "".join(out) + "</table>"
+
+
+def provenance_html(*results_) -> str:
+    """Where and when each result was computed (``Result.provenance``), one short line each, in small type that
+    wraps at the column's edge (a printed line would have to be scrolled sideways)."""
+    lines = "".join(f"<div>{html.escape(r.provenance)}</div>" for r in results_)
+    return f"<div class='lpfail-provenance' style='font-size:0.8em;color:#555;overflow-wrap:anywhere'>{lines}</div>"
 
 
 # -- what each GPU experiment costs -----------------------------------------------------------------------

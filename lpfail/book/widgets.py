@@ -63,8 +63,12 @@ def switcher_html(name: str, cases: list[tuple[str, str]], label: str = "example
     body = "".join(f"<div data-case='{i}'{'' if i == 0 else ' hidden'}>{h}</div>"
                    for i, (_, h) in enumerate(cases))
     return (f"<div class='lpfail-twin' data-lpfail-twin='{html.escape(name)}'>"
-            f"<label style='font-weight:bold'>{html.escape(label)} "
-            f"<select onchange=\"{_SWITCH_JS}\" style='max-width:100%'>{opts}</select></label>"
+            # a flex row, so the <select> may shrink below its longest option's width (an inline-block
+            # label would grow to it and stick out past the text column)
+            f"<label style='font-weight:bold;display:flex;align-items:center;gap:0.4em;max-width:100%'>"
+            f"{html.escape(label)} "
+            f"<select onchange=\"{_SWITCH_JS}\" style='min-width:0;max-width:100%;flex:0 1 auto'>{opts}"
+            f"</select></label>"
             f"<div style='font-size:90%;color:#616161;margin:0.2em 0 0.5em 0'>{len(cases)} precomputed "
             f"states: choosing one needs no kernel</div>{body}</div>")
 
