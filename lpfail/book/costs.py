@@ -91,14 +91,16 @@ def _cell(x, tag="td"):
     return f"<{tag} style='padding:2px 8px;border-bottom:1px solid #ddd;text-align:left'>{x}</{tag}>"
 
 
-def html_table(header: Sequence[str], rows: Sequence[Sequence], caption: str | None = None) -> str:
-    """A small HTML table (cells escaped) in the style of chapter 1's tables: what a chapter shows instead of a
-    printed dict or a column layout made of spaces."""
+def html_table(header: Sequence[str], rows: Sequence[Sequence], caption: str | None = None,
+               escape: bool = True) -> str:
+    """A small HTML table in the style of the book's tables: what a chapter shows instead of a printed dict or
+    a column layout made of spaces. Cells are escaped, unless ``escape=False`` (cells already HTML)."""
+    esc = (lambda x: html.escape(str(x))) if escape else str
     out = [_TABLE]
     if caption:
         out.append(f"<caption style='text-align:left;caption-side:top'>{html.escape(caption)}</caption>")
     out.append("<tr>" + "".join(_cell(html.escape(str(h)), "th") for h in header) + "</tr>")
-    out += ["<tr>" + "".join(_cell(html.escape(str(c))) for c in r) + "</tr>" for r in rows]
+    out += ["<tr>" + "".join(_cell(esc(c)) for c in r) + "</tr>" for r in rows]
     return "".join(out) + "</table>"
 
 

@@ -266,17 +266,11 @@ def setting_html(c) -> str:
 
 
 # -- tables (HTML: they wrap in the text column) ---------------------------------------------------------------
-_TABLE = "<table class='lpfail-table' style='font-size:0.85em;border-collapse:collapse'>"
-
-
-def _cell(x, tag="td"):
-    return f"<{tag} style='padding:2px 8px;border-bottom:1px solid #ddd;text-align:left'>{x}</{tag}>"
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    head = "<tr>" + "".join(_cell(html.escape(h), "th") for h in header) + "</tr>"
-    body = "".join("<tr>" + "".join(_cell(c) for c in r) + "</tr>" for r in rows)
-    return f"{_TABLE}{head}{body}</table>"
+    """`costs.html_table` with cells that are already HTML (escaped where they hold text)."""
+    from lpfail.book.costs import html_table
+
+    return html_table(header, rows, escape=False)
 
 
 def sensitivity_table(analysis) -> str:
