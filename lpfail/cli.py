@@ -20,6 +20,8 @@ def _cmd_list(args) -> int:
     print(f"{'name':<{width}}  {'needs':<5}  {'stored':<8}  computed on / when     description")
     for name, exp in sorted(reg.items()):
         state, res = results.inspect(name)
+        if state == "fresh" and res.get("complete") is False:  # e.g. lr_sweep stored from an incomplete grid
+            state = "partial"
         where = f"{res.meta['device'][:14]:<14} {res.meta['created'][:10]}" if res is not None else ""
         print(f"{name:<{width}}  {'GPU' if exp.gpu else 'CPU':<5}  {state:<8}  {where:<22} {exp.description}")
     return 0

@@ -187,6 +187,19 @@ def test_cli_run_list_show(cache, capsys):
     assert "no experiment named" in capsys.readouterr().err
 
 
+def test_cli_list_says_partial_for_an_incomplete_result(cache, capsys):
+    """A result stored from an incomplete grid (``complete`` False, as lr_sweep's --partial collection) is
+    listed as partial, not fresh."""
+    results.save("_toy", ToyConfig(), {"x": np.zeros(2), "complete": False}, 1.0)
+    assert cli.main(["list"]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("_toy "))
+    assert "partial" in line and "fresh" not in line
+    results.save("_toy", ToyConfig(), {"x": np.zeros(2), "complete": True}, 1.0)
+    cli.main(["list"])
+    line = next(row for row in capsys.readouterr().out.splitlines() if row.startswith("_toy "))
+    assert "fresh" in line
+
+
 def test_every_stored_result_is_fresh_and_has_provenance():
     """The committed results cache: each file pair loads, names its device, and matches its experiment's
     current config (otherwise the book would be showing numbers its code no longer makes)."""
