@@ -716,6 +716,17 @@ def _set_lr(group: dict, value: float):
 GRAPH_WARMUP = 3
 
 
+def _clip(cfg: TrainConfig) -> float:
+    return cfg.grad_clip if cfg.grad_clip > 0 else math.inf  # 0: no clipping (the norm is still computed)
+
+
+def _capture_logits(raw: GPT, x: torch.Tensor, cfg: TrainConfig, amp):
+    """The diagnostic forward pass of a step: logit statistics of its first `diag_rows` sequences."""
+    with torch.no_grad(), amp, logit_capture(raw) as cap:
+        raw(x[:cfg.diag_rows])
+    return cap
+
+
 def _loss(cfg: TrainConfig, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if cfg.loss_impl == "written":
         return cross_entropy(logits, y)
@@ -742,8 +753,7 @@ class _CapturedStep:
                 (loss / n_micro).backward()
                 loss_sum += loss.detach().double()
             self.loss = loss_sum / n_micro
-            clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(params, _clip(cfg), foreach=True)
             optimizer.step()
 
     def run(self, tokens, offsets) -> tuple[float, float]:
@@ -1020,9 +1030,7 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
                 if captured is not None:
                     if diag_now and lead:  # before the replay, which updates the weights
                         x0, _ = _rows(tokens, offsets[:micro], cfg.block_size)
-                        with torch.no_grad(), amp, logit_capture(raw) as cap:
-                            raw(x0[:cfg.diag_rows].to(device))
-                        drec_pre = _diagnostics(raw, cap)
+                        drec_pre = _diagnostics(raw, _capture_logits(raw, x0.to(device), cfg, amp))
                     loss_v, gn_v = captured.run(tokens, offsets)
                 for i in range(n_micro if captured is None else 0):
                     x, y = _rows(tokens, offsets[i * micro:(i + 1) * micro], cfg.block_size)
@@ -1035,13 +1043,10 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
                         (loss / n_micro).backward()
                     loss_sum += loss.detach().double()
                     if diag_now and i == 0 and lead:
-                        with torch.no_grad(), amp, logit_capture(raw) as cap:
-                            raw(x[:cfg.diag_rows])
-                        cap_rec = cap
+                        cap_rec = _capture_logits(raw, x, cfg, amp)
                 if captured is None:
                     loss_t = dist.all_sum(loss_sum) / (n_micro * world)
-                    clip = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-                    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, _clip(cfg), foreach=True)
                     loss_v, gn_v = loss_t.item(), grad_norm.item()
             except (ValueError, RuntimeError) as e:
                 reason = _nonfinite_error(e)

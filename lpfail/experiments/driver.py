@@ -13,6 +13,7 @@ Used by chapter 1's search (`lpfail.experiments.symptom`); nothing here knows ab
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -23,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+import numpy as np
 
 
 @dataclass
@@ -261,3 +264,18 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
 
 def _terminated(signum, frame):
     raise SystemExit(f"sweep: terminated by signal {signum}; runs stopped, their checkpoints kept")
+
+
+# -- collecting the runs' curves ---------------------------------------------------------------------------
+def bins(x: np.ndarray, n_total: int, points: int, how=np.nanmean) -> np.ndarray:
+    """A per-step series x (steps 0..len(x)−1 of n_total) reduced to ≈ `points` values: `how` over each bin of
+    ceil(n_total / points) steps, finite values only; NaN for bins the run never reached (exactly `points`
+    values when points divides n_total)."""
+    b = max(1, math.ceil(n_total / points))
+    out = np.full(math.ceil(n_total / b), np.nan)
+    for j in range(len(out)):
+        seg = x[j * b:(j + 1) * b]
+        seg = seg[np.isfinite(seg)]
+        if seg.size:
+            out[j] = how(seg)
+    return out

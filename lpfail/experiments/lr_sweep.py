@@ -228,8 +228,9 @@ class LRSweepConfig:
                                  f"(got {shape})")
         if not 0 < self.min_lr_ratio <= 1:
             raise ValueError(f"LRSweepConfig.min_lr_ratio must lie in (0, 1] (got {self.min_lr_ratio})")
-        if self.curve_points < 1 or self.max_steps < self.curve_points:
-            raise ValueError("LRSweepConfig: need 1 <= curve_points <= max_steps")
+        if self.curve_points < 1 or self.max_steps % self.curve_points:
+            raise ValueError(f"LRSweepConfig.curve_points ({self.curve_points}) must divide max_steps "
+                             f"({self.max_steps}): every curve has exactly curve_points bins")
         train_config(self, plan(self)[0], "")  # the runs' TrainConfig validates the rest
 
     def sizes(self) -> dict[str, tuple[str, ...]]:
@@ -292,16 +293,8 @@ def run_hash(tc) -> str:
 
 
 # -- one run's summary -----------------------------------------------------------------------------------------
-def _bins(x: np.ndarray, n_total: int, points: int, how) -> list[float]:
-    """``points`` values of per-step series x (steps 0..len(x)−1 of n_total): `how` over each bin of
-    n_total / points steps; NaN for bins the run never reached."""
-    edges = np.linspace(0, n_total, points + 1).round().astype(int)
-    out = []
-    for a, b in zip(edges[:-1], edges[1:]):
-        seg = x[a:min(b, len(x))]
-        seg = seg[np.isfinite(seg)]
-        out.append(float(how(seg)) if seg.size else float("nan"))
-    return out
+def _geometric_mean(x: np.ndarray) -> float:
+    return float(np.exp(np.mean(np.log(np.maximum(x, 1e-30)))))
 
 
 def _nan_list(a) -> list:
@@ -323,9 +316,9 @@ def summarize_run(run_dir, tc, key: str, curve_points: int) -> dict:
         "tokens_per_s": float(np.nanmedian(log["tokens_per_s"][1:])) if len(loss) > 1 else float("nan"),
         "val_step": val["step"].tolist(), "val_loss": _nan_list(val["val_loss"]),
         "final_train_loss": float(finite[-100:].mean()) if finite.size else float("nan"),
-        "loss_curve": _bins(loss, tc.max_steps, curve_points, np.mean),
-        "gnorm_curve": _bins(gn, tc.max_steps, curve_points, lambda s: np.exp(np.mean(np.log(np.maximum(s, 1e-30))))),
-        "gnorm_max_curve": _bins(gn, tc.max_steps, curve_points, np.max),
+        "loss_curve": _nan_list(driver.bins(loss, tc.max_steps, curve_points, np.mean)),
+        "gnorm_curve": _nan_list(driver.bins(gn, tc.max_steps, curve_points, _geometric_mean)),
+        "gnorm_max_curve": _nan_list(driver.bins(gn, tc.max_steps, curve_points, np.max)),
         "gnorm_max": float(np.nanmax(gn)) if np.isfinite(gn).any() else float("nan"),
         "diag_step": diag["step"].tolist(),
     }
@@ -592,12 +585,12 @@ def analyse(res) -> dict:
     idx = bootstrap_seed_indices(len(seeds))
     out = {"preregistered_on": PREREGISTERED_ON, "rule": RULE, "hypotheses": dict(HYPOTHESES),
            "n_seeds": int(len(seeds)), "n_bootstrap": N_BOOTSTRAP, "sizes": {}}
-    draws = {}
+    draws, effs = {}, {}
     for size in ("small", "large"):
         if f"{size}_variants" not in res:
             continue
         variants = [str(v) for v in np.asarray(res[f"{size}_variants"])]
-        eff = effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])  # (V, L, S)
+        eff = effs[size] = effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])  # (V, L, S)
         stored = np.asarray(res[f"{size}_stored"]) if f"{size}_stored" in res else np.ones(eff.shape, bool)
         point, boot = sensitivities(eff, idx)
         sz, missing = {}, {}
@@ -655,8 +648,7 @@ def analyse(res) -> dict:
     for size in out["sizes"]:
         variants = [str(v) for v in np.asarray(res[f"{size}_variants"])]
         if "A" in out["sizes"][size] and "C" in out["sizes"][size]:
-            eff = effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])
-            dlt = eff[variants.index("A")] - eff[variants.index("C")]  # (L, S)
+            dlt = effs[size][variants.index("A")] - effs[size][variants.index("C")]  # (L, S)
             boot = dlt[:, idx].mean(axis=-1)  # (L, n)
             per_lr[size] = [{"lr": float(lr), "point": float(dlt[j].mean()), "ci": list(interval(boot[j]))}
                             for j, lr in enumerate(lrs)]

@@ -57,6 +57,7 @@ import numpy as np
 from lpfail import results
 # the driver's names stay available here (S.sweep, S.RunSpec ...)
 from lpfail.experiments.driver import (  # noqa: F401
+    bins as _bins,
     RunSpec, _last_record, _last_step, _stop, _terminated, default_parallel, gpu_ids, latest_checkpoint,
     run_state, sweep)
 
@@ -359,17 +360,6 @@ def outcome(run_dir, warmup: int) -> dict:
     return {"failed": f, "fail_step": step, "final_loss": final_loss(loss), "status": status,
             "steps": int(len(loss)), "note": note,
             "min_loss": float(np.nanmin(loss)) if np.isfinite(loss).any() else float("nan")}
-
-
-def _bins(x: np.ndarray, n_total: int, points: int, how=np.nanmean) -> np.ndarray:
-    b = max(1, math.ceil(n_total / points))
-    out = np.full(math.ceil(n_total / b), np.nan)
-    for j in range(len(out)):
-        seg = x[j * b:(j + 1) * b]
-        seg = seg[np.isfinite(seg)]
-        if seg.size:
-            out[j] = how(seg)
-    return out
 
 
 def outcome_table(variants, seeds, failed_, fail_step, final, status, steps) -> str:
