@@ -128,6 +128,12 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         raise ValueError(f"kernels: Precision.rounding={policy.rounding!r} (stochastic rounding of the output path) "
                          "is not implemented in the Triton kernels, which round to nearest even only; run it with "
                          "the reference, lpfail.attention(q, k, v, policy)")
+    for knob in ("m_acc", "l_acc"):  # chapter 2's split of m and ℓ from the accumulator: reference only
+        value = getattr(policy, knob, None)
+        if value is not None and value != policy.acc:
+            raise ValueError(f"kernels: Precision.{knob}={value!r} differs from acc={policy.acc!r}: the kernels hold "
+                             "m and ℓ in the accumulator's dtype; run this policy with the reference, "
+                             "lpfail.attention(q, k, v, policy)")
     if getattr(policy, "masked_ties", False):
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "

@@ -62,6 +62,9 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
   is then formed in FP32 (operands upcast exactly) and rounded once, instead of the native 16-bit matmul.
   m, ℓ and every other cast keep round-to-nearest-even; the backward is unchanged (δ reads the stored O).
 
+  ``policy.m_acc`` / ``policy.l_acc`` (chapter 2): the running m (with m', m_new and m_old − m_new's operands)
+  is held in `m_acc`, the running ℓ in `l_acc`, instead of `acc`; unset, both are `acc` as above.
+
 Backward (Algorithm 2), per key tile j, for all query rows at once::
 
     δ    = rowsum(dO ∘ O)                            "dO.O": products rounded to `delta_prod` (widened to
@@ -171,8 +174,8 @@ class ForwardResult(NamedTuple):
 
     o         (…, Tq, D)  normalized output O = Ō / ℓ, in the policy's `out` dtype
     o_unnorm  (…, Tq, D)  the final accumulator Ō before the division by ℓ, in `acc`
-    m         (…, Tq, 1)  the final running maximum, in `acc` (with the fix: the dynamic maximum)
-    l         (…, Tq, 1)  the final row sum ℓ, in `acc`
+    m         (…, Tq, 1)  the final running maximum, in `acc` (`m_acc` when set; with the fix: the dynamic max)
+    l         (…, Tq, 1)  the final row sum ℓ, in `acc` (`l_acc` when set)
     lse       (…, Tq, 1)  L = log ℓ + m, in `exp` (what the backward recomputes P from)
     fix_pos   (…, Tq)     int32: in how many key tiles the fix's positive branch (m' = β·r_m) fired
     fix_neg   (…, Tq)     int32: in how many key tiles its negative branch (m' = 0) fired
@@ -279,9 +282,9 @@ def exp_scores(s: torch.Tensor, m: torch.Tensor, policy: Precision) -> torch.Ten
     """P̄ = exp(S − m) as the forward forms it with sub="sub", before the cast to `pbar`: S (in `scores`) minus
     m (in `acc`) computed in op and rounded to `exp_in`, then exp in `exp`. Also used by chapter 4 (Rounding)
     to rebuild the forward's P̄ for a row."""
-    scores_dt, acc, exp_in = policy.dtype("scores"), policy.dtype("acc"), policy.dtype("exp_in")
-    op = _op(scores_dt, acc, exp_in)
-    x = (s.to(scores_dt).to(op) - m.to(acc).to(op)).to(exp_in)     # cast: S − m to `exp_in`
+    scores_dt, m_dt, exp_in = policy.dtype("scores"), policy.dtype("m_acc"), policy.dtype("exp_in")
+    op = _op(scores_dt, m_dt, exp_in)
+    x = (s.to(scores_dt).to(op) - m.to(m_dt).to(op)).to(exp_in)    # cast: S − m to `exp_in`
     return torch.exp(x.to(policy.dtype("exp")))                    # cast: exp runs in `exp`
 
 
@@ -289,6 +292,7 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
                    alpha: float) -> ForwardResult:
     """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `matmul`."""
     acc, exp_dt, exp_in = policy.dtype("acc"), policy.dtype("exp"), policy.dtype("exp_in")
+    m_dt, l_dt = policy.dtype("m_acc"), policy.dtype("l_acc")    # = acc unless split (chapter 2)
     scores_dt, pbar, pv_out, out_dt = policy.dtype("scores"), policy.dtype("pbar"), policy.dtype("pv_out"), \
         policy.dtype("out")
     *lead, tk, d = v.shape
@@ -297,8 +301,8 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
     fix = policy.fix
     mask_value = -torch.finfo(scores_dt).max if policy.masked_ties else -math.inf
 
-    m = torch.full((*lead, tq, 1), -math.inf, dtype=acc, device=dev)  # (…, Tq, 1) running max
-    l = torch.zeros((*lead, tq, 1), dtype=acc, device=dev)            # (…, Tq, 1) running row sum
+    m = torch.full((*lead, tq, 1), -math.inf, dtype=m_dt, device=dev)  # (…, Tq, 1) running max, in `m_acc`
+    l = torch.zeros((*lead, tq, 1), dtype=l_dt, device=dev)             # (…, Tq, 1) running row sum, `l_acc`
     o = torch.zeros((*lead, tq, d), dtype=acc, device=dev)            # (…, Tq, D) accumulator Ō
     fix_pos = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
     fix_neg = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
@@ -329,8 +333,8 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
             m_blk = torch.where(pos, scaled, torch.where(neg, torch.zeros_like(r_m), r_m))
             fix_pos[..., r0:] += pos[..., 0].to(torch.int32)
             fix_neg[..., r0:] += neg[..., 0].to(torch.int32)
-        m_blk = m_blk.to(acc)                                      # cast: m' to `acc`
-        m_new = torch.maximum(m_old, m_blk)                        # (…, R, 1) in `acc`
+        m_blk = m_blk.to(m_dt)                                     # cast: m' to `acc` (`m_acc`)
+        m_new = torch.maximum(m_old, m_blk)                        # (…, R, 1) in `acc` (`m_acc`)
         # a row fully masked so far keeps m = −∞; subtract 0 there so that exp(−∞ − 0) = 0, not NaN
         m_sub = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
 
@@ -349,11 +353,11 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(pbar, v.dtype)), pv_out, policy)  # cast: P̄V to `pv_out`
 
         # -- online rescaling --------------------------------------------------------------------------
-        op = _op(acc, exp_in)
+        op = _op(m_dt, exp_in)
         d_m = (m_old.to(op) - m_sub.to(op)).to(exp_in)             # cast: m_old − m_new to `exp_in`
         a = torch.exp(d_m.to(exp_dt))                              # cast: exp runs in `exp`; (…, R, 1)
-        op = _op(acc, exp_dt)
-        l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
+        op = _op(l_dt, exp_dt)
+        l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(l_dt)  # cast: ℓ to `acc` (`l_acc`)
         op = _op(acc, exp_dt, pv_out)
         o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), acc, policy)  # cast: Ō·a to `acc`
         o_new = _round(o_scaled.to(op) + pv.to(op), acc, policy)   # cast: Ō·a + P̄V to `acc`
@@ -362,7 +366,7 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         l[..., r0:, :] = l_new
         m[..., r0:, :] = m_new
 
-    op = _op(acc, out_dt)
+    op = _op(acc, l_dt, out_dt)
     o_out = _round(o.to(op) / l.to(op), out_dt, policy)            # cast: O = Ō / ℓ to `out`
     lse = torch.log(l.to(exp_dt)) + m.to(exp_dt)                   # cast: L = log ℓ + m in `exp`
     return ForwardResult(o_out, o, m, l, lse, fix_pos, fix_neg)

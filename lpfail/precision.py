@@ -51,6 +51,10 @@ rounding    how the output path's 16-bit casts round (P̄V to       rne     rne 
             `pv_out`, Ō·a and Ō·a + P̄V to `acc`, O to `out`):
             "rne" to nearest even, "sr" stochastically (unbiased;
             m, ℓ and all other casts stay "rne")
+m_acc       dtype of the running maximum m, when not `acc`'s      None    None    None
+            (None: `acc`; chapter 2 switches m alone)
+l_acc       dtype of the running row sum ℓ, when not `acc`'s       None    None    None
+            (None: `acc`; chapter 2 switches ℓ alone)
 =========== ====================================================== ======= ======= =====
 
 The knobs from qk_out on were added with the reference attention (`lpfail.attention`, whose docstring gives
@@ -62,6 +66,9 @@ l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_i
 same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, acc, out
 in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), so the strings of all
 "rne" policies, and with them every stored result's config hash, are those from before the knob existed.
+``m_acc`` and ``l_acc`` (chapter 2's substitutions: m alone, ℓ alone) follow the same rule: they appear in the
+string form only when set (",m_acc=fp32"), so every older policy's string is unchanged; ``acc`` then means
+the accumulator Ō only. The Triton kernels refuse a policy whose m or ℓ dtype differs from `acc`.
 """
 from __future__ import annotations
 
@@ -77,6 +84,7 @@ DELTAS = ("dO.O", "dO.O_hp", "dP.P")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
+_ACC_SPLIT_FIELDS = ("m_acc", "l_acc")  # optional: the dtype of m and of ℓ when it differs from `acc`
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
@@ -131,6 +139,10 @@ class Precision:
     masked_ties: bool = False
     # added with stochastic rounding (lpfail.bf16.round_stochastic):
     rounding: str = "rne"
+    # added with the substitution experiment (chapter 2): the running maximum m and row sum ℓ in a dtype of
+    # their own; None = the dtype of `acc` (so `acc` alone still sets Ō, m and ℓ together, as before)
+    m_acc: str | None = None
+    l_acc: str | None = None
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -151,6 +163,10 @@ class Precision:
             raise ValueError(f"Precision.l_clamp must be None or a positive number (got {self.l_clamp!r})")
         if not isinstance(self.masked_ties, bool):
             raise ValueError(f"Precision.masked_ties must be True or False (got {self.masked_ties!r})")
+        for name in _ACC_SPLIT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value not in DTYPES:
+                raise ValueError(f"Precision.{name} must be None (= acc) or one of {sorted(DTYPES)} (got {value!r})")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"Precision.rounding must be one of {list(ROUNDINGS)} (got {self.rounding!r})")
         if self.rounding == "sr" and not any(getattr(self, n) in ("bf16", "fp16") for n in _SR_FIELDS):
@@ -178,7 +194,10 @@ class Precision:
         return dataclasses.replace(self, **changes)
 
     def dtype(self, knob: str) -> torch.dtype:
-        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``."""
+        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``; ``"m_acc"`` and ``"l_acc"`` resolve
+        to `acc`'s dtype when they are None."""
+        if knob in _ACC_SPLIT_FIELDS:
+            return DTYPES[getattr(self, knob) or self.acc]
         if knob not in _DTYPE_FIELDS:
             raise ValueError(f"{knob!r} is not a dtype knob; dtype knobs: {list(_DTYPE_FIELDS)}")
         return DTYPES[getattr(self, knob)]
@@ -187,9 +206,10 @@ class Precision:
     def name(self) -> str:
         """The preset's name when this policy is one (with "+fix" for the fixed variants, and ",rounding=sr"
         appended for stochastic rounding: "PAPER_BF16,rounding=sr"), else its string."""
-        if self.rounding != "rne":
-            base = dataclasses.replace(self, rounding="rne")
-            return f"{base.name},rounding={self.rounding}" if base.name != str(base) else str(self)
+        tail = _tail(self)
+        if tail:  # knobs added later that show only when set: "PAPER_BF16,m_acc=fp32", "PAPER_BF16,rounding=sr"
+            base = dataclasses.replace(self, rounding="rne", m_acc=None, l_acc=None)
+            return f"{base.name},{','.join(tail)}" if base.name != str(base) else str(self)
         for preset_name, preset in PRESETS.items():
             if self == preset:
                 return preset_name
@@ -206,8 +226,7 @@ class Precision:
         parts.append(f"fix={self.fix if self.fix is not None else 'none'}")
         parts.append(f"l_clamp={repr(float(self.l_clamp)) if self.l_clamp is not None else 'none'}")
         parts.append(f"masked_ties={'true' if self.masked_ties else 'false'}")
-        if self.rounding != "rne":  # only when set: the strings (cache keys) of "rne" policies stay unchanged
-            parts.append(f"rounding={self.rounding}")
+        parts.extend(_tail(self))  # only when set: the strings (cache keys) of older policies stay unchanged
         return ",".join(parts)
 
     @classmethod
@@ -226,7 +245,7 @@ class Precision:
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
         valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
-                                       "masked_ties", "rounding"]
+                                       "masked_ties", "rounding", *_ACC_SPLIT_FIELDS]
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
@@ -235,6 +254,8 @@ class Precision:
                 raise ValueError(f"unknown Precision key {key!r} in {text!r}; valid keys: {valid}")
             if key in _DTYPE_FIELDS or key in ("delta", "sub", "rounding"):
                 changes[key] = value
+            elif key in _ACC_SPLIT_FIELDS:
+                changes[key] = None if value == "none" else value
             elif key == "block":
                 m = re.fullmatch(r"(\w+)x(\w+)", value)
                 if not m:
@@ -251,6 +272,15 @@ class Precision:
                     raise ValueError(f"masked_ties must be 'true' or 'false' (got {value!r})")
                 changes["masked_ties"] = value == "true"
         return dataclasses.replace(base, **changes)
+
+
+def _tail(p: Precision) -> list[str]:
+    """The "key=value" items of the knobs that appear in the string form only when set (in this order)."""
+    out = []
+    if p.rounding != "rne":
+        out.append(f"rounding={p.rounding}")
+    out.extend(f"{n}={getattr(p, n)}" for n in _ACC_SPLIT_FIELDS if getattr(p, n) is not None)
+    return out
 
 
 def _split_top(text: str) -> list[str]:

@@ -1,0 +1,568 @@
+"""Chapter 2 ("Substitution"): which cast point carries the failure — one change at a time from A.
+
+Issue 12. The paper (Sec. 3) found its failing cast point by a chain of substitutions, each a training run on
+the replayed batches of a failing run. Here each substitution is a *row*: A (``reference(PAPER_BF16)``) with
+one change, trained at the two learning rates where the stored `lr_sweep` result shows an A − C gap in
+held-out loss at the smaller size (1.6e-2: +0.10, 3.2e-2: +0.42), with the same three seeds — the same
+initialization and the same batches as lr_sweep's runs of A and C, which serve as the baselines (a point whose
+TrainConfig hashes like a stored lr_sweep run *is* that run; `baseline_points` checks the hash).
+
+Rows (`ROWS`, in the order of the paper's Sec. 3, then the cast points the paper did not test):
+
+* the tiling: one tile per row is A itself at T = 256 (its 512 × 512 tile already covers the row; the row is
+  kept in the table, not run, see `SAME_AS_A`); FA2's 128 × 64 tiles instead;
+* one layer: PAPER_BF16 in layer ℓ only (the rest FP32), FP32 in layer ℓ only (the rest PAPER_BF16);
+* δ = rowsum(dP ∘ P); O recomputed in FP32 for δ only; O stored in FP32; only Ō = P̄V in FP32 (the product
+  and the accumulator: with one key tile either alone is A, see `SAME_AS_A`);
+* PAPER_BF16 only in the two heads with the largest ‖W_Q^h‖ of one layer (rest FP32), and only in the others;
+* beyond the paper — every cast where A and D (FA2_BF16, which closes the gap fully in lr_sweep) differ, one
+  at a time: QKᵀ and S in FP32; ℓ alone (m alone is A: `SAME_AS_A`); S − m before exp; and the four backward casts dP, the
+  products of δ, dS (also FP32 in neither A nor D: the channel of arXiv 2609.34272), the dQ/dK/dV
+  accumulators; and the forward's whole score path (QKᵀ, S, m, S − m) at once.
+
+The rule (`RULE`, `judge_row`), fixed on 2026-12-01 before any run of this experiment: at each learning rate,
+with L the final held-out loss (non-finite → loss at init) and the bootstrap over seeds paired across rows,
+a row *closes the gap* when the 95 % interval of (L_row − L_C) − ½·(L_A − L_C) lies below 0, *does not close
+it* when the interval lies above 0, else *inconclusive*; when the A − C interval itself does not lie above 0
+at that learning rate the row reads 'no gap to close'. The fraction of the gap closed, (L_A − L_row) /
+(L_A − L_C), is reported beside it (descriptive).
+
+The runs: `plan` lists the points in priority order (a budget cut keeps the most important), `run_points`
+trains the missing ones as subprocesses (`lpfail.experiments.driver`) and stores each finished run's
+summary (`lr_sweep.summarize_run`) in a part file under ``results/substitution_parts/``; ``python -m
+lpfail.experiments.substitution drive|status|collect`` on the GPU machine (tools/gpu_substitution.sh).
+
+`replay_branch` is the paper's own method on a recorded run: replay from a checkpoint (bit for bit), then
+branch with each change.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lpfail import results
+from lpfail.experiments import driver, lr_sweep
+from lpfail.precision import FA2_BF16, PAPER_BF16, Precision
+
+# -- the pre-registration ----------------------------------------------------------------------------------
+#: Fixed on 2026-12-01, before any run of this experiment; the outcomes seen then were lr_sweep's (A, C, D,
+#: B, S, A_sr at every learning rate), from which the two learning rates were chosen.
+PREREGISTERED_ON = "2026-12-01"
+LRS = (1.6e-2, 3.2e-2)  # where lr_sweep's A − C gap lies (+0.10, +0.42 at the smaller size)
+SEEDS = (0, 1, 2)
+CONFIDENCE = lr_sweep.CONFIDENCE
+N_BOOTSTRAP = lr_sweep.N_BOOTSTRAP
+RULE = ("At each learning rate, L is the final held-out loss (a non-finite run counts as the loss at init). A row "
+        "'closes the gap' when the 95 % bootstrap interval (10,000 resamples of the seeds, paired across rows) of "
+        "(L_row − L_C) − ½·(L_A − L_C) lies entirely below 0, 'does not close it' when it lies entirely above 0, "
+        "else 'inconclusive'. When the interval of L_A − L_C does not lie above 0 at that learning rate, every row "
+        "there reads 'no gap to close'. The fraction closed, (L_A − L_row)/(L_A − L_C), is descriptive.")
+HEADS_PER_ROW = 2  # of the smaller model's 4 heads per layer
+
+
+@dataclass(frozen=True)
+class Row:
+    """One substitution. `changes`: Precision overrides of PAPER_BF16 for every head, or a special kind:
+    "layer_a" / "layer_c" (PAPER_BF16 only in `layer` / FP32 only in `layer`), "heads_top" / "heads_rest"
+    (PAPER_BF16 only in the chosen heads / the other heads of the chosen layer, the rest FP32; chosen per seed
+    by `head_choice`). `lrs`: the learning rates it runs at. `paper`: the paper's finding for it."""
+
+    name: str
+    label: str
+    group: str
+    changes: str = ""
+    kind: str = "policy"
+    layer: int | None = None
+    lrs: tuple[float, ...] = LRS
+    paper: str = "not tested by the paper"
+
+
+def _knob_rows() -> list[Row]:
+    p = lambda name, label, group, changes, paper="not tested by the paper": Row(  # noqa: E731
+        name, label, group, changes, paper=paper)
+    return [
+        # the score path: where A and D differ before exp (the prime suspects after lr_sweep)
+        p("scores", "QKᵀ and S in FP32", "scores", "qk_out=fp32,scores=fp32"),
+        p("l", "running row sum ℓ in FP32", "scores", "l_acc=fp32"),
+        p("exp_in", "S − m (before exp) in FP32", "scores", "exp_in=fp32"),
+        p("score_path", "QKᵀ, S, m and S − m in FP32", "scores", "qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32"),
+        # the tiling
+        p("tiles_fa2", "FA2's tiles (128 × 64)", "tiling", "block=128x64"),
+        # the output path and δ (the paper's chain, Sec. 3 steps 3–4)
+        p("delta_dPP", "δ = rowsum(dP ∘ P)", "delta", "delta=dP.P", "stable"),
+        p("delta_hp", "O recomputed in FP32 for δ only", "delta", "delta=dO.O_hp", "stable"),
+        p("out", "O stored in FP32 (forward)", "output", "out=fp32", "stable"),
+        p("obar", "only Ō = P̄V in FP32 (product and accumulator; m, ℓ in BF16)", "output",
+          "pv_out=fp32,acc=fp32,m_acc=bf16,l_acc=bf16", "stable (enough on its own)"),
+        # the backward casts
+        p("dp", "dP = dO Vᵀ in FP32", "backward", "dp=fp32"),
+        p("delta_prod", "products dO ∘ O of δ in FP32", "backward", "delta_prod=fp32"),
+        p("ds", "dS in FP32", "backward", "ds=fp32"),
+        p("grad_acc", "dQ, dK, dV accumulators in FP32", "backward", "grad_acc=fp32"),
+    ]
+
+
+def rows(n_layer: int = 4) -> list[Row]:
+    """Every row, in priority order (the order `plan` starts them): the knob rows at both learning rates, then
+    the layer and head rows at 3.2e-2 only (where the gap is large enough to see with 3 seeds)."""
+    out = _knob_rows()
+    hi = (LRS[-1],)
+    for layer in range(n_layer):
+        out.append(Row(f"layer{layer}_a", f"PAPER_BF16 in layer {layer} only", "layer", kind="layer_a",
+                       layer=layer, lrs=hi,
+                       paper="fails for the anomalous layer (index 1)" if layer == 1 else "not tested by the paper"))
+    for layer in range(n_layer):
+        out.append(Row(f"layer{layer}_c", f"FP32 in layer {layer} only", "layer", kind="layer_c", layer=layer,
+                       lrs=hi, paper="stable for the anomalous layer (standard attention there)" if layer == 1
+                       else "not tested by the paper"))
+    out.append(Row("heads_top", f"PAPER_BF16 only in the {HEADS_PER_ROW} heads with the largest ‖W_Q^h‖",
+                   "heads", kind="heads_top", lrs=hi,
+                   paper="high precision in 6 of 12 heads (incl. the largest ‖W_Q^h‖) of the layer is enough"))
+    out.append(Row("heads_rest", f"PAPER_BF16 only in the other heads of that layer", "heads", kind="heads_rest",
+                   lrs=hi))
+    return out
+
+
+#: Changes that are A itself in our setting, bit for bit (not run; the table says why; tests/test_substitution.py
+#: checks each on BF16 inputs of the sweep's shape, forward and backward).
+SAME_AS_A = {
+    "one_tile": ("block=onexone", "one tile per row (block = sequence length): A's 512 × 512 tile already covers "
+                                  "the whole 256-token row"),
+    "m": ("m_acc=fp32", "the running maximum m in FP32 alone: m is the maximum of BF16 scores, so it is a BF16 "
+                        "number whatever it is stored in (m matters only with FP32 scores: row score_path)"),
+    "acc": ("acc=fp32,m_acc=bf16,l_acc=bf16", "the accumulator Ō alone in FP32: with one key tile Ō = 0·a + P̄V, "
+                                              "and P̄V is already rounded to BF16 (row obar changes both)"),
+}
+
+ROWS = rows()
+
+
+def row_policy(row: Row) -> Precision:
+    """The policy of a "policy" row: PAPER_BF16 with its changes."""
+    if row.kind != "policy":
+        raise ValueError(f"row {row.name!r} is a {row.kind!r} row, not one policy")
+    return Precision.parse(f"PAPER_BF16,{row.changes}")
+
+
+def a_d_knobs() -> dict[str, tuple]:
+    """Every knob where A (PAPER_BF16) and D (FA2_BF16) differ, with (A's value, D's value); m and ℓ listed
+    apart from the accumulator (`acc` = Ō here)."""
+    out = {}
+    for f in dataclasses.fields(Precision):
+        a, d = getattr(PAPER_BF16, f.name), getattr(FA2_BF16, f.name)
+        if f.name in ("m_acc", "l_acc"):
+            a, d = getattr(PAPER_BF16, f.name) or PAPER_BF16.acc, getattr(FA2_BF16, f.name) or FA2_BF16.acc
+        if a != d:
+            out[f.name] = (a, d)
+    return out
+
+
+# -- the points ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Point:
+    row: str  # a row name, or "A" / "C" (the baselines)
+    lr: float
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.row}/lr{self.lr:.6g}/s{self.seed}"
+
+    def baseline(self) -> lr_sweep.Point | None:
+        """The lr_sweep point this point is (A and C only)."""
+        return lr_sweep.Point("small", self.row, self.lr, self.seed) if self.row in ("A", "C") else None
+
+
+def head_choice(lr_sweep_result, lr: float, seed: int, k: int = HEADS_PER_ROW) -> tuple[int, tuple[int, ...]]:
+    """(layer, heads) for the head rows, fixed by a rule before the runs: in lr_sweep's run of A at this lr and
+    seed, at its last diagnostic step, the layer holding the largest per-head ‖W_Q^h‖, and that layer's k
+    heads with the largest ‖W_Q^h‖ (sorted). Per seed: the largest head differs between seeds."""
+    variants = [str(v) for v in np.asarray(lr_sweep_result["small_variants"])]
+    lrs = [float(x) for x in np.asarray(lr_sweep_result["lrs"])]
+    seeds = [int(s) for s in np.asarray(lr_sweep_result["seeds"])]
+    if "A" not in variants or lr not in lrs or seed not in seeds:
+        raise ValueError(f"head_choice: lr_sweep holds no run of A at lr {lr}, seed {seed}")
+    wq = np.asarray(lr_sweep_result["small_wq"], dtype=np.float64)[variants.index("A"), lrs.index(lr),
+                                                                  seeds.index(seed)]  # (n_diag, layer, head)
+    ok = np.isfinite(wq).all(axis=(1, 2))
+    if not ok.any():
+        raise ValueError(f"head_choice: no finite ‖W_Q^h‖ in lr_sweep's A at lr {lr}, seed {seed}")
+    last = wq[np.nonzero(ok)[0][-1]]  # (layer, head)
+    layer = int(np.argmax(last.max(axis=1)))
+    if not 0 < k < last.shape[1]:
+        raise ValueError(f"head_choice: k must lie in 1..{last.shape[1] - 1} (got {k})")
+    heads = tuple(sorted(int(h) for h in np.argsort(-last[layer], kind="stable")[:k]))
+    return layer, heads
+
+
+@dataclass(frozen=True)
+class SubstitutionConfig:
+    """The grid: the rows, the learning rates, the seeds; the rest is lr_sweep's smaller-size setting."""
+
+    rows: tuple[str, ...] = tuple(r.name for r in ROWS)
+    lrs: tuple[float, ...] = LRS
+    seeds: tuple[int, ...] = SEEDS
+    check_baseline: bool = True  # rerun A at (3.2e-2, seed 0) first: the stored baseline must come out bit-equal
+
+    def __post_init__(self):
+        known = {r.name for r in ROWS}
+        bad = [r for r in self.rows if r not in known]
+        if bad:
+            raise ValueError(f"SubstitutionConfig: unknown row(s) {bad}; rows: {sorted(known)}")
+        if not set(self.lrs) <= set(lr_sweep.LRSweepConfig().lrs):
+            raise ValueError(f"SubstitutionConfig.lrs must be lr_sweep learning rates (got {self.lrs}): the "
+                             "baselines A and C come from lr_sweep")
+        if not self.seeds or not set(self.seeds) <= set(lr_sweep.LRSweepConfig().seeds):
+            raise ValueError(f"SubstitutionConfig.seeds must be lr_sweep seeds (got {self.seeds})")
+
+    def row_objects(self) -> list[Row]:
+        by = {r.name: r for r in ROWS}
+        return [by[n] for n in self.rows]
+
+
+def plan(c: SubstitutionConfig) -> list[Point]:
+    """The baselines (A, C at every lr and seed; normally already stored by lr_sweep), then every row's points
+    in priority order (row by row, so a cut-off call leaves whole rows)."""
+    pts = [Point(b, lr, s) for b in ("A", "C") for lr in c.lrs for s in c.seeds]
+    for r in c.row_objects():
+        pts += [Point(r.name, lr, s) for lr in r.lrs if lr in c.lrs for s in c.seeds]
+    return pts
+
+
+def train_config(c: SubstitutionConfig, p: Point, out_dir: str, lr_sweep_result=None):
+    """The TrainConfig of one point: lr_sweep's smaller-size A at this lr and seed, with the row's attention.
+    A and C are lr_sweep's own configs. Head rows need the stored lr_sweep result (`head_choice`)."""
+    base_c = lr_sweep.LRSweepConfig()
+    if p.row in ("A", "C"):
+        return lr_sweep.train_config(base_c, p.baseline(), out_dir)
+    tc = lr_sweep.train_config(base_c, lr_sweep.Point("small", "A", p.lr, p.seed), out_dir)
+    row = {r.name: r for r in ROWS}[p.row]
+    if row.kind == "policy":
+        return dataclasses.replace(tc, attention=f"reference({row_policy(row).name})")
+    if row.kind == "layer_a":
+        return dataclasses.replace(tc, attention="reference(FP32)", overrides=(f"{row.layer}:reference(PAPER_BF16)",))
+    if row.kind == "layer_c":
+        return dataclasses.replace(tc, overrides=(f"{row.layer}:reference(FP32)",))
+    if lr_sweep_result is None:
+        lr_sweep_result = results.load("lr_sweep")
+    layer, heads = head_choice(lr_sweep_result, p.lr, p.seed)
+    n_head = base_c.small[1]
+    chosen = heads if row.kind == "heads_top" else tuple(h for h in range(n_head) if h not in heads)
+    return dataclasses.replace(tc, attention="reference(FP32)",
+                               overrides=(f"{layer}/{','.join(map(str, chosen))}:reference(PAPER_BF16)",))
+
+
+run_hash = lr_sweep.run_hash
+
+
+# -- parts ----------------------------------------------------------------------------------------------------------
+PARTS_DIR = "substitution_parts"
+PART_FORMAT = "lpfail.substitution.part"
+
+
+def parts_dir(directory: Path | None = None) -> Path:
+    return (Path(directory) if directory is not None else results.results_dir()) / PARTS_DIR
+
+
+class Part(lr_sweep.Part):
+    """lr_sweep's part file, in ``substitution_parts/`` with its own format tag."""
+
+    def __init__(self, directory: Path | None = None):  # noqa: D107 (lr_sweep.Part's fields, our place)
+        created = _dt.datetime.now(_dt.timezone.utc)
+        self.meta = {"format": PART_FORMAT, "version": 1, "git": results._git(), "device": results._device(),
+                     "versions": results._versions(), "host": platform.node(),
+                     "created": created.isoformat(timespec="seconds"), "wall_s": 0.0}
+        self.runs = {}
+        d = parts_dir(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.path = d / f"part-{created.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
+        self._t0 = time.perf_counter()
+
+
+def load_parts(directory: Path | None = None) -> tuple[dict[str, dict], list[dict]]:
+    """({point key: run summary}, [provenance per part]) of this experiment's part files (corrupt → error)."""
+    runs, metas = {}, []
+    d = parts_dir(directory)
+    for path in sorted(d.glob("part-*.json")) if d.is_dir() else []:
+        try:
+            part = json.loads(path.read_text())
+            if part.get("format") != PART_FORMAT or not isinstance(part.get("runs"), dict):
+                raise ValueError(f"format {part.get('format')!r}")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise results.ResultCorrupt(f"substitution part {path} is corrupt ({e}); delete it and rerun its runs "
+                                        "with `python -m lpfail.experiments.substitution drive`") from None
+        new = {k: r for k, r in part["runs"].items() if k not in runs}
+        runs.update(new)
+        if new:
+            metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host")}
+                         | {"file": path.name, "runs": len(new), "keys": sorted(new)})
+    return runs, metas
+
+
+def stored_for(c: SubstitutionConfig, directory: Path | None = None, lr_sweep_result=None
+               ) -> tuple[dict[str, dict], list[Point]]:
+    """({key: summary} stored for this grid's TrainConfigs, [missing points]). A and C are looked up among
+    lr_sweep's parts (same TrainConfig hash = the same run), the rows among this experiment's."""
+    own, _ = load_parts(directory)
+    base, _ = lr_sweep.load_parts(directory)
+    have, missing = {}, []
+    for p in plan(c):
+        r = base.get(p.baseline().key) if p.row in ("A", "C") else own.get(p.key)
+        if r is not None and r.get("run_hash") == run_hash(train_config(c, p, "", lr_sweep_result)):
+            have[p.key] = r
+        else:
+            missing.append(p)
+    return have, missing
+
+
+# -- running ----------------------------------------------------------------------------------------------------------
+DEFAULT_ROOT = "/tmp/lpfail_substitution"
+CHECK_KEY = "check/A/lr0.032/s0"
+
+
+def run_points(c: SubstitutionConfig, points: list[Point], root=None, budget_s: float = 900.0,
+               directory: Path | None = None, parallel: int | None = None, log=print) -> dict[str, dict]:
+    """Train `points` as subprocesses (lr_sweep's driver settings: 12 per GPU, deterministic, captured), each
+    finished run summarised at once into a new part. With ``c.check_baseline`` a rerun of A (3.2e-2, seed 0)
+    starts first, stored under `CHECK_KEY`: `analyse` compares it with lr_sweep's stored run bit for bit."""
+    root = Path(root or os.environ.get("LPFAIL_SUBSTITUTION_ROOT", DEFAULT_ROOT))
+    gpus = driver.gpu_ids()
+    parallel = parallel or lr_sweep._parallel(gpus)
+    lsr = results.load("lr_sweep") if any(p.row.startswith("heads") for p in points) else None
+    todo = [(CHECK_KEY, Point("A", LRS[-1], SEEDS[0]))] if c.check_baseline else []
+    todo += [(p.key, p) for p in points]
+    specs, by_name = [], {}
+    for key, p in todo:
+        name = key.replace("/", "_")
+        tc = train_config(c, p, str(root / name), lsr)
+        specs.append(driver.RunSpec(name, tc, variant=p.row, seed=p.seed))
+        by_name[name] = (key, tc)
+    part = Part(directory)
+    curve_points = lr_sweep.LRSweepConfig().curve_points
+
+    def on_finish(name: str, st: dict):
+        key, tc = by_name[name]
+        if st["state"] == "done":
+            part.add(lr_sweep.summarize_run(tc.out_dir, tc, key, curve_points))
+            for ck in Path(tc.out_dir).glob("ckpt_*.pt"):
+                ck.unlink(missing_ok=True)
+
+    log(f"substitution: {len(specs)} runs, {parallel} at a time on GPUs {gpus or 'none'}, budget {budget_s:.0f} s, "
+        f"root {root}, part {part.path.name}")
+    try:
+        status = driver.sweep(specs, parallel, budget_s, cont=True, env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
+                              log=log, gpus=gpus, on_finish=on_finish, control=root / "control.json")
+        for name, st in status.items():  # runs finished before this call (their summaries were not stored)
+            key, tc = by_name[name]
+            if st["state"] == "done" and key not in part.runs:
+                part.add(lr_sweep.summarize_run(tc.out_dir, tc, key, curve_points))
+    finally:
+        if part.runs:
+            part.write()
+        else:
+            part.path.unlink(missing_ok=True)
+    return part.runs
+
+
+# -- the analysis -------------------------------------------------------------------------------------------------------
+def final_losses(c: SubstitutionConfig, have: dict[str, dict], names: list[str], lr: float) -> np.ndarray:
+    """(len(names), seeds) effective final held-out losses (min(L, L_init), non-finite → L_init; NaN if absent)."""
+    max_steps = lr_sweep.LRSweepConfig().max_steps
+    out = np.full((len(names), len(c.seeds)), np.nan)
+    for i, n in enumerate(names):
+        for k, s in enumerate(c.seeds):
+            r = have.get(Point(n, lr, s).key)
+            if r is None:
+                continue
+            vs, vl = np.asarray(r["val_step"]), np.asarray(r["val_loss"], dtype=np.float64)
+            init = vl[vs == 0][0] if (vs == 0).any() else np.nan
+            fin = vl[vs == max_steps][0] if (r["status"] == "completed" and (vs == max_steps).any()) else np.nan
+            out[i, k] = float(lr_sweep.effective_loss(fin, init))
+    return out
+
+
+def judge_row(l_row: np.ndarray, l_a: np.ndarray, l_c: np.ndarray, idx: np.ndarray | None = None) -> dict:
+    """The pre-registered rule for one row at one learning rate; arrays over seeds (same order = paired)."""
+    l_row, l_a, l_c = (np.asarray(x, dtype=np.float64) for x in (l_row, l_a, l_c))
+    if not (l_row.shape == l_a.shape == l_c.shape) or l_row.ndim != 1:
+        raise ValueError("judge_row: l_row, l_a, l_c must be 1-D arrays over the same seeds")
+    if np.isnan(np.concatenate([l_row, l_a, l_c])).any():
+        return {"verdict": "not measured (runs missing)", "point": None, "ci": None}
+    if idx is None:
+        idx = lr_sweep.bootstrap_seed_indices(len(l_row))
+    gap_d = (l_a - l_c)[idx].mean(axis=-1)
+    stat_d = ((l_row - l_c) - 0.5 * (l_a - l_c))[idx].mean(axis=-1)
+    gap = {"point": float((l_a - l_c).mean()), "ci": list(lr_sweep.interval(gap_d))}
+    point = float(((l_row - l_c) - 0.5 * (l_a - l_c)).mean())
+    ci = list(lr_sweep.interval(stat_d))
+    if not gap["ci"][0] > 0:
+        verdict = "no gap to close"
+    else:
+        verdict = {"supported": "closes the gap", "refuted": "does not close it",
+                   "inconclusive": "inconclusive"}[lr_sweep.judge(*ci, "below")]
+    frac = float((l_a.mean() - l_row.mean()) / (l_a.mean() - l_c.mean())) if l_a.mean() != l_c.mean() else None
+    return {"verdict": verdict, "point": point, "ci": ci, "gap": gap, "fraction_closed": frac,
+            "loss": float(l_row.mean()), "loss_sd": float(l_row.std(ddof=1)) if len(l_row) > 1 else 0.0}
+
+
+def analyse(c: SubstitutionConfig, have: dict[str, dict], check: dict | None = None) -> dict:
+    """Per row and learning rate, the rule's verdict with its interval; the baseline check."""
+    idx = lr_sweep.bootstrap_seed_indices(len(c.seeds))
+    out = {"preregistered_on": PREREGISTERED_ON, "rule": RULE, "lrs": list(c.lrs), "seeds": list(c.seeds),
+           "rows": {}, "same_as_a": dict(SAME_AS_A)}
+    for lr in c.lrs:
+        base = final_losses(c, have, ["A", "C"], lr)
+        for r in c.row_objects():
+            if lr not in r.lrs:
+                continue
+            l_row = final_losses(c, have, [r.name], lr)[0]
+            res = judge_row(l_row, base[0], base[1], idx)
+            out["rows"].setdefault(r.name, {"label": r.label, "group": r.group, "paper": r.paper, "by_lr": {}})
+            out["rows"][r.name]["by_lr"][f"{lr:g}"] = res
+    if check is not None:
+        ref = have.get(Point("A", LRS[-1], SEEDS[0]).key)
+        out["baseline_reproduced"] = bool(ref is not None and check["val_loss"] == ref["val_loss"]
+                                          and check["loss_curve"] == ref["loss_curve"])
+    return out
+
+
+@results.experiment("substitution", config=SubstitutionConfig, gpu=True,
+                    description="One cast point at a time from A, at the lr_sweep gap (chapter 2; GPU)")
+def substitution(c: SubstitutionConfig) -> dict:
+    """The stored result from the parts; raises lr_sweep.SweepIncomplete while points are missing."""
+    have, missing = stored_for(c)
+    if missing:
+        raise lr_sweep.SweepIncomplete(f"substitution: {len(missing)} of {len(have) + len(missing)} runs are not "
+                                       f"stored (first: {missing[0].key}); run tools/gpu_substitution.sh on a GPU")
+    own, metas = load_parts()
+    return {"analysis": analyse(c, have, own.get(CHECK_KEY)), "parts": metas, "complete": True}
+
+
+def store_from_parts(c: SubstitutionConfig | None = None, directory: Path | None = None) -> results.Result:
+    """Store the result from the parts (this experiment's and lr_sweep's baselines), on any machine; the runs'
+    GPU, git and dates are its provenance."""
+    c = c or SubstitutionConfig()
+    lsr = results.load("lr_sweep", directory=directory) if any(r.kind.startswith("heads")
+                                                               for r in c.row_objects()) else None
+    have, missing = stored_for(c, directory, lsr)
+    if missing:
+        raise lr_sweep.SweepIncomplete(f"substitution: {len(missing)} of {len(have) + len(missing)} runs are not "
+                                       f"stored (first: {missing[0].key}); run tools/gpu_substitution.sh on a GPU")
+    own, metas = load_parts(directory)
+    used = [m for m in metas if any(k in have or k == CHECK_KEY for k in m["keys"])]
+    data = {"analysis": analyse(c, have, own.get(CHECK_KEY)), "parts": used, "complete": True}
+    devices = sorted({m["device"] for m in used}) or ["lr_sweep's runs only"]
+    prov = {"device": " + ".join(devices), "created": max((m["created"] for m in used), default=""),
+            "git": " ".join(sorted({str(m["git"])[:12] for m in used})),
+            "runs_wall_s": float(sum(m["wall_s"] for m in used)), "collected_on": results._device(),
+            "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "collected_git": results._git()}
+    return results.save("substitution", c, data, 0.0, directory, provenance=prov)
+
+
+# -- replay: the paper's own method ---------------------------------------------------------------------------------
+def replay_branch(run_dir, step: int, branches: dict[str, dict], out_root=None, max_steps: int | None = None
+                  ) -> dict:
+    """Replay a recorded run from its checkpoint at `step`, then branch from the same checkpoint.
+
+    run_dir   a finished run's directory: config.json, batches_rank*.i64 (its batch order), log.jsonl and
+              ckpt_{step}.pt (train with ``checkpoint_every`` dividing `step` and ``keep_checkpoints=0``)
+    branches  name → TrainConfig field changes, e.g. {"m": {"attention": "reference(PAPER_BF16,m_acc=fp32)"}}
+    Returns {"replay": {"losses", "equal"}, name: {"losses", "first_diff"}} where `equal` says whether the replay
+    reproduced the recorded losses from `step` on bit for bit (it must: a ValueError otherwise, since a branch
+    compared with a replay that is not the run means nothing), and `first_diff` is the first step at which a
+    branch's loss differs from the recorded one (None if never)."""
+    from lpfail.train import checkpoint_path, load_config, read_log, train
+
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir / "config.json")
+    ck = checkpoint_path(run_dir, step)
+    if not ck.is_file():
+        have = sorted(p.name for p in run_dir.glob("ckpt_*.pt"))
+        raise FileNotFoundError(f"replay_branch: no checkpoint {ck.name} in {run_dir} (have {have})")
+    recorded = read_log(run_dir)
+    rec_steps, rec_loss = np.asarray(recorded["step"]), np.asarray(recorded["loss"])
+    last = cfg.max_steps if max_steps is None else int(max_steps)
+    if not step < last <= cfg.max_steps:
+        raise ValueError(f"replay_branch: need step < max_steps <= the run's {cfg.max_steps} (got {step}, {last})")
+    want = rec_loss[(rec_steps >= step) & (rec_steps < last)]
+
+    def go(name: str, changes: dict):
+        d = "" if out_root is None else str(Path(out_root) / name)
+        tc = dataclasses.replace(cfg, out_dir=d, checkpoint_every=0, keep_checkpoints=0, max_steps=last,
+                                 **changes)
+        res = train(tc, replay=run_dir, resume_from=ck)
+        a = res.arrays()
+        return np.asarray(a["loss"])[np.asarray(a["step"]) >= step]
+
+    rep = go("replay", {})
+    equal = bool(rep.shape == want.shape and np.array_equal(rep, want))
+    if not equal:
+        raise ValueError(f"replay_branch: the replay of {run_dir} from step {step} did not reproduce its recorded "
+                         "losses bit for bit; branches from it would not be comparable")
+    out = {"replay": {"losses": rep.tolist(), "equal": equal}, "step": step}
+    for name, changes in branches.items():
+        if name == "replay":
+            raise ValueError("replay_branch: 'replay' is reserved for the replay itself")
+        loss = go(name, dict(changes))
+        n = min(len(loss), len(want))
+        diff = np.nonzero(~((loss[:n] == want[:n]) | (np.isnan(loss[:n]) & np.isnan(want[:n]))))[0]
+        out[name] = {"losses": loss.tolist(), "first_diff": int(step + diff[0]) if diff.size else None}
+    return out
+
+
+# -- command line -------------------------------------------------------------------------------------------------------
+def status_text(c: SubstitutionConfig | None = None) -> str:
+    c = c or SubstitutionConfig()
+    have, missing = stored_for(c)
+    return f"substitution: {len(have)} of {len(have) + len(missing)} runs stored" + (
+        f"; next missing: {missing[0].key}" if missing else "")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.substitution")
+    ap.add_argument("command", choices=("status", "drive", "collect", "plan"))
+    ap.add_argument("--budget", type=float, default=900.0, help="drive: seconds before running runs are stopped")
+    ap.add_argument("--root", default=None)
+    args = ap.parse_args(argv)
+    c = SubstitutionConfig()
+    if args.command == "plan":
+        lsr = results.load("lr_sweep")
+        for p in plan(c):
+            tc = train_config(c, p, "", lsr)
+            print(p.key, tc.attention, ";".join(tc.overrides))
+        return 0
+    if args.command == "status":
+        print(status_text(c))
+        return 0
+    if args.command == "drive":
+        have, missing = stored_for(c)
+        own, _ = load_parts()
+        if CHECK_KEY in own:
+            c = dataclasses.replace(c, check_baseline=False)
+        print(f"substitution drive: {len(missing)} runs missing", flush=True)
+        root = Path(args.root or os.environ.get("LPFAIL_SUBSTITUTION_ROOT", DEFAULT_ROOT))
+        run_points(c, missing, root=root / "runs", budget_s=args.budget)
+        print(status_text(c), flush=True)
+        return 0
+    try:
+        res = store_from_parts(c)
+    except results.ResultError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(res.provenance)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,261 @@
+"""Chapter 2's knobs (m and ℓ apart from the accumulator, per-layer / per-head policies), the substitution
+experiment's grid and rule, and the replay-and-branch function (issue 12)."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lpfail.attention import attention, flash_forward
+from lpfail.experiments import lr_sweep, substitution as sub
+from lpfail.precision import FA2_BF16, FP32, PAPER_BF16, PRESETS, Precision
+from lpfail.train import TrainConfig, train
+
+
+def _qkv(seed=0, b=1, h=2, t=96, d=32, scale=6.0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, t, d, generator=g) for _ in range(3))
+    return (q * scale).to(dtype), (k * scale / 2).to(dtype), v.to(dtype)
+
+
+def _grads(policy, q, k, v, do, block=None):
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    o = attention(q, k, v, policy)
+    o.backward(do)
+    return [o.detach().float(), q.grad.float(), k.grad.float(), v.grad.float()]
+
+
+# -- the knobs -----------------------------------------------------------------------------------------------------
+def test_new_knobs_leave_every_preset_string_unchanged():
+    for name, p in PRESETS.items():
+        assert "m_acc" not in str(p) and "l_acc" not in str(p)
+        assert p.m_acc is None and p.l_acc is None
+        assert Precision.parse(str(p)) == p and p.name == name
+    assert PAPER_BF16.replace(rounding="sr").name == "PAPER_BF16,rounding=sr"
+
+
+def test_m_and_l_knobs_round_trip_and_validate():
+    p = Precision.parse("PAPER_BF16,m_acc=fp32")
+    assert p == PAPER_BF16.replace(m_acc="fp32") and p.name == "PAPER_BF16,m_acc=fp32"
+    assert p.dtype("m_acc") == torch.float32 and p.dtype("l_acc") == torch.bfloat16
+    q = Precision.parse("PAPER_BF16,rounding=sr,l_acc=fp32")
+    assert Precision.parse(str(q)) == q and q.name == "PAPER_BF16,rounding=sr,l_acc=fp32"
+    assert Precision.parse("PAPER_BF16,m_acc=none") == PAPER_BF16
+    with pytest.raises(ValueError, match="m_acc"):
+        PAPER_BF16.replace(m_acc="fp8")
+    with pytest.raises(ValueError, match="l_acc"):
+        Precision.parse("PAPER_BF16,l_acc=int8")
+
+
+def test_m_l_equal_to_acc_is_the_unsplit_arithmetic():
+    q, k, v = _qkv()
+    do = torch.randn_like(q.float()).to(q.dtype)
+    a = _grads(PAPER_BF16, q, k, v, do)
+    b = _grads(PAPER_BF16.replace(m_acc="bf16", l_acc="bf16"), q, k, v, do)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    # FP32 accumulator with m and ℓ split back to BF16 is neither A nor "acc=fp32"
+    r = flash_forward(q, k, v, PAPER_BF16.replace(acc="fp32", m_acc="bf16", l_acc="bf16"))
+    assert r.m.dtype == torch.bfloat16 and r.l.dtype == torch.bfloat16 and r.o_unnorm.dtype == torch.float32
+
+
+def test_each_split_knob_acts_on_its_own_state():
+    q, k, v = _qkv(t=640)  # more than one 512-key tile: m and ℓ are rescaled across tiles
+    base = flash_forward(q, k, v, PAPER_BF16)
+    m32 = flash_forward(q, k, v, PAPER_BF16.replace(m_acc="fp32"))
+    l32 = flash_forward(q, k, v, PAPER_BF16.replace(l_acc="fp32"))
+    assert m32.m.dtype == torch.float32 and m32.l.dtype == torch.bfloat16 and m32.o_unnorm.dtype == torch.bfloat16
+    assert l32.l.dtype == torch.float32 and l32.m.dtype == torch.bfloat16
+    assert not torch.equal(l32.l.float(), base.l.float())  # ℓ no longer rounded to BF16 after each update
+    assert not torch.equal(l32.o.float(), base.o.float())
+    assert torch.equal(l32.m, base.m)  # ℓ alone leaves m untouched
+    # m alone is a no-op with BF16 scores (a maximum of BF16 numbers is one), not with FP32 scores
+    assert torch.equal(m32.o, base.o) and torch.equal(m32.m.to(torch.bfloat16), base.m)
+    s32 = PAPER_BF16.replace(qk_out="fp32", scores="fp32")
+    assert not torch.equal(flash_forward(q, k, v, s32.replace(m_acc="fp32")).o, flash_forward(q, k, v, s32).o)
+
+
+def test_every_a_d_difference_switches_alone_and_all_together_give_d():
+    knobs = sub.a_d_knobs()
+    assert set(knobs) == {"scores", "pv_out", "acc", "block_q", "block_k", "qk_out", "exp_in", "dp", "delta_prod",
+                          "grad_acc", "m_acc", "l_acc"}  # m and ℓ listed apart from the accumulator Ō
+    # every knob where they differ is covered by a row (block by tiles_fa2, acc by obar + m + l)
+    changed = set()
+    for r in sub.ROWS:
+        if r.kind == "policy":
+            p = sub.row_policy(r)
+            changed |= {f.name for f in dataclasses.fields(Precision) if getattr(p, f.name) != getattr(PAPER_BF16, f.name)}
+    assert set(knobs) - {"block_q", "block_k"} <= changed  # tiles_fa2 changes the blocks through "block="
+    assert sub.row_policy([r for r in sub.ROWS if r.name == "tiles_fa2"][0]).block_k == FA2_BF16.block_k
+    # A with all of D's values is D, bit for bit
+    q, k, v = _qkv(t=160, h=1)
+    do = torch.randn_like(q.float()).to(q.dtype)
+    all_d = PAPER_BF16.replace(**{n: d for n, (_, d) in knobs.items()})
+    for x, y in zip(_grads(all_d, q, k, v, do), _grads(FA2_BF16, q, k, v, do)):
+        assert torch.equal(x, y)
+
+
+def test_same_as_a_changes_are_a_at_the_sweeps_shape():
+    """Each change in SAME_AS_A gives A's output and gradients bit for bit on BF16 inputs of the sweep's shape
+    (T 256, head size 64), and each run row does not (so no run row is A in disguise)."""
+    q, k, v = _qkv(t=256, h=2, d=64, scale=4.0)
+    do = (torch.randn(q.shape) * 1e-2).to(q.dtype)
+    base = _grads(PAPER_BF16, q, k, v, do)
+    assert lr_sweep.LRSweepConfig().block_size <= PAPER_BF16.block_k
+    for name, (changes, why) in sub.SAME_AS_A.items():
+        for x, y in zip(base, _grads(Precision.parse(f"PAPER_BF16,{changes}"), q, k, v, do)):
+            assert torch.equal(x, y), name
+    for r in sub.ROWS:
+        if r.kind == "policy":
+            assert not all(torch.equal(x, y) for x, y in zip(base, _grads(sub.row_policy(r), q, k, v, do))), r.name
+
+
+def test_kernels_refuse_split_m_l():
+    kernels = pytest.importorskip("kernels")
+    with pytest.raises(ValueError, match="m_acc"):
+        kernels.kernel_policy(FP32.replace(m_acc="bf16"))
+    kernels.kernel_policy(FP32.replace(m_acc="fp32", l_acc="fp32"))  # equal to acc: the kernels' own arithmetic
+    with pytest.raises(ValueError, match="l_acc"):
+        kernels.kernel_policy(FP32.replace(l_acc="bf16"))
+
+
+def test_per_layer_and_per_head_policies_in_the_model():
+    from lpfail.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=4, n_embd=32))
+    x = torch.randint(0, 64, (2, 32))
+    m.set_attention("reference", FP32)
+    full = m(x)[0].detach()
+    m.set_attention("reference", PAPER_BF16, layers=[1], heads=[0, 2])
+    specs = m.attention_specs()
+    assert [s.policy.name for s in specs[1]] == ["PAPER_BF16", "FP32", "PAPER_BF16", "FP32"]
+    assert all(s.policy == FP32 for s in specs[0])
+    mixed = m(x)[0].detach()
+    assert not torch.equal(mixed, full)
+
+
+# -- the grid ------------------------------------------------------------------------------------------------------
+def test_baselines_are_lr_sweeps_runs():
+    c = sub.SubstitutionConfig()
+    for lr in sub.LRS:
+        for s in sub.SEEDS:
+            p = sub.Point("A", lr, s)
+            assert sub.train_config(c, p, "") == lr_sweep.train_config(lr_sweep.LRSweepConfig(), p.baseline(), "")
+    # the stored lr_sweep parts hold these runs under the same hash, so they are reused, not rerun
+    runs, _ = lr_sweep.load_parts()
+    if not runs:
+        pytest.skip("no lr_sweep parts in results/")
+    for b in ("A", "C"):
+        for lr in sub.LRS:
+            for s in sub.SEEDS:
+                p = sub.Point(b, lr, s)
+                assert runs[p.baseline().key]["run_hash"] == sub.run_hash(sub.train_config(c, p, ""))
+
+
+def _fake_lr_sweep():
+    wq = np.full((1, 2, 3, 2, 4, 4), 10.0)
+    wq[0, 1, 0, -1, 2] = [5, 40, 7, 30]  # seed 0: layer 2 holds the largest head (1), then head 3
+    wq[0, 1, 1, -1, 0] = [50, 1, 2, 3]
+    wq[0, 1, 2, -1, 3] = [1, 2, 60, 59]
+    return {"small_variants": np.array(["A"]), "lrs": np.array([1.6e-2, 3.2e-2]), "seeds": np.array([0, 1, 2]),
+            "small_wq": wq}
+
+
+def test_row_configs():
+    c = sub.SubstitutionConfig()
+    fake = _fake_lr_sweep()
+    tcs = {r.name: sub.train_config(c, sub.Point(r.name, 3.2e-2, 0), "", fake) for r in sub.ROWS}
+    a = sub.train_config(c, sub.Point("A", 3.2e-2, 0), "")
+    for name, tc in tcs.items():  # only the attention differs from A
+        d = {k for k in tc.to_dict() if tc.to_dict()[k] != a.to_dict()[k]}
+        assert d <= {"attention", "overrides"}, (name, d)
+        tc.attention_table()  # parses
+    assert tcs["l"].attention == "reference(PAPER_BF16,l_acc=fp32)"
+    assert tcs["layer1_a"].attention == "reference(FP32)" and tcs["layer1_a"].overrides == ("1:reference(PAPER_BF16)",)
+    assert tcs["layer2_c"].attention == a.attention and tcs["layer2_c"].overrides == ("2:reference(FP32)",)
+    assert tcs["heads_top"].overrides == ("2/1,3:reference(PAPER_BF16)",)
+    assert tcs["heads_rest"].overrides == ("2/0,2:reference(PAPER_BF16)",)
+    assert sub.head_choice(fake, 3.2e-2, 1) == (0, (0, 3)) and sub.head_choice(fake, 3.2e-2, 2) == (3, (2, 3))
+    with pytest.raises(ValueError, match="no run of A"):
+        sub.head_choice(fake, 1e-3, 0)
+    assert len({run_hash for run_hash in (sub.run_hash(t) for t in tcs.values())}) == len(tcs)
+
+
+def test_plan_size_and_order():
+    c = sub.SubstitutionConfig()
+    pts = sub.plan(c)
+    rows = [p for p in pts if p.row not in ("A", "C")]
+    assert len(rows) == 13 * 2 * 3 + 10 * 3  # knob rows at both lrs, layer and head rows at 3.2e-2
+    assert rows[0].row == "scores" and rows[-1].row == "heads_rest"
+    assert len({p.key for p in pts}) == len(pts)
+    with pytest.raises(ValueError, match="unknown row"):
+        sub.SubstitutionConfig(rows=("nope",))
+    with pytest.raises(ValueError, match="lr_sweep learning rates"):
+        sub.SubstitutionConfig(lrs=(5e-2,))
+
+
+def test_rule_on_fabricated_losses():
+    a, c = np.array([3.2, 3.3, 3.6]), np.array([2.9, 2.9, 2.88])
+    closes = sub.judge_row(np.array([2.91, 2.92, 2.9]), a, c)
+    assert closes["verdict"] == "closes the gap" and closes["fraction_closed"] > 0.9
+    same = sub.judge_row(a + 0.01, a, c)
+    assert same["verdict"] == "does not close it" and same["fraction_closed"] < 0
+    assert sub.judge_row(np.array([3.0, 3.3, 2.9]), a, c)["verdict"] == "inconclusive"
+    nogap = sub.judge_row(c, c + np.array([0.1, -0.1, 0.0]), c)
+    assert nogap["verdict"] == "no gap to close"
+    assert sub.judge_row(np.array([np.nan, 1, 1]), a, c)["verdict"].startswith("not measured")
+    with pytest.raises(ValueError):
+        sub.judge_row(a[:2], a, c)
+
+
+def test_analyse_and_parts_on_fabricated_runs(tmp_path):
+    c = sub.SubstitutionConfig(rows=("l", "obar"), lrs=(3.2e-2,), check_baseline=True)
+    rng = np.random.default_rng(0)
+
+    def summ(key, final):
+        return {"key": key, "run_hash": "x", "status": "completed", "val_step": [0, 1000], "val_loss": [5.5, final],
+                "loss_curve": [1.0]}
+    have = {}
+    for s in c.seeds:
+        have[sub.Point("A", 3.2e-2, s).key] = summ("", 3.3 + 0.05 * rng.random())
+        have[sub.Point("C", 3.2e-2, s).key] = summ("", 2.9 + 0.01 * rng.random())
+        have[sub.Point("l", 3.2e-2, s).key] = summ("", 2.9 + 0.01 * rng.random())
+        have[sub.Point("obar", 3.2e-2, s).key] = summ("", 3.3 + 0.05 * rng.random())
+    out = sub.analyse(c, have, check=have[sub.Point("A", 3.2e-2, 0).key])
+    assert out["rows"]["l"]["by_lr"]["0.032"]["verdict"] == "closes the gap"
+    assert out["rows"]["obar"]["by_lr"]["0.032"]["verdict"] in ("does not close it", "inconclusive")
+    assert out["baseline_reproduced"] is True and out["preregistered_on"] == "2026-12-01"
+    part = sub.Part(tmp_path)
+    part.add({"key": "m/lr0.032/s0", "run_hash": "h"})
+    runs, metas = sub.load_parts(tmp_path)
+    assert runs == {"m/lr0.032/s0": {"key": "m/lr0.032/s0", "run_hash": "h"}} and metas[0]["runs"] == 1
+    (tmp_path / "substitution_parts" / "part-bad.json").write_text("{")
+    with pytest.raises(Exception, match="corrupt"):
+        sub.load_parts(tmp_path)
+
+
+# -- replay and branch -------------------------------------------------------------------------------------------
+def test_replay_branch_is_bit_exact_and_a_branch_differs(tmp_path):
+    cfg = TrainConfig.preset("tiny", max_steps=12, checkpoint_every=4, keep_checkpoints=0,
+                             attention="reference(PAPER_BF16)", out_dir=str(tmp_path / "run"), diag_every=0)
+    train(cfg)
+    out = sub.replay_branch(tmp_path / "run", 4, {"fp32": {"attention": "reference(FP32)"},
+                                                  "m": {"attention": "reference(PAPER_BF16,m_acc=fp32)"}},
+                            out_root=tmp_path / "branches")
+    assert out["replay"]["equal"] and len(out["replay"]["losses"]) == 8
+    assert out["fp32"]["first_diff"] is not None and out["fp32"]["first_diff"] >= 4  # another arithmetic
+    assert out["m"]["first_diff"] is None  # m alone in FP32 is A (SAME_AS_A): the branch is the run itself
+    assert out["m"]["losses"] == out["replay"]["losses"]
+    assert json.loads((tmp_path / "branches" / "fp32" / "config.json").read_text())["start_step"] == 4
+    with pytest.raises(FileNotFoundError, match="ckpt_0000003"):
+        sub.replay_branch(tmp_path / "run", 3, {})
+    # a tampered record is caught: the replay must reproduce the run
+    log = (tmp_path / "run" / "log.jsonl").read_text().splitlines()
+    rec = json.loads(log[6])
+    rec["loss"] = rec["loss"] + 1e-3
+    log[6] = json.dumps(rec)
+    (tmp_path / "run" / "log.jsonl").write_text("\n".join(log) + "\n")
+    with pytest.raises(ValueError, match="bit for bit"):
+        sub.replay_branch(tmp_path / "run", 4, {})
