@@ -1,0 +1,166 @@
+"""Chapter 3 ("The gradient error"): the paper's Eq. 1–3 checked line by line on captured tensors.
+
+Issue 12. `lpfail.gradient_error.derivation_check` computes, for one attention layer and batch, Δδ = δ_lp − δ_hp,
+the two sides of Eq. 1 (dQ) and Eq. 2 (dW_Q) — the formula, and autograd's gradients with the exact and with
+the low-precision δ — Eq. 3's approximation, and the δ channel's share of the policy's whole dW_Q error.
+This module runs it on
+
+* ``cpu`` (the stored result, `GradientErrorConfig`): synthetic large-logit inputs (`synthetic_inputs`) and a
+  small model trained here on the CPU under A's attention (``reference(PAPER_BF16)``), at several checkpoints,
+  every layer, on the batch the run consumed at that step (its recorded batch order);
+* ``gpu`` (`check_run`, tools/gpu_gradient_error.sh, next session): lr_sweep's A at lr 3.2e-2, seed 0, retrained
+  with a checkpoint every 100 steps, at ≥ 3 steps and every layer, the same function; a small JSON to $OUT.
+
+Checked: Eq. 1 and 2 must match autograd to `lpfail.gradient_error.TOL` (relative); that is the test of the
+derivation. Measured, not checked: Eq. 3's error, the cosine of the rank-one terms, the sign of ΣΔδ, and the
+share of A's error the δ channel carries.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lpfail import results
+from lpfail.gradient_error import TOL, capture_layer, derivation_check, synthetic_inputs
+from lpfail.precision import Precision
+
+_SCALARS = ("eq1_rel_err", "eq2_rel_err", "eq3_rel_err", "eq3_cos_mean", "share_cos", "share_norm", "sum_dd",
+            "frac_dd_pos", "dd_abs_mean", "dw_err_norm")
+
+
+@dataclass(frozen=True)
+class GradientErrorConfig:
+    """The CPU result: synthetic inputs (seeds × logit scales) and a small CPU-trained model under A."""
+
+    synthetic_seeds: tuple[int, ...] = (0, 1, 2)
+    logit_scales: tuple[float, ...] = (0.5, 2.0)  # max logits ≈ tens and ≈ hundreds
+    synthetic_shape: tuple[int, int, int, int] = (2, 128, 64, 2)  # B, T, C, heads
+    # the CPU-trained model (autocast off on the CPU: q, k, v reach the attention in FP32, A casts them)
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 64
+    block_size: int = 64
+    batch_size: int = 8
+    lr: float = 3e-2
+    max_steps: int = 60
+    steps: tuple[int, ...] = (15, 30, 45)  # checkpoints checked, each on the batch its step consumed
+    # (a checkpoint at step s holds the weights before step s; s < max_steps so that step s has a batch)
+    attention: str = "reference(PAPER_BF16)"
+    policy: str = "PAPER_BF16"
+    seed: int = 0
+
+
+def _summary(r: dict) -> dict:
+    return {k: [float(x) for x in r[k]] for k in _SCALARS} | {"max_logit": r["max_logit"]}
+
+
+def check_run(run_dir, steps, layers=None, rows: int | None = None, policy: Precision | str = "PAPER_BF16",
+              input_dtype=torch.bfloat16, device="cpu", log=print) -> list[dict]:
+    """`derivation_check` at each checkpoint ``step`` of a run, for each layer, on the batch the run consumed
+    at that step (its recorded order; the first `rows` sequences). Returns one record per (step, layer)."""
+    from lpfail.data import BatchOrder  # noqa: F401  (the record's type)
+    from lpfail.model import GPT
+    from lpfail.train import (_rows, checkpoint_path, load_batch_record, load_checkpoint, load_config,
+                              load_tokens, split_validation)
+
+    policy = Precision.parse(policy) if isinstance(policy, str) else policy
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir / "config.json")
+    bad = [s for s in steps if not 0 <= int(s) < cfg.max_steps]
+    if bad:
+        raise ValueError(f"check_run: steps {bad} outside 0..{cfg.max_steps - 1}: a checkpoint at step s is checked "
+                         "on the batch step s consumed")
+    tokens, _, n_vocab = load_tokens(cfg)
+    tokens, _ = split_validation(tokens, cfg)
+    order = load_batch_record(run_dir)
+    out = []
+    for step in steps:
+        ck = load_checkpoint(checkpoint_path(run_dir, step))
+        vocab = cfg.vocab_size or -(-n_vocab // 64) * 64
+        model = GPT(cfg.gpt_config(vocab))
+        model.load_state_dict(ck["model"])
+        for layers_, heads_, spec in cfg.attention_table():
+            model.set_attention(spec, layers=layers_, heads=heads_)
+        model.to(device)
+        offs = order.offsets(step)[: rows or None]
+        x, y = _rows(tokens, offs, cfg.block_size)
+        x, y = x.to(device), y.to(device)
+        amp = (torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+               if cfg.autocast == "bf16" else torch.autocast(device_type="cpu", enabled=False))
+        for layer in (range(cfg.n_layer) if layers is None else layers):
+            with amp:
+                cap = capture_layer(model, x, y, layer)
+            r = derivation_check(cap["x"].cpu(), cap["w_q"].cpu(), cap["w_k"].cpu(), cap["w_v"].cpu(),
+                                 cap["do"].cpu(), policy, n_head=cap["n_head"], input_dtype=input_dtype,
+                                 qkv=tuple(a.cpu() for a in cap["qkv"]))
+            rec = {"step": int(step), "layer": int(layer), "loss": cap["loss"], **_summary(r),
+                   "dd_rows": r["dd"].sum(dim=(0, 1)).tolist()}  # Σ over batch and heads of Δδ per position
+            out.append(rec)
+            log(f"gradient_error: step {step} layer {layer}: eq1 {max(rec['eq1_rel_err']):.1e} eq2 "
+                f"{max(rec['eq2_rel_err']):.1e} share_cos {np.round(rec['share_cos'], 2).tolist()} "
+                f"ΣΔδ {np.round(rec['sum_dd'], 4).tolist()}")
+    return out
+
+
+def train_cpu_model(c: GradientErrorConfig, out_dir) -> Path:
+    """The small CPU run the CPU result checks (checkpoints at `c.steps`, all kept)."""
+    from lpfail.train import TrainConfig, train
+
+    step = int(np.gcd.reduce(np.array(c.steps)))
+    tc = TrainConfig(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, block_size=c.block_size,
+                     batch_size=c.batch_size, lr=c.lr, min_lr=c.lr / 10, warmup=c.max_steps // 10,
+                     schedule="cosine", max_steps=c.max_steps, attention=c.attention, autocast="none",
+                     device="cpu", init_seed=c.seed, data_seed=c.seed, diag_every=0, checkpoint_every=step,
+                     keep_checkpoints=0, out_dir=str(out_dir))
+    train(tc)
+    return Path(out_dir)
+
+
+@results.experiment("gradient_error", config=GradientErrorConfig,
+                    description="Eq. 1–3 of the paper checked against autograd on captured tensors (chapter 3; CPU)")
+def gradient_error(c: GradientErrorConfig) -> dict:
+    import tempfile
+
+    policy = Precision.parse(c.policy)
+    b, t, ch, nh = c.synthetic_shape
+    synth = []
+    for scale in c.logit_scales:
+        for seed in c.synthetic_seeds:
+            inp = synthetic_inputs(b=b, t=t, c=ch, n_head=nh, logit_scale=scale, seed=seed)
+            r = derivation_check(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], policy, n_head=nh)
+            synth.append({"logit_scale": scale, "seed": seed, **_summary(r)})
+    with tempfile.TemporaryDirectory() as d:
+        run = train_cpu_model(c, Path(d) / "run")
+        model_recs = check_run(run, c.steps, policy=policy, input_dtype=torch.float32, log=lambda *_: None)
+    every = [x for rec in synth + model_recs for k in ("eq1_rel_err", "eq2_rel_err") for x in rec[k]]
+    return {"tol": TOL, "synthetic": synth, "model": model_recs, "max_rel_err": float(max(every)),
+            "passed": bool(max(every) <= TOL)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.gradient_error")
+    ap.add_argument("command", choices=("gpu",))
+    ap.add_argument("--run", required=True, help="a run directory with checkpoints and its batch record")
+    ap.add_argument("--steps", default="300,600,900")
+    ap.add_argument("--rows", type=int, default=8, help="sequences of the step's batch to use")
+    ap.add_argument("--out", required=True, help="the JSON file to write")
+    args = ap.parse_args(argv)
+    steps = [int(s) for s in args.steps.split(",")]
+    recs = check_run(args.run, steps, rows=args.rows, device="cuda" if torch.cuda.is_available() else "cpu")
+    every = [x for rec in recs for k in ("eq1_rel_err", "eq2_rel_err") for x in rec[k]]
+    Path(args.out).write_text(json.dumps({"tol": TOL, "records": recs, "max_rel_err": max(every),
+                                          "passed": max(every) <= TOL, "run": str(args.run)}) + "\n")
+    print(f"gradient_error gpu: {len(recs)} (step, layer) checks, max relative error {max(every):.2e} "
+          f"(tol {TOL:g}): {'passed' if max(every) <= TOL else 'FAILED'}")
+    return 0 if max(every) <= TOL else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

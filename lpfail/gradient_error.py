@@ -1,0 +1,228 @@
+"""Chapter 3 ("The gradient error"): the paper's Eq. 1–3, each line computed from captured tensors and checked
+against autograd.
+
+Notation (the paper's Sec. 3, our shapes): one attention layer, heads h, X (B, T, C) the input of the QKV
+projection (after LayerNorm), Q^h = X W_Q^hᵀ (B, T, D), α = D^-1/2, S = α QKᵀ (causal), P = softmax(S),
+O = PV, dO the gradient of the loss with respect to O, δ = rowsum(dO ∘ O), dP = dO Vᵀ, dS = P ∘ (dP − δ),
+dQ = α dS K, dW_Q^h = Σ_{b,T} dQ[b,T]ᵀ X[b,T] (a D × C matrix). "hp" is the exact value (float64 here; the
+paper's FP32), "lp" the value under a policy (PAPER_BF16: A's arithmetic). Δδ = δ_lp − δ_hp per row.
+
+    Eq. 1   dQ_hp − dQ_lp  = α · diag(Δδ) · (P K)                       when only δ differs
+    Eq. 2   dW_Q,hp − dW_Q,lp = α Σ_{b,T} Δδ[b,T] · (PK)[b,T]ᵀ X[b,T]    a weighted sum of rank-one D × C terms
+    Eq. 3   ≈ α (Σ Δδ) · R̄                                               R̄ = the mean rank-one term
+
+How each line is checked (`derivation_check`):
+
+* Eq. 1 and 2 against **autograd**, independently of the formula: the gradient of the scalar
+  ⟨O(W_Q), dO⟩ with respect to S is P ∘ (dP − δ_hp); adding −Σ Δδ[T]·logsumexp(S[T]) (Δδ held constant)
+  adds −Δδ[T]·P[T] to it, i.e. turns δ_hp into δ_lp. So autograd of the two scalars, in float64, gives
+  dQ and dW_Q with the exact and with the low-precision δ; their differences must equal the formulas to
+  float64 rounding (tolerance `TOL`).
+* Eq. 2's share of the *whole* low-precision error: the full backward under the policy (`flash_backward`,
+  every cast of A, from A's own forward) gives dW_Q,lp^full; the cosine between dW_Q,hp − dW_Q,lp^full and
+  the δ-term, and the ratio of their norms, say how much of A's gradient error the δ channel is.
+* Eq. 3 is an approximation, measured (not checked): the mean pairwise cosine of the rank-one terms, and the
+  relative error of α (Σ Δδ) R̄ against Eq. 2.
+
+Public surface::
+
+    delta_lp(do, o, policy)                            δ as the policy's backward computes it from a stored O
+    derivation_check(x, w_q, w_k, w_v, do, policy)     every line, per head → dict of numbers
+    capture_layer(model, idx, targets, layer)          X, W_Q, W_K, W_V, dO of one layer from a model
+    synthetic_inputs(...)                              large-logit inputs with tied maxima, for the CPU
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lpfail.attention import _wider, flash_backward, flash_forward
+from lpfail.precision import PAPER_BF16, Precision
+
+#: Relative tolerance of the autograd checks of Eq. 1 and 2 (both sides in float64; measured ≈ 1e-13 on
+#: synthetic inputs with logits in the thousands: the difference of two nearly equal gradients).
+TOL = 1e-9
+
+
+def delta_lp(do: torch.Tensor, o: torch.Tensor, policy: Precision) -> torch.Tensor:
+    """δ = rowsum(dO ∘ O) as `lpfail.attention`'s backward forms it for delta="dO.O": each product rounded to
+    `delta_prod` (widened to the operands' dtype), summed in FP32 (FP64 for FP64 operands). (…, T, 1)."""
+    prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, o.dtype)
+    op = torch.float64 if prod_dt == torch.float64 else torch.float32
+    return (do.to(prod_dt) * o.to(prod_dt)).to(op).sum(dim=-1, keepdim=True)
+
+
+def _causal(t: int, device) -> torch.Tensor:
+    return torch.ones(t, t, dtype=torch.bool, device=device).tril()
+
+
+def _heads(x: torch.Tensor, w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """(B, T, C) @ (C_out, C)ᵀ → (B, H, T, D)."""
+    b, t, _ = x.shape
+    return (x @ w.T).view(b, t, n_head, -1).transpose(1, 2)
+
+
+def derivation_check(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, do: torch.Tensor,
+                     policy: Precision = PAPER_BF16, n_head: int = 1, input_dtype=torch.bfloat16,
+                     n_pairs: int = 2000, seed: int = 0, qkv: tuple | None = None) -> dict:
+    """Every line of Eq. 1–3 for one layer, per head.
+
+    x (B, T, C) the QKV projection's input; w_q, w_k, w_v (C, C) its three weight blocks (rows = heads ×
+    head size); do (B, H, T, D) the gradient of the attention output. q, k, v are formed in float64 and
+    rounded to `input_dtype` (BF16: what autocast feeds the attention) before the lp forward, unless `qkv`
+    gives the (B, H, T, D) q, k, v the model's attention actually received (then used as they are; the
+    gradient with respect to W_Q still flows through X W_Qᵀ). Returns per-head
+    lists: the relative errors of Eq. 1 and 2 against autograd, Eq. 3's cosine and relative error, the δ-term's
+    share of the policy's full dW_Q error, and Σ Δδ with the fraction of positive Δδ."""
+    if x.dim() != 3 or do.dim() != 4:
+        raise ValueError(f"x must be (B, T, C) and do (B, H, T, D); got {tuple(x.shape)}, {tuple(do.shape)}")
+    b, t, c = x.shape
+    if c % n_head or tuple(w_q.shape) != (c, c) or w_k.shape != w_q.shape or w_v.shape != w_q.shape:
+        raise ValueError(f"w_q, w_k, w_v must be ({c}, {c}) with n_head ({n_head}) dividing {c}")
+    d = c // n_head
+    if tuple(do.shape) != (b, n_head, t, d):
+        raise ValueError(f"do must be (B, H, T, D) = {(b, n_head, t, d)}; got {tuple(do.shape)}")
+    alpha = d ** -0.5
+    x64, wq64, wk64, wv64 = (a.detach().double() for a in (x, w_q, w_k, w_v))
+    mask = _causal(t, x.device)
+
+    # the low-precision forward and backward, as A computes them (q, k, v rounded to the input dtype)
+    if qkv is None:
+        q_in, k_in, v_in = (_heads(x64, w, n_head).to(input_dtype) for w in (wq64, wk64, wv64))
+    else:
+        q_in, k_in, v_in = (a.detach() for a in qkv)
+        if q_in.shape != do.shape or k_in.shape != do.shape or v_in.shape != do.shape:
+            raise ValueError(f"qkv must be three tensors of do's shape {tuple(do.shape)}")
+        input_dtype = q_in.dtype
+    do_in = do.detach().to(input_dtype)  # the dO both sides use (what the attention's backward receives)
+    do64 = do_in.double()
+    fwd = flash_forward(q_in, k_in, v_in, policy)
+    d_lp = delta_lp(do_in, fwd.o, policy).double()                                    # (B, H, T, 1)
+    dq_full, _, _ = flash_backward(q_in, k_in, v_in, fwd.o, fwd.lse, do_in, policy)
+
+    # exact forward from the *same* rounded q, k, v (so that only the arithmetic differs)
+    q64, k64, v64 = q_in.double(), k_in.double(), v_in.double()
+    s64 = (q64 @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf)
+    p64 = torch.softmax(s64, dim=-1)                                                 # (B, H, T, T)
+    o64 = p64 @ v64
+    d_hp = (do64 * o64).sum(-1, keepdim=True)                                        # (B, H, T, 1)
+    dd = (d_lp - d_hp)                                                               # Δδ (B, H, T, 1)
+    pk = p64 @ k64                                                                   # (B, H, T, D)
+
+    # autograd: dQ and dW_Q with δ_hp and with δ_lp (through the logsumexp term), as functions of W_Q
+    def grads(with_lp: bool):
+        wq = wq64.clone().requires_grad_()
+        q_lin = _heads(x64, wq, n_head)
+        q = q64 + (q_lin - q_lin.detach())  # the value A's attention saw (rounded), the gradient of X W_Qᵀ
+        q.retain_grad()
+        s = (q @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf)
+        f = (torch.softmax(s, dim=-1) @ v64 * do64).sum()
+        if with_lp:
+            f = f - (dd[..., 0] * torch.logsumexp(s, dim=-1)).sum()
+        f.backward()
+        return q.grad, wq.grad
+
+    dq_hp, dw_hp = grads(False)
+    dq_lp, dw_lp = grads(True)
+    xh = x64.unsqueeze(1)                                                            # (B, 1, T, C)
+    out = {k: [] for k in ("eq1_rel_err", "eq2_rel_err", "eq3_rel_err", "eq3_cos_mean", "share_cos",
+                           "share_norm", "sum_dd", "frac_dd_pos", "dd_abs_mean", "dw_err_norm")}
+    g = torch.Generator().manual_seed(seed)
+    dq_full64 = dq_full.double()
+    for h in range(n_head):
+        rows = slice(h * d, (h + 1) * d)
+        # Eq. 1
+        lhs1 = dq_hp[:, h] - dq_lp[:, h]
+        rhs1 = alpha * dd[:, h] * pk[:, h]
+        out["eq1_rel_err"].append(_rel(lhs1, rhs1))
+        # Eq. 2: Σ_{b,T} Δδ (PK)ᵀ X
+        lhs2 = dw_hp[rows] - dw_lp[rows]
+        rhs2 = alpha * torch.einsum("bt,btd,btc->dc", dd[:, h, :, 0], pk[:, h], xh[:, 0])
+        out["eq2_rel_err"].append(_rel(lhs2, rhs2))
+        # Eq. 3: rank-one terms r = (PK)[T]ᵀ X[T], their similarity and the mean-term approximation
+        terms = torch.einsum("btd,btc->btdc", pk[:, h], xh[:, 0]).reshape(b * t, -1)   # (B·T, D·C)
+        unit = terms / terms.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+        i = torch.randint(0, b * t, (n_pairs,), generator=g)
+        j = torch.randint(0, b * t, (n_pairs,), generator=g)
+        keep = i != j
+        out["eq3_cos_mean"].append(float((unit[i[keep]] * unit[j[keep]]).sum(-1).mean()))
+        r_bar = terms.mean(0).view(d, c)
+        approx = alpha * dd[:, h].sum() * r_bar
+        out["eq3_rel_err"].append(_rel(rhs2, approx))
+        # the δ channel's share of the policy's whole dW_Q error
+        full = (dq_hp[:, h] - dq_full64[:, h])                                     # (B, T, D)
+        full_w = torch.einsum("btd,btc->dc", full, xh[:, 0])
+        out["share_cos"].append(_cos(full_w, rhs2))
+        out["share_norm"].append(float(rhs2.norm() / full_w.norm()) if full_w.norm() > 0 else float("nan"))
+        out["dw_err_norm"].append(float(full_w.norm()))
+        out["sum_dd"].append(float(dd[:, h].sum()))
+        out["frac_dd_pos"].append(float((dd[:, h] > 0).double().mean()))
+        out["dd_abs_mean"].append(float(dd[:, h].abs().mean()))
+    out["tol"] = TOL
+    out["max_logit"] = float(s64.masked_fill(~mask, -math.inf).amax())
+    out["dd"] = dd[..., 0].float()                                                   # (B, H, T) for plots
+    return out
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / max(‖a‖, ‖b‖) (0 when both vanish)."""
+    den = max(float(a.norm()), float(b.norm()))
+    return float((a - b).norm()) / den if den > 0 else 0.0
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    den = float(a.norm() * b.norm())
+    return float((a * b).sum()) / den if den > 0 else float("nan")
+
+
+def capture_layer(model, idx: torch.Tensor, targets: torch.Tensor, layer: int) -> dict:
+    """X, W_Q, W_K, W_V and dO of one attention layer of `model` (a `lpfail.model.GPT`) for one batch: X is the
+    input of the layer's QKV projection, dO the gradient of the loss with respect to the attention output
+    (before c_proj), both from an ordinary forward and backward of the model as it is set up (its attention
+    backends, its dtype). Nothing in the model is changed; gradients of its parameters are left as they were."""
+    attn = model.transformer.h[layer].attn
+    store: dict = {}
+    orig = attn.attend
+
+    def attend(q, k, v):
+        store["qkv"] = (q.detach().clone(), k.detach().clone(), v.detach().clone())
+        y = orig(q, k, v)
+        y.retain_grad()
+        store["y"] = y
+        return y
+
+    def pre(_mod, args):
+        store["x"] = args[0].detach().clone()
+
+    handle = attn.register_forward_pre_hook(pre)
+    attn.attend = attend
+    saved = [p.grad for p in model.parameters()]
+    try:
+        _, loss = model(idx, targets)
+        (y_grad,) = torch.autograd.grad(loss, [store["y"]])
+    finally:
+        handle.remove()
+        del attn.attend
+        for p, gr in zip(model.parameters(), saved):
+            p.grad = gr
+    c = attn.n_embd
+    w = attn.c_attn.weight.detach()
+    return {"x": store["x"], "w_q": w[:c].clone(), "w_k": w[c:2 * c].clone(), "w_v": w[2 * c:].clone(),
+            "do": y_grad.detach().clone(), "qkv": store["qkv"], "n_head": attn.n_head, "loss": float(loss.detach())}
+
+
+def synthetic_inputs(b: int = 2, t: int = 128, c: int = 64, n_head: int = 1, logit_scale: float = 8.0,
+                     seed: int = 0) -> dict:
+    """Inputs with large logits and many tied maxima, in float64: X is low-rank (each row one of a few
+    combinations of 4 shared directions, plus small noise, so rows repeat and their scores tie), W_K ≈ W_Q
+    scaled so that the scores reach tens, W_V random, dO small and random."""
+    g = torch.Generator().manual_seed(seed)
+    basis = torch.randn(4, c, generator=g, dtype=torch.float64)
+    coef = torch.randint(0, 3, (b, t, 4), generator=g).double()  # few distinct rows → ties in S
+    x = coef @ basis + 0.05 * torch.randn(b, t, c, generator=g, dtype=torch.float64)
+    w_q = torch.randn(c, c, generator=g, dtype=torch.float64) * logit_scale / math.sqrt(c)
+    w_k = w_q + 0.1 * torch.randn(c, c, generator=g, dtype=torch.float64) / math.sqrt(c)
+    w_v = torch.randn(c, c, generator=g, dtype=torch.float64) / math.sqrt(c)
+    do = 1e-2 * torch.randn(b, n_head, t, c // n_head, generator=g, dtype=torch.float64)
+    return {"x": x, "w_q": w_q, "w_k": w_k, "w_v": w_v, "do": do, "n_head": n_head}

@@ -1,0 +1,88 @@
+"""Chapter 3: the paper's Eq. 1–3 checked against autograd (lpfail.gradient_error, issue 12)."""
+import numpy as np
+import pytest
+import torch
+
+from lpfail.gradient_error import TOL, _heads, capture_layer, delta_lp, derivation_check, synthetic_inputs
+from lpfail.precision import FP64, PAPER_BF16
+
+
+def _check(policy=PAPER_BF16, **kw):
+    inp = synthetic_inputs(b=1, t=64, c=32, n_head=2, **kw)
+    return derivation_check(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], policy, n_head=2)
+
+
+def test_eq1_and_eq2_match_autograd_on_large_logits():
+    r = _check(logit_scale=2.0)
+    assert r["max_logit"] > 50  # the regime of the paper: large logits
+    assert max(r["eq1_rel_err"] + r["eq2_rel_err"]) < TOL
+    assert min(r["dd_abs_mean"]) > 1e-6  # A's δ really differs from the exact one: the check is not 0 = 0
+    assert all(np.isfinite(r["eq3_rel_err"])) and all(-1 <= c <= 1 for c in r["eq3_cos_mean"])
+    assert r["dd"].shape == (1, 2, 64)
+
+
+def test_the_check_would_see_a_wrong_formula():
+    """Eq. 1 with the sign of Δδ flipped (the error a sign slip in the derivation makes) is far off autograd:
+    the same comparison the check makes, so the check can fail."""
+    inp = synthetic_inputs(b=1, t=32, c=16, n_head=1, logit_scale=2.0)
+    r = derivation_check(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], PAPER_BF16)
+    x, wq, wk, wv, do = (inp[k] for k in ("x", "w_q", "w_k", "w_v", "do"))
+    q, k, v = (_heads(x, w, 1).to(torch.bfloat16).double() for w in (wq, wk, wv))
+    from lpfail.attention import flash_forward
+    o = flash_forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), PAPER_BF16).o
+    mask = torch.ones(32, 32, dtype=torch.bool).tril()
+    p = torch.softmax((q @ k.transpose(-1, -2) / 4).masked_fill(~mask, -torch.inf), -1)
+    do = do.bfloat16().double()  # both δ's read the same dO (the one the attention's backward receives)
+    dd = delta_lp(do.bfloat16(), o, PAPER_BF16).double() - (do * (p @ v)).sum(-1, keepdim=True)
+    assert torch.allclose(dd[..., 0].float(), r["dd"], rtol=1e-6, atol=1e-9)  # the same Δδ
+    assert r["eq1_rel_err"][0] < TOL
+    # the correct sign is what matches: recompute the left side with autograd here, compare with ±formula
+    qq = q.clone().requires_grad_()
+    s = (qq @ k.transpose(-1, -2) / 4).masked_fill(~mask, -torch.inf)
+    f_hp = (torch.softmax(s, -1) @ v * do).sum()
+    (g_hp,) = torch.autograd.grad(f_hp, qq, retain_graph=True)
+    (g_lp,) = torch.autograd.grad(f_hp - (dd[..., 0] * torch.logsumexp(s, -1)).sum(), qq)
+    rhs = dd * (p @ k) / 4
+    assert torch.allclose(g_hp - g_lp, rhs, rtol=1e-9, atol=1e-15)
+    assert not torch.allclose(g_hp - g_lp, -rhs, rtol=1e-3, atol=0)
+
+
+def test_fp64_policy_has_no_delta_error():
+    r = _check(FP64, logit_scale=0.5)
+    assert max(r["dd_abs_mean"]) < 1e-12
+
+
+def test_capture_layer_gives_the_layers_tensors():
+    from lpfail.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(block_size=16, vocab_size=32, n_layer=2, n_head=2, n_embd=16))
+    m.set_attention("reference", PAPER_BF16)
+    idx = torch.randint(0, 32, (3, 16))
+    cap = capture_layer(m, idx, idx, 1)
+    q, k, v = cap["qkv"]
+    assert torch.equal(_heads(cap["x"], cap["w_q"], 2), q) and torch.equal(_heads(cap["x"], cap["w_v"], 2), v)
+    assert cap["do"].shape == (3, 2, 16, 8) and cap["do"].abs().sum() > 0
+    assert all(p.grad is None for p in m.parameters())  # the model's gradients are left alone
+    r = derivation_check(cap["x"], cap["w_q"], cap["w_k"], cap["w_v"], cap["do"], PAPER_BF16, n_head=2,
+                         qkv=cap["qkv"])
+    assert max(r["eq1_rel_err"] + r["eq2_rel_err"]) < TOL
+
+
+def test_bad_inputs_are_named():
+    inp = synthetic_inputs(b=1, t=16, c=16, n_head=2)
+    with pytest.raises(ValueError, match="do must be"):
+        derivation_check(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"][:, :1], n_head=2)
+    with pytest.raises(ValueError, match="w_q, w_k, w_v"):
+        derivation_check(inp["x"], inp["w_q"][:8], inp["w_k"], inp["w_v"], inp["do"], n_head=2)
+
+
+def test_check_run_on_a_tiny_cpu_run(tmp_path):
+    from lpfail.experiments.gradient_error import GradientErrorConfig, check_run, train_cpu_model
+
+    c = GradientErrorConfig(n_layer=1, n_embd=32, block_size=32, batch_size=4, max_steps=8, steps=(4,))
+    run = train_cpu_model(c, tmp_path / "run")
+    recs = check_run(run, c.steps, rows=2, input_dtype=torch.float32, log=lambda *_: None)
+    assert len(recs) == 1 and recs[0]["step"] == 4 and max(recs[0]["eq2_rel_err"]) < TOL
+    with pytest.raises(ValueError, match="outside"):
+        check_run(run, (8,))
