@@ -144,14 +144,32 @@ def gradient_error(c: GradientErrorConfig) -> dict:
             "passed": bool(max(every) <= TOL)}
 
 
+def a_run_config(out_dir: str, lr: float = 3.2e-2, seed: int = 0, checkpoint_every: int = 100):
+    """lr_sweep's run of A at (lr, seed), smaller size, with a checkpoint every `checkpoint_every` steps, all
+    kept (for the GPU checks and `substitution.replay_branch`): the same run, so its final held-out loss must
+    equal lr_sweep's stored one."""
+    from lpfail.experiments import lr_sweep
+
+    tc = lr_sweep.train_config(lr_sweep.LRSweepConfig(), lr_sweep.Point("small", "A", lr, seed), out_dir)
+    return dataclasses.replace(tc, checkpoint_every=checkpoint_every, keep_checkpoints=0)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.gradient_error")
-    ap.add_argument("command", choices=("gpu",))
-    ap.add_argument("--run", required=True, help="a run directory with checkpoints and its batch record")
+    ap.add_argument("command", choices=("gpu", "a-config"))
+    ap.add_argument("--run", required=True, help="a run directory with checkpoints and its batch record "
+                    "(a-config: where the run will write; its train_config.json is written there)")
     ap.add_argument("--steps", default="300,600,900")
     ap.add_argument("--rows", type=int, default=8, help="sequences of the step's batch to use")
-    ap.add_argument("--out", required=True, help="the JSON file to write")
+    ap.add_argument("--out", default=None, help="gpu: the JSON file to write")
     args = ap.parse_args(argv)
+    if args.command == "a-config":
+        Path(args.run).mkdir(parents=True, exist_ok=True)
+        (Path(args.run) / "train_config.json").write_text(json.dumps(a_run_config(args.run).to_dict()))
+        print(Path(args.run) / "train_config.json")
+        return 0
+    if not args.out:
+        ap.error("gpu needs --out")
     steps = [int(s) for s in args.steps.split(",")]
     recs = check_run(args.run, steps, rows=args.rows, device="cuda" if torch.cuda.is_available() else "cpu")
     every = [x for rec in recs for k in ("eq1_rel_err", "eq2_rel_err") for x in rec[k]]

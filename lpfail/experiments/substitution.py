@@ -531,11 +531,28 @@ def status_text(c: SubstitutionConfig | None = None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.substitution")
-    ap.add_argument("command", choices=("status", "drive", "collect", "plan"))
+    ap.add_argument("command", choices=("status", "drive", "collect", "plan", "replay"))
     ap.add_argument("--budget", type=float, default=900.0, help="drive: seconds before running runs are stopped")
     ap.add_argument("--root", default=None)
+    ap.add_argument("--run", default=None, help="replay: the recorded run (checkpoints kept)")
+    ap.add_argument("--step", type=int, default=600, help="replay: the checkpoint to replay and branch from")
+    ap.add_argument("--rows", default="l,scores,score_path,exp_in,out,delta_dPP,obar",
+                    help="replay: the rows to branch with (policy rows)")
+    ap.add_argument("--out", default=None, help="replay: the JSON file to write")
     args = ap.parse_args(argv)
     c = SubstitutionConfig()
+    if args.command == "replay":
+        if not (args.run and args.out):
+            ap.error("replay needs --run and --out")
+        by = {r.name: r for r in ROWS}
+        branches = {n: {"attention": f"reference({row_policy(by[n]).name})"} for n in args.rows.split(",")}
+        t0 = time.time()
+        res = replay_branch(args.run, args.step, branches)
+        res["wall_s"] = round(time.time() - t0, 1)
+        Path(args.out).write_text(json.dumps(res) + "\n")
+        print(f"replay from step {args.step}: bit-exact {res['replay']['equal']}; first differing step per row: "
+              + ", ".join(f"{n} {res[n]['first_diff']}" for n in branches) + f" ({res['wall_s']} s)")
+        return 0
     if args.command == "plan":
         lsr = results.load("lr_sweep")
         for p in plan(c):

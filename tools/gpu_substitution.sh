@@ -1,0 +1,86 @@
+#!/bin/bash
+# Chapters 2 and 3 on a GPU machine (issue 12), as a driver that outlives each device call (the pattern of
+# tools/gpu_lr_sweep.sh):
+#   start    CUDA MPS if present; then, each in its own session:
+#            (1) `python -m lpfail.experiments.substitution drive --budget $BUDGET`: the substitution grid's missing
+#                runs (108 runs of 1,000 steps at the smaller size + 1 rerun of A that must equal lr_sweep's stored
+#                run bit for bit), 12 at a time, each finished run's summary stored at once in a part file;
+#            (2) the extras, one process after the other: lr_sweep's A at lr 3.2e-2, seed 0, retrained with a
+#                checkpoint every 100 steps (all kept) → chapter 3's checks at steps 300, 600, 900, every layer
+#                (`python -m lpfail.experiments.gradient_error gpu`) → the replay from step 600, bit for bit, and
+#                a branch per row (`python -m lpfail.experiments.substitution replay`)
+#   wait     progress every 60 s until both have ended or $WAIT seconds have passed, then collect
+#   collect  copy the part files, the extras' JSON and the logs to $OUT
+# Expected cost (from lr_sweep's call 2: small captured runs 70–100 s each at 12 at once under MPS): ≈ 9–10 waves
+# of 12 → 12–15 min for the grid; the extras ≈ 2 min of training + ≈ 5 min of replay/branches + the checks.
+# Afterwards, here: copy $OUT/part-*.json to results/substitution_parts/, then
+# `python -m lpfail.experiments.substitution collect`; copy $OUT/gradient_error_gpu.json and $OUT/replay.json to
+# results/substitution_gpu/ (read by chapters 2 and 3).
+# Usage (GPU machine, repo root): LPFAIL_GIT=<commit> BUDGET=900 WAIT=540 bash tools/gpu_substitution.sh start|wait|collect
+# Steering: STOP_IN=<s> brings the driver's deadline to <s> s from now; PARALLEL=<n> changes how many run at once.
+set -o pipefail
+MODE=${1:-wait}
+case "$MODE" in start|wait|collect) ;; *) echo "usage: $0 start|wait|collect" >&2; exit 2;; esac
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+export LPFAIL_SUBSTITUTION_ROOT=${LPFAIL_SUBSTITUTION_ROOT:-/tmp/lpfail_substitution}
+export LPFAIL_RESULTS_DIR=${LPFAIL_RESULTS_DIR:-/tmp/lpfail_results}
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/lpfail_mps CUDA_MPS_LOG_DIRECTORY=/tmp/lpfail_mps_log
+OUT=${OUT:-/tmp/lpfail_out}
+BUDGET=${BUDGET:-900}
+WAIT=${WAIT:-540}
+BASE=$LPFAIL_SUBSTITUTION_ROOT
+EXTRA=$BASE/extras
+mkdir -p "$OUT" "$LPFAIL_RESULTS_DIR"
+T0=$(date +%s)
+source "$(dirname "$0")/gpu_driver.sh"
+extras_running() { [ -f "$EXTRA/extras.pid" ] && kill -0 "$(cat "$EXTRA/extras.pid")" 2>/dev/null; }
+progress() {
+    log "$(python3 -m lpfail.experiments.substitution status 2>&1 | cut -c1-200)"
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    tail -n 1 "$BASE/drive.log"
+    tail -n 2 "$EXTRA/extras.log" 2>/dev/null
+}
+if [ "$MODE" = start ]; then
+    rm -rf "$BASE"; mkdir -p "$BASE" "$EXTRA" "$LPFAIL_RESULTS_DIR"
+    # stored runs are not rerun: lr_sweep's parts hold the baselines A and C, ours any earlier call's rows
+    for d in lr_sweep_parts substitution_parts; do
+        rm -rf "$LPFAIL_RESULTS_DIR/$d"; mkdir -p "$LPFAIL_RESULTS_DIR/$d"
+        cp results/$d/part-*.json "$LPFAIL_RESULTS_DIR/$d/" 2>/dev/null
+    done
+    cp results/lr_sweep.json results/lr_sweep.npz "$LPFAIL_RESULTS_DIR/" 2>/dev/null  # head_choice reads it
+    nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,memory.used,temperature.gpu --format=csv
+    python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+    if command -v nvidia-cuda-mps-control >/dev/null; then
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        setsid nvidia-cuda-mps-control -d && log "MPS control daemon started" || log "MPS did not start"
+    fi
+    log "starting the substitution driver, budget $BUDGET s"
+    setsid nohup python3 -m lpfail.experiments.substitution drive --budget "$BUDGET" --root "$BASE" \
+        >"$BASE/drive.log" 2>&1 </dev/null &
+    echo $! >"$BASE/drive.pid"
+    log "starting the extras (A with checkpoints → gradient_error gpu → replay)"
+    setsid nohup bash -c "
+        set -e
+        python3 -m lpfail.experiments.gradient_error a-config --run '$EXTRA/a'
+        python3 -m lpfail train --config '$EXTRA/a/train_config.json' --no-progress
+        python3 -m lpfail.experiments.gradient_error gpu --run '$EXTRA/a' --steps 300,600,900 --rows 8 \
+            --out '$EXTRA/gradient_error_gpu.json'
+        python3 -m lpfail.experiments.substitution replay --run '$EXTRA/a' --step 600 --out '$EXTRA/replay.json'
+    " >"$EXTRA/extras.log" 2>&1 </dev/null &
+    echo $! >"$EXTRA/extras.pid"
+    sleep 5
+fi
+steer "$BASE/runs/control.json"
+if [ "$MODE" != collect ]; then
+    wait_for_driver
+    while extras_running && [ $(( $(date +%s) - T0 )) -lt "$WAIT" ]; do sleep 5; done
+    extras_running && log "the extras are still running" || log "the extras have ended"
+fi
+log "collecting"
+python3 -m lpfail.experiments.substitution status
+for f in "$LPFAIL_RESULTS_DIR"/substitution_parts/part-*.json; do  # only this machine's new parts
+    [ -e "$f" ] && [ ! -e "results/substitution_parts/$(basename "$f")" ] && cp "$f" "$OUT/"
+done
+cp "$BASE/drive.log" "$EXTRA/extras.log" "$EXTRA/gradient_error_gpu.json" "$EXTRA/replay.json" "$OUT/" 2>/dev/null
+cp "$EXTRA/a/log.jsonl" "$OUT/a_log.jsonl" 2>/dev/null; cp "$EXTRA/a/val.jsonl" "$OUT/a_val.jsonl" 2>/dev/null
+ls -la "$OUT"
