@@ -279,3 +279,63 @@ def test_c0_without_the_sweep_is_not_yet_tested_but_keeps_the_old_evidence():
     vs = {v.claim: v for v in V.verdicts(load=load, stored=lambda name: name != "lr_sweep")}
     assert all(vs[c].verdict == V.NOT_TESTED for c in ("C0", "C0-bias", "C0-qk", "C0-size"))
     assert "explosion search" in vs["C0"].old and "old criterion" in vs["C0"].note
+
+
+# -- chapter 2 and 3 rules (issue 12), on fabricated results --------------------------------------------------
+def _sub(rows: dict, gap_lo: float = 0.05) -> dict:
+    """A fabricated substitution result: {row: {lr: verdict word}}."""
+    def entry(w):
+        if w.startswith("not measured"):
+            return {"verdict": w, "point": None, "ci": None}
+        return {"verdict": w, "point": -0.1, "ci": [-0.2, -0.01], "gap": {"point": 0.2, "ci": [gap_lo, 0.3]},
+                "fraction_closed": 0.8}
+    return {"analysis": {"rows": {n: {"label": n, "by_lr": {lr: entry(w) for lr, w in d.items()}}
+                                  for n, d in rows.items()}}}
+
+
+def test_c1a_one_tile_is_a():
+    assert V.judge_one_tile(_sub({"tiles_fa2": {"0.032": V.OPEN}})).verdict == V.REPRODUCED
+    assert V.judge_one_tile(_sub({"tiles_fa2": {"0.032": V.NO_GAP}}, gap_lo=-0.01)).verdict == V.NOT_REPRODUCED
+    assert V.judge_one_tile(_sub({})).verdict == V.NOT_TESTED
+
+
+def test_c1b_one_layer():
+    def res(a1, c1, others_a=V.CLOSES, others_c=V.OPEN):
+        rows = {f"layer{i}_a": {"0.032": a1 if i == 1 else others_a} for i in range(4)}
+        rows |= {f"layer{i}_c": {"0.032": c1 if i == 1 else others_c} for i in range(4)}
+        return _sub(rows)
+    assert V.judge_one_layer(res(V.OPEN, V.CLOSES)).verdict == V.REPRODUCED
+    assert V.judge_one_layer(res(V.UNSURE, V.CLOSES)).verdict == V.PARTLY
+    assert V.judge_one_layer(res(V.CLOSES, V.OPEN)).verdict == V.CONTRADICTED
+    assert V.judge_one_layer(res(V.UNSURE, V.UNSURE, V.UNSURE, V.UNSURE)).verdict == V.NOT_REPRODUCED
+    assert V.judge_one_layer(res(V.NO_GAP, V.NO_GAP, V.NO_GAP, V.NO_GAP)).verdict == V.NOT_TESTED
+    assert "layer1_a" in V.judge_one_layer(res(V.OPEN, V.CLOSES)).evidence
+
+
+def test_c1c_through_delta():
+    def res(words):
+        return _sub({n: {"0.016": w, "0.032": w} for n, w in zip(V.C1C_ROWS, words)})
+    assert V.judge_through_delta(res([V.CLOSES] * 4)).verdict == V.REPRODUCED
+    assert V.judge_through_delta(res([V.CLOSES, V.OPEN, V.OPEN, V.UNSURE])).verdict == V.PARTLY
+    assert V.judge_through_delta(res([V.OPEN] * 4)).verdict == V.CONTRADICTED
+    assert V.judge_through_delta(res([V.UNSURE, V.OPEN, V.OPEN, V.OPEN])).verdict == V.NOT_REPRODUCED
+    assert V.judge_through_delta(res([V.NO_GAP] * 4)).verdict == V.NOT_TESTED
+    assert V.judge_through_delta(res(["not measured (runs missing)"] + [V.CLOSES] * 3)).verdict == V.NOT_TESTED
+
+
+def test_c2_gradient_error():
+    rec = {"eq1_rel_err": [1e-14], "eq2_rel_err": [1e-14]}
+    base = {"tol": 1e-9, "passed": True, "max_rel_err": 1e-14, "synthetic": [rec], "model": [rec]}
+    assert V.judge_gradient_error(base).verdict == V.NOT_TESTED  # the algebra alone is not the claim
+    assert V.judge_gradient_error({**base, "passed": False, "max_rel_err": 0.3}).verdict == V.CONTRADICTED
+
+    def gpu(cos, sums, passed=True):
+        recs = [{"step": s, "layer": 1, "eq3_cos_mean": [cos], "sum_dd": [x], "dw_err_norm": [2.0]}
+                for s, x in zip((300, 600, 900), sums)]
+        recs.append({"step": 300, "layer": 0, "eq3_cos_mean": [cos], "sum_dd": [-1.0], "dw_err_norm": [1.0]})
+        return {**base, "gpu": {"records": recs, "passed": passed}}
+    assert V.judge_gradient_error(gpu(0.8, [0.1, 0.2, 0.3])).verdict == V.REPRODUCED
+    assert V.judge_gradient_error(gpu(0.8, [0.1, -0.2, 0.3])).verdict == V.PARTLY
+    assert V.judge_gradient_error(gpu(0.1, [0.1, 0.2, 0.3])).verdict == V.PARTLY
+    assert V.judge_gradient_error(gpu(0.1, [-0.1, 0.2, 0.3])).verdict == V.NOT_REPRODUCED
+    assert V.judge_gradient_error(gpu(0.8, [0.1, 0.2, 0.3], passed=False)).verdict == V.CONTRADICTED

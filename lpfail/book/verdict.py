@@ -513,6 +513,165 @@ def judge_size(res: Mapping) -> Verdict:
         note=_sweep_note(res))
 
 
+# -- chapter 2: the substitutions (C1a–c), chapter 3: the gradient error (C2) ----------------------------------
+#: The words of `lpfail.experiments.substitution.judge_row`, per row and learning rate.
+CLOSES, OPEN, UNSURE, NO_GAP = "closes the gap", "does not close it", "inconclusive", "no gap to close"
+SUB_RULE = ("pre-registered in lpfail.experiments.substitution (2026-12-01): at each learning rate a row closes the "
+            "A − C gap when the 95 % bootstrap interval (seeds, paired) of (L_row − L_C) − ½·(L_A − L_C) lies below "
+            "0, does not close it when above, else inconclusive; no A − C gap there → no gap to close")
+
+
+def _row_words(a: Mapping, name: str) -> dict[str, str]:
+    """{lr: verdict word} of one substitution row ({} when the row is not in the result)."""
+    r = a.get("rows", {}).get(name)
+    return {lr: d["verdict"] for lr, d in r["by_lr"].items()} if r else {}
+
+
+def _row_text(a: Mapping, name: str) -> str:
+    r = a.get("rows", {}).get(name)
+    if not r:
+        return f"{name}: not in the result"
+    parts = []
+    for lr, d in r["by_lr"].items():
+        if d.get("ci") is None:
+            parts.append(f"lr {lr}: {d['verdict']}")
+            continue
+        fr = d.get("fraction_closed")
+        parts.append(f"lr {lr}: **{d['verdict']}** ({_f(d['point']):+.3f} [{_f(d['ci'][0]):+.3f}, "
+                     f"{_f(d['ci'][1]):+.3f}]" + (f", {fr * 100:.0f} % closed" if fr is not None else "") + ")")
+    return f"{r['label']} — " + "; ".join(parts)
+
+
+def _gaps(a: Mapping) -> dict[str, bool]:
+    """{lr: whether A − C is significantly positive there}, from any row's stored gap."""
+    out = {}
+    for r in a.get("rows", {}).values():
+        for lr, d in r["by_lr"].items():
+            if d.get("gap") is not None:
+                out[lr] = _f(d["gap"]["ci"][0]) > 0
+    return out
+
+
+def judge_one_tile(res: Mapping) -> Verdict:
+    """C1a. In our setting one tile per row *is* A (T = 256 fits A's 512 × 512 tile; `SAME_AS_A`, checked bit for
+    bit), so the claim "one tile per row still fails" holds exactly when A − C is significantly positive at a
+    substitution learning rate. FA2's smaller tiles (row tiles_fa2) are reported beside it."""
+    a = res["analysis"]
+    gaps = _gaps(a)
+    if not gaps:
+        v, plain = NOT_TESTED, "No A − C gap is stored yet."
+    elif any(gaps.values()):
+        v, plain = REPRODUCED, ("One tile per row is A itself here, and A − C is significantly positive at lr "
+                                + ", ".join(lr for lr, g in gaps.items() if g) + ".")
+    else:
+        v, plain = NOT_REPRODUCED, "A − C is not significantly positive at any substitution learning rate."
+    ev = f"{plain} Beside it: {_row_text(a, 'tiles_fa2')}. See {{doc}}`02_substitution`; {_prov(res)}."
+    return Verdict("C1a", "Tiling is not the cause: one tile per row (block = sequence length) still fails.", v, ev,
+                   "one tile per row = A at T = 256 (bit for bit): reproduced when the A − C interval lies above 0 "
+                   "at some learning rate; " + SUB_RULE,
+                   "Our sequences (256) fit in one of A's 512-key tiles, so every run of A is already one tile per "
+                   "row; the failure is the lr_sweep proxy's loss gap, not a loss explosion.")
+
+
+def judge_one_layer(res: Mapping) -> Verdict:
+    """C1b, at the largest learning rate: reproduced when for some layer ℓ, PAPER_BF16 in ℓ alone does not close
+    the gap and FP32 in ℓ alone closes it; partly when one of the two holds for some layer; contradicted when no
+    layer's FP32 closes it and every layer's PAPER_BF16 alone closes it (no single layer carries it); else not
+    reproduced. Rows with no gap → not yet tested."""
+    a = res["analysis"]
+    layers = sorted({int(n[5:-2]) for n in a.get("rows", {}) if n.startswith("layer")})
+    words = {(l_, k): _row_words(a, f"layer{l_}_{k}") for l_ in layers for k in ("a", "c")}
+    flat = [w for d in words.values() for w in d.values()]
+    if not layers or not flat or all(w in (NO_GAP,) or w.startswith("not measured") for w in flat):
+        v = NOT_TESTED
+    else:
+        both = [l_ for l_ in layers if OPEN in words[(l_, "a")].values() and CLOSES in words[(l_, "c")].values()]
+        one = [l_ for l_ in layers if OPEN in words[(l_, "a")].values() or CLOSES in words[(l_, "c")].values()]
+        if both:
+            v = REPRODUCED
+        elif one:
+            v = PARTLY
+        elif all(OPEN in words[(l_, "c")].values() and CLOSES in words[(l_, "a")].values() for l_ in layers):
+            v = CONTRADICTED
+        else:
+            v = NOT_REPRODUCED
+    ev = ("; ".join(_row_text(a, f"layer{l_}_{k}") for k in ("a", "c") for l_ in layers)
+          + f". See {{doc}}`02_substitution`; {_prov(res)}.")
+    return Verdict("C1b", "One layer causes it: flash attention in the second attention layer alone fails; standard "
+                          "attention in that layer alone is stable.", v, ev,
+                   "reproduced: some layer ℓ where PAPER_BF16 in ℓ alone does not close the gap and FP32 in ℓ alone "
+                   "closes it; partly: one of the two; contradicted: no layer's FP32 closes it and every layer's "
+                   "PAPER_BF16 alone does; " + SUB_RULE,
+                   "4 layers, not 12; FP32 flash attention (C's arithmetic) stands in for standard attention; the "
+                   "layer is whichever one the rows point to, not necessarily index 1.")
+
+
+C1C_ROWS = ("delta_dPP", "delta_hp", "out", "obar")
+
+
+def judge_through_delta(res: Mapping) -> Verdict:
+    """C1c: each of δ = rowsum(dP ∘ P), O recomputed in FP32 for δ, O in FP32, only Ō = P̄V in FP32 closes the gap.
+    Reproduced when all four close it at every learning rate with a gap; partly when at least one closes it
+    somewhere; contradicted when all four do not close it at every learning rate with a gap; else not reproduced."""
+    a = res["analysis"]
+    words = {n: {lr: w for lr, w in _row_words(a, n).items() if w != NO_GAP} for n in C1C_ROWS}
+    flat = [w for d in words.values() for w in d.values()]
+    if not flat or any(w.startswith("not measured") for w in flat):
+        v = NOT_TESTED
+    elif all(w == CLOSES for w in flat):
+        v = REPRODUCED
+    elif CLOSES in flat:
+        v = PARTLY
+    elif all(w == OPEN for w in flat):
+        v = CONTRADICTED
+    else:
+        v = NOT_REPRODUCED
+    ev = "; ".join(_row_text(a, n) for n in C1C_ROWS) + f". See {{doc}}`02_substitution`; {_prov(res)}."
+    return Verdict("C1c", "It runs through δ: δ = rowsum(dP ∘ P), or O in FP32 (forward, or recomputed for δ, or "
+                          "only Ō = P̄V), is stable.", v, ev,
+                   "reproduced: all four rows close the gap wherever there is one; partly: at least one does "
+                   "somewhere; contradicted: none does anywhere; " + SUB_RULE,
+                   "The lr_sweep proxy's final held-out loss stands in for the paper's loss explosion; 3 seeds.")
+
+
+def judge_gradient_error(res: Mapping) -> Verdict:
+    """C2. Contradicted when Eq. 1–2 do not match autograd on our tensors (the derivation would be wrong).
+    With GPU records of a real A run (``res["gpu"]``): reproduced when the checks pass, the median cosine of the
+    rank-one terms is ≥ 0.5 and Σ Δδ is positive at every checked step in the layer with the largest dW_Q
+    error; partly when one of the two holds; not reproduced when neither. Without them: not yet tested (the CPU
+    tensors check the algebra only, not the claims about real runs)."""
+    tol = _f(res["tol"])
+    cpu_ok = bool(res["passed"])
+    cpu = (f"On CPU tensors ({len(res['synthetic'])} synthetic large-logit cases and "
+           f"{len(res['model'])} (checkpoint, layer) pairs of a small model trained under A on the CPU), Eq. 1 and "
+           f"Eq. 2 match autograd to a relative {_f(res['max_rel_err']):.1e} (tolerance {tol:g}).")
+    gpu = res.get("gpu")
+    if not cpu_ok:
+        v, plain = CONTRADICTED, "The formula does not match autograd: the derivation fails on our tensors."
+    elif not gpu:
+        v, plain = NOT_TESTED, ("The claims about real runs (similar rank-one terms, a positive Σ Δδ) need the "
+                                "tensors of A's GPU checkpoints, not stored yet.")
+    else:
+        recs = gpu["records"]
+        ok = bool(gpu["passed"])
+        cos = float(np.median([c for r in recs for c in r["eq3_cos_mean"]]))
+        worst = max(recs, key=lambda r: max(r["dw_err_norm"]))["layer"]
+        pos = all(sum(r["sum_dd"]) > 0 for r in recs if r["layer"] == worst)
+        if not ok:
+            v = CONTRADICTED
+        else:
+            v = REPRODUCED if (cos >= 0.5 and pos) else PARTLY if (cos >= 0.5 or pos) else NOT_REPRODUCED
+        plain = (f"On A's GPU checkpoints: checks {'pass' if ok else 'FAIL'}; median cosine of the rank-one terms "
+                 f"{cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked step: {pos}.")
+    return Verdict("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
+                         "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
+                   v, f"{cpu} {plain} See {{doc}}`03_gradient_error`; {_prov(res)}.",
+                   "contradicted if Eq. 1–2 miss autograd; with GPU records: reproduced when the median rank-one "
+                   "cosine ≥ 0.5 and Σ Δδ > 0 at every checked step of the layer with the largest dW_Q error, partly "
+                   "when one holds; without them not yet tested",
+                   "δ_hp is the exact (float64) value, the paper's FP32; our model is 4 × 256, not GPT-2 small.")
+
+
 # -- claims whose evidence does not exist yet ---------------------------------------------------------------
 #: (id, statement, experiment that will test it, page that will show it, where we will differ)
 PENDING = [
@@ -580,7 +739,12 @@ def verdicts(load: Callable[[str], Any] | None = None, stored: Callable[[str], b
             ("C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself."),
             ("C0-qk", "QK-norm blocks it."),
             ("C0-size", "Larger models are at least as sensitive."))]
-    out += [pending(*p, stored=stored) for p in PENDING[:4]]
+    subst, grad = _load_or_none(load, "substitution"), _load_or_none(load, "gradient_error")
+    if subst is not None:
+        out += [judge_one_tile(subst), judge_one_layer(subst), judge_through_delta(subst)]
+    else:
+        out += [pending(*p, stored=stored) for p in PENDING[:3]]
+    out.append(judge_gradient_error(grad) if grad is not None else pending(*PENDING[3], stored=stored))
     out.append(judge_worked_addition(*worked_addition))
     if rounding is not None:
         out += [judge_rounding_bias(rounding), judge_fix_bias(rounding)]

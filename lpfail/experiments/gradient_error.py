@@ -55,6 +55,9 @@ class GradientErrorConfig:
     attention: str = "reference(PAPER_BF16)"
     policy: str = "PAPER_BF16"
     seed: int = 0
+    # the GPU records of tools/gpu_substitution.sh (A's checkpoints), merged in when the file exists under the
+    # results directory; rerun `python -m lpfail run gradient_error` after copying it there
+    gpu_file: str = "substitution_gpu/gradient_error_gpu.json"
 
 
 def _summary(r: dict) -> dict:
@@ -140,8 +143,19 @@ def gradient_error(c: GradientErrorConfig) -> dict:
         run = train_cpu_model(c, Path(d) / "run")
         model_recs = check_run(run, c.steps, policy=policy, input_dtype=torch.float32, log=lambda *_: None)
     every = [x for rec in synth + model_recs for k in ("eq1_rel_err", "eq2_rel_err") for x in rec[k]]
-    return {"tol": TOL, "synthetic": synth, "model": model_recs, "max_rel_err": float(max(every)),
-            "passed": bool(max(every) <= TOL)}
+    out = {"tol": TOL, "synthetic": synth, "model": model_recs, "max_rel_err": float(max(every)),
+           "passed": bool(max(every) <= TOL)}
+    gpu = results.results_dir() / c.gpu_file
+    if gpu.is_file():
+        try:
+            g = json.loads(gpu.read_text())
+            if not isinstance(g.get("records"), list) or "passed" not in g:
+                raise ValueError("no records")
+        except (ValueError, AttributeError) as e:
+            raise results.ResultCorrupt(f"{gpu} is not a gradient_error GPU record file ({e}); copy "
+                                        "gradient_error_gpu.json from tools/gpu_substitution.sh's $OUT again") from None
+        out["gpu"] = g
+    return out
 
 
 def a_run_config(out_dir: str, lr: float = 3.2e-2, seed: int = 0, checkpoint_every: int = 100):
