@@ -226,3 +226,31 @@ def synthetic_inputs(b: int = 2, t: int = 128, c: int = 64, n_head: int = 1, log
     w_v = torch.randn(c, c, generator=g, dtype=torch.float64) / math.sqrt(c)
     do = 1e-2 * torch.randn(b, n_head, t, c // n_head, generator=g, dtype=torch.float64)
     return {"x": x, "w_q": w_q, "w_k": w_k, "w_v": w_v, "do": do, "n_head": n_head}
+
+
+def accumulation_toy(bias: float = 0.5, rank: int = 1, steps: int = 1000, d: int = 16, noise: float = 0.3,
+                     reps: int = 16, seed: int = 0) -> dict:
+    """Chapter 3's toy of Eq. 3 over steps: each step adds Σ_T c_T r_T to an error matrix, with rank-one-like terms
+    r_T = R_k + noise around one of `rank` shared unit directions R_k (d × d), and coefficients c_T of mean `bias`
+    and standard deviation 1 (32 tokens per step). Returns the root-mean-square over `reps` independent runs of
+    the accumulated error's norm after each step, and its fitted growth exponent: ≈ 1 (∝ K) when biased, ≈ ½
+    (∝ √K, a random walk) when `bias` = 0."""
+    if steps < 10 or rank < 1 or d < 2 or reps < 1:
+        raise ValueError("accumulation_toy: need steps >= 10, rank >= 1, d >= 2, reps >= 1")
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(rank, d * d, generator=g, dtype=torch.float64)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)                                        # (rank, d·d) unit
+    tokens = 32
+    err = torch.zeros(reps, d * d, dtype=torch.float64)
+    norms = torch.empty(steps, dtype=torch.float64)
+    for step in range(steps):
+        k = torch.randint(0, rank, (reps, tokens), generator=g)
+        terms = dirs[k] + noise * torch.randn(reps, tokens, d * d, generator=g, dtype=torch.float64) / d
+        c = bias + torch.randn(reps, tokens, generator=g, dtype=torch.float64)
+        err = err + torch.einsum("rt,rtj->rj", c, terms)
+        norms[step] = err.norm(dim=1).pow(2).mean().sqrt()
+    ks = torch.arange(1, steps + 1, dtype=torch.float64)
+    tail = slice(steps // 10, None)  # fit log‖E‖ = a + p·log K after the first tenth
+    lx, ly = ks[tail].log(), norms[tail].log()
+    p = float(((lx - lx.mean()) * (ly - ly.mean())).sum() / ((lx - lx.mean()) ** 2).sum())
+    return {"norm": norms.numpy(), "k": ks.numpy(), "exponent": p, "bias": bias, "rank": rank}

@@ -86,3 +86,15 @@ def test_check_run_on_a_tiny_cpu_run(tmp_path):
     assert len(recs) == 1 and recs[0]["step"] == 4 and max(recs[0]["eq2_rel_err"]) < TOL
     with pytest.raises(ValueError, match="outside"):
         check_run(run, (8,))
+
+
+def test_accumulation_toy_growth_laws():
+    from lpfail.gradient_error import accumulation_toy
+
+    biased = accumulation_toy(bias=0.5, steps=200, d=8, reps=16)
+    unbiased = accumulation_toy(bias=0.0, steps=200, d=8, reps=16)
+    assert 0.9 < biased["exponent"] < 1.1  # ∝ K
+    assert 0.3 < unbiased["exponent"] < 0.7  # ∝ √K (a random walk)
+    assert biased["norm"][-1] > 5 * unbiased["norm"][-1]
+    with pytest.raises(ValueError):
+        accumulation_toy(steps=5)
