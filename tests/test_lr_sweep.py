@@ -212,3 +212,51 @@ def test_part_file_is_json_with_provenance(tmp_path):
     part.add({"key": "k", "run_hash": "h", "x": float("nan")})
     d = json.loads(part.path.read_text())
     assert d["format"] == L.PART_FORMAT and {"git", "device", "created", "versions"} <= set(d)
+
+
+def test_versus_control_shares_of_the_gap():
+    # D as good as C, B halfway, A_sr as bad as A: shares ≈ 1, ½, 0 of the A − C gap
+    res = _fake({"A": 0.6, "C": 0.0, "D": 0.0, "B": 0.3, "A_sr": 0.6}, noise=0.002)
+    rows = {r["variant"]: r for r in L.versus_control(res)}
+    assert set(rows) == {"D", "B", "A_sr"}
+    assert rows["D"]["closed"]["point"] == pytest.approx(1, abs=0.05)
+    eff = L.effective_loss(res["small_val_final"], res["small_val_init"]).mean(axis=-1)
+    S = dict(zip(res["small_variants"], L.sensitivity(eff)))
+    assert rows["B"]["closed"]["point"] == pytest.approx(1 - (S["B"] - S["C"]) / (S["A"] - S["C"]))
+    assert 0.2 < rows["B"]["closed"]["point"] < 0.8
+    assert rows["A_sr"]["closed"]["point"] == pytest.approx(0, abs=0.05)
+    for r in rows.values():
+        lo, hi = r["closed"]["ci"]
+        assert lo <= r["closed"]["point"] <= hi
+        assert [d["lr"] for d in r["per_lr"]] == pytest.approx([1.6e-2, 3.2e-2])
+    assert rows["B"]["per_lr"][1]["point"] == pytest.approx(0.3, abs=0.01)  # the ramp is 1 at the top lr
+    # no gap in some resample → no share
+    flat = {r["variant"]: r for r in L.versus_control(_fake({"A": 0.0, "C": 0.0, "D": 0.1}))}
+    assert flat["D"]["closed"] is None and flat["D"]["minus_control"]["point"] > 0
+    with pytest.raises(KeyError, match="'Z'"):
+        L.versus_control(res, control="Z")
+    res["small_stored"] = np.ones(res["small_val_final"].shape, bool)
+    res["small_stored"][1, 0, 0] = False  # a run of C missing
+    with pytest.raises(L.SweepIncomplete, match="not all stored"):
+        L.versus_control(res)
+
+
+def test_report_tables_from_parts_and_logs(tmp_path):
+    from lpfail.book import lr_sweep_report as LR
+
+    part = L.Part(tmp_path)
+    for k, w in (("small/A/lr0.001/s0", 10.0), ("small/C/lr0.001/s0", 30.0), ("large/A/lr0.001/s0", 99.0)):
+        part.add({"key": k, "run_hash": "h", "wall_s": w})
+    (tmp_path / "lr_sweep_gpu").mkdir()
+    (tmp_path / "lr_sweep_gpu" / "drive-x.log").write_text(
+        f"lr_sweep: 3 runs, 5 at a time on GPUs ['0'], budget 9 s, root r, part {part.path.name}, uncaptured: ['A_sr']\n")
+    (row,) = LR.calls_rows(tmp_path)
+    assert row["runs"] == 3 and row["parallel"] == 5 and row["uncaptured"] == "A_sr"
+    assert row["median_wall_s"] == {"small": (20.0, 2), "large": (99.0, 1)}
+    assert "A_sr" in LR.calls_table(tmp_path)
+    (tmp_path / "lr_sweep_gpu" / "drive-x.log").write_text("an older log without the header\n")
+    assert LR.calls_rows(tmp_path)[0]["parallel"] is None and "not in the log" in LR.calls_table(tmp_path)
+    t = LR.closure_table(_fake({"A": 0.6, "C": 0.0, "D": 0.0}, noise=0.002), "small", ("D", "S"))
+    assert "D: FA2_BF16" in t and "S: PyTorch" not in t and "at lr 0.016" in t
+    with pytest.raises(ValueError, match="none of"):
+        LR.closure_table(_fake({"A": 0.6, "C": 0.0}), "small", ("D",))

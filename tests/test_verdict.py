@@ -281,6 +281,23 @@ def test_c0_without_the_sweep_is_not_yet_tested_but_keeps_the_old_evidence():
     assert "explosion search" in vs["C0"].old and "old criterion" in vs["C0"].note
 
 
+def test_production_text_reports_shares_only_when_stored():
+    from test_lr_sweep import _fake  # tests/ is on sys.path (rootdir-relative, no package)
+
+    res = _fake({"A": 0.6, "C": 0.0, "D": 0.0, "S": 0.0}, noise=0.002)
+    t = V._production_text(res)
+    assert t.startswith("Descriptively") and "D (production-kernel arithmetic) closes 10" in t and "SDPA closes" in t
+    assert V._production_text(_fake({"A": 0.6, "C": 0.0})) == ""
+    assert V._production_text({"analysis": {}}) == ""
+
+
+def test_provenance_names_every_commit_of_a_merged_result():
+    class R(dict):
+        meta = {"name": "lr_sweep", "device": "NVIDIA H200", "created": "2026-12-01T05:46:59",
+                "git": "048e3378a0dc 20ba632fbc85", "config_hash": "df6a81086db16d93"}
+    assert "git 048e337, 20ba632, config df6a8108" in V._prov(R())
+
+
 # -- chapter 2 and 3 rules (issue 12), on fabricated results --------------------------------------------------
 def _sub(rows: dict, gap_lo: float = 0.05) -> dict:
     """A fabricated substitution result: {row: {lr: verdict word}}."""

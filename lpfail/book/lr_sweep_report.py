@@ -37,7 +37,7 @@ def _fmt_lr(x: float) -> str:
 
 
 # -- figures --------------------------------------------------------------------------------------------------
-def lr_curves_figure(res, analysis=None, variants=None):
+def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
     """Final held-out loss against learning rate, per variant (mean over seeds; the band spans the seeds),
     one panel per model size — the analogue of Wortsman et al.'s Fig. 1. Non-finite runs are drawn at the
     loss at initialization (how the sensitivity counts them) and ringed."""
@@ -45,7 +45,9 @@ def lr_curves_figure(res, analysis=None, variants=None):
 
     analysis = analysis or res["analysis"]
     lrs = np.asarray(res["lrs"], dtype=float)
-    ss = sizes(res)
+    ss = [x for x in sizes(res) if only_sizes is None or x in only_sizes]
+    if not ss:
+        raise ValueError(f"lr_curves_figure: none of the sizes {only_sizes} is stored (have {sizes(res)})")
     fig, axes = plt.subplots(1, len(ss), figsize=(5.2 * len(ss), 3.8), squeeze=False, sharey=True)
     for ax, size in zip(axes[0], ss):
         eff = L.effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])  # (V, L, S)
@@ -202,27 +204,6 @@ def turning_text(analysis, size: str = "small") -> str:
             + "; loss first above 1.1 × best from: " + ", ".join(f"{v} {_fmt_lr(x)}" for v, x in up.items()) + ".")
 
 
-def one_seed_text(res, size: str = "large", a: str = "A", b: str = "C") -> str:
-    """For a size where only some seeds are stored: at which learning rates a ends above and below b, in the
-    seeds both have (descriptive)."""
-    vs = _variants(res, size)
-    if a not in vs or b not in vs:
-        return ""
-    stored = np.asarray(res[f"{size}_stored"])
-    both = stored[vs.index(a)] & stored[vs.index(b)]  # (lr, seed)
-    seeds = [int(s) for k, s in enumerate(np.asarray(res["seeds"])) if both[:, k].all()]
-    if not seeds:
-        return ""
-    final = np.asarray(res[f"{size}_val_final"])
-    k = [int(s) for s in np.asarray(res["seeds"])].index(seeds[0])
-    d = final[vs.index(a), :, k] - final[vs.index(b), :, k]
-    lrs = np.asarray(res["lrs"])
-    above = ", ".join(_fmt_lr(x) for x in lrs[d > 0])
-    below = ", ".join(_fmt_lr(x) for x in lrs[d < 0])
-    return (f"In seed {seeds[0]} (the only seed stored for both), {a} ends above {b} at lr {above or 'none'} and "
-            f"below it at lr {below or 'none'} (largest difference {d[np.argmax(np.abs(d))]:+.2f}).")
-
-
 def incomplete_text(res, analysis) -> str:
     """What is missing from a partial grid, as one sentence ('' when complete)."""
     if bool(res["complete"]):
@@ -312,6 +293,67 @@ def gap_per_lr_table(analysis) -> str:
         for it in items:
             rows.append([size, _fmt_lr(it["lr"]), f"{it['point']:+.3f} [{it['ci'][0]:+.3f}, {it['ci'][1]:+.3f}]"])
     return _table(["size", "lr", "A − C, held-out loss [95 % CI]"], rows)
+
+
+def closure_table(res, size: str = "small", variants=("D", "B", "S", "A_sr")) -> str:
+    """Descriptive (`lpfail.experiments.lr_sweep.versus_control`): per variant, S(v) − S(C), the share of the
+    A − C gap it closes, and v − C in held-out loss at the two highest learning rates, with 95 % intervals."""
+    rows = {r["variant"]: r for r in L.versus_control(res, size)}
+    fmt = lambda d, f="+.3f": "—" if d is None else (  # noqa: E731
+        f"{d['point']:{f}} [{d['ci'][0]:{f}}, {d['ci'][1]:{f}}]")
+    out, lr_head = [], []
+    for v in variants:
+        if v not in rows:
+            continue
+        r = rows[v]
+        lr_head = lr_head or [f"v − C at lr {_fmt_lr(d['lr'])} [95 % CI]" for d in r["per_lr"]]
+        closed = None if r["closed"] is None else {"point": 100 * r["closed"]["point"],
+                                                   "ci": [100 * x for x in r["closed"]["ci"]]}
+        out.append([html.escape(label(v)), fmt(r["minus_control"]), fmt(closed, ".0f") + " %",
+                    *[fmt(d) for d in r["per_lr"]]])
+    if not out:
+        raise ValueError(f"closure_table: none of {variants} is stored at the {size} size")
+    return _table(["variant", "S(v) − S(C) [95 % CI]", "share of S(A) − S(C) closed [95 % CI]", *lr_head], out)
+
+
+def calls_rows(directory=None) -> list[dict]:
+    """One row per stored part (a GPU call's driver): when, where, how many runs, the driver's wall time, the
+    median run time per size, how many ran at once and which variants ran uncaptured, from the part files and
+    the drivers' logs under ``results/lr_sweep_gpu`` (``None`` where a log does not say)."""
+    import re
+    from pathlib import Path
+
+    from lpfail import results
+
+    runs, metas = L.load_parts(directory)
+    logs = Path(directory if directory is not None else results.results_dir()) / "lr_sweep_gpu"
+    texts = [f.read_text() for f in sorted(logs.glob("drive*.log"))] if logs.is_dir() else []
+    out = []
+    for m in metas:
+        head = next((ln for t in texts for ln in t.splitlines() if f"part {m['file']}" in ln), "")
+        par = re.search(r"(\d+) at a time", head)
+        unc = re.search(r"uncaptured: (\[.*?\]|none)", head)
+        med = {}
+        for size in ("small", "large"):
+            w = [runs[k]["wall_s"] for k in m["keys"] if k.startswith(size + "/")]
+            med[size] = (float(np.median(w)), len(w)) if w else None
+        out.append({"file": m["file"], "device": m["device"], "created": str(m["created"]), "git": str(m["git"]),
+                    "runs": m["runs"], "wall_s": float(m["wall_s"]), "median_wall_s": med,
+                    "parallel": int(par.group(1)) if par else None,
+                    "uncaptured": None if unc is None else unc.group(1).strip("[]").replace("'", "") or "none"})
+    return out
+
+
+def calls_table(directory=None) -> str:
+    rows = []
+    for r in calls_rows(directory):
+        med = "; ".join(f"{size} {m[0]:.0f} s ({m[1]} runs)" for size, m in r["median_wall_s"].items() if m)
+        rows.append([html.escape(f"{r['created'][:16].replace('T', ' ')} UTC"), html.escape(r["git"][:7]),
+                     str(r["runs"]), f"{r['wall_s'] / 60:.1f} min", "—" if r["parallel"] is None else str(r["parallel"]),
+                     html.escape("not in the log" if r["uncaptured"] is None else r["uncaptured"]),
+                     html.escape(med)])
+    return _table(["driver started", "git", "runs", "driver wall", "at once", "uncaptured variants",
+                   "median run wall"], rows)
 
 
 def provenance_html(res) -> str:

@@ -83,7 +83,8 @@ def _prov(res) -> str:
     if not meta:
         return "stored result (no provenance: fabricated for a test)"
     return (f"stored result `{meta.get('name')}`: {meta.get('device')}, {str(meta.get('created', ''))[:10]}, "
-            f"git {str(meta.get('git', ''))[:7]}, config {str(meta.get('config_hash', ''))[:8]}")
+            f"git {', '.join(g[:7] for g in str(meta.get('git', '')).split())}, "
+            f"config {str(meta.get('config_hash', ''))[:8]}")
 
 
 # -- C3: the bit-level rounding bias ------------------------------------------------------------------------
@@ -393,6 +394,26 @@ def _sweep_differs(res: Mapping) -> str:
             "summarised as LR sensitivity, not the paper's loss explosion of GPT-2 small over 3.5 B tokens.")
 
 
+def _production_text(res: Mapping) -> str:
+    """Descriptive, not part of any rule: the share of the A − C gap that D (production-kernel arithmetic) and
+    S (SDPA) close, where both are stored ('' otherwise)."""
+    from lpfail.experiments import lr_sweep as L
+
+    if "small_variants" not in res or "small_val_final" not in res:
+        return ""
+    try:
+        rows = {r["variant"]: r for r in L.versus_control(res, "small")}
+    except (KeyError, L.SweepIncomplete):
+        return ""
+    parts = [f"{name} closes {100 * rows[v]['closed']['point']:.0f} % [{100 * rows[v]['closed']['ci'][0]:.0f}, "
+             f"{100 * rows[v]['closed']['ci'][1]:.0f}]" for v, name in (("D", "D (production-kernel arithmetic)"),
+                                                                       ("S", "PyTorch SDPA"))
+             if v in rows and rows[v]["closed"] is not None]
+    if not parts:
+        return ""
+    return "Descriptively (no hypothesis was registered for them), of that gap " + " and ".join(parts) + "."
+
+
 def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
     """C0, by the sweep's pre-registered H1: the LR sensitivity of A (PAPER_BF16) exceeds that of C (FP32) at
     the smaller size. Its word maps by `SWEEP_WORDS`. ``old`` — the explosion search's verdict
@@ -410,6 +431,8 @@ def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
         ev += (" Per learning rate, A's final loss is significantly above C's at "
                + (f"lr {', '.join(where)}" if where else "no learning rate")
                + f" of {len(per_lr)}; {nonfinite} runs of A and C turned non-finite.")
+    if prod := _production_text(res):
+        ev += " " + prod
     ev += f" See {{numref}}`fig-lr-curves`; {_prov(res)}."
     if scope := sweep_scope(res):
         ev += " " + scope

@@ -656,6 +656,46 @@ def analyse(res) -> dict:
     return out
 
 
+def versus_control(res, size: str = "small", control: str = "C", ref: str = "A",
+                   lrs_of_interest: tuple[float, ...] = (1.6e-2, 3.2e-2)) -> list[dict]:
+    """Descriptive, after the runs (no hypothesis rests on it): for each stored variant of ``size`` other than
+    ``ref`` and ``control``, S(variant) − S(control) and the share of the ``ref`` − ``control`` gap it closes,
+    1 − (S(v) − S(control)) / (S(ref) − S(control)), each with a 95 % paired bootstrap interval over seeds (the
+    resamples `analyse` uses); and v − control in held-out loss at ``lrs_of_interest``. The share is reported
+    only where the ref − control gap is positive in every resample (else it has no meaning: ``None``)."""
+    lrs = np.asarray(res["lrs"], dtype=np.float64)
+    variants = [str(v) for v in np.asarray(res[f"{size}_variants"])]
+    for v in (ref, control):
+        if v not in variants:
+            raise KeyError(f"lr_sweep: variant {v!r} is not in the {size} size's variants {variants}")
+    eff = effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])
+    stored = np.asarray(res[f"{size}_stored"]) if f"{size}_stored" in res else np.ones(eff.shape, bool)
+    idx = bootstrap_seed_indices(eff.shape[-1])
+    point, boot = sensitivities(eff, idx)
+    i_ref, i_c = variants.index(ref), variants.index(control)
+    if not (stored[i_ref].all() and stored[i_c].all()):
+        raise SweepIncomplete(f"lr_sweep: {ref} and {control} at the {size} size are not all stored")
+    gap_p, gap_d = point[i_ref] - point[i_c], boot[i_ref] - boot[i_c]
+    out = []
+    for i, v in enumerate(variants):
+        if v in (ref, control) or not stored[i].all():
+            continue
+        dp, dd = point[i] - point[i_c], boot[i] - boot[i_c]
+        row = {"variant": v, "minus_control": {"point": float(dp), "ci": list(interval(dd))}, "closed": None,
+               "per_lr": []}
+        if (gap_d > 0).all():
+            row["closed"] = {"point": float(1 - dp / gap_p), "ci": list(interval(1 - dd / gap_d))}
+        dl = eff[i] - eff[i_c]  # (L, S), paired by seed
+        for lr in lrs_of_interest:
+            j = int(np.argmin(np.abs(lrs - lr)))
+            if not np.isclose(lrs[j], lr):
+                continue
+            b = dl[j][idx].mean(axis=-1)
+            row["per_lr"].append({"lr": float(lrs[j]), "point": float(dl[j].mean()), "ci": list(interval(b))})
+        out.append(row)
+    return out
+
+
 # -- checks before trusting the fast path (GPU) -----------------------------------------------------------------
 def graph_checks(c: LRSweepConfig, root, variants=("A", "A_sr", "S"), steps: int = 30, lr: float = 1.6e-2,
                  log=print) -> dict:
