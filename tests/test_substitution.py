@@ -259,3 +259,38 @@ def test_replay_branch_is_bit_exact_and_a_branch_differs(tmp_path):
     (tmp_path / "run" / "log.jsonl").write_text("\n".join(log) + "\n")
     with pytest.raises(ValueError, match="bit for bit"):
         sub.replay_branch(tmp_path / "run", 4, {})
+
+
+def test_store_from_parts_needs_every_point_and_stores_the_verdicts(tmp_path, monkeypatch):
+    """The collect step on fabricated parts: the baselines from lr_sweep's parts, the rows from ours, matched
+    by TrainConfig hash; a missing point is an error naming it."""
+    from lpfail import results
+
+    c = sub.SubstitutionConfig(rows=("l",), lrs=(3.2e-2,))
+    lr_dir = tmp_path / "lr_sweep_parts"
+    lr_dir.mkdir()
+    rng = np.random.default_rng(1)
+
+    def summ(p, final):
+        return {"key": p.key, "run_hash": sub.run_hash(sub.train_config(c, p, "")), "status": "completed",
+                "val_step": [0, 1000], "val_loss": [5.5, final], "loss_curve": [1.0]}
+    base = {}
+    for s in c.seeds:
+        for b, mu in (("A", 3.3), ("C", 2.9)):
+            p = sub.Point(b, 3.2e-2, s)
+            base[p.baseline().key] = summ(p, mu + 0.01 * rng.random()) | {"key": p.baseline().key}
+    (lr_dir / "part-1.json").write_text(json.dumps({"format": lr_sweep.PART_FORMAT, "runs": base}))
+    with pytest.raises(lr_sweep.SweepIncomplete, match="l/lr0.032"):
+        sub.store_from_parts(c, tmp_path)
+    part = sub.Part(tmp_path)
+    for s in c.seeds:
+        part.add(summ(sub.Point("l", 3.2e-2, s), 2.9 + 0.01 * rng.random()))
+    res = sub.store_from_parts(c, tmp_path)
+    assert res["analysis"]["rows"]["l"]["by_lr"]["0.032"]["verdict"] == "closes the gap"
+    assert results.load("substitution", c, directory=tmp_path)["complete"] is True
+
+
+@pytest.mark.gpu
+def test_graph_checks_on_the_gpu(tmp_path):
+    out = sub.graph_checks(tmp_path, rows=("delta_dPP", "l"), steps=10)
+    assert out["ok"], out

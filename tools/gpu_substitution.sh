@@ -1,7 +1,8 @@
 #!/bin/bash
 # Chapters 2 and 3 on a GPU machine (issue 12), as a driver that outlives each device call (the pattern of
 # tools/gpu_lr_sweep.sh):
-#   start    CUDA MPS if present; then, each in its own session:
+#   start    CUDA MPS if present; graph checks of three rows (captured == uncaptured, ≈ 1 min); then, each in its
+#            own session:
 #            (1) `python -m lpfail.experiments.substitution drive --budget $BUDGET`: the substitution grid's missing
 #                runs (108 runs of 1,000 steps at the smaller size + 1 rerun of A that must equal lr_sweep's stored
 #                run bit for bit), 12 at a time, each finished run's summary stored at once in a part file;
@@ -54,6 +55,13 @@ if [ "$MODE" = start ]; then
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         setsid nvidia-cuda-mps-control -d && log "MPS control daemon started" || log "MPS did not start"
     fi
+    log "graph checks of the new code paths (captured == uncaptured, 30 steps)"
+    if ! python3 -m lpfail.experiments.substitution checks --root "$BASE" 2>&1 | tail -n 5; then
+        # a row whose captured steps differ runs uncaptured (the same arithmetic, slower); to be safe, every row
+        export LPFAIL_SUBSTITUTION_UNCAPTURED='*'
+        log "graph checks failed: every row runs uncaptured"
+    fi
+    cp "$BASE/checks.json" "$OUT/substitution_checks.json" 2>/dev/null
     log "starting the substitution driver, budget $BUDGET s"
     setsid nohup python3 -m lpfail.experiments.substitution drive --budget "$BUDGET" --root "$BASE" \
         >"$BASE/drive.log" 2>&1 </dev/null &

@@ -339,13 +339,19 @@ def run_points(c: SubstitutionConfig, points: list[Point], root=None, budget_s: 
     gpus = driver.gpu_ids()
     parallel = parallel or lr_sweep._parallel(gpus)
     lsr = results.load("lr_sweep") if any(p.row.startswith("heads") for p in points) else None
+    # rows whose captured steps did not reproduce the uncaptured ones (graph_checks) run uncaptured: the same
+    # arithmetic, slower ("*" = every row)
+    uncaptured = {v.strip() for v in os.environ.get("LPFAIL_SUBSTITUTION_UNCAPTURED", "").split(",") if v.strip()}
+    if "*" in uncaptured:
+        uncaptured = {p.row for p in points} | {"A"}
     todo = [(CHECK_KEY, Point("A", LRS[-1], SEEDS[0]))] if c.check_baseline else []
     todo += [(p.key, p) for p in points]
     specs, by_name = [], {}
     for key, p in todo:
         name = key.replace("/", "_")
         tc = train_config(c, p, str(root / name), lsr)
-        specs.append(driver.RunSpec(name, tc, variant=p.row, seed=p.seed))
+        specs.append(driver.RunSpec(name, tc, variant=p.row, seed=p.seed,
+                                    env={"LPFAIL_NO_CAPTURE": "1"} if p.row in uncaptured else None))
         by_name[name] = (key, tc)
     part = Part(directory)
     curve_points = lr_sweep.LRSweepConfig().curve_points
@@ -372,6 +378,41 @@ def run_points(c: SubstitutionConfig, points: list[Point], root=None, budget_s: 
         else:
             part.path.unlink(missing_ok=True)
     return part.runs
+
+
+def graph_checks(root, rows=("delta_dPP", "score_path", "heads_top"), steps: int = 30, log=print) -> dict:
+    """Before the grid trusts CUDA graphs for its new code paths (δ from dP ∘ P, split m/ℓ, mixed per-head
+    policies): each row trained `steps` steps captured and uncaptured (LPFAIL_NO_CAPTURE=1) in parallel
+    processes must give bit-identical losses and gradient norms. Returns {"equal": {row: bool}, "ok": bool}."""
+    import subprocess
+
+    from lpfail.train import read_log
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    c = SubstitutionConfig()
+    lsr = results.load("lr_sweep") if any(r.startswith("heads") for r in rows) else None
+    jobs = {}
+    for row in rows:
+        for mode, env in (("graph", {}), ("eager", {"LPFAIL_NO_CAPTURE": "1"})):
+            d = root / f"{row}_{mode}"
+            d.mkdir(parents=True, exist_ok=True)
+            tc = dataclasses.replace(train_config(c, Point(row, LRS[-1], SEEDS[0]), str(d), lsr), max_steps=steps,
+                                     warmup=steps // 4, val_every=0, diag_every=0, checkpoint_every=0)
+            (d / "train_config.json").write_text(json.dumps(tc.to_dict()))
+            cmd = [sys.executable, "-m", "lpfail", "train", "--config", str(d / "train_config.json"), "--no-progress"]
+            full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", **env}
+            jobs[(row, mode)] = subprocess.Popen(cmd, stdout=open(d / "stdout.txt", "w"), stderr=subprocess.STDOUT,
+                                                 env=full_env)
+    rcs = {f"{r}_{m}": j.wait() for (r, m), j in jobs.items()}
+    out = {"rc": rcs, "equal": {}, "steps": steps}
+    for row in rows:
+        g, e = read_log(root / f"{row}_graph"), read_log(root / f"{row}_eager")
+        out["equal"][row] = bool(len(g["loss"]) == steps and np.array_equal(g["loss"], e["loss"])
+                                 and np.array_equal(g["grad_norm"], e["grad_norm"]))
+        log(f"substitution graph check {row}: captured == uncaptured: {out['equal'][row]}")
+    out["ok"] = all(out["equal"].values())
+    return out
 
 
 # -- the analysis -------------------------------------------------------------------------------------------------------
@@ -439,8 +480,13 @@ def analyse(c: SubstitutionConfig, have: dict[str, dict], check: dict | None = N
 @results.experiment("substitution", config=SubstitutionConfig, gpu=True,
                     description="One cast point at a time from A, at the lr_sweep gap (chapter 2; GPU)")
 def substitution(c: SubstitutionConfig) -> dict:
-    """The stored result from the parts; raises lr_sweep.SweepIncomplete while points are missing."""
+    """Run the missing points (on a GPU), then the stored result from the parts; raises lr_sweep.SweepIncomplete
+    while points are still missing."""
     have, missing = stored_for(c)
+    if missing:
+        own, _ = load_parts()
+        run_points(dataclasses.replace(c, check_baseline=CHECK_KEY not in own), missing)
+        have, missing = stored_for(c)
     if missing:
         raise lr_sweep.SweepIncomplete(f"substitution: {len(missing)} of {len(have) + len(missing)} runs are not "
                                        f"stored (first: {missing[0].key}); run tools/gpu_substitution.sh on a GPU")
@@ -531,7 +577,7 @@ def status_text(c: SubstitutionConfig | None = None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.substitution")
-    ap.add_argument("command", choices=("status", "drive", "collect", "plan", "replay"))
+    ap.add_argument("command", choices=("status", "drive", "collect", "plan", "replay", "checks"))
     ap.add_argument("--budget", type=float, default=900.0, help="drive: seconds before running runs are stopped")
     ap.add_argument("--root", default=None)
     ap.add_argument("--run", default=None, help="replay: the recorded run (checkpoints kept)")
@@ -553,6 +599,11 @@ def main(argv=None) -> int:
         print(f"replay from step {args.step}: bit-exact {res['replay']['equal']}; first differing step per row: "
               + ", ".join(f"{n} {res[n]['first_diff']}" for n in branches) + f" ({res['wall_s']} s)")
         return 0
+    if args.command == "checks":
+        root = Path(args.root or os.environ.get("LPFAIL_SUBSTITUTION_ROOT", DEFAULT_ROOT))
+        out = graph_checks(root / "checks")
+        (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
+        return 0 if out["ok"] else 1
     if args.command == "plan":
         lsr = results.load("lr_sweep")
         for p in plan(c):
