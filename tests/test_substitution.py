@@ -294,3 +294,13 @@ def test_store_from_parts_needs_every_point_and_stores_the_verdicts(tmp_path, mo
 def test_graph_checks_on_the_gpu(tmp_path):
     out = sub.graph_checks(tmp_path, rows=("delta_dPP", "l"), steps=10)
     assert out["ok"], out
+
+
+def test_report_tables():
+    from lpfail.book import substitution_report as SR
+
+    rows = SR.results_rows(None)
+    assert len(rows) == len(sub.ROWS) and rows[0][0].startswith("tiles_fa2")
+    assert all(cell in ("pending (GPU)", "not run at this lr") for r in rows for cell in r[1:-1])
+    assert [r.group for r in SR.paper_order(sub.ROWS)][-1] == "backward"
+    assert len(SR.rows_table()) == len(sub.ROWS)

@@ -26,11 +26,20 @@ def rows_table(c: sub.SubstitutionConfig | None = None) -> list[list[str]]:
             for r in c.row_objects()]
 
 
+#: The table's order: the paper's Sec. 3 (tiling, one layer, δ, O, heads), then the casts beyond its list.
+GROUP_ORDER = ("tiling", "layer", "delta", "output", "heads", "scores", "backward")
+
+
+def paper_order(rows: list[sub.Row]) -> list[sub.Row]:
+    return sorted(rows, key=lambda r: GROUP_ORDER.index(r.group))  # stable: the grid's order within a group
+
+
 def results_rows(analysis: Mapping | None, c: sub.SubstitutionConfig | None = None) -> list[list[str]]:
-    """One line per row: its verdict and statistic at each learning rate, or "pending (GPU)" without a result."""
+    """One line per row, in the paper's order: its verdict and statistic at each learning rate, or "pending
+    (GPU)" without a result."""
     c = c or sub.SubstitutionConfig()
     out = []
-    for r in c.row_objects():
+    for r in paper_order(c.row_objects()):
         cells = [r.name + ": " + r.label]
         for lr in c.lrs:
             if lr not in r.lrs:
