@@ -229,7 +229,7 @@ def synthetic_inputs(b: int = 2, t: int = 128, c: int = 64, n_head: int = 1, log
 
 
 def accumulation_toy(bias: float = 0.5, rank: int = 1, steps: int = 1000, d: int = 16, noise: float = 0.3,
-                     reps: int = 16, seed: int = 0) -> dict:
+                     reps: int = 64, seed: int = 0) -> dict:
     """Chapter 3's toy of Eq. 3 over steps: each step adds Σ_T c_T r_T to an error matrix, with rank-one-like terms
     r_T = R_k + noise around one of `rank` shared unit directions R_k (d × d), and coefficients c_T of mean `bias`
     and standard deviation 1 (32 tokens per step). Returns the root-mean-square over `reps` independent runs of
@@ -241,14 +241,15 @@ def accumulation_toy(bias: float = 0.5, rank: int = 1, steps: int = 1000, d: int
     dirs = torch.randn(rank, d * d, generator=g, dtype=torch.float64)
     dirs = dirs / dirs.norm(dim=1, keepdim=True)                                        # (rank, d·d) unit
     tokens = 32
-    err = torch.zeros(reps, d * d, dtype=torch.float64)
-    norms = torch.empty(steps, dtype=torch.float64)
-    for step in range(steps):
-        k = torch.randint(0, rank, (reps, tokens), generator=g)
-        terms = dirs[k] + noise * torch.randn(reps, tokens, d * d, generator=g, dtype=torch.float64) / d
-        c = bias + torch.randn(reps, tokens, generator=g, dtype=torch.float64)
-        err = err + torch.einsum("rt,rtj->rj", c, terms)
-        norms[step] = err.norm(dim=1).pow(2).mean().sqrt()
+    incs = []
+    for s0 in range(0, steps, 64):  # the steps' increments, 64 steps at a time (memory), summed below
+        n = min(64, steps - s0)
+        k = torch.randint(0, rank, (n, reps, tokens), generator=g)
+        terms = dirs[k] + noise * torch.randn(n, reps, tokens, d * d, generator=g, dtype=torch.float64) / d
+        c = bias + torch.randn(n, reps, tokens, generator=g, dtype=torch.float64)
+        incs.append(torch.einsum("srt,srtj->srj", c, terms))                           # (n, reps, d·d)
+    err = torch.cat(incs).cumsum(dim=0)                                                  # (steps, reps, d·d)
+    norms = err.norm(dim=2).pow(2).mean(dim=1).sqrt()                                    # RMS over runs
     ks = torch.arange(1, steps + 1, dtype=torch.float64)
     tail = slice(steps // 10, None)  # fit log‖E‖ = a + p·log K after the first tenth
     lx, ly = ks[tail].log(), norms[tail].log()

@@ -91,8 +91,8 @@ def test_check_run_on_a_tiny_cpu_run(tmp_path):
 def test_accumulation_toy_growth_laws():
     from lpfail.gradient_error import accumulation_toy
 
-    biased = accumulation_toy(bias=0.5, steps=200, d=8, reps=16)
-    unbiased = accumulation_toy(bias=0.0, steps=200, d=8, reps=16)
+    biased = accumulation_toy(bias=0.5, steps=200, d=8, reps=64)
+    unbiased = accumulation_toy(bias=0.0, steps=200, d=8, reps=64)
     assert 0.9 < biased["exponent"] < 1.1  # ∝ K
     assert 0.3 < unbiased["exponent"] < 0.7  # ∝ √K (a random walk)
     assert biased["norm"][-1] > 5 * unbiased["norm"][-1]

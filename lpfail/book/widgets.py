@@ -203,3 +203,45 @@ def runs_explorer(confs):
     refresh_options()
     draw()
     return W.VBox([W.HBox([conf_dd, seed_dd]), var_sel, out])
+
+
+# -- chapter 3: the accumulation toy (biased ∝ K, unbiased ∝ √K) -------------------------------------------
+#: (bias, rank) states of the static twin.
+ACCUMULATION_CASES = [(0.0, 1), (0.05, 1), (0.5, 1), (0.05, 4), (0.0, 4)]
+
+
+def accumulation_twin(cases=ACCUMULATION_CASES, steps: int = 300, dpi: int = 60):
+    """Kernel-free twin of `accumulation_explorer`: the toy precomputed for a few (bias, rank)."""
+    from lpfail.book import gradient_report
+    from lpfail.gradient_error import accumulation_toy
+
+    states = []
+    for bias, rank in cases:
+        fig = gradient_report.toy_figure([accumulation_toy(bias=bias, rank=rank, steps=steps, d=8, reps=64)])
+        states.append((f"bias {bias:g}, rank {rank}", _png_html(fig, dpi=dpi)))
+    return _HTML(switcher_html("accumulation_explorer", states, label="coefficient bias and rank"))
+
+
+def accumulation_explorer():
+    """Live: the coefficients' bias, the number of shared directions (rank) and the number of steps of
+    `lpfail.gradient_error.accumulation_toy`; see how the accumulated error grows. The figure is an HTML widget
+    (a PNG), so nothing is displayed outside the widget."""
+    import ipywidgets as W
+
+    from lpfail.book import gradient_report
+    from lpfail.gradient_error import accumulation_toy
+
+    bias = W.FloatSlider(value=0.05, min=0.0, max=0.5, step=0.01, description="bias", continuous_update=False)
+    rank = W.IntSlider(value=1, min=1, max=8, description="rank", continuous_update=False)
+    steps = W.IntSlider(value=300, min=50, max=1000, step=50, description="steps", continuous_update=False)
+    view = W.HTML()
+
+    def draw(*_):
+        fig = gradient_report.toy_figure([accumulation_toy(bias=bias.value, rank=rank.value, steps=steps.value,
+                                                            d=8, reps=64)])
+        view.value = _png_html(fig)
+
+    for w in (bias, rank, steps):
+        w.observe(draw, names="value")
+    draw()
+    return W.VBox([W.HBox([bias, rank, steps]), view])

@@ -74,6 +74,9 @@ def check_run(run_dir, steps, layers=None, rows: int | None = None, policy: Prec
                               load_tokens, split_validation)
 
     policy = Precision.parse(policy) if isinstance(policy, str) else policy
+    if torch.device(device).type == "cuda":  # the reference needs true FP32 matmuls (no TF32), as in training
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.json")
     bad = [s for s in steps if not 0 <= int(s) < cfg.max_steps]
