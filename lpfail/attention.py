@@ -299,7 +299,8 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
 
     m = torch.full((*lead, tq, 1), -math.inf, dtype=acc, device=dev)  # (…, Tq, 1) running max
     l = torch.zeros((*lead, tq, 1), dtype=acc, device=dev)            # (…, Tq, 1) running row sum
-    o = torch.zeros((*lead, tq, d), dtype=acc, device=dev)            # (…, Tq, D) accumulator Ō
+    o_acc = policy.dtype("o_acc")                                     # `acc` unless o_acc is set
+    o = torch.zeros((*lead, tq, d), dtype=o_acc, device=dev)          # (…, Tq, D) accumulator Ō
     fix_pos = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
     fix_neg = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
 
@@ -354,17 +355,19 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         a = torch.exp(d_m.to(exp_dt))                              # cast: exp runs in `exp`; (…, R, 1)
         op = _op(acc, exp_dt)
         l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
-        op = _op(acc, exp_dt, pv_out)
-        o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), acc, policy)  # cast: Ō·a to `acc`
-        o_new = _round(o_scaled.to(op) + pv.to(op), acc, policy)   # cast: Ō·a + P̄V to `acc`
+        op = _op(o_acc, exp_dt, pv_out)
+        o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), o_acc, policy)  # cast: Ō·a to `o_acc`
+        o_new = _round(o_scaled.to(op) + pv.to(op), o_acc, policy)  # cast: Ō·a + P̄V to `o_acc`
 
         o[..., r0:, :] = o_new
         l[..., r0:, :] = l_new
         m[..., r0:, :] = m_new
 
-    op = _op(acc, out_dt)
-    o_out = _round(o.to(op) / l.to(op), out_dt, policy)            # cast: O = Ō / ℓ to `out`
-    lse = torch.log(l.to(exp_dt)) + m.to(exp_dt)                   # cast: L = log ℓ + m in `exp`
+    l_div = l.to(policy.dtype("l_div"))                            # cast: ℓ to `l_div` (default `acc`)
+    op = _op(o_acc, l_div.dtype, out_dt)
+    o_out = _round(o.to(op) / l_div.to(op), out_dt, policy)        # cast: O = Ō / ℓ to `out`
+    l_st, m_st = l.to(policy.dtype("l_store")), m.to(policy.dtype("l_store"))  # cast: stored ℓ, m (`l_store`)
+    lse = torch.log(l_st.to(exp_dt)) + m_st.to(exp_dt)             # cast: L = log ℓ + m in `exp`
     return ForwardResult(o_out, o, m, l, lse, fix_pos, fix_neg)
 
 
