@@ -51,10 +51,17 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     P̄V   = matmul(P̄ rounded to `pbar`, V_j)         V in `matmul`; result rounded to `pv_out`
     a    = exp(m_old − m_new)                        difference in op rounded to `exp_in`, exp in `exp`
     ℓ    = a·ℓ + ℓ_j                                 two ops in op, rounded to `acc`
-    Ō    = Ō·a        (op, rounded to `acc`)         the rescale and the add are two roundings,
-    Ō    = Ō + P̄V     (op, rounded to `acc`)         like the official `o.mul_(a).add_(P̄V)`
+    Ō    = Ō·a        (op, rounded to `o_acc`)       the rescale and the add are two roundings,
+    Ō    = Ō + P̄V     (op, rounded to `o_acc`)       like the official `o.mul_(a).add_(P̄V)`; `o_acc`
+                                                     is `acc` unless set
   after the last tile:
-    O    = Ō / ℓ      (op, rounded to `out`)         L = log(ℓ) + m   in `exp`
+    O    = Ō / ℓ      (op, rounded to `out`)         ℓ first rounded to `l_div` (default `acc`)
+    L    = log(ℓ) + m   in `exp`                     ℓ and m first rounded to `l_store` (default `acc`)
+
+  o_acc, l_div and l_store exist for PAPER_BF16_COMPILED: the official code under torch.compile keeps Ō in
+  FP32 registers across tiles while its stored m and ℓ (what L reads) are BF16 buffers, and it divides by
+  the FP32 or the stored BF16 ℓ depending on where inductor's kernel boundaries fall
+  (`lpfail.experiments.official_check`).
 
   ``policy.rounding = "sr"``: the four casts of the output path — P̄V to `pv_out`, Ō·a and Ō + P̄V to `acc`,
   O to `out` — round stochastically where their dtype is 16-bit (`_round`, `lpfail.bf16.round_stochastic`,

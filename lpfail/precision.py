@@ -72,6 +72,9 @@ l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_i
 same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, acc, out
 in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), so the strings of all
 "rne" policies, and with them every stored result's config hash, are those from before the knob existed.
+o_acc, l_div and l_store (None by default, shown in the string only when set, like ``rounding``) describe
+what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16; see
+`lpfail.experiments.official_check`).
 """
 from __future__ import annotations
 
