@@ -288,6 +288,7 @@ class OfficialCheckConfig:
     fix_policies: tuple = ("PAPER_BF16_OFFICIAL_FIX", "PAPER_BF16_COMPILED_OFFICIAL_FIX",
                            "PAPER_BF16_COMPILED_OFFICIAL_FIX,l_div=bf16")
     modes: tuple = MODES
+    emulate_shapes: tuple = (0,)          # indices of the shapes on which "compiled_emulate" runs (a control)
     tied_rows: int = 256                  # chapter 4's default rows (RowSpec()), one query each
     tied_seed: int = 0
     official_dir: str = ""                # "" = $LPFAIL_OFFICIAL_DIR (not part of the result's meaning)
@@ -299,6 +300,8 @@ class OfficialCheckConfig:
         bad = [m for m in self.modes if m not in MODES]
         if bad or "eager" not in self.modes:
             raise ValueError(f"OfficialCheckConfig.modes must include 'eager' and come from {MODES} (got {self.modes!r})")
+        if not all(isinstance(i, int) and 0 <= i < len(self.shapes) for i in self.emulate_shapes):
+            raise ValueError(f"OfficialCheckConfig.emulate_shapes must index shapes (got {self.emulate_shapes!r})")
         for p in (*self.policies, *self.fix_policies):
             Precision.parse(p)  # raises on an unknown preset or knob
 
@@ -327,35 +330,42 @@ def official_check(cfg: OfficialCheckConfig) -> dict:
                  "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                  "torch": torch.__version__}
     seconds = {m: 0.0 for m in cfg.modes}
+    n_tiles = max(math.ceil(shape[2] / 512) for shape in cfg.shapes)
+    modes = ("eager", *[m for m in cfg.modes if m != "eager"])     # eager first: the others compare to it
     for fix, names in (("nofix", cfg.policies), ("fix", cfg.fix_policies)):
         policies = [Precision.parse(p) for p in names]
         out[f"policies_{fix}"] = np.array(names)
-        agree = {m: np.zeros((len(policies), len(cases), 4)) for m in cfg.modes}
-        n_tiles = max(math.ceil(shape[2] / 512) for shape in cfg.shapes)
-        tiles = {m: np.zeros((len(policies), len(cases), 2, n_tiles)) for m in cfg.modes}
-        vs_eager = {m: np.zeros((len(cases), 4)) for m in cfg.modes}
-        for mode in ("eager", *[m for m in cfg.modes if m != "eager"]):  # eager first: the others compare to it
-            fn = None
-            for c, (i, j, shape, q_scale, seed) in enumerate(cases):
-                if fn is None or j == 0:  # one compilation per shape (and fix), reused across q scales
-                    fn = official_fn(module, mode)
-                q, k, v, do = make_case(*shape, q_scale, seed, device)
-                t0 = time.perf_counter()
-                theirs = run_official(fn, q, k, v, do, mode, stable=fix == "fix")
-                seconds[mode] += time.perf_counter() - t0
-                if mode == "eager":
-                    eager = theirs
-                    out.setdefault("_eager", {})[(fix, c)] = eager
-                vs_eager[mode][c] = agreement(theirs, out["_eager"][(fix, c)])
-                for p, policy in enumerate(policies):
-                    ours = run_policy(policy, q, k, v, do)
-                    agree[mode][p, c] = agreement(ours, theirs)
-                    tiles[mode][p, c] = tile_agreement(ours, theirs, n_tiles)
-        for mode in cfg.modes:
+        theirs: dict = {}                                            # (mode, case) -> (O, dQ, dK, dV)
+        for mode in modes:              # one compilation per (mode, shape), reused across q scales
+            for i, shape in enumerate(cfg.shapes):
+                if mode == "compiled_emulate" and i not in cfg.emulate_shapes:
+                    continue
+                fn = official_fn(module, mode)
+                for c, (ci, j, _, q_scale, seed) in enumerate(cases):
+                    if ci != i:
+                        continue
+                    q, k, v, do = make_case(*shape, q_scale, seed, device)
+                    t0 = time.perf_counter()
+                    theirs[mode, c] = run_official(fn, q, k, v, do, mode, stable=fix == "fix")
+                    seconds[mode] += time.perf_counter() - t0
+        agree = {m: np.full((len(policies), len(cases), 4), np.nan) for m in modes}
+        tiles = {m: np.full((len(policies), len(cases), 2, n_tiles), np.nan) for m in modes}
+        vs_eager = {m: np.full((len(cases), 4), np.nan) for m in modes}
+        for c, (i, j, shape, q_scale, seed) in enumerate(cases):
+            q, k, v, do = make_case(*shape, q_scale, seed, device)
+            ours = [run_policy(policy, q, k, v, do) for policy in policies]
+            for mode in modes:
+                if (mode, c) not in theirs:
+                    continue
+                vs_eager[mode][c] = agreement(theirs[mode, c], theirs["eager", c])
+                for p in range(len(policies)):
+                    agree[mode][p, c] = agreement(ours[p], theirs[mode, c])
+                    tiles[mode][p, c] = tile_agreement(ours[p], theirs[mode, c], n_tiles)
+        for mode in modes:
             out[f"agree_{fix}_{mode}"] = agree[mode]
             out[f"agree_tiles_{fix}_{mode}"] = tiles[mode]
             out[f"official_{mode}_vs_eager_{fix}"] = vs_eager[mode]
-    del out["_eager"]
+        del theirs
     # tied rows (chapter 4's default RowSpec): mean signed error of the stored O
     spec = RowSpec()
     q, k, v, truth = tied_case(spec, cfg.tied_rows, cfg.tied_seed, device)
@@ -364,9 +374,9 @@ def official_check(cfg: OfficialCheckConfig) -> dict:
     for n, name in enumerate(tied_names):
         o = attn.attention(q, k, v, Precision.parse(name), causal=False)
         out[f"tied_policy_{n}"] = np.array(tied_error(o, truth))
-    for mode in cfg.modes:
+    for mode in modes:
         fn = official_fn(module, mode, causal=False)
-        o = run_official(fn, q, k, v, None, mode)[0]
+        o = run_official(fn, q, k, v, torch.zeros_like(q), mode)[0]  # with a backward: the training graph
         out[f"tied_official_{mode}"] = np.array(tied_error(o, truth))
     for mode, s in seconds.items():
         out[f"seconds_{mode}"] = s
@@ -386,7 +396,7 @@ def table(res: dict) -> str:
             if key not in res:
                 continue
             for name, row in zip(res[f"policies_{fix}"], np.asarray(res[key])):
-                worst = row.min(axis=0)
+                worst = np.nanmin(row, axis=0)
                 lines.append(f"{fix:7s}{mode:18s}{str(name):50s}{worst[0]:18.3f}{worst[1]:8.3f}{worst[2]:8.3f}"
                              f"{worst[3]:8.3f}")
     lines.append("tied rows (chapter 4's RowSpec()), mean signed error of O ± 95 % CI:")
