@@ -61,6 +61,8 @@ l_store     None (= `acc`), or the dtype the final m and ℓ are     None    Non
             stored in for the backward, L = log ℓ + m (the
             official code's BF16 buffers, which torch.compile
             rounds on store even where it keeps ℓ in FP32)
+m_acc       None (= `acc`), or the dtype of the running maximum m  None    None    None
+            alone (its block maximum r_m rounded to it)
 =========== ====================================================== ======= ======= =====
 
 The knobs from qk_out on were added with the reference attention (`lpfail.attention`, whose docstring gives
@@ -72,7 +74,7 @@ l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_i
 same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, acc, out
 in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), so the strings of all
 "rne" policies, and with them every stored result's config hash, are those from before the knob existed.
-o_acc, l_div and l_store (None by default, shown in the string only when set, like ``rounding``) describe
+o_acc, l_div, l_store and m_acc (None by default, shown in the string only when set, like ``rounding``) describe
 what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16; see
 `lpfail.experiments.official_check`).
 """
@@ -90,7 +92,7 @@ DELTAS = ("dO.O", "dO.O_hp", "dP.P")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
-_ACC_FIELDS = ("o_acc", "l_div", "l_store")  # optional dtypes that default to `acc` (torch.compile's arithmetic)
+_ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc")  # optional dtypes that default to `acc` (torch.compile's arithmetic)
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
@@ -149,6 +151,7 @@ class Precision:
     o_acc: str | None = None
     l_div: str | None = None
     l_store: str | None = None
+    m_acc: str | None = None
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -201,8 +204,8 @@ class Precision:
         return dataclasses.replace(self, **changes)
 
     def dtype(self, knob: str) -> torch.dtype:
-        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``; o_acc, l_div and l_store fall back
-        to `acc` when None."""
+        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``; o_acc, l_div, l_store and m_acc
+        fall back to `acc` when None."""
         if knob in _ACC_FIELDS:
             value = getattr(self, knob)
             return DTYPES[value if value is not None else self.acc]
@@ -361,14 +364,16 @@ PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e
 #: The official code as its own train.py runs it: under torch.compile (inductor, no
 #: emulate_precision_casts), forward under BF16 autocast, backward outside it (lpfail.experiments.official_check).
 #: Inductor computes each fused kernel in FP32 and rounds only what it stores, so against PAPER_BF16: S and
-#: S − m stay FP32 (scores, exp_in), ℓ and Ō are carried in FP32 across key tiles (acc), the final m and ℓ
-#: are rounded to BF16 when stored for L = log ℓ + m (l_store), and δ's products dO∘O stay FP32 (delta_prod).
+#: S − m stay FP32 (scores, exp_in) while the row maximum m is a BF16 buffer (m_acc; so where α·QKᵀ is not
+#: exact in BF16, e.g. head dim 128, a tied maximum gives P̄ = exp(S − m) ≠ 1), ℓ and Ō are carried in FP32
+#: across key tiles (acc), the final ℓ is rounded to BF16 when stored for L = log ℓ + m (l_store), and δ's
+#: products dO∘O stay FP32 (delta_prod).
 #: Checked on CPU only (torch 2.13, inductor's C++ backend, CUDA autocast's rules emulated): O, dQ, dK, dV agree
 #: bit for bit in the query tiles whose O divides by the FP32 ℓ; where a kernel boundary falls between ℓ and
 #: the division, inductor divides by the stored BF16 ℓ instead (l_div="bf16" matches those tiles). Which tiles
 #: do so depends on the backend's fusion; the GPU's (Triton) is pending (tools/gpu_official_check.sh).
 PAPER_BF16_COMPILED = dataclasses.replace(PAPER_BF16, scores="fp32", exp_in="fp32", acc="fp32",
-                                          delta_prod="fp32", l_store="bf16")
+                                          delta_prod="fp32", l_store="bf16", m_acc="bf16")
 #: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds.
 PAPER_BF16_COMPILED_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16_COMPILED, fix=DynamicMax(2.0, 1e-3),
                                                        l_clamp=1e-10, masked_ties=True)

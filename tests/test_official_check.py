@@ -31,7 +31,7 @@ needs_official = pytest.mark.skipif(not HAVE_OFFICIAL, reason=f"the paper's offi
 def test_compiled_preset_differs_from_paper_in_exactly_the_skipped_roundings():
     diff = {f.name for f in dataclasses.fields(Precision)
             if getattr(PAPER_BF16, f.name) != getattr(PAPER_BF16_COMPILED, f.name)}
-    assert diff == {"scores", "exp_in", "acc", "delta_prod", "l_store"}
+    assert diff == {"scores", "exp_in", "acc", "delta_prod", "l_store", "m_acc"}
     assert PAPER_BF16_COMPILED.l_store == "bf16" and PAPER_BF16_COMPILED.acc == "fp32"
     official = dataclasses.replace(PAPER_BF16_COMPILED, fix=PAPER_BF16_OFFICIAL_FIX.fix, l_clamp=1e-10, masked_ties=True)
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX == official
@@ -93,6 +93,21 @@ def test_l_store_and_l_div_round_only_what_they_name():
     assert torch.equal(div.lse, ref.lse)
     assert torch.equal(div.o, (ref.o_unnorm / ref.l.bfloat16().float()).bfloat16())
     assert not torch.equal(div.o, ref.o)
+
+
+def test_m_acc_rounds_the_maximum_alone():
+    q, k, v, _ = _qkv(t=512, d=128, scale=4.0)            # α = 1/√128: S is not exact in BF16; one key tile
+    wide = PAPER_BF16.replace(acc="fp32", scores="fp32", exp_in="fp32")
+    ref = attn.flash_forward(q, k, v, wide, causal=False)
+    res = attn.flash_forward(q, k, v, wide.replace(m_acc="bf16"), causal=False)
+    assert res.m.dtype == torch.bfloat16 and res.l.dtype == res.o_unnorm.dtype == torch.float32
+    assert torch.equal(res.m, ref.m.bfloat16())            # one tile: m = r_m, rounded
+    s = torch.einsum("bhid,bhjd->bhij", q.float(), k.float()).bfloat16().float() * 128 ** -0.5
+    # the maximum score of a row no longer maps to P̄ = 1 exactly once m is rounded and S is not
+    p_max = attn.exp_scores(s.amax(-1, keepdim=True), res.m, wide.replace(m_acc="bf16"))
+    assert (p_max != 1).mean(dtype=torch.float) > 0.5
+    assert (torch.log(p_max).abs() <= res.m.float().abs() * 2 ** -8 + 1e-6).all()   # |S − m| ≤ half a BF16 ulp
+    assert (attn.exp_scores(s.amax(-1, keepdim=True), ref.m, wide) == 1).all()
 
 
 def test_o_acc_keeps_m_and_l_in_acc():
@@ -187,13 +202,14 @@ def test_eager_official_backward_cannot_run_outside_autocast():
 
 
 @needs_official
-def test_compiled_official_on_cpu_matches_paper_bf16_compiled_tile_by_tile():
+@pytest.mark.parametrize("d", [64, 128])
+def test_compiled_official_on_cpu_matches_paper_bf16_compiled_tile_by_tile(d):
     """Inductor's C++ backend (torch of this machine), 2 query tiles × 2 key tiles. What we measured: the first
     query tile divides O by the FP32 ℓ (PAPER_BF16_COMPILED), the second by the stored BF16 ℓ (its l_div=bf16
     variant); dV matches overall. PAPER_BF16 itself matches far less. With emulate_precision_casts the
     compiled code is the eager code again."""
     module = oc.load_official()
-    q, k, v, do = _qkv(t=1024, d=64, seed=1)
+    q, k, v, do = _qkv(t=1024, d=d, seed=1)
     theirs = oc.run_official(oc.official_fn(module, "compiled"), q, k, v, do, "compiled")
     eager = oc.run_official(oc.official_fn(module, "eager"), q, k, v, do, "eager")
     first = oc.run_policy(PAPER_BF16_COMPILED, q, k, v, do)

@@ -11,9 +11,10 @@ from lpfail.precision import PAPER_BF16, PAPER_BF16_COMPILED, Precision
 WHY = {
     "scores": "S = QKᵀ·α is not stored between the scaling and its uses (amax, S − m): it stays FP32",
     "exp_in": "S − m and m_old − m_new are fused into exp: never rounded to BF16",
-    "acc": "m, ℓ and Ō are carried across key tiles inside fused kernels in FP32: Ō·a + P̄V is not rounded between tiles",
+    "acc": "ℓ and Ō are carried across key tiles inside fused kernels in FP32: Ō·a + P̄V is not rounded between tiles",
     "delta_prod": "dO∘O is fused into δ's row sum: the products stay FP32",
-    "l_store": "the final m and ℓ are stored in the official code's BF16 buffers, which L = log ℓ + m reads",
+    "l_store": "the final ℓ is stored in the official code's BF16 buffer, which L = log ℓ + m reads",
+    "m_acc": "the row maximum m is a BF16 buffer (reduction output) while S stays FP32",
 }
 
 

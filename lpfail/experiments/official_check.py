@@ -37,7 +37,6 @@ for our presets and for the official code run both ways.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import math
 import os
@@ -281,9 +280,11 @@ class OfficialCheckConfig:
     q_scales: tuple = (1.0, 4.0)
     seed: int = 0
     #: our policies compared without the fix (against STABLE=0) ...
+    #: (each variant of PAPER_BF16_COMPILED puts back one rounding it skips, or skips one it keeps)
     policies: tuple = ("PAPER_BF16", "PAPER_BF16_COMPILED", "PAPER_BF16_COMPILED,l_div=bf16",
-                       "PAPER_BF16_COMPILED,scores=bf16", "PAPER_BF16_COMPILED,acc=bf16,o_acc=fp32",
-                       "PAPER_BF16_COMPILED,delta_prod=bf16")
+                       "PAPER_BF16_COMPILED,m_acc=none", "PAPER_BF16_COMPILED,l_store=none",
+                       "PAPER_BF16_COMPILED,scores=bf16", "PAPER_BF16_COMPILED,delta_prod=bf16",
+                       "PAPER_BF16_COMPILED,acc=bf16,o_acc=fp32")
     #: ... and with it (against STABLE=1)
     fix_policies: tuple = ("PAPER_BF16_OFFICIAL_FIX", "PAPER_BF16_COMPILED_OFFICIAL_FIX",
                            "PAPER_BF16_COMPILED_OFFICIAL_FIX,l_div=bf16")
@@ -326,7 +327,14 @@ def official_check(cfg: OfficialCheckConfig) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     cases = list(_cases(cfg))
-    out: dict = {"cases": np.array([f"{b}x{h}x{t}x{d} q*{s:g}" for _, _, (b, h, t, d), s, _ in cases]),
+    import torch._inductor.config as ic
+
+    flags = {name: repr(getattr(ic, name, "absent")) for name in
+             ("emulate_precision_casts", "emulate_precision_casts_on_saved_tensors")}
+    flags["eager_numerics.division_rounding"] = repr(getattr(getattr(ic, "eager_numerics", None),
+                                                             "division_rounding", "absent"))
+    out: dict = {"inductor_flags": ", ".join(f"{k}={v}" for k, v in flags.items()),
+                 "cases": np.array([f"{b}x{h}x{t}x{d} q*{s:g}" for _, _, (b, h, t, d), s, _ in cases]),
                  "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
                  "torch": torch.__version__}
     seconds = {m: 0.0 for m in cfg.modes}
@@ -389,6 +397,7 @@ def table(res: dict) -> str:
     dV (%), then the tied-row errors. Every number comes from the stored result `res`."""
     lines = [f"official_check on {res.get('device_name', '?')} (torch {res.get('torch', '?')}); cases: "
              f"{', '.join(map(str, res['cases']))}",
+             f"inductor defaults: {res.get('inductor_flags', '?')}",
              f"{'':7s}{'official run':18s}{'our policy':50s}{'min over cases: O':>18s}{'dQ':>8s}{'dK':>8s}{'dV':>8s}"]
     for fix in ("nofix", "fix"):
         for mode in MODES:
