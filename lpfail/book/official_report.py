@@ -24,8 +24,8 @@ def preset_diff(a: Precision = PAPER_BF16, b: Precision = PAPER_BF16_COMPILED) -
     for f in dataclasses.fields(Precision):
         va, vb = getattr(a, f.name), getattr(b, f.name)
         if va != vb:
-            rows.append([f.name, "acc" if va is None else str(va), "acc" if vb is None else str(vb),
-                         WHY.get(f.name, "")])
+            rows.append([f.name, f"= acc ({a.acc})" if va is None else str(va),
+                         f"= acc ({b.acc})" if vb is None else str(vb), WHY.get(f.name, "")])
     return rows
 
 
