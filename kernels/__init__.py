@@ -132,6 +132,11 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "
                          "use lpfail.attention for PAPER_BF16_OFFICIAL_FIX")
+    for knob in ("o_acc", "l_div", "l_store", "m_acc"):  # torch.compile's arithmetic (PAPER_BF16_COMPILED): reference only
+        if getattr(policy, knob, None) is not None:
+            raise ValueError(f"kernels: Precision.{knob}={getattr(policy, knob)!r} (the compiled official code's "
+                             "arithmetic) is not implemented in the Triton kernels; use lpfail.attention for "
+                             "PAPER_BF16_COMPILED")
     if interpreted() and policy.matmul != "fp32":
         raise ValueError(f"kernels: Precision.matmul={policy.matmul!r} under TRITON_INTERPRET=1: the CPU "
                          "interpreter's bf16/fp16 arithmetic is broken; use matmul='fp32' there")

@@ -43,7 +43,7 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     r_m  = rowmax(S)                                 exact (in `scores`)
     fix: t = r_m − ε (op, rounded to `scores`);  r_s = #{unmasked S ≥ t}
          m' = β·r_m (op, rounded to `scores`) if r_s > 1 and r_m > 0;  0 if r_s > 1 and r_m < 0;  else r_m
-    m_new = max(m_old, m' rounded to `acc`)          in `acc`
+    m_new = max(m_old, m' rounded to `m_acc`)        in `m_acc` (default `acc`)
     x    = S − m_new  (op, rounded to `exp_in`)     sub="sub"; sub="fma": x = QKᵀ·α − m_new in one
                                                      rounding, emulated in float64 (see below)
     P̄    = exp(x)  in `exp`
@@ -51,10 +51,18 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     P̄V   = matmul(P̄ rounded to `pbar`, V_j)         V in `matmul`; result rounded to `pv_out`
     a    = exp(m_old − m_new)                        difference in op rounded to `exp_in`, exp in `exp`
     ℓ    = a·ℓ + ℓ_j                                 two ops in op, rounded to `acc`
-    Ō    = Ō·a        (op, rounded to `acc`)         the rescale and the add are two roundings,
-    Ō    = Ō + P̄V     (op, rounded to `acc`)         like the official `o.mul_(a).add_(P̄V)`
+    Ō    = Ō·a        (op, rounded to `o_acc`)       the rescale and the add are two roundings,
+    Ō    = Ō + P̄V     (op, rounded to `o_acc`)       like the official `o.mul_(a).add_(P̄V)`; `o_acc`
+                                                     is `acc` unless set
   after the last tile:
-    O    = Ō / ℓ      (op, rounded to `out`)         L = log(ℓ) + m   in `exp`
+    O    = Ō / ℓ      (op, rounded to `out`)         ℓ first rounded to `l_div` (default `acc`)
+    L    = log(ℓ) + m   in `exp`                     ℓ and m first rounded to `l_store` (default `acc`)
+
+  m_acc (default `acc`) is the dtype of the running maximum m alone: r_m and m_new are rounded to it.
+  o_acc, l_div, l_store and m_acc exist for PAPER_BF16_COMPILED: the official code under torch.compile keeps
+  Ō and ℓ in FP32 registers across tiles while its row maximum and its stored ℓ (what L reads) are BF16
+  buffers, and it divides by the FP32 or the stored BF16 ℓ depending on where inductor's kernel boundaries
+  fall (`lpfail.experiments.official_check`).
 
   ``policy.rounding = "sr"``: the four casts of the output path — P̄V to `pv_out`, Ō·a and Ō + P̄V to `acc`,
   O to `out` — round stochastically where their dtype is 16-bit (`_round`, `lpfail.bf16.round_stochastic`,
@@ -277,11 +285,11 @@ ScoreSource = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor | None]
 
 def exp_scores(s: torch.Tensor, m: torch.Tensor, policy: Precision) -> torch.Tensor:
     """P̄ = exp(S − m) as the forward forms it with sub="sub", before the cast to `pbar`: S (in `scores`) minus
-    m (in `acc`) computed in op and rounded to `exp_in`, then exp in `exp`. Also used by chapter 4 (Rounding)
+    m (in `m_acc`, default `acc`) computed in op and rounded to `exp_in`, then exp in `exp`. Also used by chapter 4 (Rounding)
     to rebuild the forward's P̄ for a row."""
-    scores_dt, acc, exp_in = policy.dtype("scores"), policy.dtype("acc"), policy.dtype("exp_in")
-    op = _op(scores_dt, acc, exp_in)
-    x = (s.to(scores_dt).to(op) - m.to(acc).to(op)).to(exp_in)     # cast: S − m to `exp_in`
+    scores_dt, m_dt, exp_in = policy.dtype("scores"), policy.dtype("m_acc"), policy.dtype("exp_in")
+    op = _op(scores_dt, m_dt, exp_in)
+    x = (s.to(scores_dt).to(op) - m.to(m_dt).to(op)).to(exp_in)    # cast: S − m to `exp_in`
     return torch.exp(x.to(policy.dtype("exp")))                    # cast: exp runs in `exp`
 
 
@@ -297,9 +305,11 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
     fix = policy.fix
     mask_value = -torch.finfo(scores_dt).max if policy.masked_ties else -math.inf
 
-    m = torch.full((*lead, tq, 1), -math.inf, dtype=acc, device=dev)  # (…, Tq, 1) running max
+    m_dt = policy.dtype("m_acc")                                      # `acc` unless m_acc is set
+    m = torch.full((*lead, tq, 1), -math.inf, dtype=m_dt, device=dev)  # (…, Tq, 1) running max
     l = torch.zeros((*lead, tq, 1), dtype=acc, device=dev)            # (…, Tq, 1) running row sum
-    o = torch.zeros((*lead, tq, d), dtype=acc, device=dev)            # (…, Tq, D) accumulator Ō
+    o_acc = policy.dtype("o_acc")                                     # `acc` unless o_acc is set
+    o = torch.zeros((*lead, tq, d), dtype=o_acc, device=dev)          # (…, Tq, D) accumulator Ō
     fix_pos = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
     fix_neg = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
 
@@ -329,7 +339,7 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
             m_blk = torch.where(pos, scaled, torch.where(neg, torch.zeros_like(r_m), r_m))
             fix_pos[..., r0:] += pos[..., 0].to(torch.int32)
             fix_neg[..., r0:] += neg[..., 0].to(torch.int32)
-        m_blk = m_blk.to(acc)                                      # cast: m' to `acc`
+        m_blk = m_blk.to(m_dt)                                     # cast: m' to `m_acc` (default `acc`)
         m_new = torch.maximum(m_old, m_blk)                        # (…, R, 1) in `acc`
         # a row fully masked so far keeps m = −∞; subtract 0 there so that exp(−∞ − 0) = 0, not NaN
         m_sub = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
@@ -349,22 +359,24 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(pbar, v.dtype)), pv_out, policy)  # cast: P̄V to `pv_out`
 
         # -- online rescaling --------------------------------------------------------------------------
-        op = _op(acc, exp_in)
+        op = _op(m_dt, exp_in)
         d_m = (m_old.to(op) - m_sub.to(op)).to(exp_in)             # cast: m_old − m_new to `exp_in`
         a = torch.exp(d_m.to(exp_dt))                              # cast: exp runs in `exp`; (…, R, 1)
         op = _op(acc, exp_dt)
         l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
-        op = _op(acc, exp_dt, pv_out)
-        o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), acc, policy)  # cast: Ō·a to `acc`
-        o_new = _round(o_scaled.to(op) + pv.to(op), acc, policy)   # cast: Ō·a + P̄V to `acc`
+        op = _op(o_acc, exp_dt, pv_out)
+        o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), o_acc, policy)  # cast: Ō·a to `o_acc`
+        o_new = _round(o_scaled.to(op) + pv.to(op), o_acc, policy)  # cast: Ō·a + P̄V to `o_acc`
 
         o[..., r0:, :] = o_new
         l[..., r0:, :] = l_new
         m[..., r0:, :] = m_new
 
-    op = _op(acc, out_dt)
-    o_out = _round(o.to(op) / l.to(op), out_dt, policy)            # cast: O = Ō / ℓ to `out`
-    lse = torch.log(l.to(exp_dt)) + m.to(exp_dt)                   # cast: L = log ℓ + m in `exp`
+    l_div = l.to(policy.dtype("l_div"))                            # cast: ℓ to `l_div` (default `acc`)
+    op = _op(o_acc, l_div.dtype, out_dt)
+    o_out = _round(o.to(op) / l_div.to(op), out_dt, policy)        # cast: O = Ō / ℓ to `out`
+    l_st, m_st = l.to(policy.dtype("l_store")), m.to(policy.dtype("l_store"))  # cast: stored ℓ, m (`l_store`)
+    lse = torch.log(l_st.to(exp_dt)) + m_st.to(exp_dt)             # cast: L = log ℓ + m in `exp`
     return ForwardResult(o_out, o, m, l, lse, fix_pos, fix_neg)
 
 

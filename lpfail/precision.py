@@ -51,6 +51,18 @@ rounding    how the output path's 16-bit casts round (P̄V to       rne     rne 
             `pv_out`, Ō·a and Ō·a + P̄V to `acc`, O to `out`):
             "rne" to nearest even, "sr" stochastically (unbiased;
             m, ℓ and all other casts stay "rne")
+o_acc       None (= `acc`), or the dtype of the O accumulator Ō    None    None    None
+            alone, with m and ℓ still in `acc`: torch.compile
+            keeps the official code's Ō·a + P̄V chain in FP32
+            registers across key tiles (PAPER_BF16_COMPILED)
+l_div       None (= `acc`), or the dtype ℓ is rounded to before   None    None    None
+            O = Ō / ℓ
+l_store     None (= `acc`), or the dtype the final m and ℓ are     None    None    None
+            stored in for the backward, L = log ℓ + m (the
+            official code's BF16 buffers, which torch.compile
+            rounds on store even where it keeps ℓ in FP32)
+m_acc       None (= `acc`), or the dtype of the running maximum m  None    None    None
+            alone (its block maximum r_m rounded to it)
 =========== ====================================================== ======= ======= =====
 
 The knobs from qk_out on were added with the reference attention (`lpfail.attention`, whose docstring gives
@@ -62,6 +74,9 @@ l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_i
 same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, acc, out
 in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), so the strings of all
 "rne" policies, and with them every stored result's config hash, are those from before the knob existed.
+o_acc, l_div, l_store and m_acc (None by default, shown in the string only when set, like ``rounding``) describe
+what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16; see
+`lpfail.experiments.official_check`).
 """
 from __future__ import annotations
 
@@ -77,6 +92,7 @@ DELTAS = ("dO.O", "dO.O_hp", "dP.P")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
+_ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc")  # optional dtypes that default to `acc` (torch.compile's arithmetic)
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
@@ -131,6 +147,11 @@ class Precision:
     masked_ties: bool = False
     # added with stochastic rounding (lpfail.bf16.round_stochastic):
     rounding: str = "rne"
+    # added with the compiled official code (issue 16, lpfail.experiments.official_check):
+    o_acc: str | None = None
+    l_div: str | None = None
+    l_store: str | None = None
+    m_acc: str | None = None
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -151,6 +172,11 @@ class Precision:
             raise ValueError(f"Precision.l_clamp must be None or a positive number (got {self.l_clamp!r})")
         if not isinstance(self.masked_ties, bool):
             raise ValueError(f"Precision.masked_ties must be True or False (got {self.masked_ties!r})")
+        for name in _ACC_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value not in DTYPES:
+                raise ValueError(f"Precision.{name} must be None (the `acc` dtype) or one of {sorted(DTYPES)} "
+                                 f"(got {value!r})")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"Precision.rounding must be one of {list(ROUNDINGS)} (got {self.rounding!r})")
         if self.rounding == "sr" and not any(getattr(self, n) in ("bf16", "fp16") for n in _SR_FIELDS):
@@ -178,7 +204,11 @@ class Precision:
         return dataclasses.replace(self, **changes)
 
     def dtype(self, knob: str) -> torch.dtype:
-        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``."""
+        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``; o_acc, l_div, l_store and m_acc
+        fall back to `acc` when None."""
+        if knob in _ACC_FIELDS:
+            value = getattr(self, knob)
+            return DTYPES[value if value is not None else self.acc]
         if knob not in _DTYPE_FIELDS:
             raise ValueError(f"{knob!r} is not a dtype knob; dtype knobs: {list(_DTYPE_FIELDS)}")
         return DTYPES[getattr(self, knob)]
@@ -208,6 +238,9 @@ class Precision:
         parts.append(f"masked_ties={'true' if self.masked_ties else 'false'}")
         if self.rounding != "rne":  # only when set: the strings (cache keys) of "rne" policies stay unchanged
             parts.append(f"rounding={self.rounding}")
+        for name in _ACC_FIELDS:  # likewise: only when set
+            if getattr(self, name) is not None:
+                parts.append(f"{name}={getattr(self, name)}")
         return ",".join(parts)
 
     @classmethod
@@ -226,7 +259,7 @@ class Precision:
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
         valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
-                                       "masked_ties", "rounding"]
+                                       "masked_ties", "rounding", *_ACC_FIELDS]
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
@@ -246,10 +279,12 @@ class Precision:
                 changes["fix"] = _parse_fix(value)
             elif key == "l_clamp":
                 changes["l_clamp"] = None if value == "none" else _parse_float(value, key)
+            elif key in _ACC_FIELDS:
+                changes[key] = None if value == "none" else value
             elif key == "masked_ties":
                 if value not in ("true", "false"):
-                    raise ValueError(f"masked_ties must be 'true' or 'false' (got {value!r})")
-                changes["masked_ties"] = value == "true"
+                    raise ValueError(f"{key} must be 'true' or 'false' (got {value!r})")
+                changes[key] = value == "true"
         return dataclasses.replace(base, **changes)
 
 
@@ -326,10 +361,29 @@ FP64 = Precision(matmul="fp64", scores="fp64", exp="fp64", pbar="fp64", pv_out="
 PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e-3), l_clamp=1e-10,
                                               masked_ties=True)
 
+#: The official code as its own train.py runs it: under torch.compile (inductor, no
+#: emulate_precision_casts), forward under BF16 autocast, backward outside it (lpfail.experiments.official_check).
+#: Inductor computes each fused kernel in FP32 and rounds only what it stores, so against PAPER_BF16: S and
+#: S − m stay FP32 (scores, exp_in) while the row maximum m is a BF16 buffer (m_acc; so where α·QKᵀ is not
+#: exact in BF16, e.g. head dim 128, a tied maximum gives P̄ = exp(S − m) ≠ 1), ℓ and Ō are carried in FP32
+#: across key tiles (acc), the final ℓ is rounded to BF16 when stored for L = log ℓ + m (l_store), and δ's
+#: products dO∘O stay FP32 (delta_prod).
+#: Checked on CPU only (torch 2.13, inductor's C++ backend, CUDA autocast's rules emulated): O, dQ, dK, dV agree
+#: bit for bit in the query tiles whose O divides by the FP32 ℓ; where a kernel boundary falls between ℓ and
+#: the division, inductor divides by the stored BF16 ℓ instead (l_div="bf16" matches those tiles). Which tiles
+#: do so depends on the backend's fusion; the GPU's (Triton) is pending (tools/gpu_official_check.sh).
+PAPER_BF16_COMPILED = dataclasses.replace(PAPER_BF16, scores="fp32", exp_in="fp32", acc="fp32",
+                                          delta_prod="fp32", l_store="bf16", m_acc="bf16")
+#: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds.
+PAPER_BF16_COMPILED_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16_COMPILED, fix=DynamicMax(2.0, 1e-3),
+                                                       l_clamp=1e-10, masked_ties=True)
+
 PRESETS: dict[str, Precision] = {
     "PAPER_BF16": PAPER_BF16,
     "FA2_BF16": FA2_BF16,
     "FP32": FP32,
     "FP64": FP64,
     "PAPER_BF16_OFFICIAL_FIX": PAPER_BF16_OFFICIAL_FIX,
+    "PAPER_BF16_COMPILED": PAPER_BF16_COMPILED,
+    "PAPER_BF16_COMPILED_OFFICIAL_FIX": PAPER_BF16_COMPILED_OFFICIAL_FIX,
 }
