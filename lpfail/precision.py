@@ -19,7 +19,8 @@ pv_out      dtype the P̄V product is rounded to                     bf16    fp3
 acc         dtype of the O accumulator and of the running m, ℓ     bf16    fp32    fp32
 out         dtype the output O is stored in (what δ = dO·O reads)  bf16    bf16    fp32
 delta       δ source: "dO.O", "dO.O_hp" (O recomputed in high      dO.O    dO.O    dO.O
-            precision) or "dP.P"
+            precision), "dP.P" or "dO.O_res" (O plus its stored
+            16-bit rounding residual; see below)
 block_q/k   tile sizes; None = one tile over the whole sequence    512     128/64  512
 sub         how S − m is formed: "sub" (scale, round, subtract:    sub     sub     sub
             a tied maximum gives exactly P̄ = 1) or "fma" (one
@@ -53,6 +54,17 @@ rounding    how the output path's 16-bit casts round (P̄V to       rne     rne 
             m, ℓ and all other casts stay "rne")
 =========== ====================================================== ======= ======= =====
 
+Two knobs were added for the cures of chapter 6 (experiment `cures`), both off in every preset and shown in
+the string form only when used, so no existing cache key changes:
+
+* ``delta="dO.O_res"`` — output-residual compensation (after arXiv 2610.05854): the forward also stores the
+  residual R = O_hp − O of its output's rounding, itself rounded to `out`, and the backward reads
+  δ = rowsum(dO ∘ (O + R)) in FP32, recovering most of the FP32 output at the cost of one more 16-bit tensor.
+* ``ds_rowsum=True`` — the dS row-sum correction (in the spirit of arXiv 2609.34272's projection): after dS is
+  rounded to `ds`, the row sum of the rounding error within each key tile is removed again, evenly over the
+  row's allowed keys of that tile, in FP32 on the dQ and dK products — so dQ does not pick up the tile's mean
+  key in proportion to a rounding error.
+
 The knobs from qk_out on were added with the reference attention (`lpfail.attention`, whose docstring gives
 the order of operations), for cast points of the paper's official code that PAPER_BF16 must reproduce bit
 for bit. FP64 sets every dtype knob to fp64. PAPER_BF16_OFFICIAL_FIX is PAPER_BF16 with fix=DynamicMax(2, 1e-3),
@@ -73,7 +85,7 @@ from dataclasses import dataclass, field
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
-DELTAS = ("dO.O", "dO.O_hp", "dP.P")
+DELTAS = ("dO.O", "dO.O_hp", "dP.P", "dO.O_res")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
@@ -131,6 +143,8 @@ class Precision:
     masked_ties: bool = False
     # added with stochastic rounding (lpfail.bf16.round_stochastic):
     rounding: str = "rne"
+    # added with experiment `cures` (chapter 6):
+    ds_rowsum: bool = False
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -151,6 +165,8 @@ class Precision:
             raise ValueError(f"Precision.l_clamp must be None or a positive number (got {self.l_clamp!r})")
         if not isinstance(self.masked_ties, bool):
             raise ValueError(f"Precision.masked_ties must be True or False (got {self.masked_ties!r})")
+        if not isinstance(self.ds_rowsum, bool):
+            raise ValueError(f"Precision.ds_rowsum must be True or False (got {self.ds_rowsum!r})")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"Precision.rounding must be one of {list(ROUNDINGS)} (got {self.rounding!r})")
         if self.rounding == "sr" and not any(getattr(self, n) in ("bf16", "fp16") for n in _SR_FIELDS):
@@ -208,6 +224,8 @@ class Precision:
         parts.append(f"masked_ties={'true' if self.masked_ties else 'false'}")
         if self.rounding != "rne":  # only when set: the strings (cache keys) of "rne" policies stay unchanged
             parts.append(f"rounding={self.rounding}")
+        if self.ds_rowsum:  # likewise only when set
+            parts.append("ds_rowsum=true")
         return ",".join(parts)
 
     @classmethod
@@ -226,7 +244,7 @@ class Precision:
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
         valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
-                                       "masked_ties", "rounding"]
+                                       "masked_ties", "rounding", "ds_rowsum"]
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
@@ -246,10 +264,10 @@ class Precision:
                 changes["fix"] = _parse_fix(value)
             elif key == "l_clamp":
                 changes["l_clamp"] = None if value == "none" else _parse_float(value, key)
-            elif key == "masked_ties":
+            elif key in ("masked_ties", "ds_rowsum"):
                 if value not in ("true", "false"):
-                    raise ValueError(f"masked_ties must be 'true' or 'false' (got {value!r})")
-                changes["masked_ties"] = value == "true"
+                    raise ValueError(f"{key} must be 'true' or 'false' (got {value!r})")
+                changes[key] = value == "true"
         return dataclasses.replace(base, **changes)
 
 
