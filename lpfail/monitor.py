@@ -51,6 +51,7 @@ import torch.nn as nn
 from lpfail.sdpa_hook import SDPACall, SDPAInterceptor
 
 log = logging.getLogger("lpfail.monitor")
+log.addHandler(logging.NullHandler())  # a library: the application decides where records go
 
 __all__ = ["Monitor", "Thresholds", "Alert", "MonitorError", "MonitorWarning", "QKWeights", "find_qk",
            "spectral_entropy", "attention_logit_stats"]
