@@ -72,3 +72,12 @@ def test_no_gap_means_nothing_to_close():
     flat = [1.6, 1.4, 1.3, 1.25, 1.25, 1.3]
     out = cu.analyse(_fake({"A": flat, "C": flat, "A_res": flat}, seed=1))
     assert out["cures"]["A_res"]["K2"]["verdict"] == "no gap to close"
+
+
+def test_gradient_errors_rank_the_policies():
+    from lpfail.precision import FP32, PAPER_BF16
+
+    out = cu.gradient_errors({"A": PAPER_BF16, "C": FP32, "res": PAPER_BF16.replace(delta="dO.O_res")},
+                             seeds=(0,), T=64, D=16)
+    assert out["C"]["dq"] < out["A"]["dq"] / 3  # C: only the BF16 rounding of the returned gradients
+    assert out["res"]["dq"] < out["A"]["dq"] and out["res"]["dv"] == out["A"]["dv"]

@@ -207,3 +207,30 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+# -- what a CPU can show now: each cure's effect on one attention call's gradient error --------------------------
+def gradient_errors(policies: dict, seeds=(0, 1, 2), T: int = 256, D: int = 64, q_scale: float = 6.0) -> dict:
+    """Relative error (‖g − g_FP64‖ / ‖g_FP64‖) of dQ, dK, dV of one causal attention call under each policy,
+    mean over `seeds`, on BF16 inputs whose queries are scaled by `q_scale` so that logits are large and BF16
+    scores tie (the failing regime). {name: {"dq": …, "dk": …, "dv": …}}. Uses the reference attention
+    (`lpfail.attention`); stochastic rounding draws from torch's generator, seeded per seed."""
+    import torch
+
+    from lpfail.attention import attention, naive_attention
+
+    out = {name: {"dq": [], "dk": [], "dv": []} for name in policies}
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        q = (torch.randn(1, 2, T, D, generator=g) * q_scale).bfloat16()
+        k, v, do = (torch.randn(1, 2, T, D, generator=g).bfloat16() for _ in range(3))
+        ref = [t.double().requires_grad_() for t in (q, k, v)]
+        naive_attention(*ref).backward(do.double())
+        truth = [t.grad for t in ref]
+        for name, policy in policies.items():
+            torch.manual_seed(seed)
+            xs = [t.clone().requires_grad_() for t in (q, k, v)]
+            attention(*xs, policy=policy).backward(do)
+            for key, x, t in zip(("dq", "dk", "dv"), xs, truth):
+                out[name][key].append(((x.grad.double() - t).norm() / t.norm()).item())
+    return {name: {k: float(np.mean(v)) for k, v in d.items()} for name, d in out.items()}
