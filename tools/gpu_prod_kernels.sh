@@ -5,6 +5,7 @@
 #      recorded with their error (results/prod_kernels.{json,npz} under $OUT)
 #   2. the monitor's overhead on GPT-2 small (tools/gpu_monitor_overhead.py → $OUT/monitor_overhead.json)
 #   3. the gpu-marked tests of the new modules
+# Run `kernels` alone in its own call if `all` would pass the 10-minute limit of one device call.
 # Usage (GPU machine, repo root): LPFAIL_GIT=<commit> bash tools/gpu_prod_kernels.sh [all|kernels|overhead|tests]
 # Expected cost: prod_kernels ≈ 2–4 min (23 points × 1000 rows × 13 methods; the Triton kernel compiles two
 # variants), overhead ≈ 2 min, tests < 1 min: one call of ≈ 8 device-minutes with start-up.
@@ -22,7 +23,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = kernels ]; then
   # TF32 off: the reference and the mimics need true FP32 matmuls (the reference checks it)
-  LPFAIL_RESULTS_DIR=$OUT/results timeout 420 python3 -m lpfail run prod_kernels 2>&1 | tee "$OUT/prod_kernels.txt" | tail -20
+  LPFAIL_RESULTS_DIR=$OUT/results timeout 540 python3 -m lpfail run prod_kernels 2>&1 | tee "$OUT/prod_kernels.txt" | tail -20
   LPFAIL_RESULTS_DIR=$OUT/results python3 -c "
 from lpfail import results
 from lpfail.experiments.prod_kernels import summary

@@ -107,9 +107,9 @@ def mimic_forward(s: torch.Tensor, v: torch.Tensor, exp2: bool = True, fma: bool
     *lead, tq, tk = s.shape
     d = v.shape[-1]
     vf = v.to(torch.bfloat16).float()
-    m = torch.full((*lead, tq, 1), -math.inf)
-    l = torch.zeros((*lead, tq, 1))
-    o = torch.zeros((*lead, tq, d))
+    m = torch.full((*lead, tq, 1), -math.inf, device=s.device)
+    l = torch.zeros((*lead, tq, 1), device=s.device)
+    o = torch.zeros((*lead, tq, d), device=s.device)
     ex = torch.exp2 if exp2 else torch.exp
     step = tk if block_k is None else block_k
 
@@ -184,14 +184,15 @@ def run_method(name: str, s: torch.Tensor, v: torch.Tensor, device: str = "cpu",
         q, k, vv = _qkv(s, v, s.shape[-1], device)  # the kernel takes self-attention shapes: Tq = Tk
         o = kernels.flash_attention(q, k, vv, policy=arg, causal=False, scale=1.0)
         return o[:, 0, 0].double().cpu(), None
+    s, v = s.to(device), v.to(device)  # the reference and the mimics run where the kernels run
     if kind == "reference":
         res = attn.forward_from_scores(s, v, arg)
         p = attn.exp_scores(s, res.m, arg).float() if arg.sub == "sub" else None
-        return res.o[:, 0].double(), (p[:, 0] if p is not None else None)
+        return res.o[:, 0].double().cpu(), (p[:, 0].cpu() if p is not None else None)
     if kind == "mimic":
         o, p = mimic_forward(s, v, **arg)
-        return o[:, 0].double(), p[:, 0]
-    return math_mimic(s, v)[:, 0].double(), None
+        return o[:, 0].double().cpu(), p[:, 0].cpu()
+    return math_mimic(s, v)[:, 0].double().cpu(), None
 
 
 def truth(s: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
