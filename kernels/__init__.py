@@ -128,6 +128,12 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         raise ValueError(f"kernels: Precision.rounding={policy.rounding!r} (stochastic rounding of the output path) "
                          "is not implemented in the Triton kernels, which round to nearest even only; run it with "
                          "the reference, lpfail.attention(q, k, v, policy)")
+    if getattr(policy, "delta", "dO.O") not in ("dO.O", "dO.O_hp", "dP.P"):
+        raise ValueError(f"kernels: Precision.delta={policy.delta!r} is not implemented in the Triton kernels; "
+                         "run it with the reference, lpfail.attention(q, k, v, policy)")
+    if getattr(policy, "ds_rowsum", False):
+        raise ValueError("kernels: Precision.ds_rowsum=True (the dS row-sum correction) is not implemented in the "
+                         "Triton kernels; run it with the reference, lpfail.attention(q, k, v, policy)")
     if getattr(policy, "masked_ties", False):
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "

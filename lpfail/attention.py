@@ -77,6 +77,8 @@ Backward (Algorithm 2), per key tile j, for all query rows at once::
                                                      recomputed as Σ_j P_j·V_j in FP32 (FP64 when `exp` or
                                                      `acc` is FP64) from L, for δ only.  "dP.P":
                                                      δ = Σ_j rowsum(dP_j ∘ P_j), a first pass over the tiles.
+                                                     "dO.O_res": δ = rowsum(dO ∘ (O + R)) in FP32, R the
+                                                     forward's stored residual O_hp − O rounded to `out`.
     S    as in the forward (same `qk_out`, `scores`)
     P    = exp(S − L)    difference in op rounded to `exp`, exp in `exp`  (sub="fma": one fused rounding)
     dV_j += matmul(P rounded to `pbar`, dO)ᵀ         per query tile: rounded to `grad_acc`, then added
@@ -84,6 +86,8 @@ Backward (Algorithm 2), per key tile j, for all query rows at once::
     dS   = (P·α)·(dP − δ)                            in op
     dQ  += matmul(dS rounded to `ds`, K_j)           rounded to `grad_acc`, then added in `grad_acc`
     dK_j += matmul(dS rounded to `ds`, Q)ᵀ           per query tile, like dV_j
+    ds_rowsum: e = rowsum(dS rounded − dS) / n (per row, this tile's n allowed keys), and in op
+               dQ part −= e·Σ_allowed K_j  (before its rounding to `grad_acc`), dK_j −= (e·allowed)ᵀ Q after
   gradients are returned in the inputs' dtype.
 
 PAPER_BF16: the official code's order of operations
@@ -163,7 +167,7 @@ from lpfail.precision import (
 __all__ = [
     "Precision", "DynamicMax", "PAPER_BF16", "FA2_BF16", "FP32", "FP64", "PAPER_BF16_OFFICIAL_FIX",
     "attention", "naive_attention", "flash_forward", "flash_backward", "forward_from_scores",
-    "ForwardResult", "NonFiniteInputError",
+    "ForwardResult", "NonFiniteInputError", "output_residual",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -519,24 +523,35 @@ def _per_q_tile_sum(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block_q
     return acc
 
 
+def output_residual(res: ForwardResult, policy: Precision) -> torch.Tensor:
+    """R = O_hp − O rounded to `out`: what the forward's final rounding O = Ō / ℓ took away, with O_hp the
+    quotient in op. The stored residual of output-residual compensation (``delta="dO.O_res"``)."""
+    acc, out_dt = policy.dtype("acc"), policy.dtype("out")
+    op = _op(acc, out_dt)
+    o_hp = res.o_unnorm.to(op) / res.l.to(op)                      # the quotient before its rounding
+    return (o_hp - res.o.to(op)).to(out_dt)                        # cast: residual to `out`
+
+
 def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                    do: torch.Tensor, policy: Precision = FA2_BF16, causal: bool = True,
-                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   scale: float | None = None, o_residual: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's Algorithm 2 under the policy: (dq, dk, dv) in the inputs' dtype.
 
     o (B, H, Tq, D) and lse (B, H, Tq, 1) are what `flash_forward` returned (o in `out`, lse in `exp`);
-    do (B, H, Tq, D) is the gradient of o."""
+    do (B, H, Tq, D) is the gradient of o. With ``policy.delta == "dO.O_res"``, o_residual is
+    `output_residual` of the forward (required)."""
     _check_qkv(q, k, v, policy, causal)
-    return _backward(q, k, v, o, lse, do, policy, causal, scale)
+    return _backward(q, k, v, o, lse, do, policy, causal, scale, o_residual)
 
 
-def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float | None):
+def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float | None, o_res=None):
     alpha = _scale(scale, q.shape[-1])
     with _no_autocast(q), torch.no_grad():
-        return _backward_tiles(q, k, v, o, lse, do, policy, causal, alpha)
+        return _backward_tiles(q, k, v, o, lse, do, policy, causal, alpha, o_res)
 
 
-def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha: float):
+def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha: float, o_res=None):
     mm, exp_dt, pbar, dp_dt = policy.dtype("matmul"), policy.dtype("exp"), policy.dtype("pbar"), policy.dtype("dp")
     ds_dt, gacc, scores_dt = policy.dtype("ds"), policy.dtype("grad_acc"), policy.dtype("scores")
     tq, tk = q.shape[-2], k.shape[-2]
@@ -583,6 +598,14 @@ def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha:
             o_hp[..., r0:, :] += p.to(hp) @ v_mm[..., k0:k1, :].to(hp)  # cast: P and V to hp
         prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
         delta = (do.to(prod_dt) * o_hp.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+    elif policy.delta == "dO.O_res":
+        if o_res is None:
+            raise ValueError("delta='dO.O_res' needs the forward's output residual (flash_backward(..., "
+                             "o_residual=output_residual(forward_result, policy)))")
+        hp = _wider(torch.float32, o.dtype, o_res.dtype)
+        o_c = o.to(hp) + o_res.to(hp)                              # O + R in FP32: the compensated output
+        prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
+        delta = (do.to(prod_dt) * o_c.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
     else:  # "dP.P"
         delta = None
         for k0, k1 in _tiles(tk, policy.block_k):
@@ -613,10 +636,21 @@ def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha:
         ds_mm = ds.to(ds_dt)                                       # cast: dS to `ds`
         wide = _wider(ds_dt, mm)
         dq_part = _matmul(ds_mm.to(wide), k_mm[..., k0:k1, :].to(wide), gacc)  # (B, H, R, D)
+        corr_k = None
+        if policy.ds_rowsum:  # remove the row sum of the cast's error, evenly over the allowed keys
+            allowed = masking.allowed(r0, k0, k1)                  # (R, bk) or None
+            live = (allowed.to(op) if allowed is not None
+                    else torch.ones(ds.shape[-2:], dtype=op, device=ds.device))  # (R, bk)
+            n = live.sum(dim=-1, keepdim=True).clamp(min=1)        # (R, 1)
+            e = (ds_mm.to(op) - ds).sum(dim=-1, keepdim=True) / n  # (B, H, R, 1) per allowed key
+            dq_part = (dq_part.to(op) - e * (live @ k_mm[..., k0:k1, :].to(op))).to(gacc)  # cast: to `grad_acc`
+            corr_k = (e * live).transpose(-1, -2) @ q_mm[..., r0:, :].to(op)           # (B, H, bk, D)
         op = _op(gacc)
         dq[..., r0:, :] = (dq[..., r0:, :].to(op) + dq_part.to(op)).to(gacc)  # cast: dQ sum to `grad_acc`
         dk[..., k0:k1, :] = _per_q_tile_sum(dk[..., k0:k1, :], ds_mm.to(wide), q_mm[..., r0:, :].to(wide),
                                             bq, gacc)
+        if corr_k is not None:
+            dk[..., k0:k1, :] = (dk[..., k0:k1, :].to(corr_k.dtype) - corr_k).to(gacc)  # cast: to `grad_acc`
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)         # cast: gradients to the inputs' dtype
 
 
@@ -626,14 +660,18 @@ class _FlashAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, policy, causal, scale):
         res = _forward(q, k, v, policy, causal, scale)
-        ctx.save_for_backward(q, k, v, res.o, res.lse)
+        if policy.delta == "dO.O_res":  # output-residual compensation stores one more `out` tensor
+            with _no_autocast(q), torch.no_grad():
+                ctx.save_for_backward(q, k, v, res.o, res.lse, output_residual(res, policy))
+        else:
+            ctx.save_for_backward(q, k, v, res.o, res.lse)
         ctx.policy, ctx.causal, ctx.scale = policy, causal, scale
         return res.o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.policy, ctx.causal, ctx.scale)
+        q, k, v, o, lse, *o_res = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.policy, ctx.causal, ctx.scale, *o_res)
         return dq, dk, dv, None, None, None
 
 

@@ -19,7 +19,8 @@ pv_out      dtype the P̄V product is rounded to                     bf16    fp3
 acc         dtype of the O accumulator and of the running m, ℓ     bf16    fp32    fp32
 out         dtype the output O is stored in (what δ = dO·O reads)  bf16    bf16    fp32
 delta       δ source: "dO.O", "dO.O_hp" (O recomputed in high      dO.O    dO.O    dO.O
-            precision) or "dP.P"
+            precision), "dP.P" or "dO.O_res" (O plus its stored
+            16-bit rounding residual; see below)
 block_q/k   tile sizes; None = one tile over the whole sequence    512     128/64  512
 sub         how S − m is formed: "sub" (scale, round, subtract:    sub     sub     sub
             a tied maximum gives exactly P̄ = 1) or "fma" (one
@@ -65,6 +66,17 @@ m_acc       None (= `acc`), or the dtype of the running maximum m  None    None 
             alone (its block maximum r_m rounded to it)
 =========== ====================================================== ======= ======= =====
 
+Two knobs were added for the cures of chapter 6 (experiment `cures`), both off in every preset and shown in
+the string form only when used, so no existing cache key changes:
+
+* ``delta="dO.O_res"`` — output-residual compensation (after arXiv 2610.05854): the forward also stores the
+  residual R = O_hp − O of its output's rounding, itself rounded to `out`, and the backward reads
+  δ = rowsum(dO ∘ (O + R)) in FP32, recovering most of the FP32 output at the cost of one more 16-bit tensor.
+* ``ds_rowsum=True`` — the dS row-sum correction (in the spirit of arXiv 2609.34272's projection): after dS is
+  rounded to `ds`, the row sum of the rounding error within each key tile is removed again, evenly over the
+  row's allowed keys of that tile, in FP32 on the dQ and dK products — so dQ does not pick up the tile's mean
+  key in proportion to a rounding error.
+
 The knobs from qk_out on were added with the reference attention (`lpfail.attention`, whose docstring gives
 the order of operations), for cast points of the paper's official code that PAPER_BF16 must reproduce bit
 for bit. FP64 sets every dtype knob to fp64. PAPER_BF16_OFFICIAL_FIX is PAPER_BF16 with fix=DynamicMax(2, 1e-3),
@@ -88,7 +100,7 @@ from dataclasses import dataclass, field
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
-DELTAS = ("dO.O", "dO.O_hp", "dP.P")
+DELTAS = ("dO.O", "dO.O_hp", "dP.P", "dO.O_res")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
@@ -152,6 +164,8 @@ class Precision:
     l_div: str | None = None
     l_store: str | None = None
     m_acc: str | None = None
+    # added with experiment `cures` (chapter 6):
+    ds_rowsum: bool = False
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -177,6 +191,8 @@ class Precision:
             if value is not None and value not in DTYPES:
                 raise ValueError(f"Precision.{name} must be None (the `acc` dtype) or one of {sorted(DTYPES)} "
                                  f"(got {value!r})")
+        if not isinstance(self.ds_rowsum, bool):
+            raise ValueError(f"Precision.ds_rowsum must be True or False (got {self.ds_rowsum!r})")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"Precision.rounding must be one of {list(ROUNDINGS)} (got {self.rounding!r})")
         if self.rounding == "sr" and not any(getattr(self, n) in ("bf16", "fp16") for n in _SR_FIELDS):
@@ -241,6 +257,8 @@ class Precision:
         for name in _ACC_FIELDS:  # likewise: only when set
             if getattr(self, name) is not None:
                 parts.append(f"{name}={getattr(self, name)}")
+        if self.ds_rowsum:  # likewise only when set
+            parts.append("ds_rowsum=true")
         return ",".join(parts)
 
     @classmethod
@@ -259,7 +277,7 @@ class Precision:
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
         valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
-                                       "masked_ties", "rounding", *_ACC_FIELDS]
+                                       "masked_ties", "rounding", *_ACC_FIELDS, "ds_rowsum"]
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
@@ -281,7 +299,7 @@ class Precision:
                 changes["l_clamp"] = None if value == "none" else _parse_float(value, key)
             elif key in _ACC_FIELDS:
                 changes[key] = None if value == "none" else value
-            elif key == "masked_ties":
+            elif key in ("masked_ties", "ds_rowsum"):
                 if value not in ("true", "false"):
                     raise ValueError(f"{key} must be 'true' or 'false' (got {value!r})")
                 changes[key] = value == "true"
