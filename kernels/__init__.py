@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from lpfail.precision import FA2_BF16, Precision
+from lpfail.precision import FA2_BF16, SAFE_SHIFT, BoundedMax, Precision
 
 try:
     import triton
@@ -98,6 +98,9 @@ class KernelPolicy:
     dot_prec: str
     pv_prec: str
     ds_prec: str
+    fix_mode: int = 0           # FIX constexpr: 0 none, 1 Algorithm 3 (DynamicMax), 2 the robust fix (BoundedMax)
+    shift_lo: float = 0.0       # BoundedMax's shift_min and shift_max (natural units)
+    shift_hi: float = 0.0
 
 
 def _wider(a: str, b: str) -> str:
@@ -171,7 +174,10 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         fix=fix is not None, beta=float(fix.beta) if fix else 2.0, eps=float(fix.eps) if fix else 0.0,
         clamp=policy.l_clamp is not None, l_clamp=float(policy.l_clamp or 0.0), delta=policy.delta,
         block_n=block_n, key_block=key_block, query_block=policy.block_q or 0, two_pass=two_pass,
-        dot_prec=_prec(policy.matmul), pv_prec=_prec(pv_dt), ds_prec=_prec(ds_dt))
+        dot_prec=_prec(policy.matmul), pv_prec=_prec(pv_dt), ds_prec=_prec(ds_dt),
+        fix_mode=0 if fix is None else 2 if isinstance(fix, BoundedMax) else 1,
+        shift_lo=float(fix.shift_min) if isinstance(fix, BoundedMax) else 0.0,
+        shift_hi=float(fix.shift_max) if isinstance(fix, BoundedMax) else 0.0)
 
 
 def _check_inputs(q, k, v):
@@ -204,6 +210,14 @@ def _raw_units(kp: KernelPolicy, scale: float) -> bool:
     return not kp.sub_fma and math.frexp(scale)[0] == 0.5
 
 
+def _shift_args(kp: KernelPolicy, unit: float) -> tuple[float, float, float]:
+    """The robust fix's runtime scalars (SHIFT_LO, SHIFT_HI, SHIFT_SAFE) in the kernel's score units (α in RAW
+    mode, a power of two, so the division is exact); unused placeholders for the other modes."""
+    if kp.fix_mode != 2:
+        return 0.0, 2.0, 0.0
+    return kp.shift_lo / unit, kp.shift_hi / unit, SAFE_SHIFT / unit
+
+
 _PICKS: dict = {}
 
 
@@ -231,9 +245,10 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     raw = _raw_units(kp, scale)
     _launch(_fwd._attn_fwd, grid, (N, D, causal, kp, raw, q.dtype, os.environ.get(_fwd.TUNE_ENV)),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, N, key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp, RAW=raw,
+        H, N, key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp,
+        *_shift_args(kp, scale if raw else 1.0), RAW=raw,
         HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
-        PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix,
+        PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode,
         CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass, DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **extra)
     return o, lse
 
@@ -332,7 +347,8 @@ def probe_pbar(q: torch.Tensor, k: torch.Tensor, policy: Precision = FA2_BF16,
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
     block_n = max(16, triton.next_power_of_2(N))
     _fwd._probe_pbar[(1,)](q, k, p, q.stride(0), k.stride(0), p.stride(0), M, N, scale, kp.eps, kp.beta,
+                          *_shift_args(kp, 1.0),
                           HEAD_DIM=D, BLOCK_M=64, BLOCK_N=block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out,
-                          SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix, DOT_PREC=kp.dot_prec,
+                          SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, DOT_PREC=kp.dot_prec,
                           **extra)
     return p
