@@ -186,9 +186,12 @@ def test_kernel_gradients_are_finite_and_match_the_reference():
         o = fn(a, b, c)
         o.backward(do)
         outs.append((o.detach(), a.grad, b.grad, c.grad))
-    for x, y in zip(*outs):
-        assert torch.isfinite(x).all()
-        assert ((x - y).norm() / y.norm().clamp_min(1e-30)).item() < 1e-4
+    for name, x, y in zip(("O", "dQ", "dK", "dV"), *outs):
+        assert torch.isfinite(x).all(), name
+        if name in ("O", "dV"):  # dQ, dK of exact ties at −1000 are sums that cancel to ≈ 0: compared loosely
+            assert ((x - y).norm() / y.norm()).item() < 1e-4, name
+        else:
+            assert (x - y).abs().max().item() < 1e-3 * k.abs().max().item(), name
 
 
 # -- GPU: BF16 against the reference ---------------------------------------------------------------------------
