@@ -171,6 +171,9 @@ VARIANTS: dict[str, Variant] = {
     "A_sr": Variant("reference(PAPER_BF16,rounding=sr)", False, "A + stochastic rounding (P̄V, Ō, O)"),
     "A_qk": Variant("reference(PAPER_BF16)", True, "A + QK-norm"),
     "C_qk": Variant("reference(FP32)", True, "C + QK-norm"),
+    # added for lpfail.experiments.fix_training (issue 13); not in this experiment's grid
+    "Bp": Variant("reference(PAPER_BF16+fix)", False, "B′: Algorithm 3 without the official clamp"),
+    "R": Variant("reference(PAPER_BF16_ROBUST_FIX)", False, "R: the robust fix (BoundedMax)"),
 }
 
 
