@@ -41,7 +41,8 @@ try:
 except ImportError as e:  # pragma: no cover - triton is in requirements.txt
     _IMPORT_ERROR = e
 
-__all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar"]
+__all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar",
+           "policy_for"]
 
 _TL = {}
 if _IMPORT_ERROR is None:
@@ -313,14 +314,75 @@ class FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
-                    causal: bool = True, scale: float | None = None) -> torch.Tensor:
-    """Attention of (batch, heads, seq, head_dim) tensors through the Triton kernels under `policy`.
+_FIXES = ("robust", "alg3", "none")
 
-    Returns O in the policy's `out` dtype; gradients flow to q, k, v in their own dtype. `scale` defaults to
-    1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module docstring), ValueError for a policy
-    or shape the kernels cannot honour.
+
+def policy_for(dtype: torch.dtype, fix=None) -> Precision:
+    """The policy the SDPA-style call runs for inputs of `dtype`: FlashAttention-2 arithmetic (FP32 scores, m, ℓ
+    and accumulator; P̄, dS and the output in the inputs' dtype; FP32 inputs: everything FP32) plus `fix`:
+    None / "none", "robust" (`BoundedMax()`), "alg3" (`DynamicMax()`), or a DynamicMax / BoundedMax."""
+    from lpfail.precision import BoundedMax, DynamicMax
+
+    if dtype == torch.bfloat16:
+        base = FA2_BF16
+    elif dtype == torch.float16:
+        base = FA2_BF16.replace(matmul="fp16", pbar="fp16", out="fp16", ds="fp16")
+    elif dtype == torch.float32:
+        base = FA2_BF16.replace(matmul="fp32", pbar="fp32", out="fp32", ds="fp32")
+    else:
+        raise ValueError(f"kernels.flash_attention takes bfloat16, float16 or float32 tensors (got {dtype})")
+    if fix is None or fix == "none":
+        return base
+    if isinstance(fix, (DynamicMax, BoundedMax)):
+        return base.replace(fix=fix)
+    if fix == "robust":
+        return base.replace(fix=BoundedMax())
+    if fix == "alg3":
+        return base.replace(fix=DynamicMax())
+    raise ValueError(f"fix must be None, one of {_FIXES}, or a DynamicMax / BoundedMax (got {fix!r})")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision | None = None,
+                    causal: bool | None = None, scale: float | None = None, *, attn_mask=None,
+                    dropout_p: float = 0.0, is_causal: bool | None = None, enable_gqa: bool = False,
+                    fix=None) -> torch.Tensor:
+    """Attention of (batch, heads, seq, head_dim) tensors through the Triton kernels.
+
+    Two ways to call it:
+
+    * SDPA-style, the drop-in: ``flash_attention(q, k, v, is_causal=True, scale=None, fix="robust")`` — the
+      keywords of ``torch.nn.functional.scaled_dot_product_attention`` for the cases the kernels support
+      (``attn_mask=None``, ``dropout_p=0``, ``enable_gqa=False``; anything else is a ValueError), the policy
+      chosen from the inputs' dtype by `policy_for` (FlashAttention-2 arithmetic), plus ``fix``: None (default:
+      what SDPA computes), "robust" (the robust fix, `lpfail.precision.BoundedMax`) or "alg3" (the paper's
+      Algorithm 3, no clamp). Causal when ``is_causal`` is left out, as in a decoder.
+    * With a policy: ``flash_attention(q, k, v, policy, causal=True, scale=None)`` — any `Precision` the
+      kernels can honour (the book's variants).
+
+    Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable (Triton
+    backward). `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
+    docstring), ValueError for a mask, dropout, GQA, a dtype, head dim, shape or policy the kernels cannot honour.
     """
+    if attn_mask is not None:
+        raise ValueError("kernels.flash_attention supports no attn_mask (only is_causal); use "
+                         "torch.nn.functional.scaled_dot_product_attention for masked attention")
+    if dropout_p != 0.0:
+        raise ValueError(f"kernels.flash_attention has no dropout (got dropout_p={dropout_p!r}); use 0.0")
+    if enable_gqa:
+        raise ValueError("kernels.flash_attention supports no grouped-query attention (enable_gqa=True): q, k and "
+                         "v must have the same number of heads")
+    if policy is None:
+        if causal is not None and is_causal is not None and bool(causal) != bool(is_causal):
+            raise ValueError(f"causal={causal!r} and is_causal={is_causal!r} disagree; pass one of them")
+        causal = True if (causal is None and is_causal is None) else bool(causal if causal is not None else is_causal)
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"q must be a torch.Tensor (got {type(q).__name__})")
+        policy = policy_for(q.dtype, fix)
+    else:
+        if fix is not None or is_causal is not None:
+            raise ValueError("pass either a policy (with causal=) or the SDPA-style keywords (is_causal=, fix=), "
+                             "not both: the policy already says whether there is a fix")
+        causal = True if causal is None else causal
     _check_inputs(q, k, v)
     _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
     _policy_for_launch(policy)  # validate before anything is launched
