@@ -342,6 +342,68 @@ def policy_for(dtype: torch.dtype, fix=None) -> Precision:
     raise ValueError(f"fix must be None, one of {_FIXES}, or a DynamicMax / BoundedMax (got {fix!r})")
 
 
+# -- the drop-in as a PyTorch custom op: torch.compile traces through it (one opaque node, no graph break) ---------
+@functools.lru_cache(maxsize=64)
+def _parse_policy(text: str) -> Precision:
+    return Precision.parse(text)
+
+
+def _ops_registered() -> bool:
+    """True once lpfail's ops exist (a re-import of this package, as tests/kernel_env.py does to switch to the
+    interpreter, re-runs this file in the same namespace: the registered ops then call the new functions)."""
+    try:
+        return hasattr(torch.ops.lpfail, "flash_attention_fwd")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+if not _ops_registered():
+    @torch.library.custom_op("lpfail::flash_attention_fwd", mutates_args=())
+    def _op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: str, causal: bool,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """O and L = m + log ℓ (FP32) under the policy named by its string (`Precision.parse`)."""
+        kp = _policy_for_launch(_parse_policy(policy))
+        return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, causal, scale)
+
+
+    @_op_fwd.register_fake
+    def _(q, k, v, policy, causal, scale):
+        out = _parse_policy(policy).dtype("out")
+        return q.new_empty(q.shape, dtype=out), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+    @torch.library.custom_op("lpfail::flash_attention_bwd", mutates_args=())
+    def _op_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                lse: torch.Tensor, policy: str, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kp = _policy_for_launch(_parse_policy(policy))
+        return _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, kp, causal, scale)
+
+
+    @_op_bwd.register_fake
+    def _(do, q, k, v, o, lse, policy, causal, scale):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+    def _op_setup(ctx, inputs, output):
+        q, k, v, policy, causal, scale = inputs
+        ctx.save_for_backward(q, k, v, output[0], output[1])
+        ctx.policy, ctx.causal, ctx.scale = policy, causal, scale
+
+
+    def _op_backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _op_bwd(do.contiguous(), q, k, v, o, lse, ctx.policy, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+    _op_fwd.register_autograd(_op_backward, setup_context=_op_setup)
+
+
+#: (dtype, fix name) → (policy, its string) of the SDPA-style call, built once (see `flash_attention`)
+_SDPA_POLICIES = {(dt, fx): (policy_for(dt, fx), str(policy_for(dt, fx)))
+                  for dt in (torch.bfloat16, torch.float16, torch.float32) for fx in (None, *_FIXES)}
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision | None = None,
                     causal: bool | None = None, scale: float | None = None, *, attn_mask=None,
                     dropout_p: float = 0.0, is_causal: bool | None = None, enable_gqa: bool = False,
@@ -360,7 +422,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
       kernels can honour (the book's variants).
 
     Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable (Triton
-    backward). `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
+    backward). The SDPA style runs as the custom op ``torch.ops.lpfail.flash_attention_fwd`` (with its backward
+    registered), so ``torch.compile`` keeps it in one graph; the policy style is an `autograd.Function`. `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
     docstring), ValueError for a mask, dropout, GQA, a dtype, head dim, shape or policy the kernels cannot honour.
     """
     if attn_mask is not None:
@@ -371,22 +434,31 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     if enable_gqa:
         raise ValueError("kernels.flash_attention supports no grouped-query attention (enable_gqa=True): q, k and "
                          "v must have the same number of heads")
+    sdpa_style = policy is None
     if policy is None:
         if causal is not None and is_causal is not None and bool(causal) != bool(is_causal):
             raise ValueError(f"causal={causal!r} and is_causal={is_causal!r} disagree; pass one of them")
         causal = True if (causal is None and is_causal is None) else bool(causal if causal is not None else is_causal)
         if not isinstance(q, torch.Tensor):
             raise TypeError(f"q must be a torch.Tensor (got {type(q).__name__})")
-        policy = policy_for(q.dtype, fix)
+        named = (q.dtype, fix) if fix is None or isinstance(fix, str) else None
+        if named in _SDPA_POLICIES:  # a dict lookup: nothing for torch.compile to trace through
+            policy, policy_text = _SDPA_POLICIES[named]
+        else:
+            policy = policy_for(q.dtype, fix)
+            policy_text = str(policy)
     else:
         if fix is not None or is_causal is not None:
             raise ValueError("pass either a policy (with causal=) or the SDPA-style keywords (is_causal=, fix=), "
                              "not both: the policy already says whether there is a fix")
         causal = True if causal is None else causal
     _check_inputs(q, k, v)
-    _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
-    _policy_for_launch(policy)  # validate before anything is launched
+    if not sdpa_style:  # (the SDPA style's policies are valid by construction; the op checks them again)
+        _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
+        _policy_for_launch(policy)  # validate before anything is launched
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if sdpa_style:  # through the custom op (torch.compile sees one node); same kernels, same numbers
+        return torch.ops.lpfail.flash_attention_fwd(q, k, v, policy_text, bool(causal), scale)[0]
     return FlashAttention.apply(q, k, v, policy, bool(causal), scale)
 
 

@@ -93,3 +93,43 @@ def test_bf16_close_to_sdpa_on_the_gpu(fix):
     for name, x, y in zip(("O", "dQ", "dK", "dV"), got, ref):
         assert x.dtype == torch.bfloat16
         assert ((x.float() - y.float()).norm() / y.float().norm()).item() < 2e-2, name
+
+
+def test_sdpa_style_runs_as_a_custom_op_with_the_same_numbers():
+    q, k, v, do = qkv(n=80, d=32)
+    policy = kernels.policy_for(torch.float32, "robust")
+    via_op = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust"), q, k, v, do)
+    via_fn = grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
+    for x, y in zip(via_op, via_fn):
+        assert torch.equal(x, y)
+    torch.library.opcheck(torch.ops.lpfail.flash_attention_fwd, (q[:1, :1, :32], k[:1, :1, :32], v[:1, :1, :32],
+                                                                str(policy), True, 0.25))
+
+
+def test_torch_compile_traces_through_without_a_graph_break():
+    """fullgraph=True fails on any graph break; aot_eager traces forward and backward without generating code
+    (the CPU machine has the interpreter, not a GPU compiler). On the GPU the same holds for inductor."""
+    q, k, v, do = qkv(n=64, d=32)
+
+    def block(a, b, c):
+        return kernels.flash_attention(a * 1.0, b, c, is_causal=True, fix="robust").sum(-1)
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    got = grads(compiled, q, k, v, do[..., 0])
+    ref = grads(block, q, k, v, do[..., 0])
+    for x, y in zip(got, ref):
+        assert torch.allclose(x, y, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_inductor_keeps_the_kernel_in_one_graph_on_the_gpu():
+    q, k, v, do = qkv(n=512, d=64, dtype=torch.bfloat16)
+
+    def block(a, b, c):
+        return kernels.flash_attention(a * 1.0, b, c, is_causal=True, fix="robust")
+
+    compiled = torch.compile(block, fullgraph=True)
+    got = grads(compiled, q, k, v, do)
+    ref = grads(block, q, k, v, do)
+    for x, y in zip(got, ref):
+        assert torch.equal(x, y) or ((x.float() - y.float()).norm() / y.float().norm()).item() < 1e-2
