@@ -117,3 +117,17 @@ def test_fix_training_reuses_lr_sweep_runs():
         p = L.Point("small", v, 1.6e-2, 1)
         assert L.run_hash(L.train_config(c, p, "")) == L.run_hash(L.train_config(s, p, ""))
     assert {p.variant for p in L.plan(c)} == {"A", "C", "B", "Bp", "R"} and {p.size for p in L.plan(c)} == {"small"}
+
+
+def test_chapter5_verdicts_from_loaders():
+    from lpfail.results import ResultMissing
+    sweep = fake_sweep()
+
+    def load(name):
+        if name == "fix_sweep":
+            return sweep
+        raise ResultMissing(f"{name} missing")
+
+    rows = V.chapter5_verdicts(load)
+    assert [r.claim for r in rows] == ["Fix-β", "Robust", "Fix-b"]
+    assert rows[2].verdict == V.NOT_TESTED and "pending" in rows[2].evidence

@@ -700,3 +700,15 @@ def judge_fix_training_sweep(a: Mapping | None) -> Verdict:
                    FIX_TRAINING_WORDS[word],
                    "S(X) − S(C) − ½(S(A) − S(C)) per fix: " + "; ".join(parts) + " (stored result `fix_training`).",
                    SWEEP_RULE, "4 × 256 on lr_sweep's grid, not the paper's long runs.")
+
+
+def chapter5_verdicts(load: Callable[[str], Any] | None = None) -> list[Verdict]:
+    """The rows chapter 5 adds (Fix-β, Robust, Fix-b by fix_training), from the stored results; a missing
+    fix_training result gives Fix-b as not yet tested. For the verdict page to append (its owner wires them in)."""
+    from lpfail import results as _results
+
+    load = load or _results.load
+    sweep = load("fix_sweep")
+    ft = _load_or_none(load, "fix_training")
+    return [judge_fix_beta(sweep), judge_robust_fix(sweep),
+            judge_fix_training_sweep(ft["fix_analysis"] if ft is not None else None)]
