@@ -1,13 +1,16 @@
 """Triton flash attention that takes the same `Precision` policy as the pure-PyTorch reference.
 
-Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, policy=FA2_BF16, causal=True)`` is a drop-in
-attention for (batch, heads, seq, head_dim) tensors: a Triton forward (`kernels/fwd.py`), a Triton backward
+Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, is_causal=True, scale=None, fix="robust")`` is a
+drop-in for ``F.scaled_dot_product_attention`` (a ``torch.library`` custom op), and
+``flash_attention(q, k, v, policy, causal=True)`` runs any `Precision` the kernels support, for
+(batch, heads, seq, head_dim) tensors: a Triton forward (`kernels/fwd.py`), a Triton backward
 (`kernels/bwd.py`) and the `autograd.Function` here that joins them. The policy's knobs are compile-time
 constants of the kernels, so one source compiles every precision variant:
 
 * ``pbar``      P̄ rounded to BF16 (FP16) or kept in FP32 before the P̄V dot;
 * ``acc``, ``pv_out``, ``scores``  FP32, or rounded to BF16 (FP16) after every key block — the paper's code;
-* ``fix``       the paper's dynamic maximum (Algorithm 3, β and ε) in the forward;
+* ``fix``       the paper's dynamic maximum (Algorithm 3, β and ε) in the forward, or the robust fix
+  (`lpfail.precision.BoundedMax`: Algorithm 3's shift folded into a bounded range, finite at every logit);
 * ``delta``     the δ source of the backward: ``"dO.O"``, ``"dO.O_hp"`` (O recomputed in FP32), ``"dP.P"``;
 * ``sub``       ``"sub"`` (scale, round, subtract: a tied maximum gives P̄ = 1 exactly) or ``"fma"``;
 * ``block_k``   the key block in which the fix and the roundings act: one hardware tile when ≤ 128, else

@@ -43,6 +43,7 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     r_m  = rowmax(S)                                 exact (in `scores`)
     fix: t = r_m − ε (op, rounded to `scores`);  r_s = #{unmasked S ≥ t}
          m' = β·r_m (op, rounded to `scores`) if r_s > 1 and r_m > 0;  0 if r_s > 1 and r_m < 0;  else r_m
+         BoundedMax (the robust fix): that m', its shift folded into [shift_min, shift_max] (`_bounded_max`)
     m_new = max(m_old, m' rounded to `acc`)          in `acc`
     x    = S − m_new  (op, rounded to `exp_in`)     sub="sub"; sub="fma": x = QKᵀ·α − m_new in one
                                                      rounding, emulated in float64 (see below)
