@@ -43,7 +43,7 @@ def _is_num(x) -> bool:
 
 @dataclass(frozen=True)
 class FixSweepConfig:
-    n_rows: int = 96
+    n_rows: int = 192
     seed: int = 0
     base: RowSpec = RowSpec(gap=16.0)
     betas: tuple = (1.05, 1.5, 2.0, 4.0, 8.0, 16.0)
