@@ -620,10 +620,11 @@ def counts(vs: list[Verdict]) -> dict[str, int]:
 def judge_fix_beta(r: Mapping) -> Verdict:
     """Fix-β: Algorithm 3 with any β > 1 removes the tied-row bias (the paper: β ∈ [2, 8]; `fix_sweep`).
 
-    Rule, on the grid points with 0 < r_m ≤ 64 (logits where no β of the grid ≤ 16 makes ℓ underflow at
-    β = 2) and a significant bias without the fix: every β removes it at every such point → reproduced; every
-    β at some point, or some β at every point → partly; else not reproduced. The non-finite points at larger
-    |r_m| are reported, not judged (the paper gives no range of r_m)."""
+    Rule, on the grid points with 0 < r_m ≤ 64 (positive logits of a healthy model, where Algorithm 3 at
+    β = 2 is finite; a larger β that underflows ℓ there counts as not removing the bias) and a significant bias
+    without the fix: every β removes it at every such point → reproduced; some β at every such point, or over
+    half of the points → partly; else not reproduced. The non-finite points at larger |r_m| and at negative
+    r_m are reported, not judged (the paper gives no range of r_m)."""
     from lpfail.experiments.fix_sweep import removed
 
     r_ms, betas = np.asarray(r["r_ms"]), np.asarray(r["betas"])
@@ -644,8 +645,9 @@ def judge_fix_beta(r: Mapping) -> Verdict:
         f"{why}; over the whole grid ({len(betas)} β × {len(r_ms)} r_m from {r_ms.min():g} to {r_ms.max():g}) it "
         f"turns non-finite at {nf} points and the official clamp silences rows at "
         f"{int((np.asarray(r['official_silenced']) > 0).sum())} (stored result `fix_sweep`).",
-        "at 0 < r_m ≤ 64 with a significant bias without the fix: all removed → reproduced; all of one β or over "
-        "half → partly; else not reproduced; no such point → not yet tested",
+        "at 0 < r_m ≤ 64 with a significant bias without the fix (a non-finite point counts as not removed): all "
+        "removed → reproduced; all of one β or over half → partly; else not reproduced; no such point → not yet "
+        "tested",
         "Synthetic chapter-4 rows shifted to r_m, one 512-key tile, not training.")
 
 
