@@ -147,6 +147,8 @@ def test_robust_fix_removes_the_tied_row_bias_like_algorithm_3():
 KERNEL_POLICIES = [FP32.replace(block_k=64), FP32.replace(block_k=None), FP32.replace(block_k=64, sub="fma"),
                    FP32.replace(block_k=None, sub="fma"),
                    FP32.replace(block_k=64, scores="bf16", acc="bf16", pbar="bf16", pv_out="bf16", out="bf16",
+                                qk_out="bf16", exp_in="bf16"),
+                FP32.replace(block_k=None, scores="bf16", acc="bf16", pbar="bf16", pv_out="bf16", out="bf16",
                                 qk_out="bf16", exp_in="bf16")]
 
 
