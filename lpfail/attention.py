@@ -43,6 +43,7 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     r_m  = rowmax(S)                                 exact (in `scores`)
     fix: t = r_m − ε (op, rounded to `scores`);  r_s = #{unmasked S ≥ t}
          m' = β·r_m (op, rounded to `scores`) if r_s > 1 and r_m > 0;  0 if r_s > 1 and r_m < 0;  else r_m
+         BoundedMax (the robust fix): that m', its shift folded into [shift_min, shift_max] (`_bounded_max`)
     m_new = max(m_old, m' rounded to `m_acc`)        in `m_acc` (default `acc`)
     x    = S − m_new  (op, rounded to `exp_in`)     sub="sub"; sub="fma": x = QKᵀ·α − m_new in one
                                                      rounding, emulated in float64 (see below)
@@ -160,6 +161,8 @@ from lpfail.precision import (
     FP64,
     PAPER_BF16,
     PAPER_BF16_OFFICIAL_FIX,
+    SAFE_SHIFT,
+    BoundedMax,
     DynamicMax,
     Precision,
 )
@@ -297,6 +300,28 @@ def exp_scores(s: torch.Tensor, m: torch.Tensor, policy: Precision) -> torch.Ten
     return torch.exp(x.to(policy.dtype("exp")))                    # cast: exp runs in `exp`
 
 
+def _bounded_max(m_alg3: torch.Tensor, r_m: torch.Tensor, r_s: torch.Tensor, fix: BoundedMax,
+                 scores_dt: torch.dtype, acc: torch.dtype):
+    """The robust fix's m' (`lpfail.precision.BoundedMax`, whose docstring gives the rule) from Algorithm 3's
+    m'₃ (in `scores`), the block maximum r_m and the tie count r_s. Computed in FP32 (FP64 for FP64 policies),
+    in the same order as `kernels.fwd._dynamic_max`. Returns (m' in `acc`, pos, neg): m' is r_m where the rule
+    leaves no shift; pos / neg mark the rows shifted with r_m > 0 / r_m ≤ 0 (the fix's counters)."""
+    op = _op(scores_dt, acc)
+    lo, hi, half = float(fix.shift_min), float(fix.shift_max), float(fix.shift_max) / 2
+    r = r_m.to(op)
+    x = m_alg3.to(op) - r                                          # Algorithm 3's shift (≥ 0)
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))     # r_m = ±inf: no tie anyway
+    folded = half + ((x - half) - half * torch.floor((x - half) * (1.0 / half)))  # in [H/2, H)
+    delta = torch.where(x < lo, x + lo, folded)
+    moved = (r + delta).to(scores_dt)                              # cast: r_m + shift to `scores`
+    keep3 = (x >= lo) & (x <= hi)
+    m_b = torch.where(keep3, m_alg3, moved).to(acc)                # cast: m' to `acc`
+    shift = m_b.to(op) - r
+    use = (r_s > 1) & torch.isfinite(r) & (shift > 0) & (shift <= SAFE_SHIFT)
+    m_blk = torch.where(use, m_b, r_m.to(acc))
+    return m_blk, use & (r_m > 0), use & (r_m <= 0)
+
+
 def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, masking: _Masking,
                    alpha: float) -> ForwardResult:
     """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `matmul`."""
@@ -341,6 +366,8 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
             neg = (r_s > 1) & (r_m < 0)
             scaled = (r_m.to(op) * fix.beta).to(scores_dt)         # cast: β·r_m to `scores`
             m_blk = torch.where(pos, scaled, torch.where(neg, torch.zeros_like(r_m), r_m))
+            if isinstance(fix, BoundedMax):                        # the robust fix: bound the shift
+                m_blk, pos, neg = _bounded_max(m_blk, r_m, r_s, fix, scores_dt, m_dt)  # m_dt: `acc` unless m_acc
             fix_pos[..., r0:] += pos[..., 0].to(torch.int32)
             fix_neg[..., r0:] += neg[..., 0].to(torch.int32)
         m_blk = m_blk.to(m_dt)                                     # cast: m' to `m_acc` (default `acc`)

@@ -128,6 +128,74 @@ class DynamicMax:
         return f"dynmax({_num(self.beta)},{_num(self.eps)})"
 
 
+#: The largest shift of a tied maximum that `BoundedMax` lets through after rounding: e^−80 ≈ 1.8e-35 is still a
+#: normal FP32 (and BF16) number (the smallest is 2^−126 ≈ e^−87.3), so the tied keys' P̄ and the row sum ℓ of
+#: their block stay normal, nonzero numbers with their full significand.
+SAFE_SHIFT = 80.0
+
+
+@dataclass(frozen=True)
+class BoundedMax:
+    """A robust fix: Algorithm 3 with its shift folded into [shift_min, shift_max] (chapter 5, Fix).
+
+    Per key block, when r_s > 1 scores lie within `eps` of the block's maximum r_m (Algorithm 3's tie test),
+    let m'₃ be Algorithm 3's maximum (β·r_m rounded to `scores` for r_m > 0, else 0) and x = m'₃ − r_m its
+    shift (≥ 0; x = |r_m| for r_m < 0). With L = shift_min and H = shift_max:
+
+    ============================ ======================================================================
+    L ≤ x ≤ H                    m' = m'₃                                  Algorithm 3, bit for bit
+    x < L  (r_m ≈ 0, or β ≈ 1)   m' = r_m + (x + L)                        shifted up to at least L
+    x > H  (|r_m| large)         m' = r_m + H/2 + ((x − H/2) mod H/2)      folded into [H/2, H)
+    ============================ ======================================================================
+
+    (r_m + shift rounded to `scores`), then m' is rounded to `acc` like Algorithm 3's. If that leaves no shift
+    (m' = r_m: `acc`'s spacing at r_m exceeds the shift, in BF16 from |r_m| ≳ 2^12) or a shift above
+    `SAFE_SHIFT`, m' = r_m: the block is computed as without the fix. Blocks without a tie are untouched,
+    so rows without ties are bit-identical to the unfixed policy.
+
+    Why:
+
+    * Upper bound. Algorithm 3's shift is unbounded: the tied keys get P̄ = exp(−x), and beyond x ≈ 87
+      (β = 2: r_m ≳ 88, or r_m ≲ −88, where m' = 0) their P̄ and the block's ℓ leave FP32's normal range and
+      reach 0, so O = 0/0. With x ≤ H = 64 they stay ≥ e^−64 ≈ 1.6e-28; the keys that the larger m' pushes
+      out of FP32's range lie ≥ 23 below the maximum and weigh < e^−23 ≈ 1e-10 of a tied key, far below
+      BF16's half-ulp 2^−9.
+    * Folding, not clamping. A constant shift c gives every tied key of every row the same P̄ = exp(−c) and
+      the same rounding error η of that P̄ to BF16 (ℓ is summed from the unrounded P̄), which biases O by
+      about η times the tied keys' weight in one direction — measured up to 2e-3 at a gap of 8 on the
+      chapter-4 rows, more than the bias the fix removes. Algorithm 3's shift moves with r_m, so η changes
+      sign from row to row; the fold keeps that dependence on r_m (a saw-tooth of x) while bounding it.
+    * Lower bound. Algorithm 3 does nothing at r_m = 0 and for (β − 1)·r_m below BF16's spacing P̄ rounds
+      back to 1 (the bias returns); x + L keeps the shift ≥ L = 0.5, two BF16 spacings or more at |r_m| < 64.
+    * The backward is unchanged: it recomputes P = exp(S − L) from L = m + log ℓ, which is the row's
+      log-sum-exp whatever m the forward subtracted.
+
+    ``shift_max`` must be a power of two (the fold's arithmetic is then exact, and the Triton kernels and the
+    reference compute the same m' bit for bit) no larger than `SAFE_SHIFT`, with 0 < shift_min ≤ shift_max/2.
+    """
+
+    beta: float = 2.0
+    eps: float = 1e-3
+    shift_min: float = 0.5
+    shift_max: float = 64.0
+
+    def __post_init__(self):
+        DynamicMax(self.beta, self.eps)  # the same checks of beta and eps
+        for name in ("shift_min", "shift_max"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                raise ValueError(f"fix.{name} must be a finite number (got {value!r})")
+        if not (0 < self.shift_min <= self.shift_max / 2 and self.shift_max <= SAFE_SHIFT
+                and math.frexp(self.shift_max)[0] == 0.5):
+            raise ValueError(f"fix needs 0 < shift_min <= shift_max / 2 and shift_max a power of two <= "
+                             f"{SAFE_SHIFT:g} (got shift_min={self.shift_min!r}, shift_max={self.shift_max!r}): a "
+                             f"shift of 0 would leave P̄ = 1 for the tied keys, one above {SAFE_SHIFT:g} would let "
+                             "their P̄ leave FP32's normal range")
+
+    def __str__(self):
+        return f"boundmax({_num(self.beta)},{_num(self.eps)},{_num(self.shift_min)},{_num(self.shift_max)})"
+
+
 def _num(x: float) -> str:
     return repr(float(x)) if not float(x).is_integer() else str(int(x)) if abs(x) < 1e15 else repr(float(x))
 
@@ -147,7 +215,7 @@ class Precision:
     block_q: int | None = 128
     block_k: int | None = 64
     sub: str = "sub"
-    fix: DynamicMax | None = None
+    fix: DynamicMax | BoundedMax | None = None
     l_clamp: float | None = None
     # added with lpfail.attention (defaults are the FA2-style values):
     qk_out: str = "fp32"
@@ -180,8 +248,9 @@ class Precision:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"Precision.{name} must be a positive int or None for one tile (got {value!r})")
-        if self.fix is not None and not isinstance(self.fix, DynamicMax):
-            raise ValueError(f"Precision.fix must be None or DynamicMax(beta, eps) (got {self.fix!r})")
+        if self.fix is not None and not isinstance(self.fix, (DynamicMax, BoundedMax)):
+            raise ValueError(f"Precision.fix must be None, DynamicMax(beta, eps) or BoundedMax(beta, eps, shift_min, "
+                             f"shift_max) (got {self.fix!r})")
         if self.l_clamp is not None and not (isinstance(self.l_clamp, (int, float)) and self.l_clamp > 0):
             raise ValueError(f"Precision.l_clamp must be None or a positive number (got {self.l_clamp!r})")
         if not isinstance(self.masked_ties, bool):
@@ -212,6 +281,11 @@ class Precision:
         """This policy plus the paper's dynamic-maximum fix (Algorithm 3)."""
         return dataclasses.replace(self, fix=DynamicMax(beta, eps))
 
+    def with_bounded_fix(self, beta: float = 2.0, eps: float = 1e-3, shift_min: float = 0.5,
+                         shift_max: float = 64.0) -> "Precision":
+        """This policy plus the robust fix (`BoundedMax`): Algorithm 3's maximum with a bounded shift."""
+        return dataclasses.replace(self, fix=BoundedMax(beta, eps, shift_min, shift_max))
+
     def replace(self, **changes) -> "Precision":
         """A copy with some knobs changed (validated like a new policy)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -236,9 +310,10 @@ class Precision:
         if self.rounding != "rne":
             base = dataclasses.replace(self, rounding="rne")
             return f"{base.name},rounding={self.rounding}" if base.name != str(base) else str(self)
-        for preset_name, preset in PRESETS.items():
+        for preset_name, preset in PRESETS.items():  # exact matches first (PAPER_BF16_ROBUST_FIX, not PAPER_BF16+…)
             if self == preset:
                 return preset_name
+        for preset_name, preset in PRESETS.items():
             if self.fix is not None and dataclasses.replace(self, fix=None) == preset:
                 return f"{preset_name}+fix" if self.fix == DynamicMax() else f"{preset_name}+{self.fix}"
         return str(self)
@@ -343,12 +418,17 @@ def _parse_float(s: str, what: str) -> float:
         raise ValueError(f"{what} must be a number (got {s!r})") from None
 
 
-def _parse_fix(s: str) -> DynamicMax | None:
+def _parse_fix(s: str) -> DynamicMax | BoundedMax | None:
     if s == "none":
         return None
+    b = re.fullmatch(r"boundmax\(([^,]+),([^,]+),([^,]+),([^)]+)\)", s)
+    if b:
+        return BoundedMax(*(_parse_float(b.group(i), f"fix.{n}")
+                            for i, n in enumerate(("beta", "eps", "shift_min", "shift_max"), 1)))
     m = re.fullmatch(r"dynmax\(([^,]+),([^)]+)\)", s)
     if not m:
-        raise ValueError(f"fix must be 'none' or 'dynmax(beta,eps)' (got {s!r})")
+        raise ValueError(f"fix must be 'none', 'dynmax(beta,eps)' or 'boundmax(beta,eps,shift_min,shift_max)' "
+                         f"(got {s!r})")
     return DynamicMax(_parse_float(m.group(1), "fix.beta"), _parse_float(m.group(2), "fix.eps"))
 
 
@@ -395,6 +475,11 @@ PAPER_BF16_COMPILED = dataclasses.replace(PAPER_BF16, scores="fp32", exp_in="fp3
 #: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds.
 PAPER_BF16_COMPILED_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16_COMPILED, fix=DynamicMax(2.0, 1e-3),
                                                        l_clamp=1e-10, masked_ties=True)
+#: PAPER_BF16 with the robust fix (`BoundedMax` with its defaults: β = 2, ε = 1e-3, shifts in [0.5, 64]): the
+#: paper's code with Algorithm 3 made finite at every logit scale; no clamp, masked entries never tie.
+PAPER_BF16_ROBUST_FIX = dataclasses.replace(PAPER_BF16, fix=BoundedMax())
+#: FA2_BF16 with the robust fix: what the drop-in kernel runs with ``fix="robust"``.
+FA2_BF16_ROBUST_FIX = dataclasses.replace(FA2_BF16, fix=BoundedMax())
 
 PRESETS: dict[str, Precision] = {
     "PAPER_BF16": PAPER_BF16,
@@ -404,4 +489,6 @@ PRESETS: dict[str, Precision] = {
     "PAPER_BF16_OFFICIAL_FIX": PAPER_BF16_OFFICIAL_FIX,
     "PAPER_BF16_COMPILED": PAPER_BF16_COMPILED,
     "PAPER_BF16_COMPILED_OFFICIAL_FIX": PAPER_BF16_COMPILED_OFFICIAL_FIX,
+    "PAPER_BF16_ROBUST_FIX": PAPER_BF16_ROBUST_FIX,
+    "FA2_BF16_ROBUST_FIX": FA2_BF16_ROBUST_FIX,
 }

@@ -39,7 +39,8 @@ import numpy as np
 EXPERIMENT_MODULES = ("lpfail.experiments.rounding", "kernels.bench", "lpfail.experiments.train_ddp",
                       "lpfail.experiments.train_speed", "lpfail.experiments.symptom", "lpfail.experiments.fix_rows",
                       "lpfail.experiments.lr_sweep", "lpfail.experiments.official_check",
-                      "lpfail.experiments.prod_kernels", "lpfail.experiments.cures")
+                      "lpfail.experiments.prod_kernels", "lpfail.experiments.cures",
+                      "lpfail.experiments.fix_sweep", "lpfail.experiments.fix_training")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -179,6 +179,9 @@ VARIANTS: dict[str, Variant] = {
     "A_ds": Variant("reference(PAPER_BF16,ds_rowsum=true)", False, "A + dS row-sum correction"),
     "A_z": Variant("reference(PAPER_BF16)", False, "A + z-loss 1e-4", (("z_loss", 1e-4),)),
     "A_cap": Variant("reference(PAPER_BF16)", False, "A + output-logit soft-cap 30", (("logit_softcap", 30.0),)),
+    # added for lpfail.experiments.fix_training (issue 13); not in this experiment's grid
+    "Bp": Variant("reference(PAPER_BF16+fix)", False, "B′: Algorithm 3 without the official clamp"),
+    "R": Variant("reference(PAPER_BF16_ROBUST_FIX)", False, "R: the robust fix (BoundedMax)"),
 }
 
 
