@@ -32,7 +32,7 @@ def test_new_variants_train_configs():
     assert tc["A_cap"].logit_softcap == 30.0
     assert tc["A_res"].attention_table()[0][2].policy.delta == "dO.O_res"
     assert tc["A_ds"].attention_table()[0][2].policy.ds_rowsum is True
-    assert tc["A_fix"].attention_table()[0][2].policy.fix is not None
+    assert tc["Bp"].attention_table()[0][2].policy.fix is not None
     assert len({ls.run_hash(t) for t in tc.values()}) == len(tc)
 
 
@@ -57,13 +57,13 @@ def test_rule_on_fabricated_results():
     good = [1.6, 1.4, 1.3, 1.25, 1.25, 1.3]        # C-like: flat
     bad = [1.6, 1.4, 1.3, 1.3, 1.6, 2.4]           # A-like: turns up at the high rates
     half = [1.6, 1.4, 1.3, 1.28, 1.45, 1.9]
-    out = cu.analyse(_fake({"A": bad, "C": good, "D": good, "A_z": bad, "A_fix": half}))
+    out = cu.analyse(_fake({"A": bad, "C": good, "D": good, "A_z": bad, "Bp": half}))
     assert out["gap"]["ci"][0] > 0
     cures = out["cures"]
     assert cures["D"]["K1"]["verdict"] == "supported" and cures["D"]["K2"]["verdict"] == "supported"
     assert cures["D"]["gap_closed"] == pytest.approx(1.0, abs=0.1)
     assert cures["A_z"]["K1"]["verdict"] != "supported" and cures["A_z"]["K2"]["verdict"] == "refuted"
-    assert cures["A_fix"]["K1"]["verdict"] == "supported" and cures["A_fix"]["K2"]["verdict"] != "supported"
+    assert cures["Bp"]["K1"]["verdict"] == "supported" and cures["Bp"]["K2"]["verdict"] != "supported"
     assert "K1" not in cures["C"] and cures["C"]["where"] == "—"
     assert out["preregistered_on"] == "2026-12-01"
 

@@ -1,12 +1,13 @@
 #!/bin/bash
 # The `cures` experiment (issue 14, chapter 6) on a GPU machine: lr_sweep's driver (tools/gpu_lr_sweep.sh, whose
-# steps this script repeats) with the cures grid — lr_sweep's small-size grid with the 6 new cure variants
-# A_hp, A_res, A_fix, A_ds, A_z, A_cap (108 runs); lr_sweep's stored runs of A, C, S, D, B, A_sr, A_qk are copied
+# steps this script repeats) with the cures grid — lr_sweep's small-size grid with the 7 new cure variants
+# A_hp, A_res, Bp, R, A_ds, A_z, A_cap (126 runs; Bp and R are shared with fix_training); lr_sweep's stored runs of A, C, S, D, B, A_sr, A_qk are copied
 # in from results/lr_sweep_parts and reused, not rerun.
 #   start    MPS, graph checks of the new variants (captured == uncaptured), then the driver in its own session
 #   wait     progress every 60 s until done or $WAIT s have passed, then collect
 #   collect  copy the new part files, the checks and the logs to $OUT
-# Cost: ≈ 11 s of device time per run at lr_sweep's pace (12 at a time on one H200) → 108 runs ≈ 20–25 min:
+# Cost: lr_sweep's measured pace for the smaller model, 72–100 s per run with 12 at a time on one H200
+# (2026-12-01) → 126 runs ≈ 13–18 min of driver time:
 # one `start` call with BUDGET=1500 WAIT=540, then `wait` calls until done (≈ 3 calls of 10 min).
 # Here afterwards: cp $OUT/part-*.json results/lr_sweep_parts/ && python -m lpfail.experiments.cures collect
 # Usage (GPU machine, repo root): LPFAIL_GIT=<commit> BUDGET=1500 WAIT=540 bash tools/gpu_cures.sh start|wait|collect
@@ -55,7 +56,7 @@ if [ "$MODE" = start ]; then
         export LPFAIL_LR_SWEEP_UNCAPTURED=$(python3 -c "
 import json; c = json.load(open('$BASE/checks.json'))
 bad = [v for v, ok in c['equal'].items() if not ok]
-print(','.join(['A_hp', 'A_res', 'A_fix', 'A_ds', 'A_z', 'A_cap'] if not c['resume_equal'] else bad))")
+print(','.join(['A_hp', 'A_res', 'Bp', 'R', 'A_ds', 'A_z', 'A_cap'] if not c['resume_equal'] else bad))")
         log "graph checks: uncaptured variants: $LPFAIL_LR_SWEEP_UNCAPTURED (the same arithmetic, slower)"
     fi
     log "starting the driver, budget $BUDGET s"

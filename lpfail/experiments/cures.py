@@ -20,22 +20,25 @@ SR     A_sr  A + stochastic rounding    forward  lr_sweep
 B      B  the official fix              forward  lr_sweep
 hp     A_hp  δ from FP32 O (dO·O_hp)    backward new
 res    A_res output-residual comp.      both     new (stores a BF16 residual of O in the forward)
-fix    A_fix Algorithm 3 (ours)         forward  new
+fix    Bp  Algorithm 3, no clamp        forward  new (shared with fix_training, chapter 5)
+robust R   the robust fix (BoundedMax)  forward  new (shared with fix_training, chapter 5)
 ds     A_ds  dS row-sum correction      backward new
 z      A_z   z-loss 1e-4                model    new (non-precision control)
 cap    A_cap output soft-cap 30         model    new (non-precision control)
 ====== ================================ ======== =========================================================
 
-Chapter 5's "robust fix" is not in this branch, so it is not a variant here; add it to `VARIANTS` and to
-`CuresConfig.variants` when it exists (its runs would be the only new ones).
+Algorithm 3 without the clamp (B′, variant ``Bp``) and chapter 5's robust fix (``R``) are the variants of
+experiment `fix_training` (chapter 5, Fix-b): the same TrainConfigs, so whichever experiment runs first stores
+them for both. (A first draft named Algorithm 3 ``A_fix`` here; it was renamed to share those runs, and the
+robust fix added, on 2026-12-01, before any run of either.)
 
 The rule and the hypotheses below are code, fixed on 2026-12-01 before any run of the new variants. What was
 known then: lr_sweep's results for the reused variants (S(A) − S(C) > 0 with a CI above 0, A_sr does not close
 the gap, D closes it, B about a third), none for the new ones.
 
-GPU: ``bash tools/gpu_cures.sh start`` then ``wait`` / ``collect`` (108 new runs, ≈ 25 device-minutes on one
-H200 at lr_sweep's measured pace of ≈ 11 s per run with 12 in parallel); here ``python -m
-lpfail.experiments.cures collect`` stores the result from the copied parts.
+GPU: ``bash tools/gpu_cures.sh start`` then ``wait`` / ``collect`` (126 new runs, 36 of them shared with
+fix_training; ≈ 13–18 device-minutes on one H200 at lr_sweep's measured 72–100 s per run with 12 at once); here
+``python -m lpfail.experiments.cures collect`` stores the result from the copied parts.
 """
 from __future__ import annotations
 
@@ -54,10 +57,10 @@ from lpfail.experiments import lr_sweep as ls
 PREREGISTERED_ON = "2026-12-01"
 BASELINE, CONTROL = "A", "C"
 REUSED = ("A", "C", "S", "D", "B", "A_sr", "A_qk")  # already in lr_sweep's grid
-NEW = ("A_hp", "A_res", "A_fix", "A_ds", "A_z", "A_cap")
-CURES = ("D", "A_qk", "A_sr", "B", "A_hp", "A_res", "A_fix", "A_ds", "A_z", "A_cap")  # judged against A and C
+NEW = ("A_hp", "A_res", "Bp", "R", "A_ds", "A_z", "A_cap")
+CURES = ("D", "A_qk", "A_sr", "B", "A_hp", "A_res", "Bp", "R", "A_ds", "A_z", "A_cap")  # judged against A and C
 WHERE = {"A": "—", "C": "—", "S": "—", "D": "forward + backward", "A_qk": "model", "A_sr": "forward",
-         "B": "forward", "A_hp": "backward", "A_res": "forward + backward", "A_fix": "forward",
+         "B": "forward", "A_hp": "backward", "A_res": "forward + backward", "Bp": "forward", "R": "forward",
          "A_ds": "backward", "A_z": "model (loss)", "A_cap": "model (logits)"}
 
 HYPOTHESES = {
@@ -74,7 +77,8 @@ PREDICTIONS = {
     "A_hp": "closes little: the suspects left by A_sr are the BF16 scores, m, ℓ and the backward casts, and δ "
             "reads O only",
     "A_res": "like A_hp",
-    "A_fix": "closes part of the gap, more than B (no clamp, no masked ties)",
+    "Bp": "closes part of the gap, more than B (no clamp, no masked ties), but turns non-finite at 3.2e-2",
+    "R": "closes as much as Bp where Bp is finite, and stays finite",
     "A_ds": "closes little (dS is BF16 in D too, which closes the gap)",
     "A_z": "closes little: a control that acts on the output logits, not attention",
     "A_cap": "closes little, like A_z",

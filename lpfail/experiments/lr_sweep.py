@@ -175,7 +175,6 @@ VARIANTS: dict[str, Variant] = {
     # the cures of experiment `cures` (chapter 6; lpfail.experiments.cures), never in this experiment's grid
     "A_hp": Variant("reference(PAPER_BF16,delta=dO.O_hp)", False, "A + δ from an FP32 O (dO·O_hp)"),
     "A_res": Variant("reference(PAPER_BF16,delta=dO.O_res)", False, "A + output-residual compensation"),
-    "A_fix": Variant("reference(PAPER_BF16+fix)", False, "A + Algorithm 3 (our fix, β = 2)"),
     "A_ds": Variant("reference(PAPER_BF16,ds_rowsum=true)", False, "A + dS row-sum correction"),
     "A_z": Variant("reference(PAPER_BF16)", False, "A + z-loss 1e-4", (("z_loss", 1e-4),)),
     "A_cap": Variant("reference(PAPER_BF16)", False, "A + output-logit soft-cap 30", (("logit_softcap", 30.0),)),
