@@ -1,13 +1,16 @@
 """Triton flash attention that takes the same `Precision` policy as the pure-PyTorch reference.
 
-Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, policy=FA2_BF16, causal=True)`` is a drop-in
-attention for (batch, heads, seq, head_dim) tensors: a Triton forward (`kernels/fwd.py`), a Triton backward
+Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, is_causal=True, scale=None, fix="robust")`` is a
+drop-in for ``F.scaled_dot_product_attention`` (a ``torch.library`` custom op), and
+``flash_attention(q, k, v, policy, causal=True)`` runs any `Precision` the kernels support, for
+(batch, heads, seq, head_dim) tensors: a Triton forward (`kernels/fwd.py`), a Triton backward
 (`kernels/bwd.py`) and the `autograd.Function` here that joins them. The policy's knobs are compile-time
 constants of the kernels, so one source compiles every precision variant:
 
 * ``pbar``      P̄ rounded to BF16 (FP16) or kept in FP32 before the P̄V dot;
 * ``acc``, ``pv_out``, ``scores``  FP32, or rounded to BF16 (FP16) after every key block — the paper's code;
-* ``fix``       the paper's dynamic maximum (Algorithm 3, β and ε) in the forward;
+* ``fix``       the paper's dynamic maximum (Algorithm 3, β and ε) in the forward, or the robust fix
+  (`lpfail.precision.BoundedMax`: Algorithm 3's shift folded into a bounded range, finite at every logit);
 * ``delta``     the δ source of the backward: ``"dO.O"``, ``"dO.O_hp"`` (O recomputed in FP32), ``"dP.P"``;
 * ``sub``       ``"sub"`` (scale, round, subtract: a tied maximum gives P̄ = 1 exactly) or ``"fma"``;
 * ``block_k``   the key block in which the fix and the roundings act: one hardware tile when ≤ 128, else
@@ -29,7 +32,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from lpfail.precision import FA2_BF16, Precision
+from lpfail.precision import FA2_BF16, SAFE_SHIFT, BoundedMax, Precision
 
 try:
     import triton
@@ -41,7 +44,8 @@ try:
 except ImportError as e:  # pragma: no cover - triton is in requirements.txt
     _IMPORT_ERROR = e
 
-__all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar"]
+__all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar",
+           "policy_for"]
 
 _TL = {}
 if _IMPORT_ERROR is None:
@@ -98,6 +102,9 @@ class KernelPolicy:
     dot_prec: str
     pv_prec: str
     ds_prec: str
+    fix_mode: int = 0           # FIX constexpr: 0 none, 1 Algorithm 3 (DynamicMax), 2 the robust fix (BoundedMax)
+    shift_lo: float = 0.0       # BoundedMax's shift_min and shift_max (natural units)
+    shift_hi: float = 0.0
 
 
 def _wider(a: str, b: str) -> str:
@@ -128,16 +135,21 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         raise ValueError(f"kernels: Precision.rounding={policy.rounding!r} (stochastic rounding of the output path) "
                          "is not implemented in the Triton kernels, which round to nearest even only; run it with "
                          "the reference, lpfail.attention(q, k, v, policy)")
-    for knob in ("m_acc", "l_acc"):  # chapter 2's split of m and ℓ from the accumulator: reference only
-        value = getattr(policy, knob, None)
-        if value is not None and value != policy.acc:
-            raise ValueError(f"kernels: Precision.{knob}={value!r} differs from acc={policy.acc!r}: the kernels hold "
-                             "m and ℓ in the accumulator's dtype; run this policy with the reference, "
-                             "lpfail.attention(q, k, v, policy)")
+    if getattr(policy, "delta", "dO.O") not in ("dO.O", "dO.O_hp", "dP.P"):
+        raise ValueError(f"kernels: Precision.delta={policy.delta!r} is not implemented in the Triton kernels; "
+                         "run it with the reference, lpfail.attention(q, k, v, policy)")
+    if getattr(policy, "ds_rowsum", False):
+        raise ValueError("kernels: Precision.ds_rowsum=True (the dS row-sum correction) is not implemented in the "
+                         "Triton kernels; run it with the reference, lpfail.attention(q, k, v, policy)")
     if getattr(policy, "masked_ties", False):
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "
                          "use lpfail.attention for PAPER_BF16_OFFICIAL_FIX")
+    for knob in ("o_acc", "l_div", "l_store", "m_acc"):  # torch.compile's arithmetic (PAPER_BF16_COMPILED): reference only
+        if getattr(policy, knob, None) is not None:
+            raise ValueError(f"kernels: Precision.{knob}={getattr(policy, knob)!r} (the compiled official code's "
+                             "arithmetic) is not implemented in the Triton kernels; use lpfail.attention for "
+                             "PAPER_BF16_COMPILED")
     if interpreted() and policy.matmul != "fp32":
         raise ValueError(f"kernels: Precision.matmul={policy.matmul!r} under TRITON_INTERPRET=1: the CPU "
                          "interpreter's bf16/fp16 arithmetic is broken; use matmul='fp32' there")
@@ -177,7 +189,10 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         fix=fix is not None, beta=float(fix.beta) if fix else 2.0, eps=float(fix.eps) if fix else 0.0,
         clamp=policy.l_clamp is not None, l_clamp=float(policy.l_clamp or 0.0), delta=policy.delta,
         block_n=block_n, key_block=key_block, query_block=policy.block_q or 0, two_pass=two_pass,
-        dot_prec=_prec(policy.matmul), pv_prec=_prec(pv_dt), ds_prec=_prec(ds_dt))
+        dot_prec=_prec(policy.matmul), pv_prec=_prec(pv_dt), ds_prec=_prec(ds_dt),
+        fix_mode=0 if fix is None else 2 if isinstance(fix, BoundedMax) else 1,
+        shift_lo=float(fix.shift_min) if isinstance(fix, BoundedMax) else 0.0,
+        shift_hi=float(fix.shift_max) if isinstance(fix, BoundedMax) else 0.0)
 
 
 def _check_inputs(q, k, v):
@@ -210,6 +225,14 @@ def _raw_units(kp: KernelPolicy, scale: float) -> bool:
     return not kp.sub_fma and math.frexp(scale)[0] == 0.5
 
 
+def _shift_args(kp: KernelPolicy, unit: float) -> tuple[float, float, float]:
+    """The robust fix's runtime scalars (SHIFT_LO, SHIFT_HI, SHIFT_SAFE) in the kernel's score units (α in RAW
+    mode, a power of two, so the division is exact); unused placeholders for the other modes."""
+    if kp.fix_mode != 2:
+        return 0.0, 2.0, 0.0
+    return kp.shift_lo / unit, kp.shift_hi / unit, SAFE_SHIFT / unit
+
+
 _PICKS: dict = {}
 
 
@@ -237,9 +260,10 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     raw = _raw_units(kp, scale)
     _launch(_fwd._attn_fwd, grid, (N, D, causal, kp, raw, q.dtype, os.environ.get(_fwd.TUNE_ENV)),
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, N, key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp, RAW=raw,
+        H, N, key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp,
+        *_shift_args(kp, scale if raw else 1.0), RAW=raw,
         HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
-        PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix,
+        PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode,
         CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass, DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **extra)
     return o, lse
 
@@ -304,18 +328,151 @@ class FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
-                    causal: bool = True, scale: float | None = None) -> torch.Tensor:
-    """Attention of (batch, heads, seq, head_dim) tensors through the Triton kernels under `policy`.
+_FIXES = ("robust", "alg3", "none")
 
-    Returns O in the policy's `out` dtype; gradients flow to q, k, v in their own dtype. `scale` defaults to
-    1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module docstring), ValueError for a policy
-    or shape the kernels cannot honour.
+
+def policy_for(dtype: torch.dtype, fix=None) -> Precision:
+    """The policy the SDPA-style call runs for inputs of `dtype`: FlashAttention-2 arithmetic (FP32 scores, m, ℓ
+    and accumulator; P̄, dS and the output in the inputs' dtype; FP32 inputs: everything FP32) plus `fix`:
+    None / "none", "robust" (`BoundedMax()`), "alg3" (`DynamicMax()`), or a DynamicMax / BoundedMax."""
+    from lpfail.precision import BoundedMax, DynamicMax
+
+    if dtype == torch.bfloat16:
+        base = FA2_BF16
+    elif dtype == torch.float16:
+        base = FA2_BF16.replace(matmul="fp16", pbar="fp16", out="fp16", ds="fp16")
+    elif dtype == torch.float32:
+        base = FA2_BF16.replace(matmul="fp32", pbar="fp32", out="fp32", ds="fp32")
+    else:
+        raise ValueError(f"kernels.flash_attention takes bfloat16, float16 or float32 tensors (got {dtype})")
+    if fix is None or fix == "none":
+        return base
+    if isinstance(fix, (DynamicMax, BoundedMax)):
+        return base.replace(fix=fix)
+    if fix == "robust":
+        return base.replace(fix=BoundedMax())
+    if fix == "alg3":
+        return base.replace(fix=DynamicMax())
+    raise ValueError(f"fix must be None, one of {_FIXES}, or a DynamicMax / BoundedMax (got {fix!r})")
+
+
+# -- the drop-in as a PyTorch custom op: torch.compile traces through it (one opaque node, no graph break) ---------
+@functools.lru_cache(maxsize=64)
+def _parse_policy(text: str) -> Precision:
+    return Precision.parse(text)
+
+
+def _ops_registered() -> bool:
+    """True once lpfail's ops exist (a re-import of this package, as tests/kernel_env.py does to switch to the
+    interpreter, re-runs this file in the same namespace: the registered ops then call the new functions)."""
+    try:
+        return hasattr(torch.ops.lpfail, "flash_attention_fwd")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+if not _ops_registered():
+    @torch.library.custom_op("lpfail::flash_attention_fwd", mutates_args=())
+    def _op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: str, causal: bool,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """O and L = m + log ℓ (FP32) under the policy named by its string (`Precision.parse`)."""
+        kp = _policy_for_launch(_parse_policy(policy))
+        return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, causal, scale)
+
+
+    @_op_fwd.register_fake
+    def _(q, k, v, policy, causal, scale):
+        out = _parse_policy(policy).dtype("out")
+        return q.new_empty(q.shape, dtype=out), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+    @torch.library.custom_op("lpfail::flash_attention_bwd", mutates_args=())
+    def _op_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                lse: torch.Tensor, policy: str, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kp = _policy_for_launch(_parse_policy(policy))
+        return _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, kp, causal, scale)
+
+
+    @_op_bwd.register_fake
+    def _(do, q, k, v, o, lse, policy, causal, scale):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+    def _op_setup(ctx, inputs, output):
+        q, k, v, policy, causal, scale = inputs
+        ctx.save_for_backward(q, k, v, output[0], output[1])
+        ctx.policy, ctx.causal, ctx.scale = policy, causal, scale
+
+
+    def _op_backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _op_bwd(do.contiguous(), q, k, v, o, lse, ctx.policy, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+    _op_fwd.register_autograd(_op_backward, setup_context=_op_setup)
+
+
+#: (dtype, fix name) → (policy, its string) of the SDPA-style call, built once (see `flash_attention`)
+_SDPA_POLICIES = {(dt, fx): (policy_for(dt, fx), str(policy_for(dt, fx)))
+                  for dt in (torch.bfloat16, torch.float16, torch.float32) for fx in (None, *_FIXES)}
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision | None = None,
+                    causal: bool | None = None, scale: float | None = None, *, attn_mask=None,
+                    dropout_p: float = 0.0, is_causal: bool | None = None, enable_gqa: bool = False,
+                    fix=None) -> torch.Tensor:
+    """Attention of (batch, heads, seq, head_dim) tensors through the Triton kernels.
+
+    Two ways to call it:
+
+    * SDPA-style, the drop-in: ``flash_attention(q, k, v, is_causal=True, scale=None, fix="robust")`` — the
+      keywords of ``torch.nn.functional.scaled_dot_product_attention`` for the cases the kernels support
+      (``attn_mask=None``, ``dropout_p=0``, ``enable_gqa=False``; anything else is a ValueError), the policy
+      chosen from the inputs' dtype by `policy_for` (FlashAttention-2 arithmetic), plus ``fix``: None (default:
+      what SDPA computes), "robust" (the robust fix, `lpfail.precision.BoundedMax`) or "alg3" (the paper's
+      Algorithm 3, no clamp). Causal when ``is_causal`` is left out, as in a decoder.
+    * With a policy: ``flash_attention(q, k, v, policy, causal=True, scale=None)`` — any `Precision` the
+      kernels can honour (the book's variants).
+
+    Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable (Triton
+    backward). The SDPA style runs as the custom op ``torch.ops.lpfail.flash_attention_fwd`` (with its backward
+    registered), so ``torch.compile`` keeps it in one graph; the policy style is an `autograd.Function`. `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
+    docstring), ValueError for a mask, dropout, GQA, a dtype, head dim, shape or policy the kernels cannot honour.
     """
+    if attn_mask is not None:
+        raise ValueError("kernels.flash_attention supports no attn_mask (only is_causal); use "
+                         "torch.nn.functional.scaled_dot_product_attention for masked attention")
+    if dropout_p != 0.0:
+        raise ValueError(f"kernels.flash_attention has no dropout (got dropout_p={dropout_p!r}); use 0.0")
+    if enable_gqa:
+        raise ValueError("kernels.flash_attention supports no grouped-query attention (enable_gqa=True): q, k and "
+                         "v must have the same number of heads")
+    sdpa_style = policy is None
+    if policy is None:
+        if causal is not None and is_causal is not None and bool(causal) != bool(is_causal):
+            raise ValueError(f"causal={causal!r} and is_causal={is_causal!r} disagree; pass one of them")
+        causal = True if (causal is None and is_causal is None) else bool(causal if causal is not None else is_causal)
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"q must be a torch.Tensor (got {type(q).__name__})")
+        named = (q.dtype, fix) if fix is None or isinstance(fix, str) else None
+        if named in _SDPA_POLICIES:  # a dict lookup: nothing for torch.compile to trace through
+            policy, policy_text = _SDPA_POLICIES[named]
+        else:
+            policy = policy_for(q.dtype, fix)
+            policy_text = str(policy)
+    else:
+        if fix is not None or is_causal is not None:
+            raise ValueError("pass either a policy (with causal=) or the SDPA-style keywords (is_causal=, fix=), "
+                             "not both: the policy already says whether there is a fix")
+        causal = True if causal is None else causal
     _check_inputs(q, k, v)
-    _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
-    _policy_for_launch(policy)  # validate before anything is launched
+    if not sdpa_style:  # (the SDPA style's policies are valid by construction; the op checks them again)
+        _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
+        _policy_for_launch(policy)  # validate before anything is launched
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if sdpa_style:  # through the custom op (torch.compile sees one node); same kernels, same numbers
+        return torch.ops.lpfail.flash_attention_fwd(q, k, v, policy_text, bool(causal), scale)[0]
     return FlashAttention.apply(q, k, v, policy, bool(causal), scale)
 
 
@@ -338,7 +495,8 @@ def probe_pbar(q: torch.Tensor, k: torch.Tensor, policy: Precision = FA2_BF16,
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
     block_n = max(16, triton.next_power_of_2(N))
     _fwd._probe_pbar[(1,)](q, k, p, q.stride(0), k.stride(0), p.stride(0), M, N, scale, kp.eps, kp.beta,
+                          *_shift_args(kp, 1.0),
                           HEAD_DIM=D, BLOCK_M=64, BLOCK_N=block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out,
-                          SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix, DOT_PREC=kp.dot_prec,
+                          SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, DOT_PREC=kp.dot_prec,
                           **extra)
     return p

@@ -72,7 +72,9 @@ def _method_fn(method, causal):
     policy = {"triton": FA2_BF16, "triton_fix": FA2_BF16.with_fix(), "triton_fma": FA2_BF16.replace(sub="fma"),
               "triton_fma_fix": FA2_BF16.replace(sub="fma").with_fix(), "triton_paper": PAPER_BF16,
               "triton_bk128": FA2_BF16.replace(block_k=128),
-              "triton_bk128_fix": FA2_BF16.replace(block_k=128).with_fix()}[method]
+              "triton_bk128_fix": FA2_BF16.replace(block_k=128).with_fix(),
+              "triton_robust": FA2_BF16.with_bounded_fix(),
+              "triton_fma_robust": FA2_BF16.replace(sub="fma").with_bounded_fix()}[method]
     return lambda q, k, v: kernels.flash_attention(q, k, v, policy, causal=causal)
 
 

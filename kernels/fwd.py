@@ -16,7 +16,8 @@ PV_OUT      the P̄V product is rounded to this before it is added to the accumu
 ACC         `acc`, `m_i` and `l_i` are rounded to this after every key block (BF16: the paper's code)
 SUB_FMA     False: S is formed, rounded, then m subtracted (a tied maximum gives exactly P̄ = 1);
             True: exp2(QKᵀ·α·log2e − m·log2e) in one fused multiply-add, as production kernels do
-FIX         the paper's dynamic maximum (Algorithm 3) with BETA and EPS, applied per key block
+FIX         0: none; 1: the paper's dynamic maximum (Algorithm 3) with BETA and EPS, applied per key block;
+            2: the robust fix (BoundedMax): Algorithm 3's shift folded into [SHIFT_LO, SHIFT_HI]
 =========== ==================================================================================
 
 Key blocks are the policy's `block_k`. When it is one hardware tile (BLOCK_N) the loop is one pass per tile
@@ -97,8 +98,10 @@ def _load_rows(ptrs, offs, N_CTX, MASK: tl.constexpr):
 
 
 @triton.jit
-def _block_max(qk, scale, EPS, BETA, SCORES: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr):
-    """The maximum that this key block contributes, in natural units: r_m, or Algorithm 3's m' when FIX."""
+def _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
+               FIX: tl.constexpr, ACC: tl.constexpr):
+    """The maximum that this key block contributes: r_m, or Algorithm 3's m' when FIX (1), or the robust fix's
+    (FIX = 2, `lpfail.precision.BoundedMax`). In natural units, except in RAW mode (units of α)."""
     if SUB_FMA:
         r_m = tl.max(qk, 1) * scale  # = max of the FP32 products α·QKᵀ (rounding is monotone)
     else:
@@ -115,16 +118,34 @@ def _block_max(qk, scale, EPS, BETA, SCORES: tl.constexpr, SUB_FMA: tl.constexpr
             ties = tl.sum(tl.where(qk >= thresh[:, None], 1.0, 0.0), 1)
         # a row with every score of this tile masked (−inf ≥ −inf) has no tie: masked scores never count
         ties = tl.where(r_m > float("-inf"), ties, 0.0)
-        r_m = _dynamic_max(r_m, ties, BETA, SCORES)
+        r_m = _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, FIX, ACC)
     return r_m
 
 
 @triton.jit
-def _dynamic_max(r_m, ties, BETA, SCORES: tl.constexpr):
-    """Algorithm 3: with more than one score at the maximum, m' = β·r_m (r_m > 0) or 0 (r_m < 0)."""
+def _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES: tl.constexpr, FIX: tl.constexpr,
+                 ACC: tl.constexpr):
+    """Algorithm 3: with more than one score at the maximum, m' = β·r_m (r_m > 0) or 0 (r_m < 0).
+    FIX = 2: the robust fix (`lpfail.precision.BoundedMax`): Algorithm 3's shift x = m' − r_m kept where it
+    lies in [SHIFT_LO, SHIFT_HI], else r_m + x + SHIFT_LO (x below) or r_m + H/2 + ((x − H/2) mod H/2) (x above,
+    H = SHIFT_HI); m' rounded to ACC, and r_m kept where that leaves no shift or one above SHIFT_SAFE. In the
+    order of `lpfail.attention._bounded_max`, so that both give the same m' bit for bit."""
     multi = ties > 1.5
     shifted = tl.where(r_m > 0, _round(BETA * r_m, SCORES), tl.where(r_m < 0, 0.0, r_m))
-    return tl.where(multi, shifted, r_m)
+    if FIX == 2:
+        half = SHIFT_HI * 0.5
+        x = shifted - r_m
+        x = tl.where(multi & (r_m > float("-inf")), x, 0.0)            # r_m = −inf (fully masked): no tie
+        folded = half + ((x - half) - half * tl.floor((x - half) * (1.0 / half)))
+        delta = tl.where(x < SHIFT_LO, x + SHIFT_LO, folded)
+        moved = _round(r_m + delta, SCORES)
+        keep3 = (x >= SHIFT_LO) & (x <= SHIFT_HI)
+        m_b = _round(tl.where(keep3, shifted, moved), ACC)
+        shift = m_b - r_m
+        use = multi & (r_m > float("-inf")) & (shift > 0) & (shift <= SHIFT_SAFE)
+        return tl.where(use, m_b, r_m)
+    else:
+        return tl.where(multi, shifted, r_m)
 
 
 @triton.jit
@@ -188,7 +209,7 @@ def _row_sum(p, L_CLAMP, CLAMP: tl.constexpr):
 # -- the inner loops ---------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-               lo, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP,
+               lo, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE,
                BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                EXP_IN: tl.constexpr, PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr,
                ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
@@ -201,7 +222,7 @@ def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, o
         offs_n = start_n + offs_n0
         qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
                      MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC, RAW)
-        m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
+        m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, SUB_FMA, FIX, ACC)), ACC)
         p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)            # (BLOCK_M, BLOCK_N) FP32
         l_blk = _row_sum(p, L_CLAMP, CLAMP)
         pbar = _round(p, PBAR).to(PV_DT)                                # cast: P̄ right before the P̄V dot
@@ -220,7 +241,7 @@ def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, o
 
 @triton.jit
 def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                       hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP,
+                       hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                        MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
                        PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
@@ -251,7 +272,7 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
                     qk = qk * scale
                 ties += tl.sum(tl.where(qk >= thresh[:, None], 1.0, 0.0), 1)
             ties = tl.where(r_m > float("-inf"), ties, 0.0)              # masked scores never tie
-            r_m = _dynamic_max(r_m, ties, BETA, SCORES)
+            r_m = _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, FIX, ACC)
         m_new = _round(tl.maximum(m_i, r_m), ACC)
         # pass 2: P for the whole block, the row sum and the P̄V product (accumulated in FP32 over the block)
         l_blk = tl.zeros([BLOCK_M], tl.float32)
@@ -309,7 +330,7 @@ def _attn_fwd(Q, K, V, O, LSE,
               stride_kz, stride_kh, stride_kn, stride_kd,
               stride_vz, stride_vh, stride_vn, stride_vd,
               stride_oz, stride_oh, stride_om, stride_od,
-              H, N_CTX, KEY_BLOCK, scale, EPS, BETA, L_CLAMP,
+              H, N_CTX, KEY_BLOCK, scale, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
               PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
@@ -355,7 +376,7 @@ def _attn_fwd(Q, K, V, O, LSE,
         hi = N_CTX
     if TWO_PASS:
         acc, l_i, m_i = _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m,
-                                           offs_n0, hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP,
+                                           offs_n0, hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE,
                                            BLOCK_M, BLOCK_N, HEAD_DIM, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR,
                                            PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, CAUSAL, DOT_PREC, PV_PREC, RAW)
     else:
@@ -365,11 +386,11 @@ def _attn_fwd(Q, K, V, O, LSE,
         else:
             lo_mask = (N_CTX // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                                   0, lo_mask, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
+                                   0, lo_mask, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT,
                                    SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, False, CAUSAL,
                                    DOT_PREC, PV_PREC, RAW)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                                   lo_mask, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, BLOCK_N, MATMUL, QK_OUT,
+                                   lo_mask, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT,
                                    SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, True, CAUSAL,
                                    DOT_PREC, PV_PREC, RAW)
     o = acc / l_i[:, None]                                   # O = Ō / ℓ, rounded once to the stored dtype
@@ -383,7 +404,7 @@ def _attn_fwd(Q, K, V, O, LSE,
 
 # -- a probe: P̄ of one tile, by the same device functions --------------------------------------------------------
 @triton.jit
-def _probe_pbar(Q, K, P, stride_qm, stride_kn, stride_pm, M, N, scale, EPS, BETA,
+def _probe_pbar(Q, K, P, stride_qm, stride_kn, stride_pm, M, N, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
                 PBAR: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
@@ -397,7 +418,7 @@ def _probe_pbar(Q, K, P, stride_qm, stride_kn, stride_pm, M, N, scale, EPS, BETA
     qk = _scores(q.to(MATMUL), K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_m, offs_n, N, scale,
                  MATMUL, QK_OUT, SCORES, SUB_FMA, True, False, DOT_PREC, False)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SCORES, SUB_FMA, FIX)), ACC)
+    m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, SUB_FMA, FIX, ACC)), ACC)
     pbar = _round(_probs(qk, m_new, scale, LOG2E, EXP_IN, SUB_FMA), PBAR)
     tl.store(P + offs_m[:, None] * stride_pm + offs_n[None, :], pbar,
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

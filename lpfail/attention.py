@@ -43,7 +43,8 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     r_m  = rowmax(S)                                 exact (in `scores`)
     fix: t = r_m − ε (op, rounded to `scores`);  r_s = #{unmasked S ≥ t}
          m' = β·r_m (op, rounded to `scores`) if r_s > 1 and r_m > 0;  0 if r_s > 1 and r_m < 0;  else r_m
-    m_new = max(m_old, m' rounded to `acc`)          in `acc`
+         BoundedMax (the robust fix): that m', its shift folded into [shift_min, shift_max] (`_bounded_max`)
+    m_new = max(m_old, m' rounded to `m_acc`)        in `m_acc` (default `acc`)
     x    = S − m_new  (op, rounded to `exp_in`)     sub="sub"; sub="fma": x = QKᵀ·α − m_new in one
                                                      rounding, emulated in float64 (see below)
     P̄    = exp(x)  in `exp`
@@ -51,19 +52,24 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     P̄V   = matmul(P̄ rounded to `pbar`, V_j)         V in `matmul`; result rounded to `pv_out`
     a    = exp(m_old − m_new)                        difference in op rounded to `exp_in`, exp in `exp`
     ℓ    = a·ℓ + ℓ_j                                 two ops in op, rounded to `acc`
-    Ō    = Ō·a        (op, rounded to `acc`)         the rescale and the add are two roundings,
-    Ō    = Ō + P̄V     (op, rounded to `acc`)         like the official `o.mul_(a).add_(P̄V)`
+    Ō    = Ō·a        (op, rounded to `o_acc`)       the rescale and the add are two roundings,
+    Ō    = Ō + P̄V     (op, rounded to `o_acc`)       like the official `o.mul_(a).add_(P̄V)`; `o_acc`
+                                                     is `acc` unless set
   after the last tile:
-    O    = Ō / ℓ      (op, rounded to `out`)         L = log(ℓ) + m   in `exp`
+    O    = Ō / ℓ      (op, rounded to `out`)         ℓ first rounded to `l_div` (default `acc`)
+    L    = log(ℓ) + m   in `exp`                     ℓ and m first rounded to `l_store` (default `acc`)
+
+  m_acc (default `acc`) is the dtype of the running maximum m alone: r_m and m_new are rounded to it.
+  o_acc, l_div, l_store and m_acc exist for PAPER_BF16_COMPILED: the official code under torch.compile keeps
+  Ō and ℓ in FP32 registers across tiles while its row maximum and its stored ℓ (what L reads) are BF16
+  buffers, and it divides by the FP32 or the stored BF16 ℓ depending on where inductor's kernel boundaries
+  fall (`lpfail.experiments.official_check`).
 
   ``policy.rounding = "sr"``: the four casts of the output path — P̄V to `pv_out`, Ō·a and Ō + P̄V to `acc`,
   O to `out` — round stochastically where their dtype is 16-bit (`_round`, `lpfail.bf16.round_stochastic`,
   unbiased; random bits from torch's default generator of the device, so torch.manual_seed fixes them). P̄V
   is then formed in FP32 (operands upcast exactly) and rounded once, instead of the native 16-bit matmul.
   m, ℓ and every other cast keep round-to-nearest-even; the backward is unchanged (δ reads the stored O).
-
-  ``policy.m_acc`` / ``policy.l_acc`` (chapter 2): the running m (with m', m_new and m_old − m_new's operands)
-  is held in `m_acc`, the running ℓ in `l_acc`, instead of `acc`; unset, both are `acc` as above.
 
 Backward (Algorithm 2), per key tile j, for all query rows at once::
 
@@ -72,6 +78,8 @@ Backward (Algorithm 2), per key tile j, for all query rows at once::
                                                      recomputed as Σ_j P_j·V_j in FP32 (FP64 when `exp` or
                                                      `acc` is FP64) from L, for δ only.  "dP.P":
                                                      δ = Σ_j rowsum(dP_j ∘ P_j), a first pass over the tiles.
+                                                     "dO.O_res": δ = rowsum(dO ∘ (O + R)) in FP32, R the
+                                                     forward's stored residual O_hp − O rounded to `out`.
     S    as in the forward (same `qk_out`, `scores`)
     P    = exp(S − L)    difference in op rounded to `exp`, exp in `exp`  (sub="fma": one fused rounding)
     dV_j += matmul(P rounded to `pbar`, dO)ᵀ         per query tile: rounded to `grad_acc`, then added
@@ -79,6 +87,8 @@ Backward (Algorithm 2), per key tile j, for all query rows at once::
     dS   = (P·α)·(dP − δ)                            in op
     dQ  += matmul(dS rounded to `ds`, K_j)           rounded to `grad_acc`, then added in `grad_acc`
     dK_j += matmul(dS rounded to `ds`, Q)ᵀ           per query tile, like dV_j
+    ds_rowsum: e = rowsum(dS rounded − dS) / n (per row, this tile's n allowed keys), and in op
+               dQ part −= e·Σ_allowed K_j  (before its rounding to `grad_acc`), dK_j −= (e·allowed)ᵀ Q after
   gradients are returned in the inputs' dtype.
 
 PAPER_BF16: the official code's order of operations
@@ -151,6 +161,8 @@ from lpfail.precision import (
     FP64,
     PAPER_BF16,
     PAPER_BF16_OFFICIAL_FIX,
+    SAFE_SHIFT,
+    BoundedMax,
     DynamicMax,
     Precision,
 )
@@ -158,7 +170,7 @@ from lpfail.precision import (
 __all__ = [
     "Precision", "DynamicMax", "PAPER_BF16", "FA2_BF16", "FP32", "FP64", "PAPER_BF16_OFFICIAL_FIX",
     "attention", "naive_attention", "flash_forward", "flash_backward", "forward_from_scores",
-    "ForwardResult", "NonFiniteInputError",
+    "ForwardResult", "NonFiniteInputError", "output_residual",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -174,8 +186,8 @@ class ForwardResult(NamedTuple):
 
     o         (…, Tq, D)  normalized output O = Ō / ℓ, in the policy's `out` dtype
     o_unnorm  (…, Tq, D)  the final accumulator Ō before the division by ℓ, in `acc`
-    m         (…, Tq, 1)  the final running maximum, in `acc` (`m_acc` when set; with the fix: the dynamic max)
-    l         (…, Tq, 1)  the final row sum ℓ, in `acc` (`l_acc` when set)
+    m         (…, Tq, 1)  the final running maximum, in `acc` (with the fix: the dynamic maximum)
+    l         (…, Tq, 1)  the final row sum ℓ, in `acc`
     lse       (…, Tq, 1)  L = log ℓ + m, in `exp` (what the backward recomputes P from)
     fix_pos   (…, Tq)     int32: in how many key tiles the fix's positive branch (m' = β·r_m) fired
     fix_neg   (…, Tq)     int32: in how many key tiles its negative branch (m' = 0) fired
@@ -280,7 +292,7 @@ ScoreSource = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor | None]
 
 def exp_scores(s: torch.Tensor, m: torch.Tensor, policy: Precision) -> torch.Tensor:
     """P̄ = exp(S − m) as the forward forms it with sub="sub", before the cast to `pbar`: S (in `scores`) minus
-    m (in `acc`) computed in op and rounded to `exp_in`, then exp in `exp`. Also used by chapter 4 (Rounding)
+    m (in `m_acc`, default `acc`) computed in op and rounded to `exp_in`, then exp in `exp`. Also used by chapter 4 (Rounding)
     to rebuild the forward's P̄ for a row."""
     scores_dt, m_dt, exp_in = policy.dtype("scores"), policy.dtype("m_acc"), policy.dtype("exp_in")
     op = _op(scores_dt, m_dt, exp_in)
@@ -288,11 +300,32 @@ def exp_scores(s: torch.Tensor, m: torch.Tensor, policy: Precision) -> torch.Ten
     return torch.exp(x.to(policy.dtype("exp")))                    # cast: exp runs in `exp`
 
 
+def _bounded_max(m_alg3: torch.Tensor, r_m: torch.Tensor, r_s: torch.Tensor, fix: BoundedMax,
+                 scores_dt: torch.dtype, acc: torch.dtype):
+    """The robust fix's m' (`lpfail.precision.BoundedMax`, whose docstring gives the rule) from Algorithm 3's
+    m'₃ (in `scores`), the block maximum r_m and the tie count r_s. Computed in FP32 (FP64 for FP64 policies),
+    in the same order as `kernels.fwd._dynamic_max`. Returns (m' in `acc`, pos, neg): m' is r_m where the rule
+    leaves no shift; pos / neg mark the rows shifted with r_m > 0 / r_m ≤ 0 (the fix's counters)."""
+    op = _op(scores_dt, acc)
+    lo, hi, half = float(fix.shift_min), float(fix.shift_max), float(fix.shift_max) / 2
+    r = r_m.to(op)
+    x = m_alg3.to(op) - r                                          # Algorithm 3's shift (≥ 0)
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))     # r_m = ±inf: no tie anyway
+    folded = half + ((x - half) - half * torch.floor((x - half) * (1.0 / half)))  # in [H/2, H)
+    delta = torch.where(x < lo, x + lo, folded)
+    moved = (r + delta).to(scores_dt)                              # cast: r_m + shift to `scores`
+    keep3 = (x >= lo) & (x <= hi)
+    m_b = torch.where(keep3, m_alg3, moved).to(acc)                # cast: m' to `acc`
+    shift = m_b.to(op) - r
+    use = (r_s > 1) & torch.isfinite(r) & (shift > 0) & (shift <= SAFE_SHIFT)
+    m_blk = torch.where(use, m_b, r_m.to(acc))
+    return m_blk, use & (r_m > 0), use & (r_m <= 0)
+
+
 def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, masking: _Masking,
                    alpha: float) -> ForwardResult:
     """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `matmul`."""
     acc, exp_dt, exp_in = policy.dtype("acc"), policy.dtype("exp"), policy.dtype("exp_in")
-    m_dt, l_dt = policy.dtype("m_acc"), policy.dtype("l_acc")    # = acc unless split (chapter 2)
     scores_dt, pbar, pv_out, out_dt = policy.dtype("scores"), policy.dtype("pbar"), policy.dtype("pv_out"), \
         policy.dtype("out")
     *lead, tk, d = v.shape
@@ -301,9 +334,11 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
     fix = policy.fix
     mask_value = -torch.finfo(scores_dt).max if policy.masked_ties else -math.inf
 
-    m = torch.full((*lead, tq, 1), -math.inf, dtype=m_dt, device=dev)  # (…, Tq, 1) running max, in `m_acc`
-    l = torch.zeros((*lead, tq, 1), dtype=l_dt, device=dev)             # (…, Tq, 1) running row sum, `l_acc`
-    o = torch.zeros((*lead, tq, d), dtype=acc, device=dev)            # (…, Tq, D) accumulator Ō
+    m_dt = policy.dtype("m_acc")                                      # `acc` unless m_acc is set
+    m = torch.full((*lead, tq, 1), -math.inf, dtype=m_dt, device=dev)  # (…, Tq, 1) running max
+    l = torch.zeros((*lead, tq, 1), dtype=acc, device=dev)            # (…, Tq, 1) running row sum
+    o_acc = policy.dtype("o_acc")                                     # `acc` unless o_acc is set
+    o = torch.zeros((*lead, tq, d), dtype=o_acc, device=dev)          # (…, Tq, D) accumulator Ō
     fix_pos = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
     fix_neg = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
 
@@ -331,10 +366,12 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
             neg = (r_s > 1) & (r_m < 0)
             scaled = (r_m.to(op) * fix.beta).to(scores_dt)         # cast: β·r_m to `scores`
             m_blk = torch.where(pos, scaled, torch.where(neg, torch.zeros_like(r_m), r_m))
+            if isinstance(fix, BoundedMax):                        # the robust fix: bound the shift
+                m_blk, pos, neg = _bounded_max(m_blk, r_m, r_s, fix, scores_dt, m_dt)  # m_dt: `acc` unless m_acc
             fix_pos[..., r0:] += pos[..., 0].to(torch.int32)
             fix_neg[..., r0:] += neg[..., 0].to(torch.int32)
-        m_blk = m_blk.to(m_dt)                                     # cast: m' to `acc` (`m_acc`)
-        m_new = torch.maximum(m_old, m_blk)                        # (…, R, 1) in `acc` (`m_acc`)
+        m_blk = m_blk.to(m_dt)                                     # cast: m' to `m_acc` (default `acc`)
+        m_new = torch.maximum(m_old, m_blk)                        # (…, R, 1) in `acc`
         # a row fully masked so far keeps m = −∞; subtract 0 there so that exp(−∞ − 0) = 0, not NaN
         m_sub = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
 
@@ -356,19 +393,21 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         op = _op(m_dt, exp_in)
         d_m = (m_old.to(op) - m_sub.to(op)).to(exp_in)             # cast: m_old − m_new to `exp_in`
         a = torch.exp(d_m.to(exp_dt))                              # cast: exp runs in `exp`; (…, R, 1)
-        op = _op(l_dt, exp_dt)
-        l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(l_dt)  # cast: ℓ to `acc` (`l_acc`)
-        op = _op(acc, exp_dt, pv_out)
-        o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), acc, policy)  # cast: Ō·a to `acc`
-        o_new = _round(o_scaled.to(op) + pv.to(op), acc, policy)   # cast: Ō·a + P̄V to `acc`
+        op = _op(acc, exp_dt)
+        l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
+        op = _op(o_acc, exp_dt, pv_out)
+        o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), o_acc, policy)  # cast: Ō·a to `o_acc`
+        o_new = _round(o_scaled.to(op) + pv.to(op), o_acc, policy)  # cast: Ō·a + P̄V to `o_acc`
 
         o[..., r0:, :] = o_new
         l[..., r0:, :] = l_new
         m[..., r0:, :] = m_new
 
-    op = _op(acc, l_dt, out_dt)
-    o_out = _round(o.to(op) / l.to(op), out_dt, policy)            # cast: O = Ō / ℓ to `out`
-    lse = torch.log(l.to(exp_dt)) + m.to(exp_dt)                   # cast: L = log ℓ + m in `exp`
+    l_div = l.to(policy.dtype("l_div"))                            # cast: ℓ to `l_div` (default `acc`)
+    op = _op(o_acc, l_div.dtype, out_dt)
+    o_out = _round(o.to(op) / l_div.to(op), out_dt, policy)        # cast: O = Ō / ℓ to `out`
+    l_st, m_st = l.to(policy.dtype("l_store")), m.to(policy.dtype("l_store"))  # cast: stored ℓ, m (`l_store`)
+    lse = torch.log(l_st.to(exp_dt)) + m_st.to(exp_dt)             # cast: L = log ℓ + m in `exp`
     return ForwardResult(o_out, o, m, l, lse, fix_pos, fix_neg)
 
 
@@ -511,24 +550,35 @@ def _per_q_tile_sum(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block_q
     return acc
 
 
+def output_residual(res: ForwardResult, policy: Precision) -> torch.Tensor:
+    """R = O_hp − O rounded to `out`: what the forward's final rounding O = Ō / ℓ took away, with O_hp the
+    quotient in op. The stored residual of output-residual compensation (``delta="dO.O_res"``)."""
+    acc, out_dt = policy.dtype("acc"), policy.dtype("out")
+    op = _op(acc, out_dt)
+    o_hp = res.o_unnorm.to(op) / res.l.to(op)                      # the quotient before its rounding
+    return (o_hp - res.o.to(op)).to(out_dt)                        # cast: residual to `out`
+
+
 def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                    do: torch.Tensor, policy: Precision = FA2_BF16, causal: bool = True,
-                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   scale: float | None = None, o_residual: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's Algorithm 2 under the policy: (dq, dk, dv) in the inputs' dtype.
 
     o (B, H, Tq, D) and lse (B, H, Tq, 1) are what `flash_forward` returned (o in `out`, lse in `exp`);
-    do (B, H, Tq, D) is the gradient of o."""
+    do (B, H, Tq, D) is the gradient of o. With ``policy.delta == "dO.O_res"``, o_residual is
+    `output_residual` of the forward (required)."""
     _check_qkv(q, k, v, policy, causal)
-    return _backward(q, k, v, o, lse, do, policy, causal, scale)
+    return _backward(q, k, v, o, lse, do, policy, causal, scale, o_residual)
 
 
-def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float | None):
+def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float | None, o_res=None):
     alpha = _scale(scale, q.shape[-1])
     with _no_autocast(q), torch.no_grad():
-        return _backward_tiles(q, k, v, o, lse, do, policy, causal, alpha)
+        return _backward_tiles(q, k, v, o, lse, do, policy, causal, alpha, o_res)
 
 
-def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha: float):
+def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha: float, o_res=None):
     mm, exp_dt, pbar, dp_dt = policy.dtype("matmul"), policy.dtype("exp"), policy.dtype("pbar"), policy.dtype("dp")
     ds_dt, gacc, scores_dt = policy.dtype("ds"), policy.dtype("grad_acc"), policy.dtype("scores")
     tq, tk = q.shape[-2], k.shape[-2]
@@ -575,6 +625,14 @@ def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha:
             o_hp[..., r0:, :] += p.to(hp) @ v_mm[..., k0:k1, :].to(hp)  # cast: P and V to hp
         prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
         delta = (do.to(prod_dt) * o_hp.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+    elif policy.delta == "dO.O_res":
+        if o_res is None:
+            raise ValueError("delta='dO.O_res' needs the forward's output residual (flash_backward(..., "
+                             "o_residual=output_residual(forward_result, policy)))")
+        hp = _wider(torch.float32, o.dtype, o_res.dtype)
+        o_c = o.to(hp) + o_res.to(hp)                              # O + R in FP32: the compensated output
+        prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
+        delta = (do.to(prod_dt) * o_c.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
     else:  # "dP.P"
         delta = None
         for k0, k1 in _tiles(tk, policy.block_k):
@@ -605,10 +663,21 @@ def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha:
         ds_mm = ds.to(ds_dt)                                       # cast: dS to `ds`
         wide = _wider(ds_dt, mm)
         dq_part = _matmul(ds_mm.to(wide), k_mm[..., k0:k1, :].to(wide), gacc)  # (B, H, R, D)
+        corr_k = None
+        if policy.ds_rowsum:  # remove the row sum of the cast's error, evenly over the allowed keys
+            allowed = masking.allowed(r0, k0, k1)                  # (R, bk) or None
+            live = (allowed.to(op) if allowed is not None
+                    else torch.ones(ds.shape[-2:], dtype=op, device=ds.device))  # (R, bk)
+            n = live.sum(dim=-1, keepdim=True).clamp(min=1)        # (R, 1)
+            e = (ds_mm.to(op) - ds).sum(dim=-1, keepdim=True) / n  # (B, H, R, 1) per allowed key
+            dq_part = (dq_part.to(op) - e * (live @ k_mm[..., k0:k1, :].to(op))).to(gacc)  # cast: to `grad_acc`
+            corr_k = (e * live).transpose(-1, -2) @ q_mm[..., r0:, :].to(op)           # (B, H, bk, D)
         op = _op(gacc)
         dq[..., r0:, :] = (dq[..., r0:, :].to(op) + dq_part.to(op)).to(gacc)  # cast: dQ sum to `grad_acc`
         dk[..., k0:k1, :] = _per_q_tile_sum(dk[..., k0:k1, :], ds_mm.to(wide), q_mm[..., r0:, :].to(wide),
                                             bq, gacc)
+        if corr_k is not None:
+            dk[..., k0:k1, :] = (dk[..., k0:k1, :].to(corr_k.dtype) - corr_k).to(gacc)  # cast: to `grad_acc`
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)         # cast: gradients to the inputs' dtype
 
 
@@ -618,14 +687,18 @@ class _FlashAttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, policy, causal, scale):
         res = _forward(q, k, v, policy, causal, scale)
-        ctx.save_for_backward(q, k, v, res.o, res.lse)
+        if policy.delta == "dO.O_res":  # output-residual compensation stores one more `out` tensor
+            with _no_autocast(q), torch.no_grad():
+                ctx.save_for_backward(q, k, v, res.o, res.lse, output_residual(res, policy))
+        else:
+            ctx.save_for_backward(q, k, v, res.o, res.lse)
         ctx.policy, ctx.causal, ctx.scale = policy, causal, scale
         return res.o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.policy, ctx.causal, ctx.scale)
+        q, k, v, o, lse, *o_res = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.policy, ctx.causal, ctx.scale, *o_res)
         return dq, dk, dv, None, None, None
 
 

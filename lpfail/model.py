@@ -58,6 +58,8 @@ class GPTConfig:
     bias: bool = False  # no biases in Linear or LayerNorm: the paper's setting, a bit faster, no worse
     qk_norm: bool = False  # LayerNorm of q and k per head before the scores (Dehghani et al. 2023; Wortsman
     #                        et al. 2023, arXiv 2309.14322); off: the paper's model
+    logit_softcap: float = 0.0  # > 0: output logits become cap·tanh(logits / cap) (Gemma 2's final soft-cap); a
+    #                             non-precision control of experiment `cures`; 0: off, the paper's model
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -71,6 +73,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1) (got {self.dropout!r})")
         if not isinstance(self.qk_norm, bool):
             raise ValueError(f"GPTConfig.qk_norm must be True or False (got {self.qk_norm!r})")
+        if not (isinstance(self.logit_softcap, (int, float)) and math.isfinite(self.logit_softcap)
+                and self.logit_softcap >= 0):
+            raise ValueError(f"GPTConfig.logit_softcap must be a finite number >= 0, 0 = off (got {self.logit_softcap!r})")
         if self.bias:
             raise ValueError("GPTConfig.bias=True is not supported: this model follows the paper, which has no "
                              "biases (the field exists only to say so)")
@@ -391,6 +396,9 @@ class GPT(nn.Module):
             x = block(x)  # (B, T, C)
         x = self.transformer.ln_f(x)  # (B, T, C)
         logits = self.lm_head(x)  # (B, T, vocab_size)
+        if self.config.logit_softcap:
+            cap = self.config.logit_softcap
+            logits = cap * torch.tanh(logits / cap)  # (B, T, vocab_size), |logits| < cap
         loss = None
         if targets is not None:
             flat = logits.view(B * T, -1)  # (B·T, vocab_size)

@@ -19,7 +19,8 @@ pv_out      dtype the P̄V product is rounded to                     bf16    fp3
 acc         dtype of the O accumulator and of the running m, ℓ     bf16    fp32    fp32
 out         dtype the output O is stored in (what δ = dO·O reads)  bf16    bf16    fp32
 delta       δ source: "dO.O", "dO.O_hp" (O recomputed in high      dO.O    dO.O    dO.O
-            precision) or "dP.P"
+            precision), "dP.P" or "dO.O_res" (O plus its stored
+            16-bit rounding residual; see below)
 block_q/k   tile sizes; None = one tile over the whole sequence    512     128/64  512
 sub         how S − m is formed: "sub" (scale, round, subtract:    sub     sub     sub
             a tied maximum gives exactly P̄ = 1) or "fma" (one
@@ -51,11 +52,30 @@ rounding    how the output path's 16-bit casts round (P̄V to       rne     rne 
             `pv_out`, Ō·a and Ō·a + P̄V to `acc`, O to `out`):
             "rne" to nearest even, "sr" stochastically (unbiased;
             m, ℓ and all other casts stay "rne")
-m_acc       dtype of the running maximum m, when not `acc`'s      None    None    None
-            (None: `acc`; chapter 2 switches m alone)
-l_acc       dtype of the running row sum ℓ, when not `acc`'s       None    None    None
-            (None: `acc`; chapter 2 switches ℓ alone)
+o_acc       None (= `acc`), or the dtype of the O accumulator Ō    None    None    None
+            alone, with m and ℓ still in `acc`: torch.compile
+            keeps the official code's Ō·a + P̄V chain in FP32
+            registers across key tiles (PAPER_BF16_COMPILED)
+l_div       None (= `acc`), or the dtype ℓ is rounded to before   None    None    None
+            O = Ō / ℓ
+l_store     None (= `acc`), or the dtype the final m and ℓ are     None    None    None
+            stored in for the backward, L = log ℓ + m (the
+            official code's BF16 buffers, which torch.compile
+            rounds on store even where it keeps ℓ in FP32)
+m_acc       None (= `acc`), or the dtype of the running maximum m  None    None    None
+            alone (its block maximum r_m rounded to it)
 =========== ====================================================== ======= ======= =====
+
+Two knobs were added for the cures of chapter 6 (experiment `cures`), both off in every preset and shown in
+the string form only when used, so no existing cache key changes:
+
+* ``delta="dO.O_res"`` — output-residual compensation (after arXiv 2610.05854): the forward also stores the
+  residual R = O_hp − O of its output's rounding, itself rounded to `out`, and the backward reads
+  δ = rowsum(dO ∘ (O + R)) in FP32, recovering most of the FP32 output at the cost of one more 16-bit tensor.
+* ``ds_rowsum=True`` — the dS row-sum correction (in the spirit of arXiv 2609.34272's projection): after dS is
+  rounded to `ds`, the row sum of the rounding error within each key tile is removed again, evenly over the
+  row's allowed keys of that tile, in FP32 on the dQ and dK products — so dQ does not pick up the tile's mean
+  key in proportion to a rounding error.
 
 The knobs from qk_out on were added with the reference attention (`lpfail.attention`, whose docstring gives
 the order of operations), for cast points of the paper's official code that PAPER_BF16 must reproduce bit
@@ -66,9 +86,9 @@ l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_i
 same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, acc, out
 in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), so the strings of all
 "rne" policies, and with them every stored result's config hash, are those from before the knob existed.
-``m_acc`` and ``l_acc`` (chapter 2's substitutions: m alone, ℓ alone) follow the same rule: they appear in the
-string form only when set (",m_acc=fp32"), so every older policy's string is unchanged; ``acc`` then means
-the accumulator Ō only. The Triton kernels refuse a policy whose m or ℓ dtype differs from `acc`.
+o_acc, l_div, l_store and m_acc (None by default, shown in the string only when set, like ``rounding``) describe
+what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16; see
+`lpfail.experiments.official_check`).
 """
 from __future__ import annotations
 
@@ -80,11 +100,11 @@ from dataclasses import dataclass, field
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
-DELTAS = ("dO.O", "dO.O_hp", "dP.P")
+DELTAS = ("dO.O", "dO.O_hp", "dP.P", "dO.O_res")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
-_ACC_SPLIT_FIELDS = ("m_acc", "l_acc")  # optional: the dtype of m and of ℓ when it differs from `acc`
+_ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc")  # optional dtypes that default to `acc` (torch.compile's arithmetic)
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
@@ -108,6 +128,74 @@ class DynamicMax:
         return f"dynmax({_num(self.beta)},{_num(self.eps)})"
 
 
+#: The largest shift of a tied maximum that `BoundedMax` lets through after rounding: e^−80 ≈ 1.8e-35 is still a
+#: normal FP32 (and BF16) number (the smallest is 2^−126 ≈ e^−87.3), so the tied keys' P̄ and the row sum ℓ of
+#: their block stay normal, nonzero numbers with their full significand.
+SAFE_SHIFT = 80.0
+
+
+@dataclass(frozen=True)
+class BoundedMax:
+    """A robust fix: Algorithm 3 with its shift folded into [shift_min, shift_max] (chapter 5, Fix).
+
+    Per key block, when r_s > 1 scores lie within `eps` of the block's maximum r_m (Algorithm 3's tie test),
+    let m'₃ be Algorithm 3's maximum (β·r_m rounded to `scores` for r_m > 0, else 0) and x = m'₃ − r_m its
+    shift (≥ 0; x = |r_m| for r_m < 0). With L = shift_min and H = shift_max:
+
+    ============================ ======================================================================
+    L ≤ x ≤ H                    m' = m'₃                                  Algorithm 3, bit for bit
+    x < L  (r_m ≈ 0, or β ≈ 1)   m' = r_m + (x + L)                        shifted up to at least L
+    x > H  (|r_m| large)         m' = r_m + H/2 + ((x − H/2) mod H/2)      folded into [H/2, H)
+    ============================ ======================================================================
+
+    (r_m + shift rounded to `scores`), then m' is rounded to `acc` like Algorithm 3's. If that leaves no shift
+    (m' = r_m: `acc`'s spacing at r_m exceeds the shift, in BF16 from |r_m| ≳ 2^12) or a shift above
+    `SAFE_SHIFT`, m' = r_m: the block is computed as without the fix. Blocks without a tie are untouched,
+    so rows without ties are bit-identical to the unfixed policy.
+
+    Why:
+
+    * Upper bound. Algorithm 3's shift is unbounded: the tied keys get P̄ = exp(−x), and beyond x ≈ 87
+      (β = 2: r_m ≳ 88, or r_m ≲ −88, where m' = 0) their P̄ and the block's ℓ leave FP32's normal range and
+      reach 0, so O = 0/0. With x ≤ H = 64 they stay ≥ e^−64 ≈ 1.6e-28; the keys that the larger m' pushes
+      out of FP32's range lie ≥ 23 below the maximum and weigh < e^−23 ≈ 1e-10 of a tied key, far below
+      BF16's half-ulp 2^−9.
+    * Folding, not clamping. A constant shift c gives every tied key of every row the same P̄ = exp(−c) and
+      the same rounding error η of that P̄ to BF16 (ℓ is summed from the unrounded P̄), which biases O by
+      about η times the tied keys' weight in one direction — measured up to 2e-3 at a gap of 8 on the
+      chapter-4 rows, more than the bias the fix removes. Algorithm 3's shift moves with r_m, so η changes
+      sign from row to row; the fold keeps that dependence on r_m (a saw-tooth of x) while bounding it.
+    * Lower bound. Algorithm 3 does nothing at r_m = 0 and for (β − 1)·r_m below BF16's spacing P̄ rounds
+      back to 1 (the bias returns); x + L keeps the shift ≥ L = 0.5, two BF16 spacings or more at |r_m| < 64.
+    * The backward is unchanged: it recomputes P = exp(S − L) from L = m + log ℓ, which is the row's
+      log-sum-exp whatever m the forward subtracted.
+
+    ``shift_max`` must be a power of two (the fold's arithmetic is then exact, and the Triton kernels and the
+    reference compute the same m' bit for bit) no larger than `SAFE_SHIFT`, with 0 < shift_min ≤ shift_max/2.
+    """
+
+    beta: float = 2.0
+    eps: float = 1e-3
+    shift_min: float = 0.5
+    shift_max: float = 64.0
+
+    def __post_init__(self):
+        DynamicMax(self.beta, self.eps)  # the same checks of beta and eps
+        for name in ("shift_min", "shift_max"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                raise ValueError(f"fix.{name} must be a finite number (got {value!r})")
+        if not (0 < self.shift_min <= self.shift_max / 2 and self.shift_max <= SAFE_SHIFT
+                and math.frexp(self.shift_max)[0] == 0.5):
+            raise ValueError(f"fix needs 0 < shift_min <= shift_max / 2 and shift_max a power of two <= "
+                             f"{SAFE_SHIFT:g} (got shift_min={self.shift_min!r}, shift_max={self.shift_max!r}): a "
+                             f"shift of 0 would leave P̄ = 1 for the tied keys, one above {SAFE_SHIFT:g} would let "
+                             "their P̄ leave FP32's normal range")
+
+    def __str__(self):
+        return f"boundmax({_num(self.beta)},{_num(self.eps)},{_num(self.shift_min)},{_num(self.shift_max)})"
+
+
 def _num(x: float) -> str:
     return repr(float(x)) if not float(x).is_integer() else str(int(x)) if abs(x) < 1e15 else repr(float(x))
 
@@ -127,7 +215,7 @@ class Precision:
     block_q: int | None = 128
     block_k: int | None = 64
     sub: str = "sub"
-    fix: DynamicMax | None = None
+    fix: DynamicMax | BoundedMax | None = None
     l_clamp: float | None = None
     # added with lpfail.attention (defaults are the FA2-style values):
     qk_out: str = "fp32"
@@ -139,10 +227,13 @@ class Precision:
     masked_ties: bool = False
     # added with stochastic rounding (lpfail.bf16.round_stochastic):
     rounding: str = "rne"
-    # added with the substitution experiment (chapter 2): the running maximum m and row sum ℓ in a dtype of
-    # their own; None = the dtype of `acc` (so `acc` alone still sets Ō, m and ℓ together, as before)
+    # added with the compiled official code (issue 16, lpfail.experiments.official_check):
+    o_acc: str | None = None
+    l_div: str | None = None
+    l_store: str | None = None
     m_acc: str | None = None
-    l_acc: str | None = None
+    # added with experiment `cures` (chapter 6):
+    ds_rowsum: bool = False
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -157,16 +248,20 @@ class Precision:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"Precision.{name} must be a positive int or None for one tile (got {value!r})")
-        if self.fix is not None and not isinstance(self.fix, DynamicMax):
-            raise ValueError(f"Precision.fix must be None or DynamicMax(beta, eps) (got {self.fix!r})")
+        if self.fix is not None and not isinstance(self.fix, (DynamicMax, BoundedMax)):
+            raise ValueError(f"Precision.fix must be None, DynamicMax(beta, eps) or BoundedMax(beta, eps, shift_min, "
+                             f"shift_max) (got {self.fix!r})")
         if self.l_clamp is not None and not (isinstance(self.l_clamp, (int, float)) and self.l_clamp > 0):
             raise ValueError(f"Precision.l_clamp must be None or a positive number (got {self.l_clamp!r})")
         if not isinstance(self.masked_ties, bool):
             raise ValueError(f"Precision.masked_ties must be True or False (got {self.masked_ties!r})")
-        for name in _ACC_SPLIT_FIELDS:
+        for name in _ACC_FIELDS:
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
-                raise ValueError(f"Precision.{name} must be None (= acc) or one of {sorted(DTYPES)} (got {value!r})")
+                raise ValueError(f"Precision.{name} must be None (the `acc` dtype) or one of {sorted(DTYPES)} "
+                                 f"(got {value!r})")
+        if not isinstance(self.ds_rowsum, bool):
+            raise ValueError(f"Precision.ds_rowsum must be True or False (got {self.ds_rowsum!r})")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"Precision.rounding must be one of {list(ROUNDINGS)} (got {self.rounding!r})")
         if self.rounding == "sr" and not any(getattr(self, n) in ("bf16", "fp16") for n in _SR_FIELDS):
@@ -186,6 +281,11 @@ class Precision:
         """This policy plus the paper's dynamic-maximum fix (Algorithm 3)."""
         return dataclasses.replace(self, fix=DynamicMax(beta, eps))
 
+    def with_bounded_fix(self, beta: float = 2.0, eps: float = 1e-3, shift_min: float = 0.5,
+                         shift_max: float = 64.0) -> "Precision":
+        """This policy plus the robust fix (`BoundedMax`): Algorithm 3's maximum with a bounded shift."""
+        return dataclasses.replace(self, fix=BoundedMax(beta, eps, shift_min, shift_max))
+
     def replace(self, **changes) -> "Precision":
         """A copy with some knobs changed (validated like a new policy)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -194,10 +294,11 @@ class Precision:
         return dataclasses.replace(self, **changes)
 
     def dtype(self, knob: str) -> torch.dtype:
-        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``; ``"m_acc"`` and ``"l_acc"`` resolve
-        to `acc`'s dtype when they are None."""
-        if knob in _ACC_SPLIT_FIELDS:
-            return DTYPES[getattr(self, knob) or self.acc]
+        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``; o_acc, l_div, l_store and m_acc
+        fall back to `acc` when None."""
+        if knob in _ACC_FIELDS:
+            value = getattr(self, knob)
+            return DTYPES[value if value is not None else self.acc]
         if knob not in _DTYPE_FIELDS:
             raise ValueError(f"{knob!r} is not a dtype knob; dtype knobs: {list(_DTYPE_FIELDS)}")
         return DTYPES[getattr(self, knob)]
@@ -206,13 +307,13 @@ class Precision:
     def name(self) -> str:
         """The preset's name when this policy is one (with "+fix" for the fixed variants, and ",rounding=sr"
         appended for stochastic rounding: "PAPER_BF16,rounding=sr"), else its string."""
-        tail = _tail(self)
-        if tail:  # knobs added later that show only when set: "PAPER_BF16,m_acc=fp32", "PAPER_BF16,rounding=sr"
-            base = dataclasses.replace(self, rounding="rne", m_acc=None, l_acc=None)
-            return f"{base.name},{','.join(tail)}" if base.name != str(base) else str(self)
-        for preset_name, preset in PRESETS.items():
+        if self.rounding != "rne":
+            base = dataclasses.replace(self, rounding="rne")
+            return f"{base.name},rounding={self.rounding}" if base.name != str(base) else str(self)
+        for preset_name, preset in PRESETS.items():  # exact matches first (PAPER_BF16_ROBUST_FIX, not PAPER_BF16+…)
             if self == preset:
                 return preset_name
+        for preset_name, preset in PRESETS.items():
             if self.fix is not None and dataclasses.replace(self, fix=None) == preset:
                 return f"{preset_name}+fix" if self.fix == DynamicMax() else f"{preset_name}+{self.fix}"
         return str(self)
@@ -226,7 +327,13 @@ class Precision:
         parts.append(f"fix={self.fix if self.fix is not None else 'none'}")
         parts.append(f"l_clamp={repr(float(self.l_clamp)) if self.l_clamp is not None else 'none'}")
         parts.append(f"masked_ties={'true' if self.masked_ties else 'false'}")
-        parts.extend(_tail(self))  # only when set: the strings (cache keys) of older policies stay unchanged
+        if self.rounding != "rne":  # only when set: the strings (cache keys) of "rne" policies stay unchanged
+            parts.append(f"rounding={self.rounding}")
+        for name in _ACC_FIELDS:  # likewise: only when set
+            if getattr(self, name) is not None:
+                parts.append(f"{name}={getattr(self, name)}")
+        if self.ds_rowsum:  # likewise only when set
+            parts.append("ds_rowsum=true")
         return ",".join(parts)
 
     @classmethod
@@ -245,7 +352,7 @@ class Precision:
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
         valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
-                                       "masked_ties", "rounding", *_ACC_SPLIT_FIELDS]
+                                       "masked_ties", "rounding", *_ACC_FIELDS, "ds_rowsum"]
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
@@ -254,8 +361,6 @@ class Precision:
                 raise ValueError(f"unknown Precision key {key!r} in {text!r}; valid keys: {valid}")
             if key in _DTYPE_FIELDS or key in ("delta", "sub", "rounding"):
                 changes[key] = value
-            elif key in _ACC_SPLIT_FIELDS:
-                changes[key] = None if value == "none" else value
             elif key == "block":
                 m = re.fullmatch(r"(\w+)x(\w+)", value)
                 if not m:
@@ -267,20 +372,13 @@ class Precision:
                 changes["fix"] = _parse_fix(value)
             elif key == "l_clamp":
                 changes["l_clamp"] = None if value == "none" else _parse_float(value, key)
-            elif key == "masked_ties":
+            elif key in _ACC_FIELDS:
+                changes[key] = None if value == "none" else value
+            elif key in ("masked_ties", "ds_rowsum"):
                 if value not in ("true", "false"):
-                    raise ValueError(f"masked_ties must be 'true' or 'false' (got {value!r})")
-                changes["masked_ties"] = value == "true"
+                    raise ValueError(f"{key} must be 'true' or 'false' (got {value!r})")
+                changes[key] = value == "true"
         return dataclasses.replace(base, **changes)
-
-
-def _tail(p: Precision) -> list[str]:
-    """The "key=value" items of the knobs that appear in the string form only when set (in this order)."""
-    out = []
-    if p.rounding != "rne":
-        out.append(f"rounding={p.rounding}")
-    out.extend(f"{n}={getattr(p, n)}" for n in _ACC_SPLIT_FIELDS if getattr(p, n) is not None)
-    return out
 
 
 def _split_top(text: str) -> list[str]:
@@ -320,12 +418,17 @@ def _parse_float(s: str, what: str) -> float:
         raise ValueError(f"{what} must be a number (got {s!r})") from None
 
 
-def _parse_fix(s: str) -> DynamicMax | None:
+def _parse_fix(s: str) -> DynamicMax | BoundedMax | None:
     if s == "none":
         return None
+    b = re.fullmatch(r"boundmax\(([^,]+),([^,]+),([^,]+),([^)]+)\)", s)
+    if b:
+        return BoundedMax(*(_parse_float(b.group(i), f"fix.{n}")
+                            for i, n in enumerate(("beta", "eps", "shift_min", "shift_max"), 1)))
     m = re.fullmatch(r"dynmax\(([^,]+),([^)]+)\)", s)
     if not m:
-        raise ValueError(f"fix must be 'none' or 'dynmax(beta,eps)' (got {s!r})")
+        raise ValueError(f"fix must be 'none', 'dynmax(beta,eps)' or 'boundmax(beta,eps,shift_min,shift_max)' "
+                         f"(got {s!r})")
     return DynamicMax(_parse_float(m.group(1), "fix.beta"), _parse_float(m.group(2), "fix.eps"))
 
 
@@ -356,10 +459,36 @@ FP64 = Precision(matmul="fp64", scores="fp64", exp="fp64", pbar="fp64", pv_out="
 PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e-3), l_clamp=1e-10,
                                               masked_ties=True)
 
+#: The official code as its own train.py runs it: under torch.compile (inductor, no
+#: emulate_precision_casts), forward under BF16 autocast, backward outside it (lpfail.experiments.official_check).
+#: Inductor computes each fused kernel in FP32 and rounds only what it stores, so against PAPER_BF16: S and
+#: S − m stay FP32 (scores, exp_in) while the row maximum m is a BF16 buffer (m_acc; so where α·QKᵀ is not
+#: exact in BF16, e.g. head dim 128, a tied maximum gives P̄ = exp(S − m) ≠ 1), ℓ and Ō are carried in FP32
+#: across key tiles (acc), the final ℓ is rounded to BF16 when stored for L = log ℓ + m (l_store), and δ's
+#: products dO∘O stay FP32 (delta_prod).
+#: Checked on CPU only (torch 2.13, inductor's C++ backend, CUDA autocast's rules emulated): O, dQ, dK, dV agree
+#: bit for bit in the query tiles whose O divides by the FP32 ℓ; where a kernel boundary falls between ℓ and
+#: the division, inductor divides by the stored BF16 ℓ instead (l_div="bf16" matches those tiles). Which tiles
+#: do so depends on the backend's fusion; the GPU's (Triton) is pending (tools/gpu_official_check.sh).
+PAPER_BF16_COMPILED = dataclasses.replace(PAPER_BF16, scores="fp32", exp_in="fp32", acc="fp32",
+                                          delta_prod="fp32", l_store="bf16", m_acc="bf16")
+#: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds.
+PAPER_BF16_COMPILED_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16_COMPILED, fix=DynamicMax(2.0, 1e-3),
+                                                       l_clamp=1e-10, masked_ties=True)
+#: PAPER_BF16 with the robust fix (`BoundedMax` with its defaults: β = 2, ε = 1e-3, shifts in [0.5, 64]): the
+#: paper's code with Algorithm 3 made finite at every logit scale; no clamp, masked entries never tie.
+PAPER_BF16_ROBUST_FIX = dataclasses.replace(PAPER_BF16, fix=BoundedMax())
+#: FA2_BF16 with the robust fix: what the drop-in kernel runs with ``fix="robust"``.
+FA2_BF16_ROBUST_FIX = dataclasses.replace(FA2_BF16, fix=BoundedMax())
+
 PRESETS: dict[str, Precision] = {
     "PAPER_BF16": PAPER_BF16,
     "FA2_BF16": FA2_BF16,
     "FP32": FP32,
     "FP64": FP64,
     "PAPER_BF16_OFFICIAL_FIX": PAPER_BF16_OFFICIAL_FIX,
+    "PAPER_BF16_COMPILED": PAPER_BF16_COMPILED,
+    "PAPER_BF16_COMPILED_OFFICIAL_FIX": PAPER_BF16_COMPILED_OFFICIAL_FIX,
+    "PAPER_BF16_ROBUST_FIX": PAPER_BF16_ROBUST_FIX,
+    "FA2_BF16_ROBUST_FIX": FA2_BF16_ROBUST_FIX,
 }

@@ -38,8 +38,10 @@ import numpy as np
 #: Modules that register experiments when imported. `registry()` imports them on first use.
 EXPERIMENT_MODULES = ("lpfail.experiments.rounding", "kernels.bench", "lpfail.experiments.train_ddp",
                       "lpfail.experiments.train_speed", "lpfail.experiments.symptom", "lpfail.experiments.fix_rows",
-                      "lpfail.experiments.lr_sweep", "lpfail.experiments.substitution",
-                      "lpfail.experiments.gradient_error")
+                      "lpfail.experiments.lr_sweep", "lpfail.experiments.official_check",
+                      "lpfail.experiments.prod_kernels", "lpfail.experiments.cures",
+                      "lpfail.experiments.fix_sweep", "lpfail.experiments.fix_training",
+                      "lpfail.experiments.substitution", "lpfail.experiments.gradient_error")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -131,6 +131,10 @@ class TrainConfig:
     keep_checkpoints: int = 0  # keep only the newest this many (0 = all: branching needs old ones)
     out_dir: str = ""  # "" = keep everything in memory
     device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda"
+    # non-precision controls (experiment `cures`, chapter 6); 0 = off, and a field left at 0 changes no run hash
+    z_loss: float = 0.0  # coefficient of the z-loss mean(log² Z) of the output softmax (PaLM), added to the
+    #                      training loss only (the logged training loss includes it; validation is plain CE)
+    logit_softcap: float = 0.0  # > 0: output logits soft-capped as cap·tanh(logits / cap) (GPTConfig.logit_softcap)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -186,6 +190,10 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.val_rows must be positive (got {self.val_rows})")
         if self.cuda_graph and self.optimizer != "adamw":
             raise ValueError("TrainConfig.cuda_graph needs optimizer='adamw' (Muon's step is not captured)")
+        if not (math.isfinite(self.z_loss) and self.z_loss >= 0):
+            raise ValueError(f"TrainConfig.z_loss must be a finite number >= 0 (got {self.z_loss})")
+        if not (math.isfinite(self.logit_softcap) and self.logit_softcap >= 0):
+            raise ValueError(f"TrainConfig.logit_softcap must be a finite number >= 0, 0 = off (got {self.logit_softcap})")
         if self.checkpoint_every and not self.out_dir:
             raise ValueError("TrainConfig.checkpoint_every needs an out_dir to write checkpoints into")
         self.attention_table()  # parse the specs now: unknown backends and policies fail here
@@ -210,7 +218,8 @@ class TrainConfig:
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig(block_size=self.block_size, vocab_size=vocab_size, n_layer=self.n_layer,
-                         n_head=self.n_head, n_embd=self.n_embd, qk_norm=self.qk_norm)
+                         n_head=self.n_head, n_embd=self.n_embd, qk_norm=self.qk_norm,
+                         logit_softcap=self.logit_softcap)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "TrainConfig":
@@ -729,8 +738,18 @@ def _capture_logits(raw: GPT, x: torch.Tensor, cfg: TrainConfig, amp):
 
 def _loss(cfg: TrainConfig, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if cfg.loss_impl == "written":
-        return cross_entropy(logits, y)
-    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())  # FP32 like `cross_entropy`
+        loss = cross_entropy(logits, y)
+    else:
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())  # FP32 like `cross_entropy`
+    if cfg.z_loss:
+        loss = loss + z_loss_term(logits, cfg.z_loss)
+    return loss
+
+
+def z_loss_term(logits: torch.Tensor, coef: float) -> torch.Tensor:
+    """coef · mean over positions of (log Σ exp logits)², in FP32: the z-loss (Chowdhery et al. 2022, PaLM),
+    which keeps the output softmax's normaliser near 1. A non-precision control in experiment `cures`."""
+    return coef * torch.logsumexp(logits.float(), dim=-1).pow(2).mean()
 
 
 class _CapturedStep:

@@ -27,51 +27,22 @@ def _grads(policy, q, k, v, do, block=None):
 
 
 # -- the knobs -----------------------------------------------------------------------------------------------------
-def test_new_knobs_leave_every_preset_string_unchanged():
-    for name, p in PRESETS.items():
-        assert "m_acc" not in str(p) and "l_acc" not in str(p)
-        assert p.m_acc is None and p.l_acc is None
-        assert Precision.parse(str(p)) == p and p.name == name
-    assert PAPER_BF16.replace(rounding="sr").name == "PAPER_BF16,rounding=sr"
-
-
-def test_m_and_l_knobs_round_trip_and_validate():
-    p = Precision.parse("PAPER_BF16,m_acc=fp32")
-    assert p == PAPER_BF16.replace(m_acc="fp32") and p.name == "PAPER_BF16,m_acc=fp32"
-    assert p.dtype("m_acc") == torch.float32 and p.dtype("l_acc") == torch.bfloat16
-    q = Precision.parse("PAPER_BF16,rounding=sr,l_acc=fp32")
-    assert Precision.parse(str(q)) == q and q.name == "PAPER_BF16,rounding=sr,l_acc=fp32"
-    assert Precision.parse("PAPER_BF16,m_acc=none") == PAPER_BF16
-    with pytest.raises(ValueError, match="m_acc"):
-        PAPER_BF16.replace(m_acc="fp8")
-    with pytest.raises(ValueError, match="l_acc"):
-        Precision.parse("PAPER_BF16,l_acc=int8")
-
-
-def test_m_l_equal_to_acc_is_the_unsplit_arithmetic():
-    q, k, v = _qkv()
-    do = torch.randn_like(q.float()).to(q.dtype)
-    a = _grads(PAPER_BF16, q, k, v, do)
-    b = _grads(PAPER_BF16.replace(m_acc="bf16", l_acc="bf16"), q, k, v, do)
-    for x, y in zip(a, b):
-        assert torch.equal(x, y)
-    # FP32 accumulator with m and ℓ split back to BF16 is neither A nor "acc=fp32"
-    r = flash_forward(q, k, v, PAPER_BF16.replace(acc="fp32", m_acc="bf16", l_acc="bf16"))
-    assert r.m.dtype == torch.bfloat16 and r.l.dtype == torch.bfloat16 and r.o_unnorm.dtype == torch.float32
-
-
-def test_each_split_knob_acts_on_its_own_state():
+def test_l_alone_is_the_running_row_sum():
+    """Row l: acc=fp32 with Ō (o_acc) and m (m_acc) kept BF16 holds ℓ alone in FP32 (and ℓ before the division
+    and as stored for the backward, which follow acc); with more than one key tile it changes ℓ and O, not m."""
     q, k, v = _qkv(t=640)  # more than one 512-key tile: m and ℓ are rescaled across tiles
     base = flash_forward(q, k, v, PAPER_BF16)
-    m32 = flash_forward(q, k, v, PAPER_BF16.replace(m_acc="fp32"))
-    l32 = flash_forward(q, k, v, PAPER_BF16.replace(l_acc="fp32"))
-    assert m32.m.dtype == torch.float32 and m32.l.dtype == torch.bfloat16 and m32.o_unnorm.dtype == torch.bfloat16
-    assert l32.l.dtype == torch.float32 and l32.m.dtype == torch.bfloat16
-    assert not torch.equal(l32.l.float(), base.l.float())  # ℓ no longer rounded to BF16 after each update
+    l32 = flash_forward(q, k, v, sub.row_policy([r for r in sub.ROWS if r.name == "l"][0]))
+    assert l32.o_unnorm.dtype == torch.bfloat16
     assert not torch.equal(l32.o.float(), base.o.float())
-    assert torch.equal(l32.m, base.m)  # ℓ alone leaves m untouched
-    # m alone is a no-op with BF16 scores (a maximum of BF16 numbers is one), not with FP32 scores
-    assert torch.equal(m32.o, base.o) and torch.equal(m32.m.to(torch.bfloat16), base.m)
+    assert torch.equal(l32.m.float(), base.m.float())  # ℓ alone leaves m untouched
+
+
+def test_m_alone_matters_only_with_fp32_scores():
+    q, k, v = _qkv(t=640)
+    base = flash_forward(q, k, v, PAPER_BF16)
+    m32 = flash_forward(q, k, v, PAPER_BF16.replace(m_acc="fp32"))
+    assert torch.equal(m32.o, base.o)  # a maximum of BF16 scores is a BF16 number
     s32 = PAPER_BF16.replace(qk_out="fp32", scores="fp32")
     assert not torch.equal(flash_forward(q, k, v, s32.replace(m_acc="fp32")).o, flash_forward(q, k, v, s32).o)
 
@@ -79,19 +50,20 @@ def test_each_split_knob_acts_on_its_own_state():
 def test_every_a_d_difference_switches_alone_and_all_together_give_d():
     knobs = sub.a_d_knobs()
     assert set(knobs) == {"scores", "pv_out", "acc", "block_q", "block_k", "qk_out", "exp_in", "dp", "delta_prod",
-                          "grad_acc", "m_acc", "l_acc"}  # m and ℓ listed apart from the accumulator Ō
+                          "grad_acc", "o_acc", "m_acc", "l_div", "l_store"}  # Ō, m, ℓ apart
     # every knob where they differ is covered by a row (block by tiles_fa2, acc by obar + m + l)
     changed = set()
     for r in sub.ROWS:
         if r.kind == "policy":
             p = sub.row_policy(r)
             changed |= {f.name for f in dataclasses.fields(Precision) if getattr(p, f.name) != getattr(PAPER_BF16, f.name)}
-    assert set(knobs) - {"block_q", "block_k"} <= changed  # tiles_fa2 changes the blocks through "block="
+    # tiles_fa2 changes the blocks; l_div and l_store follow acc in row l (ℓ everywhere)
+    assert set(knobs) - {"block_q", "block_k", "l_div", "l_store"} <= changed
     assert sub.row_policy([r for r in sub.ROWS if r.name == "tiles_fa2"][0]).block_k == FA2_BF16.block_k
     # A with all of D's values is D, bit for bit
     q, k, v = _qkv(t=160, h=1)
     do = torch.randn_like(q.float()).to(q.dtype)
-    all_d = PAPER_BF16.replace(**{n: d for n, (_, d) in knobs.items()})
+    all_d = PAPER_BF16.replace(**{n: d for n, (_, d) in knobs.items() if n not in ("o_acc", "m_acc", "l_div", "l_store")})
     for x, y in zip(_grads(all_d, q, k, v, do), _grads(FA2_BF16, q, k, v, do)):
         assert torch.equal(x, y)
 
@@ -109,15 +81,6 @@ def test_same_as_a_changes_are_a_at_the_sweeps_shape():
     for r in sub.ROWS:
         if r.kind == "policy":
             assert not all(torch.equal(x, y) for x, y in zip(base, _grads(sub.row_policy(r), q, k, v, do))), r.name
-
-
-def test_kernels_refuse_split_m_l():
-    kernels = pytest.importorskip("kernels")
-    with pytest.raises(ValueError, match="m_acc"):
-        kernels.kernel_policy(FP32.replace(m_acc="bf16"))
-    kernels.kernel_policy(FP32.replace(m_acc="fp32", l_acc="fp32"))  # equal to acc: the kernels' own arithmetic
-    with pytest.raises(ValueError, match="l_acc"):
-        kernels.kernel_policy(FP32.replace(l_acc="bf16"))
 
 
 def test_per_layer_and_per_head_policies_in_the_model():
@@ -172,7 +135,9 @@ def test_row_configs():
         d = {k for k in tc.to_dict() if tc.to_dict()[k] != a.to_dict()[k]}
         assert d <= {"attention", "overrides"}, (name, d)
         tc.attention_table()  # parses
-    assert tcs["l"].attention == "reference(PAPER_BF16,l_acc=fp32)"
+    assert sub.row_policy([r for r in sub.ROWS if r.name == "l"][0]) == PAPER_BF16.replace(acc="fp32", o_acc="bf16",
+                                                                                          m_acc="bf16")
+    assert tcs["l"].attention_table()[0][2].policy.o_acc == "bf16"
     assert tcs["layer1_a"].attention == "reference(FP32)" and tcs["layer1_a"].overrides == ("1:reference(PAPER_BF16)",)
     assert tcs["layer2_c"].attention == a.attention and tcs["layer2_c"].overrides == ("2:reference(FP32)",)
     assert tcs["heads_top"].overrides == ("2/1,3:reference(PAPER_BF16)",)

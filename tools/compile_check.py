@@ -19,7 +19,7 @@ from kernels import bwd, fwd
 from lpfail.precision import FA2_BF16, PAPER_BF16
 
 POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
-FLOATS = {"scale", "EPS", "BETA", "L_CLAMP"}
+FLOATS = {"scale", "EPS", "BETA", "L_CLAMP", "SHIFT_LO", "SHIFT_HI", "SHIFT_SAFE"}
 
 
 def _signature(fn, consts, elem="*bf16"):
@@ -64,14 +64,16 @@ def compile_one(jit_fn, consts, warps, stages, target=GPUTarget("cuda", 90, 32))
 def variants():
     policies = {"FA2_BF16": FA2_BF16, "FA2_BF16+fix": FA2_BF16.with_fix(), "fma": FA2_BF16.replace(sub="fma"),
                 "fma+fix": FA2_BF16.replace(sub="fma").with_fix(), "PAPER_BF16": PAPER_BF16,
-                "PAPER_BF16+fix": PAPER_BF16.with_fix()}
+                "PAPER_BF16+fix": PAPER_BF16.with_fix(), "FA2_BF16+robust": FA2_BF16.with_bounded_fix(),
+                "fma+robust": FA2_BF16.replace(sub="fma").with_bounded_fix(),
+                "PAPER_BF16+robust": PAPER_BF16.with_bounded_fix()}
     for name, policy in policies.items():
         kp = kernels.kernel_policy(policy)
         for d in (64, 128):
             raw = kernels._raw_units(kp, d ** -0.5)
             f = dict(HEAD_DIM=d, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
                      EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc,
-                     SUB_FMA=kp.sub_fma, FIX=kp.fix, CLAMP=kp.clamp, CAUSAL=True, TWO_PASS=kp.two_pass,
+                     SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=True, TWO_PASS=kp.two_pass,
                      DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, RAW=raw)
             for cfg in fwd._fwd_configs():
                 yield (name, d, "fwd", cfg), fwd._attn_fwd, {**f, **cfg.kwargs}, cfg.num_warps, cfg.num_stages
@@ -90,7 +92,8 @@ SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (opt-in
 #: one variant per kind of code path: the fast path with the fix in both modes, the two-pass emulation, and
 #: the backward kernels with FP32 and BF16 gradient accumulators, at both head dims (first config only)
 QUICK = {("FA2_BF16+fix", "fwd"), ("fma+fix", "fwd"), ("PAPER_BF16+fix", "fwd"), ("PAPER_BF16", "dkdv"),
-         ("PAPER_BF16", "dq"), ("FA2_BF16", "dkdv"), ("FA2_BF16", "dq")}
+         ("PAPER_BF16", "dq"), ("FA2_BF16", "dkdv"), ("FA2_BF16", "dq"), ("FA2_BF16+robust", "fwd"),
+         ("fma+robust", "fwd"), ("PAPER_BF16+robust", "fwd")}
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 if [ "$WHAT" = tests ] || [ "$WHAT" = all ]; then
   # the gpu-marked tests, then a CPU-suite test that matters most on the card (scores in units of α, bit for bit)
   LPFAIL_KERNELS_AUTOTUNE=0 timeout "$TEST_TIMEOUT" python3 -m pytest -q -s -p no:cacheprovider \
-    $(ls tests/test_kernels.py tests/test_kernels_bwd.py 2>/dev/null) ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/tests.txt" | grep -v "^$" | tail -60
+    $(ls tests/test_kernels.py tests/test_kernels_bwd.py tests/test_robust_fix.py tests/test_dropin.py 2>/dev/null) ${PYTEST_ARGS:--m gpu} 2>&1 | tee "$OUT/tests.txt" | grep -v "^$" | tail -60
   LPFAIL_KERNELS_AUTOTUNE=0 timeout "$TEST_TIMEOUT" python3 -m pytest -q -p no:cacheprovider \
     tests/test_kernels.py ${PYTEST_ARGS2:--k "units_of_alpha or raw_threshold or masked_out or raw_products"} 2>&1 | tee -a "$OUT/tests.txt" | tail -5
 fi

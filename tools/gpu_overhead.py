@@ -37,6 +37,10 @@ def main(path):
         out["triton_fwd_us"] = per_call_us(lambda: kernels.flash_attention(q, k, v, FA2_BF16, causal=True))
         out["triton_fix_fwd_us"] = per_call_us(
             lambda: kernels.flash_attention(q, k, v, FA2_BF16.with_fix(), causal=True))
+        # the drop-in (SDPA-style keywords, through the torch.library custom op), without and with the robust fix
+        out["dropin_fwd_us"] = per_call_us(lambda: kernels.flash_attention(q, k, v, is_causal=True))
+        out["dropin_robust_fwd_us"] = per_call_us(lambda: kernels.flash_attention(q, k, v, is_causal=True,
+                                                                                  fix="robust"))
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             out["sdpa_flash_fwd_us"] = per_call_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -160,6 +160,7 @@ class Variant:
     attention: str  # TrainConfig.attention
     qk_norm: bool
     label: str
+    train: tuple = ()  # further TrainConfig fields as (name, value) pairs (the `cures` variants' z-loss, soft-cap)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -171,6 +172,15 @@ VARIANTS: dict[str, Variant] = {
     "A_sr": Variant("reference(PAPER_BF16,rounding=sr)", False, "A + stochastic rounding (P̄V, Ō, O)"),
     "A_qk": Variant("reference(PAPER_BF16)", True, "A + QK-norm"),
     "C_qk": Variant("reference(FP32)", True, "C + QK-norm"),
+    # the cures of experiment `cures` (chapter 6; lpfail.experiments.cures), never in this experiment's grid
+    "A_hp": Variant("reference(PAPER_BF16,delta=dO.O_hp)", False, "A + δ from an FP32 O (dO·O_hp)"),
+    "A_res": Variant("reference(PAPER_BF16,delta=dO.O_res)", False, "A + output-residual compensation"),
+    "A_ds": Variant("reference(PAPER_BF16,ds_rowsum=true)", False, "A + dS row-sum correction"),
+    "A_z": Variant("reference(PAPER_BF16)", False, "A + z-loss 1e-4", (("z_loss", 1e-4),)),
+    "A_cap": Variant("reference(PAPER_BF16)", False, "A + output-logit soft-cap 30", (("logit_softcap", 30.0),)),
+    # added for lpfail.experiments.fix_training (issue 13); not in this experiment's grid
+    "Bp": Variant("reference(PAPER_BF16+fix)", False, "B′: Algorithm 3 without the official clamp"),
+    "R": Variant("reference(PAPER_BF16_ROBUST_FIX)", False, "R: the robust fix (BoundedMax)"),
 }
 
 
@@ -278,7 +288,7 @@ def train_config(c: LRSweepConfig, p: Point, out_dir: str):
         max_steps=c.max_steps, autocast="bf16", attention=v.attention, qk_norm=v.qk_norm, init_seed=p.seed,
         data_seed=p.seed, val_fraction=c.val_fraction, val_rows=c.val_rows, val_every=c.val_every,
         diag_every=c.diag_every, cuda_graph=c.cuda_graph, checkpoint_every=c.checkpoint_every if out_dir else 0, keep_checkpoints=1,
-        log_every=1, out_dir=out_dir)
+        log_every=1, out_dir=out_dir, **dict(v.train))
 
 
 def run_hash(tc) -> str:

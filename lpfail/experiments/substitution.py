@@ -16,7 +16,8 @@ Rows (`ROWS`, in the order of the paper's Sec. 3, then the cast points the paper
   and the accumulator: with one key tile either alone is A, see `SAME_AS_A`);
 * PAPER_BF16 only in the two heads with the largest ‖W_Q^h‖ of one layer (rest FP32), and only in the others;
 * beyond the paper — every cast where A and D (FA2_BF16, which closes the gap fully in lr_sweep) differ, one
-  at a time: QKᵀ and S in FP32; ℓ alone (m alone is A: `SAME_AS_A`); S − m before exp; and the four backward casts dP, the
+  at a time: QKᵀ and S in FP32; ℓ alone (`acc` with `o_acc` and `m_acc` kept BF16; m alone is A:
+  `SAME_AS_A`); S − m before exp; and the four backward casts dP, the
   products of δ, dS (also FP32 in neither A nor D: the channel of arXiv 2609.34272), the dQ/dK/dV
   accumulators; and the forward's whole score path (QKᵀ, S, m, S − m) at once.
 
@@ -93,7 +94,7 @@ def _knob_rows() -> list[Row]:
     return [
         # the score path: where A and D differ before exp (the prime suspects after lr_sweep)
         p("scores", "QKᵀ and S in FP32", "scores", "qk_out=fp32,scores=fp32"),
-        p("l", "running row sum ℓ in FP32", "scores", "l_acc=fp32"),
+        p("l", "row sum ℓ in FP32 (Ō and m in BF16)", "scores", "acc=fp32,o_acc=bf16,m_acc=bf16"),
         p("exp_in", "S − m (before exp) in FP32", "scores", "exp_in=fp32"),
         p("score_path", "QKᵀ, S, m and S − m in FP32", "scores", "qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32"),
         # the tiling
@@ -103,7 +104,7 @@ def _knob_rows() -> list[Row]:
         p("delta_hp", "O recomputed in FP32 for δ only", "delta", "delta=dO.O_hp", "stable"),
         p("out", "O stored in FP32 (forward)", "output", "out=fp32", "stable"),
         p("obar", "only Ō = P̄V in FP32 (product and accumulator; m, ℓ in BF16)", "output",
-          "pv_out=fp32,acc=fp32,m_acc=bf16,l_acc=bf16", "stable (enough on its own)"),
+          "pv_out=fp32,o_acc=fp32", "stable (enough on its own)"),
         # the backward casts
         p("dp", "dP = dO Vᵀ in FP32", "backward", "dp=fp32"),
         p("delta_prod", "products dO ∘ O of δ in FP32", "backward", "delta_prod=fp32"),
@@ -140,8 +141,8 @@ SAME_AS_A = {
                                   "the whole 256-token row"),
     "m": ("m_acc=fp32", "the running maximum m in FP32 alone: m is the maximum of BF16 scores, so it is a BF16 "
                         "number whatever it is stored in (m matters only with FP32 scores: row score_path)"),
-    "acc": ("acc=fp32,m_acc=bf16,l_acc=bf16", "the accumulator Ō alone in FP32: with one key tile Ō = 0·a + P̄V, "
-                                              "and P̄V is already rounded to BF16 (row obar changes both)"),
+    "o_acc": ("o_acc=fp32", "the accumulator Ō alone in FP32: with one key tile Ō = 0·a + P̄V, and P̄V is "
+                            "already rounded to BF16 (row obar changes both)"),
 }
 
 ROWS = rows()
@@ -155,12 +156,13 @@ def row_policy(row: Row) -> Precision:
 
 
 def a_d_knobs() -> dict[str, tuple]:
-    """Every knob where A (PAPER_BF16) and D (FA2_BF16) differ, with (A's value, D's value); m and ℓ listed
-    apart from the accumulator (`acc` = Ō here)."""
+    """Every knob where A (PAPER_BF16) and D (FA2_BF16) differ, with (A's value, D's value); the knobs that
+    default to `acc` (o_acc: Ō, m_acc: m, l_div and l_store: ℓ before O = Ō/ℓ and as stored for the backward)
+    listed with the value they take, so that `acc` alone means the running ℓ."""
     out = {}
     for f in dataclasses.fields(Precision):
         a, d = getattr(PAPER_BF16, f.name), getattr(FA2_BF16, f.name)
-        if f.name in ("m_acc", "l_acc"):
+        if f.name in ("o_acc", "m_acc", "l_div", "l_store"):
             a, d = getattr(PAPER_BF16, f.name) or PAPER_BF16.acc, getattr(FA2_BF16, f.name) or FA2_BF16.acc
         if a != d:
             out[f.name] = (a, d)

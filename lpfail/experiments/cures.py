@@ -1,0 +1,240 @@
+"""Every cure side by side on the learning-rate proxy. Chapter 6, "Beyond the paper" (issue 14, item 2).
+
+The `lr_sweep` experiment (chapter 1) measures the LR sensitivity S of each attention arithmetic on a grid of
+6 learning rates × 3 seeds at two sizes. This experiment runs the *cures* of the failing arithmetic A
+(PAPER_BF16) on the same grid, seeds, batches and training setting, at the smaller size only, and compares each
+cure's sensitivity with A's and with the FP32 control C. It is lr_sweep's machinery with other variants
+(`lpfail.experiments.lr_sweep.VARIANTS`): the runs are lr_sweep runs, stored in the same part files under
+``results/lr_sweep_parts/`` and keyed by a hash of their TrainConfig, so every variant lr_sweep already ran
+(A, C, S, D, B, A_sr, A_qk) is reused, not rerun.
+
+====== ================================ ======== =========================================================
+cure   variant                          acts in  stored runs
+====== ================================ ======== =========================================================
+—      A  reference(PAPER_BF16)         —        lr_sweep (the failing baseline)
+—      C  reference(FP32)               —        lr_sweep (the control)
+—      S  sdpa                          —        lr_sweep ("what sdpa users get")
+FA2    D  reference(FA2_BF16)           fwd+bwd  lr_sweep
+QK     A_qk  A + QK-norm                model    lr_sweep
+SR     A_sr  A + stochastic rounding    forward  lr_sweep
+B      B  the official fix              forward  lr_sweep
+hp     A_hp  δ from FP32 O (dO·O_hp)    backward new
+res    A_res output-residual comp.      both     new (stores a BF16 residual of O in the forward)
+fix    Bp  Algorithm 3, no clamp        forward  new (shared with fix_training, chapter 5)
+robust R   the robust fix (BoundedMax)  forward  new (shared with fix_training, chapter 5)
+ds     A_ds  dS row-sum correction      backward new
+z      A_z   z-loss 1e-4                model    new (non-precision control)
+cap    A_cap output soft-cap 30         model    new (non-precision control)
+====== ================================ ======== =========================================================
+
+Algorithm 3 without the clamp (B′, variant ``Bp``) and chapter 5's robust fix (``R``) are the variants of
+experiment `fix_training` (chapter 5, Fix-b): the same TrainConfigs, so whichever experiment runs first stores
+them for both. (A first draft named Algorithm 3 ``A_fix`` here; it was renamed to share those runs, and the
+robust fix added, on 2026-12-01, before any run of either.)
+
+The rule and the hypotheses below are code, fixed on 2026-12-01 before any run of the new variants. What was
+known then: lr_sweep's results for the reused variants (S(A) − S(C) > 0 with a CI above 0, A_sr does not close
+the gap, D closes it, B about a third), none for the new ones.
+
+GPU: ``bash tools/gpu_cures.sh start`` then ``wait`` / ``collect`` (126 new runs, 36 of them shared with
+fix_training; ≈ 13–18 device-minutes on one H200 at lr_sweep's measured 72–100 s per run with 12 at once); here
+``python -m lpfail.experiments.cures collect`` stores the result from the copied parts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lpfail import results
+from lpfail.experiments import lr_sweep as ls
+
+PREREGISTERED_ON = "2026-12-01"
+BASELINE, CONTROL = "A", "C"
+REUSED = ("A", "C", "S", "D", "B", "A_sr", "A_qk")  # already in lr_sweep's grid
+NEW = ("A_hp", "A_res", "Bp", "R", "A_ds", "A_z", "A_cap")
+CURES = ("D", "A_qk", "A_sr", "B", "A_hp", "A_res", "Bp", "R", "A_ds", "A_z", "A_cap")  # judged against A and C
+WHERE = {"A": "—", "C": "—", "S": "—", "D": "forward + backward", "A_qk": "model", "A_sr": "forward",
+         "B": "forward", "A_hp": "backward", "A_res": "forward + backward", "Bp": "forward", "R": "forward",
+         "A_ds": "backward", "A_z": "model (loss)", "A_cap": "model (logits)"}
+
+HYPOTHESES = {
+    "K1": "cure c lowers A's LR sensitivity at the smaller size: S(c) − S(A) < 0",
+    "K2": "cure c closes at least half of the A − C gap: S(c) − S(C) − ½·(S(A) − S(C)) < 0",
+}
+RULE = ("Per cure, each statistic's 95 % bootstrap interval (10,000 resamples of the seeds, the same resamples "
+        "for every variant, as in lr_sweep) decides: 'supported' when it lies entirely on the hypothesised side "
+        "of 0, 'refuted' when entirely on the other side, else 'inconclusive'. K2 needs a gap: unless "
+        "S(A) − S(C) has an interval above 0 it reads 'no gap to close'. The fraction of the gap closed, "
+        "(S(A) − S(c)) / (S(A) − S(C)), and the throughput relative to A are descriptive.")
+#: What we expected on 2026-12-01, written before the new runs (for the closing note to compare against).
+PREDICTIONS = {
+    "A_hp": "closes little: the suspects left by A_sr are the BF16 scores, m, ℓ and the backward casts, and δ "
+            "reads O only",
+    "A_res": "like A_hp",
+    "Bp": "closes part of the gap, more than B (no clamp, no masked ties), but turns non-finite at 3.2e-2",
+    "R": "closes as much as Bp where Bp is finite, and stays finite",
+    "A_ds": "closes little (dS is BF16 in D too, which closes the gap)",
+    "A_z": "closes little: a control that acts on the output logits, not attention",
+    "A_cap": "closes little, like A_z",
+}
+
+
+@dataclass(frozen=True)
+class CuresConfig:
+    """The variants; everything else is lr_sweep's default setting (grid, seeds, batches, smaller size)."""
+
+    variants: tuple[str, ...] = REUSED + NEW
+
+    def __post_init__(self):
+        unknown = [v for v in self.variants if v not in ls.VARIANTS]
+        if unknown:
+            raise ValueError(f"CuresConfig: unknown variant(s) {unknown}; variants: {list(ls.VARIANTS)}")
+        if BASELINE not in self.variants or CONTROL not in self.variants:
+            raise ValueError(f"CuresConfig.variants must include {BASELINE} and {CONTROL}")
+
+    def sweep(self) -> ls.LRSweepConfig:
+        """The lr_sweep config whose grid these runs are: lr_sweep's defaults, these variants, the smaller
+        size only."""
+        return ls.LRSweepConfig(variants=tuple(self.variants), large_variants=())
+
+
+def plan_summary(cfg: CuresConfig | None = None) -> dict:
+    """How many runs the grid has, how many are stored (reused), and which are missing, per variant."""
+    cfg = cfg or CuresConfig()
+    runs, _ = ls.load_parts()
+    have, missing = ls.stored_for(cfg.sweep(), runs)
+    per = {v: {"stored": sum(k.split("/")[1] == v for k in have), "missing": sum(p.variant == v for p in missing)}
+           for v in cfg.variants}
+    return {"planned": len(have) + len(missing), "stored": len(have), "missing": len(missing), "per_variant": per}
+
+
+def analyse(res) -> dict:
+    """The cures table from an assembled lr_sweep-style result of the cures grid (`ls.assemble`): per variant
+    S with CI, S(c) − S(A) and the K1/K2 verdicts with CIs, the fraction of the gap closed, relative throughput."""
+    variants = [str(v) for v in np.asarray(res["small_variants"])]
+    eff = ls.effective_loss(res["small_val_final"], res["small_val_init"])           # (V, L, S)
+    idx = ls.bootstrap_seed_indices(eff.shape[-1])
+    point, boot = ls.sensitivities(eff, idx)
+    tps = np.asarray(res["small_tokens_per_s"], dtype=np.float64)                    # (V, L, S)
+    i_a, i_c = variants.index(BASELINE), variants.index(CONTROL)
+    gap_p, gap_d = point[i_a] - point[i_c], boot[i_a] - boot[i_c]
+    gap_ci = ls.interval(gap_d)
+    has_gap = ls.judge(*gap_ci, "above") == "supported"
+    rows = {}
+    for i, v in enumerate(variants):
+        row = {"label": ls.VARIANTS[v].label, "where": WHERE.get(v, "?"), "S": float(point[i]),
+               "ci": list(ls.interval(boot[i])),
+               "throughput_vs_A": float(np.nanmedian(tps[i]) / np.nanmedian(tps[i_a]))}
+        if v in CURES:
+            d1 = boot[i] - boot[i_a]
+            k1 = {"point": float(point[i] - point[i_a]), "ci": list(ls.interval(d1))}
+            k1["verdict"] = ls.judge(*k1["ci"], "below")
+            d2 = boot[i] - boot[i_c] - 0.5 * gap_d
+            k2 = {"point": float(point[i] - point[i_c] - 0.5 * gap_p), "ci": list(ls.interval(d2))}
+            k2["verdict"] = ls.judge(*k2["ci"], "below") if has_gap else "no gap to close"
+            frac = (boot[i_a] - boot[i]) / np.where(gap_d > 0, gap_d, np.nan)
+            row.update(K1=k1, K2=k2, gap_closed=float((point[i_a] - point[i]) / gap_p) if gap_p > 0 else None,
+                       gap_closed_ci=list(ls.interval(frac[np.isfinite(frac)])) if np.isfinite(frac).any() else None)
+        rows[v] = row
+    return {"preregistered_on": PREREGISTERED_ON, "rule": RULE, "hypotheses": dict(HYPOTHESES),
+            "predictions": dict(PREDICTIONS), "gap": {"point": float(gap_p), "ci": list(gap_ci)}, "cures": rows}
+
+
+@results.experiment("cures", config=CuresConfig, gpu=True,
+                    description="every cure of A on the LR-sensitivity proxy, reusing lr_sweep's runs (ch. 6; GPU)")
+def cures(cfg: CuresConfig) -> dict:
+    """Run the missing points of the cures grid (lr_sweep's driver), then assemble and analyse."""
+    c = cfg.sweep()
+    runs, metas = ls.load_parts()
+    have, missing = ls.stored_for(c, runs)
+    if missing:
+        ls.run_points(c, missing)
+        runs, metas = ls.load_parts()
+        have, missing = ls.stored_for(c, runs)
+    if missing:
+        raise ls.SweepIncomplete(f"cures: {len(have)} of {len(have) + len(missing)} runs stored; run "
+                                 "`python -m lpfail run cures` (or tools/gpu_cures.sh) again to continue")
+    return assemble(cfg, have, metas)
+
+
+def assemble(cfg: CuresConfig, have: dict, metas: list[dict]) -> dict:
+    used = [m for m in metas if any(k in have for k in m["keys"])]
+    out = ls.assemble(cfg.sweep(), have, used)
+    out.pop("analysis", None)  # lr_sweep's H1–H4 are that experiment's; this one has its own
+    out["cures_analysis"] = analyse(out)
+    out["preregistered_on"] = PREREGISTERED_ON
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.cures",
+                                 description="the cures experiment: status, graph checks, drive, collect")
+    ap.add_argument("command", choices=("status", "checks", "drive", "collect"))
+    ap.add_argument("--budget", type=float, default=None)
+    ap.add_argument("--root", default=None)
+    args = ap.parse_args(argv)
+    cfg = CuresConfig()
+    c = cfg.sweep()
+    root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", ls.DEFAULT_ROOT))
+    if args.command == "status":
+        print(json.dumps(plan_summary(cfg), indent=1))
+        return 0
+    if args.command == "checks":  # captured == uncaptured for the new variants (lr_sweep's graph checks)
+        out = ls.graph_checks(c, root / "checks", variants=NEW)
+        (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
+        return 0 if out["ok"] else 1
+    if args.command == "drive":
+        runs, _ = ls.load_parts()
+        _, missing = ls.stored_for(c, runs)
+        print(f"cures drive: {len(missing)} runs missing", flush=True)
+        ls.run_points(c, missing, root=root / "runs", budget_s=args.budget)
+        print(json.dumps(plan_summary(cfg)), flush=True)
+        return 0
+    runs, metas = ls.load_parts()
+    have, missing = ls.stored_for(c, runs)
+    if missing:
+        print(f"error: {len(missing)} runs of the cures grid are not stored yet (first: {missing[0].key}); run "
+              "tools/gpu_cures.sh on a GPU machine", file=sys.stderr)
+        return 1
+    res = results.save("cures", cfg, assemble(cfg, have, metas), 0.0,
+                       provenance={"device": " + ".join(sorted({m["device"] for m in metas if any(k in have for k in m["keys"])})),
+                                   "collected_on": results._device()})
+    print(res.provenance)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
+
+
+# -- what a CPU can show now: each cure's effect on one attention call's gradient error --------------------------
+def gradient_errors(policies: dict, seeds=(0, 1, 2), T: int = 256, D: int = 64, q_scale: float = 6.0) -> dict:
+    """Relative error (‖g − g_FP64‖ / ‖g_FP64‖) of dQ, dK, dV of one causal attention call under each policy,
+    mean over `seeds`, on BF16 inputs whose queries are scaled by `q_scale` so that logits are large and BF16
+    scores tie (the failing regime). {name: {"dq": …, "dk": …, "dv": …}}. Uses the reference attention
+    (`lpfail.attention`); stochastic rounding draws from torch's generator, seeded per seed."""
+    import torch
+
+    from lpfail.attention import attention, naive_attention
+
+    out = {name: {"dq": [], "dk": [], "dv": []} for name in policies}
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        q = (torch.randn(1, 2, T, D, generator=g) * q_scale).bfloat16()
+        k, v, do = (torch.randn(1, 2, T, D, generator=g).bfloat16() for _ in range(3))
+        ref = [t.double().requires_grad_() for t in (q, k, v)]
+        naive_attention(*ref).backward(do.double())
+        truth = [t.grad for t in ref]
+        for name, policy in policies.items():
+            torch.manual_seed(seed)
+            xs = [t.clone().requires_grad_() for t in (q, k, v)]
+            attention(*xs, policy=policy).backward(do)
+            for key, x, t in zip(("dq", "dk", "dv"), xs, truth):
+                out[name][key].append(((x.grad.double() - t).norm() / t.norm()).item())
+    return {name: {k: float(np.mean(v)) for k, v in d.items()} for name, d in out.items()}

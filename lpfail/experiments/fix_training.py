@@ -1,0 +1,159 @@
+"""Fix-b: the fixes in training, on the `lr_sweep` experiment's grid (chapter 5, Fix; GPU).
+
+The paper's Fix-b claim: with its fix (Algorithm 3), training that failed is stable. Here three fixes run through
+the grid of `lpfail.experiments.lr_sweep` at its smaller size (4 × 256), with the same learning rates, seeds and
+therefore the same initializations and batches as A (PAPER_BF16) and C (FP32):
+
+====== ============================================== ===================================================
+B      ``reference(PAPER_BF16_OFFICIAL_FIX)``         the official fixed code (clamp 1e-10, its masking)
+Bp     ``reference(PAPER_BF16+fix)``                  Algorithm 3 alone (β = 2, ε = 1e-3), no clamp
+R      ``reference(PAPER_BF16_ROBUST_FIX)``           the robust fix (`lpfail.precision.BoundedMax`)
+====== ============================================== ===================================================
+
+Every run is a `lr_sweep` run (same `train_config`, same part files under ``results/lr_sweep_parts/``, keyed by
+point and a hash of its TrainConfig), so A, C and B — already stored by `lr_sweep` — are not run again; only
+Bp and R are new (2 variants × 6 learning rates × 3 seeds = 36 runs).
+
+The rule (`FIX_RULE`, `judge_fixes`) was fixed in code on `PREREGISTERED_ON`, before any run of Bp or R. B's
+runs were stored (and their sensitivity seen: 0.566 against A 0.595 and C 0.512) before this rule was written,
+so for B the rule is applied, not pre-registered.
+
+``python -m lpfail.experiments.fix_training status | drive --budget S | collect`` (the GPU script is
+``tools/gpu_fix_training.sh``); ``python -m lpfail run fix_training`` runs what is missing and stores the result.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lpfail import results
+from lpfail.experiments import lr_sweep as L
+
+PREREGISTERED_ON = "2026-12-01"
+FIXES = ("B", "Bp", "R")
+FIX_HYPOTHESES = {
+    "closes_half": "the fix closes at least half of the A − C gap in LR sensitivity at the smaller size: "
+                   "S(X) − S(C) − ½·(S(A) − S(C)) < 0",
+    "closes_all": "(descriptive) the fix's sensitivity is not above C's: S(X) − S(C) ≤ 0",
+    "finite": "the fix turns no run non-finite where A did not (counted per learning rate; descriptive)",
+}
+FIX_RULE = ("Per fix X in (B, Bp, R): 'closes_half' is 'supported' when the 95 % paired bootstrap interval of "
+            "S(X) − S(C) − ½·(S(A) − S(C)) (10,000 resamples of the seeds, as lr_sweep) lies below 0, 'refuted' "
+            "when it lies above, else 'inconclusive'; it reads 'no gap to close' unless the interval of "
+            "S(A) − S(C) lies above 0. Fix-b (the paper's claim, for the official fix B) takes B's word. "
+            "'closes_all' is reported with the same words for S(X) − S(C) on the side 'below'; 'finite' lists, per "
+            "learning rate, the runs of X that turned non-finite and those of A.")
+
+
+@dataclass(frozen=True)
+class FixTrainingConfig(L.LRSweepConfig):
+    """`lr_sweep`'s config (same grid, seeds, data, schedule, smaller size) with the fix variants only."""
+
+    variants: tuple[str, ...] = ("A", "C", "B", "Bp", "R")
+    large_variants: tuple[str, ...] = ()
+
+
+def _draws(res: dict) -> tuple[dict, list[str]]:
+    eff = L.effective_loss(res["small_val_final"], res["small_val_init"])   # (V, lrs, seeds)
+    variants = [str(v) for v in np.asarray(res["small_variants"])]
+    point, boot = L.sensitivities(eff, L.bootstrap_seed_indices(eff.shape[-1]))
+    return {v: (float(point[i]), boot[i]) for i, v in enumerate(variants)}, variants
+
+
+def judge_fixes(res: dict) -> dict:
+    """The pre-registered analysis of a fix_training result (the arrays `lr_sweep.assemble` builds)."""
+    d, variants = _draws(res)
+    out = {"preregistered_on": PREREGISTERED_ON, "rule": FIX_RULE, "hypotheses": dict(FIX_HYPOTHESES),
+           "S": {v: {"S": d[v][0], "ci": list(L.interval(d[v][1]))} for v in variants}}
+    gap_p, gap_d = d["A"][0] - d["C"][0], d["A"][1] - d["C"][1]
+    gap_ci = L.interval(gap_d)
+    out["gap"] = {"point": gap_p, "ci": list(gap_ci), "verdict": L.judge(*gap_ci, "above")}
+    status = np.asarray(res["small_status"])
+    lrs = np.asarray(res["lrs"], dtype=np.float64)
+    per = {}
+    for x in FIXES:
+        if x not in d:
+            continue
+        half_p = d[x][0] - d["C"][0] - 0.5 * gap_p
+        half_ci = L.interval(d[x][1] - d["C"][1] - 0.5 * gap_d)
+        all_ci = L.interval(d[x][1] - d["C"][1])
+        word = L.judge(*half_ci, "below") if out["gap"]["verdict"] == "supported" else "no gap to close"
+        per[x] = {"closes_half": {"point": half_p, "ci": list(half_ci), "verdict": word},
+                  "closes_all": {"point": d[x][0] - d["C"][0], "ci": list(all_ci),
+                                 "verdict": L.judge(*all_ci, "below")},
+                  "finite": [{"lr": float(lr), "nonfinite": int(status[variants.index(x), j].sum()),
+                              "A_nonfinite": int(status[variants.index("A"), j].sum())}
+                             for j, lr in enumerate(lrs)]}
+    out["fixes"] = per
+    out["fix_b"] = per.get("B", {}).get("closes_half", {}).get("verdict", "not measured (runs missing)")
+    return out
+
+
+@results.experiment("fix_training", config=FixTrainingConfig, gpu=True,
+                    description="Fix-b: B, B′ and the robust fix on lr_sweep's grid, smaller size (ch. 5; GPU)")
+def fix_training(c: FixTrainingConfig) -> dict:
+    """Run the missing points (only Bp and R when lr_sweep's parts are there), assemble, judge."""
+    runs, metas = L.load_parts()
+    have, missing = L.stored_for(c, runs)
+    if missing:
+        L.run_points(c, missing)
+        runs, metas = L.load_parts()
+        have, missing = L.stored_for(c, runs)
+    if missing:
+        raise L.SweepIncomplete(f"fix_training: {len(have)} of {len(have) + len(missing)} runs stored; run "
+                                "`python -m lpfail run fix_training` again to continue")
+    out = L.assemble(c, have, [m for m in metas if any(k in have for k in m["keys"])])
+    out["fix_analysis"] = judge_fixes(out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.fix_training")
+    ap.add_argument("command", choices=("status", "checks", "drive", "collect"))
+    ap.add_argument("--budget", type=float, default=None)
+    ap.add_argument("--root", default=None)
+    args = ap.parse_args(argv)
+    c = FixTrainingConfig()
+    runs, _ = L.load_parts()
+    have, missing = L.stored_for(c, runs)
+    if args.command == "status":
+        print(f"fix_training: {len(have)} of {len(have) + len(missing)} runs stored; missing: "
+              f"{sorted({p.variant for p in missing}) or 'none'}")
+        return 0
+    if args.command == "checks":  # captured == uncaptured for the new variants (lr_sweep checked A, A_sr, S)
+        import json
+
+        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", L.DEFAULT_ROOT))
+        out = L.graph_checks(c, root / "checks", variants=("Bp", "R"))
+        (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
+        return 0 if out["ok"] else 1
+    if args.command == "drive":
+        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", L.DEFAULT_ROOT))
+        print(f"fix_training drive: {len(missing)} runs missing", flush=True)
+        L.run_points(c, missing, root=root / "runs", budget_s=args.budget)
+        return 0
+    if missing:
+        print(f"error: {len(missing)} runs missing (first {missing[0].key})", file=sys.stderr)
+        return 1
+    used = [m for m in _metas() if any(k in have for k in m["keys"])]
+    data = L.assemble(c, have, used)
+    data["fix_analysis"] = judge_fixes(data)
+    prov = {"device": " + ".join(sorted({m["device"] for m in used})), "created": max(m["created"] for m in used),
+            "git": " ".join(sorted({str(m["git"])[:12] for m in used})), "collected_on": results._device(),
+            "collected_git": results._git()}
+    print(results.save("fix_training", c, data, 0.0, provenance=prov).provenance)
+    return 0
+
+
+def _metas():
+    return L.load_parts()[1]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

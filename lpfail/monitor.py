@@ -1,0 +1,423 @@
+"""A training monitor for the failure this book studies, for any PyTorch model. Explained in chapter 7.
+
+    from lpfail.monitor import Monitor, Thresholds
+    mon = Monitor(model, every=10, window=50, path="run.jsonl")
+    with mon:                                   # attaches; detaches on exit
+        for step in range(steps):
+            loss = model(x, y)[1]; loss.backward(); opt.step(); opt.zero_grad()
+            mon.step(loss=loss.item())         # ends the step: on sampled steps, computes and writes a record
+
+Nothing in the model's code changes. Two sources are used, each where it can be found:
+
+* **attention calls**: every call of ``F.scaled_dot_product_attention`` made during the forwards of a sampled
+  step (``step % every == 0``) is seen through `lpfail.sdpa_hook` (a TorchFunctionMode); from its q and k the
+  monitor computes, per call (= layer, numbered in call order within a forward) and per head, the largest
+  attention logit S = α·qkᵀ (FP32, over the allowed entries) and the fraction of query rows whose maximum is
+  attained by ≥ 2 keys once S is rounded to BF16 (`score_dtype`): the tied maxima of chapter 1. The first
+  `sample_batch` sequences of the batch are examined, to bound the cost.
+* **Q/K projections**: modules that expose them (`find_qk` lists the patterns: ``q_proj``/``k_proj``,
+  ``query``/``key``, a fused ``c_attn`` with ``n_head`` as in nanoGPT and lpfail's GPT, ``in_proj_weight`` as
+  in nn.MultiheadAttention), or a user function ``qk=``. Per layer and head: ‖W_Q^h‖₂ and ‖W_Q^h W_K^hᵀ‖₂
+  (spectral norms; the second is the bilinear form whose entries are the raw logits, paper Fig. 3), and
+  every `window` steps the spectral entropy of the update ΔW_Q^h = W_Q^h(t) − W_Q^h(t − window): with
+  σ_i the singular values and p_i = σ_i² / Σσ_j², H = −Σ p_i log p_i / log r (r = the number of singular
+  values), 1 for an update spread evenly over all directions, 0 for a rank-one update (after arXiv
+  2606.28116, which reports that a collapse of this entropy precedes divergence).
+
+The monitor never changes the model's numbers: it reads detached tensors under ``torch.no_grad()``, draws
+no random numbers and passes every SDPA call through unchanged (tests/test_monitor.py checks bit-identical
+losses). On a sampled step where neither source yields anything it raises `MonitorError`, naming what it
+looked for, instead of monitoring nothing.
+
+Thresholds (`Thresholds`) turn statistics into alerts: a warning (`MonitorWarning`, through ``warnings``),
+a ``logging`` record on the "lpfail.monitor" logger and the optional ``callback(alert)``, once when a
+statistic of a (layer, head) crosses its threshold (and again only after it went back). Every record and
+alert is one JSON line in `path`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from lpfail.sdpa_hook import SDPACall, SDPAInterceptor
+
+log = logging.getLogger("lpfail.monitor")
+log.addHandler(logging.NullHandler())  # a library: the application decides where records go
+
+__all__ = ["Monitor", "Thresholds", "Alert", "MonitorError", "MonitorWarning", "QKWeights", "find_qk",
+           "spectral_entropy", "attention_logit_stats"]
+
+
+class MonitorError(RuntimeError):
+    """The monitor cannot attach to the model, or found nothing to monitor."""
+
+
+class MonitorWarning(UserWarning):
+    """A monitored statistic crossed its threshold."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When to alert. None switches a statistic's alert off. Defaults, fixed before any evaluation:
+
+    max_logit       30: BF16 spaces numbers in [16, 32) 0.125 apart and in [32, 64) 0.25 apart, so above
+                    ≈ 30 neighbouring logits start to round to the same value (chapter 1's tied maxima)
+    tied_frac       0.01: one query row in a hundred with a tied BF16 maximum in some head
+    wq, wqk         off: their scale depends on the model (use the values of a healthy run)
+    update_entropy  off: alert when the spectral entropy of ΔW_Q^h falls *below* this value
+    """
+
+    max_logit: float | None = 30.0
+    tied_frac: float | None = 0.01
+    wq: float | None = None
+    wqk: float | None = None
+    update_entropy: float | None = None
+
+    def crossed(self, stat: str, value: float) -> bool:
+        limit = getattr(self, stat)
+        if limit is None or not math.isfinite(value):
+            return False
+        return value < limit if stat == "update_entropy" else value > limit
+
+
+@dataclass
+class Alert:
+    step: int
+    stat: str
+    layer: int
+    head: int
+    value: float
+    threshold: float
+    where: str = ""
+
+    def message(self) -> str:
+        side = "below" if self.stat == "update_entropy" else "above"
+        return (f"step {self.step}: {self.stat} of layer {self.layer} head {self.head}{self.where} is "
+                f"{self.value:.4g}, {side} the threshold {self.threshold:.4g}")
+
+
+# -- the statistics, as plain functions ------------------------------------------------------------------
+@torch.no_grad()
+def attention_logit_stats(call: SDPACall, score_dtype: torch.dtype = torch.bfloat16,
+                          sample_batch: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+    """(max logit per head, tied rows per head, rows per head) for one SDPA call, from its first
+    `sample_batch` sequences. Logits S = α·qkᵀ in FP32 over the allowed entries; a row is tied when ≥ 2
+    allowed keys attain its maximum after S is rounded to `score_dtype`; rows with no allowed key are skipped."""
+    q = call.q.detach()
+    k, _ = call.kv_for_heads()
+    k = k.detach()
+    if q.dim() != 4:
+        raise MonitorError(f"expected 4-D (batch, heads, seq, head_dim) q in scaled_dot_product_attention, got "
+                           f"shape {tuple(q.shape)}")
+    nb = min(sample_batch, q.shape[0])
+    allowed = call.allowed()
+    nh = q.shape[1]
+    max_logit = np.full(nh, -np.inf)
+    tied = np.zeros(nh, dtype=np.int64)
+    rows = 0
+    for b in range(nb):
+        s = (q[b].float() @ k[b].float().transpose(-1, -2)) * call.alpha      # (H, Tq, Tk) FP32
+        a = None
+        if allowed is not None:
+            a = allowed if allowed.dim() == 2 else allowed.expand(q.shape[0], nh, *s.shape[-2:])[b]
+            a = torch.broadcast_to(a, s.shape)
+            s = s.masked_fill(~a, -math.inf)
+        live = torch.isfinite(s).any(dim=-1)                                  # (H, Tq) rows with a key
+        sr = s.to(score_dtype)                                                # cast: the scores' dtype
+        row_max = sr.amax(dim=-1, keepdim=True)                               # (H, Tq, 1)
+        n_at_max = ((sr == row_max) & torch.isfinite(sr)).sum(dim=-1)        # (H, Tq)
+        tied += ((n_at_max >= 2) & live).sum(dim=-1).cpu().numpy()
+        mx = s.masked_fill(~torch.isfinite(s), -math.inf).amax(dim=(-1, -2)).double().cpu().numpy()
+        max_logit = np.maximum(max_logit, mx)
+        rows += int(live[0].sum())
+    return max_logit, tied, rows
+
+
+@torch.no_grad()
+def spectral_entropy(dw: torch.Tensor) -> np.ndarray:
+    """Normalised spectral entropy of each matrix in `dw` (…, m, n): p_i = σ_i² / Σσ_j², −Σ p log p / log r,
+    r = min(m, n); NaN for a zero matrix (no update) or r = 1."""
+    sv = torch.linalg.svdvals(dw.double())                                    # (…, r)
+    r = sv.shape[-1]
+    e = sv ** 2
+    tot = e.sum(dim=-1, keepdim=True)
+    p = e / tot
+    h = -(torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))).sum(dim=-1)
+    out = (h / math.log(r)) if r > 1 else torch.full_like(h, math.nan)
+    out = torch.where(tot[..., 0] > 0, out, torch.full_like(out, math.nan))
+    return out.cpu().numpy()
+
+
+# -- finding the Q/K projections ----------------------------------------------------------------------------
+@dataclass
+class QKWeights:
+    """One attention layer's query and key projections, per head: wq (H, hs, C), wk (Hkv, hs, C), so that
+    head h's query is x @ wq[h]ᵀ. `get` returns them (detached views or copies) when called."""
+
+    name: str
+    get: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+
+
+_HEAD_ATTRS = ("n_head", "num_heads", "num_attention_heads", "n_heads", "nhead")
+_KV_ATTRS = ("num_key_value_heads", "n_kv_head", "n_kv_heads", "num_kv_heads")
+
+
+def _heads(module: nn.Module, n_head: int | None) -> int | None:
+    if n_head is not None:
+        return n_head
+    for owner in (module, getattr(module, "config", None)):
+        for a in _HEAD_ATTRS:
+            v = getattr(owner, a, None) if owner is not None else None
+            if isinstance(v, int) and v > 0:
+                return v
+    return None
+
+
+def _kv_heads(module: nn.Module, n_head: int) -> int:
+    for owner in (module, getattr(module, "config", None)):
+        for a in _KV_ATTRS:
+            v = getattr(owner, a, None) if owner is not None else None
+            if isinstance(v, int) and v > 0:
+                return v
+    return n_head
+
+
+def _split(w: torch.Tensor, heads: int, what: str, name: str) -> torch.Tensor:
+    """(heads·hs, C) → (heads, hs, C)."""
+    if w.shape[0] % heads:
+        raise MonitorError(f"{name}: {what} has {w.shape[0]} output features, not divisible by {heads} heads")
+    return w.detach().reshape(heads, w.shape[0] // heads, w.shape[1])
+
+
+def find_qk(model: nn.Module, n_head: int | None = None) -> list[QKWeights]:
+    """The Q/K projections of every attention layer of `model`, in module order. Patterns looked for:
+
+    * children ``q_proj`` and ``k_proj`` (nn.Linear; heads from ``num_heads``/``n_head``/… or ``config``)
+    * children ``query`` and ``key`` (nn.Linear; BERT-style)
+    * a child ``c_attn`` (nn.Linear, output 3·C = q | k | v) on a module with ``n_head`` (nanoGPT, lpfail)
+    * a parameter ``in_proj_weight`` (3·E, E) with ``num_heads`` (nn.MultiheadAttention)
+
+    `n_head` overrides the head count where the module does not say it. Returns [] when nothing matches."""
+    found: list[QKWeights] = []
+    for name, m in model.named_modules():
+        lin = lambda a: isinstance(getattr(m, a, None), nn.Linear)  # noqa: E731
+        if lin("q_proj") and lin("k_proj") or lin("query") and lin("key"):
+            qn, kn = ("q_proj", "k_proj") if lin("q_proj") else ("query", "key")
+            h = _heads(m, n_head)
+            if h is None:
+                raise MonitorError(f"{name}: found {qn}/{kn} but no head count ({', '.join(_HEAD_ATTRS)}); "
+                                   "pass n_head=")
+            hk = _kv_heads(m, h)
+
+            def get(m=m, qn=qn, kn=kn, h=h, hk=hk, name=name):
+                return (_split(getattr(m, qn).weight, h, qn, name), _split(getattr(m, kn).weight, hk, kn, name))
+            found.append(QKWeights(name, get))
+        elif lin("c_attn") and _heads(m, n_head) is not None:
+            h = _heads(m, n_head)
+            w = m.c_attn.weight
+            if w.shape[0] != 3 * w.shape[1]:
+                continue  # not a fused q | k | v of width C
+
+            def get(m=m, h=h, name=name):
+                w = m.c_attn.weight
+                c = w.shape[1]
+                return _split(w[:c], h, "c_attn (q)", name), _split(w[c:2 * c], h, "c_attn (k)", name)
+            found.append(QKWeights(name, get))
+        elif isinstance(getattr(m, "in_proj_weight", None), torch.Tensor) and _heads(m, n_head) is not None:
+            h = _heads(m, n_head)
+
+            def get(m=m, h=h, name=name):
+                w = m.in_proj_weight
+                e = w.shape[1]
+                return _split(w[:e], h, "in_proj (q)", name), _split(w[e:2 * e], h, "in_proj (k)", name)
+            found.append(QKWeights(name, get))
+    return found
+
+
+@torch.no_grad()
+def qk_norms(wq: torch.Tensor, wk: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per head ‖W_Q^h‖₂ and ‖W_Q^h W_K^hᵀ‖₂ (the C × C bilinear form x W_Q^h W_K^hᵀ yᵀ), in FP32."""
+    h, hk = wq.shape[0], wk.shape[0]
+    wk = wk.repeat_interleave(h // hk, dim=0) if hk != h else wk
+    q = wq.float().transpose(-1, -2)                                          # (H, C, hs)
+    k = wk.float().transpose(-1, -2)                                          # (H, C, hs)
+    n_q = torch.linalg.matrix_norm(q, ord=2)
+    # ‖Q Kᵀ‖₂ for Q, K of shape (C, hs): the nonzero singular values of Q Kᵀ are those of (QᵀQ)^½ … ; the
+    # direct C × C product is fine at the sizes monitored here
+    n_qk = torch.linalg.matrix_norm(q @ k.transpose(-1, -2), ord=2)
+    return n_q.double().cpu().numpy(), n_qk.double().cpu().numpy()
+
+
+# -- the monitor ----------------------------------------------------------------------------------------------
+class Monitor:
+    """See the module docstring. Arguments:
+
+    model         any nn.Module
+    every         sample every `every`-th step (steps counted by `step()`, starting at 0)
+    window        steps between the weight snapshots whose difference is ΔW (a multiple of `every`)
+    path          JSONL file to append records and alerts to (None: keep them in `records` only)
+    thresholds    a `Thresholds`
+    callback      called with each `Alert`
+    score_dtype   dtype the scores are rounded to for the tied-maximum count (BF16: what PAPER_BF16 stores)
+    sample_batch  sequences of each sampled batch examined for the logit statistics
+    n_head        head count, where the attention modules do not expose it
+    qk            None (use `find_qk`), or a function model → list[QKWeights]
+    """
+
+    def __init__(self, model: nn.Module, every: int = 10, window: int = 50, path: str | Path | None = None,
+                 thresholds: Thresholds = Thresholds(), callback: Callable[[Alert], None] | None = None,
+                 score_dtype: torch.dtype = torch.bfloat16, sample_batch: int = 1, n_head: int | None = None,
+                 qk: Callable[[nn.Module], list[QKWeights]] | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Monitor needs a torch.nn.Module (got {type(model).__name__})")
+        for nm, v in (("every", every), ("window", window), ("sample_batch", sample_batch)):
+            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+                raise ValueError(f"{nm} must be a positive int (got {v!r})")
+        if window % every:
+            raise ValueError(f"window ({window}) must be a multiple of every ({every}): ΔW is taken between "
+                             "sampled steps")
+        if not isinstance(thresholds, Thresholds):
+            raise TypeError("thresholds must be a lpfail.monitor.Thresholds")
+        self.model, self.every, self.window, self.thresholds = model, every, window, thresholds
+        self.callback, self.score_dtype, self.sample_batch = callback, score_dtype, sample_batch
+        self.path = Path(path) if path is not None else None
+        self.qk = qk(model) if qk is not None else find_qk(model, n_head)
+        self.records: list[dict] = []
+        self.alerts: list[Alert] = []
+        self._step = 0
+        self._mode: SDPAInterceptor | None = None
+        self._hook = None
+        self._calls: dict[int, dict] = {}
+        self._above: set[tuple[str, int, int]] = set()
+        self._snapshot: list[torch.Tensor] | None = None
+        self._snapshot_step: int | None = None
+
+    # -- attaching --------------------------------------------------------------------------------------
+    def attach(self) -> "Monitor":
+        if self._mode is not None:
+            raise MonitorError("this Monitor is already attached")
+        self._mode = SDPAInterceptor(self._on_sdpa)
+        self._hook = self.model.register_forward_pre_hook(lambda *_: self._mode.new_forward())
+        self._mode.__enter__()
+        return self
+
+    def detach(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._hook.remove()
+            self._mode = self._hook = None
+
+    def __enter__(self) -> "Monitor":
+        return self.attach()
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+    @property
+    def sampling(self) -> bool:
+        """Whether the current step is a sampled one (its forwards' attention calls are examined)."""
+        return self._step % self.every == 0
+
+    def _on_sdpa(self, call: SDPACall, original):
+        out = original()  # the model's own result, computed exactly as without the monitor
+        if self.sampling:
+            mx, tied, rows = attention_logit_stats(call, self.score_dtype, self.sample_batch)
+            acc = self._calls.setdefault(call.index, {"max": np.full_like(mx, -np.inf), "tied": 0, "rows": 0})
+            acc["max"] = np.maximum(acc["max"], mx)
+            acc["tied"] = acc["tied"] + tied
+            acc["rows"] += rows
+        return out
+
+    # -- one step -----------------------------------------------------------------------------------------
+    def step(self, **extra) -> dict | None:
+        """End a training step. On a sampled step: compute the record, check thresholds, write JSONL and
+        return the record; otherwise return None. `extra` (e.g. loss=…) is stored in the record as is."""
+        if self._mode is None:
+            raise MonitorError("Monitor.step() called while not attached: use `with Monitor(model) as mon:` or "
+                               "mon.attach()")
+        step = self._step
+        self._step += 1
+        if step % self.every:
+            return None
+        rec: dict = {"kind": "record", "step": step, **{k: _plain(v) for k, v in extra.items()}}
+        if self._calls:
+            idx = sorted(self._calls)
+            rec["max_logit"] = [self._calls[i]["max"].tolist() for i in idx]
+            rec["tied_frac"] = [(self._calls[i]["tied"] / max(self._calls[i]["rows"], 1)).tolist() for i in idx]
+            rec["rows"] = [self._calls[i]["rows"] for i in idx]
+        self._calls = {}
+        if self.qk:
+            ws = [src.get() for src in self.qk]
+            norms = [qk_norms(wq, wk) for wq, wk in ws]
+            rec["layers"] = [src.name for src in self.qk]
+            rec["wq"] = [n[0].tolist() for n in norms]
+            rec["wqk"] = [n[1].tolist() for n in norms]
+            if self._snapshot is None or step - self._snapshot_step >= self.window:
+                if self._snapshot is not None:
+                    rec["update_entropy"] = [spectral_entropy((wq.float() - old).transpose(-1, -2)).tolist()
+                                             for (wq, _), old in zip(ws, self._snapshot)]
+                    rec["update_window"] = [self._snapshot_step, step]
+                self._snapshot = [wq.float().clone() for wq, _ in ws]
+                self._snapshot_step = step
+        if "max_logit" not in rec and not self.qk:
+            raise MonitorError(
+                "nothing to monitor: no call of torch.nn.functional.scaled_dot_product_attention was seen during "
+                "this step's forward passes, and no Q/K projections were found (looked for modules with "
+                "q_proj/k_proj, query/key, c_attn + n_head, or in_proj_weight + num_heads). Run the forward "
+                "between attach() and step(), or pass qk= a function returning the projections")
+        if "max_logit" in rec and self.qk and len(rec["max_logit"]) != len(self.qk):
+            rec["warning"] = (f"{len(rec['max_logit'])} attention calls per step but {len(self.qk)} Q/K "
+                              "projections: the call index and the projection index may not be the same layer")
+        self.records.append(rec)
+        self._write(rec)
+        for stat in ("max_logit", "tied_frac", "wq", "wqk", "update_entropy"):
+            for layer, row in enumerate(rec.get(stat, [])):
+                for head, value in enumerate(row):
+                    self._check(step, stat, layer, head, float(value))
+        return rec
+
+    def _check(self, step, stat, layer, head, value):
+        key = (stat, layer, head)
+        if self.thresholds.crossed(stat, value):
+            if key in self._above:
+                return
+            self._above.add(key)
+            where = f" ({self.qk[layer].name})" if stat in ("wq", "wqk", "update_entropy") else " (call order)"
+            alert = Alert(step, stat, layer, head, value, getattr(self.thresholds, stat), where)
+            self.alerts.append(alert)
+            self._write({"kind": "alert", **asdict(alert)})
+            msg = alert.message()
+            warnings.warn(msg, MonitorWarning, stacklevel=3)
+            log.warning(msg)
+            if self.callback is not None:
+                self.callback(alert)
+        else:
+            self._above.discard(key)
+
+    def _write(self, obj: dict) -> None:
+        if self.path is None:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(obj, allow_nan=True) + "\n")
+
+
+def _plain(v):
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The records and alerts a Monitor wrote, in order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,83 @@
+"""Experiment `cures`: its grid is lr_sweep's (reusing stored runs), and its pre-registered rule on fabricated
+results."""
+import numpy as np
+import pytest
+
+from lpfail.experiments import cures as cu
+from lpfail.experiments import lr_sweep as ls
+
+
+def test_grid_is_lr_sweeps_and_reuses_its_runs():
+    cfg = cu.CuresConfig()
+    c = cfg.sweep()
+    base = ls.LRSweepConfig()
+    assert (c.lrs, c.seeds, c.small, c.max_steps, c.batch_size) == (base.lrs, base.seeds, base.small,
+                                                                    base.max_steps, base.batch_size)
+    assert c.large_variants == () and {p.size for p in ls.plan(c)} == {"small"}
+    # a reused variant's run is the very lr_sweep run (same key, same TrainConfig hash)
+    p = ls.Point("small", "A", base.lrs[0], 0)
+    assert ls.run_hash(ls.train_config(c, p, "")) == ls.run_hash(ls.train_config(base, p, ""))
+    s = cu.plan_summary(cfg)
+    assert s["planned"] == len(cfg.variants) * len(base.lrs) * len(base.seeds)
+    for v in cu.NEW:
+        assert s["per_variant"][v] == {"stored": 0, "missing": 18}
+    if ls.load_parts()[0]:
+        assert s["per_variant"]["A"]["stored"] == 18  # lr_sweep's A runs are found, not rerun
+
+
+def test_new_variants_train_configs():
+    c = cu.CuresConfig().sweep()
+    tc = {v: ls.train_config(c, ls.Point("small", v, 1e-3, 0), "") for v in cu.NEW}
+    assert tc["A_z"].z_loss == 1e-4 and tc["A_z"].attention == "reference(PAPER_BF16)"
+    assert tc["A_cap"].logit_softcap == 30.0
+    assert tc["A_res"].attention_table()[0][2].policy.delta == "dO.O_res"
+    assert tc["A_ds"].attention_table()[0][2].policy.ds_rowsum is True
+    assert tc["Bp"].attention_table()[0][2].policy.fix is not None
+    assert len({ls.run_hash(t) for t in tc.values()}) == len(tc)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="unknown variant"):
+        cu.CuresConfig(variants=("A", "C", "nope"))
+    with pytest.raises(ValueError, match="must include"):
+        cu.CuresConfig(variants=("A", "A_z"))
+
+
+def _fake(curves: dict, seeds=3, noise=0.005, seed=0):
+    """A fabricated assembled result: per variant a loss curve over lr_sweep's 6 rates, plus seed noise."""
+    rng = np.random.default_rng(seed)
+    variants = list(curves)
+    final = np.array([[[c + noise * rng.standard_normal() for _ in range(seeds)] for c in curves[v]]
+                      for v in variants])
+    return {"small_variants": np.array(variants), "small_val_final": final,
+            "small_val_init": np.full(final.shape, 5.5), "small_tokens_per_s": np.full(final.shape, 1e5)}
+
+
+def test_rule_on_fabricated_results():
+    good = [1.6, 1.4, 1.3, 1.25, 1.25, 1.3]        # C-like: flat
+    bad = [1.6, 1.4, 1.3, 1.3, 1.6, 2.4]           # A-like: turns up at the high rates
+    half = [1.6, 1.4, 1.3, 1.28, 1.45, 1.9]
+    out = cu.analyse(_fake({"A": bad, "C": good, "D": good, "A_z": bad, "Bp": half}))
+    assert out["gap"]["ci"][0] > 0
+    cures = out["cures"]
+    assert cures["D"]["K1"]["verdict"] == "supported" and cures["D"]["K2"]["verdict"] == "supported"
+    assert cures["D"]["gap_closed"] == pytest.approx(1.0, abs=0.1)
+    assert cures["A_z"]["K1"]["verdict"] != "supported" and cures["A_z"]["K2"]["verdict"] == "refuted"
+    assert cures["Bp"]["K1"]["verdict"] == "supported" and cures["Bp"]["K2"]["verdict"] != "supported"
+    assert "K1" not in cures["C"] and cures["C"]["where"] == "—"
+    assert out["preregistered_on"] == "2026-12-01"
+
+
+def test_no_gap_means_nothing_to_close():
+    flat = [1.6, 1.4, 1.3, 1.25, 1.25, 1.3]
+    out = cu.analyse(_fake({"A": flat, "C": flat, "A_res": flat}, seed=1))
+    assert out["cures"]["A_res"]["K2"]["verdict"] == "no gap to close"
+
+
+def test_gradient_errors_rank_the_policies():
+    from lpfail.precision import FP32, PAPER_BF16
+
+    out = cu.gradient_errors({"A": PAPER_BF16, "C": FP32, "res": PAPER_BF16.replace(delta="dO.O_res")},
+                             seeds=(0,), T=64, D=16)
+    assert out["C"]["dq"] < out["A"]["dq"] / 3  # C: only the BF16 rounding of the returned gradients
+    assert out["res"]["dq"] < out["A"]["dq"] and out["res"]["dv"] == out["A"]["dv"]

@@ -1,0 +1,135 @@
+"""The drop-in kernel: ``kernels.flash_attention(q, k, v, is_causal=True, scale=None, fix=...)`` against PyTorch's
+scaled_dot_product_attention (CPU: Triton's interpreter, FP32; GPU-marked: BF16), and its clear refusals."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lpfail.precision import FA2_BF16, BoundedMax, DynamicMax
+from tests.kernel_env import DEVICE, load_kernels
+
+kernels = load_kernels()
+
+
+def qkv(n=96, d=64, dtype=torch.float32, seed=0, heads=2):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, heads, n, d, generator=g).to(device=DEVICE, dtype=dtype) for _ in range(4)]
+
+
+def grads(fn, q, k, v, do):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = fn(q, k, v)
+    o.backward(do)
+    return o.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("fix", [None, "robust", "alg3"])
+def test_matches_sdpa_in_fp32(is_causal, fix):
+    q, k, v, do = qkv()
+    got = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=is_causal, fix=fix), q, k, v, do)
+    ref = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=is_causal), q, k, v, do)
+    for name, x, y in zip(("O", "dQ", "dK", "dV"), got, ref):
+        assert x.dtype == torch.float32
+        assert ((x - y).norm() / y.norm()).item() < 1e-5, name
+
+
+def test_scale_and_default_causal():
+    q, k, v, _ = qkv(n=70, d=32)
+    o = kernels.flash_attention(q, k, v, scale=0.3)                  # causal by default, like a decoder
+    r = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    assert ((o - r).norm() / r.norm()).item() < 1e-5
+
+
+def test_robust_fix_stays_finite_where_algorithm_3_does_not():
+    q = torch.zeros(1, 1, 64, 64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, 64, 64)
+    k[..., 0] = -1000.0 * 8                                          # every score −1000: rows of ties
+    v = torch.randn(1, 1, 64, 64)
+    q, k, v = (t.to(DEVICE) for t in (q, k, v))
+    assert torch.isfinite(kernels.flash_attention(q, k, v, fix="robust")).all()
+    assert not torch.isfinite(kernels.flash_attention(q, k, v, fix="alg3")).all()
+
+
+def test_policy_for():
+    assert kernels.policy_for(torch.bfloat16) == FA2_BF16
+    assert kernels.policy_for(torch.bfloat16, "robust").fix == BoundedMax()
+    assert kernels.policy_for(torch.float16, "alg3").fix == DynamicMax() and kernels.policy_for(torch.float16).out == "fp16"
+    assert kernels.policy_for(torch.float32).matmul == "fp32"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(attn_mask=torch.ones(96, 96, dtype=torch.bool)), "attn_mask"),
+    (dict(dropout_p=0.1), "dropout"),
+    (dict(enable_gqa=True), "grouped-query"),
+    (dict(fix="beta2"), "fix must be"),
+    (dict(causal=True, is_causal=False), "disagree"),
+])
+def test_clear_errors(kwargs, match):
+    q, k, v, _ = qkv()
+    with pytest.raises(ValueError, match=match):
+        kernels.flash_attention(q, k, v, **kwargs)
+
+
+def test_clear_errors_for_dtype_head_dim_and_policy_mix():
+    q, k, v, _ = qkv()
+    with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
+        kernels.flash_attention(q.double(), k.double(), v.double())
+    q2, k2, v2, _ = qkv(d=48)
+    with pytest.raises(ValueError, match="head_dim"):
+        kernels.flash_attention(q2, k2, v2)
+    with pytest.raises(ValueError, match="not both"):
+        kernels.flash_attention(q, k, v, FA2_BF16, fix="robust")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fix", [None, "robust"])
+def test_bf16_close_to_sdpa_on_the_gpu(fix):
+    q, k, v, do = qkv(n=1024, d=128, dtype=torch.bfloat16)
+    got = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix=fix), q, k, v, do)
+    ref = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True), q, k, v, do)
+    for name, x, y in zip(("O", "dQ", "dK", "dV"), got, ref):
+        assert x.dtype == torch.bfloat16
+        assert ((x.float() - y.float()).norm() / y.float().norm()).item() < 2e-2, name
+
+
+def test_sdpa_style_runs_as_a_custom_op_with_the_same_numbers():
+    q, k, v, do = qkv(n=80, d=32)
+    policy = kernels.policy_for(torch.float32, "robust")
+    via_op = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust"), q, k, v, do)
+    via_fn = grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
+    for x, y in zip(via_op, via_fn):
+        assert torch.equal(x, y)
+    torch.library.opcheck(torch.ops.lpfail.flash_attention_fwd, (q[:1, :1, :32], k[:1, :1, :32], v[:1, :1, :32],
+                                                                str(policy), True, 0.25))
+
+
+def test_torch_compile_traces_through_without_a_graph_break():
+    """fullgraph=True fails on any graph break; aot_eager traces forward and backward without generating code
+    (the CPU machine has the interpreter, not a GPU compiler). On the GPU the same holds for inductor."""
+    q, k, v, do = qkv(n=64, d=32)
+
+    def block(a, b, c):
+        return kernels.flash_attention(a * 1.0, b, c, is_causal=True, fix="robust").sum(-1)
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    got = grads(compiled, q, k, v, do[..., 0])
+    ref = grads(block, q, k, v, do[..., 0])
+    for x, y in zip(got, ref):
+        assert torch.allclose(x, y, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_inductor_keeps_the_kernel_in_one_graph_on_the_gpu():
+    q, k, v, do = qkv(n=512, d=64, dtype=torch.bfloat16)
+
+    def block(a, b, c):
+        return kernels.flash_attention(a * 1.0, b, c, is_causal=True, fix="robust")
+
+    compiled = torch.compile(block, fullgraph=True)
+    got = grads(compiled, q, k, v, do)
+    ref = grads(block, q, k, v, do)
+    for x, y in zip(got, ref):
+        assert torch.equal(x, y) or ((x.float() - y.float()).norm() / y.float().norm()).item() < 1e-2

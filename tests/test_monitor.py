@@ -1,0 +1,236 @@
+"""lpfail.monitor: attaches without code changes, never changes the numbers, agrees with the model's own
+diagnostics, alerts at thresholds, fails loudly when it finds nothing."""
+import json
+import logging
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from lpfail.model import GPT, GPTConfig, capture_attention_logits, head_query_norms
+from lpfail.monitor import (Monitor, MonitorError, MonitorWarning, Thresholds, attention_logit_stats,
+                            find_qk, read_jsonl, spectral_entropy)
+from lpfail.sdpa_hook import parse_call
+
+
+class ProjAttention(nn.Module):
+    """Llama-style names, explicit softmax (no SDPA): only the projections can be monitored."""
+
+    def __init__(self, c=16, h=2):
+        super().__init__()
+        self.num_heads = h
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(c, c, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        h = self.num_heads
+        q, k, v = (p(x).view(B, T, h, C // h).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(C // h)
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+        return (s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+
+
+class PackedSDPA(nn.Module):
+    """Calls SDPA directly from a packed parameter: no recognisable projections, only the call."""
+
+    def __init__(self, c=16, h=2):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(c, 3 * c) * 0.3)
+        self.h = h
+
+    def forward(self, x):
+        B, T, C = x.shape
+        from torch.nn.functional import scaled_dot_product_attention as sdpa  # imported name: still seen
+        q, k, v = (x @ self.w).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        return sdpa(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+
+
+class Toy(nn.Module):
+    def __init__(self, attn_cls, layers=2, c=16, vocab=32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, c)
+        self.layers = nn.ModuleList(attn_cls(c) for _ in range(layers))
+        self.head = nn.Linear(c, vocab, bias=False)
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        for layer in self.layers:
+            x = x + layer(x)
+        return F.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def _train(model, steps, monitor=None, lr=1e-2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(0, 32, (2, 12), generator=g)
+        loss = model(idx, torch.roll(idx, -1, 1))
+        loss = loss[1] if isinstance(loss, tuple) else loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if monitor is not None:
+            monitor.step(loss=loss.item())
+    return losses
+
+
+def _gpt(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(block_size=16, vocab_size=32, n_layer=2, n_head=2, n_embd=16))
+
+
+@pytest.mark.parametrize("make", [lambda: Toy(ProjAttention), lambda: Toy(PackedSDPA), _gpt],
+                         ids=["projections", "sdpa-direct", "lpfail-gpt"])
+def test_losses_bit_identical_with_and_without_monitor(make, tmp_path):
+    torch.manual_seed(0)
+    plain = make()
+    torch.manual_seed(0)
+    watched = make()
+    base = _train(plain, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorWarning)
+        with Monitor(watched, every=1, window=2, path=tmp_path / "m.jsonl") as mon:
+            seen = _train(watched, 6, mon)
+    assert base == seen  # exact equality of every loss
+    for p, q in zip(plain.parameters(), watched.parameters()):
+        assert torch.equal(p, q)
+    assert len(mon.records) == 6
+
+
+def test_what_each_model_exposes(tmp_path):
+    for make, logits, weights in [(lambda: Toy(ProjAttention), False, True),
+                                  (lambda: Toy(PackedSDPA), True, False), (_gpt, True, True)]:
+        torch.manual_seed(0)
+        model = make()
+        with Monitor(model, every=2, window=4) as mon, warnings.catch_warnings():
+            warnings.simplefilter("ignore", MonitorWarning)  # the toy's repeated tokens tie at init
+            _train(model, 5, mon)
+        steps = [r["step"] for r in mon.records]
+        assert steps == [0, 2, 4]
+        rec = mon.records[-1]
+        assert ("max_logit" in rec) == logits and ("wq" in rec) == weights
+        if logits:
+            assert np.shape(rec["max_logit"]) == (2, 2) and np.shape(rec["tied_frac"]) == (2, 2)
+        if weights:
+            assert np.shape(rec["wqk"]) == (2, 2)
+            assert np.shape(rec["update_entropy"]) == (2, 2)  # window 4: ΔW between steps 0 and 4
+            assert rec["update_window"] == [0, 4]
+
+
+def test_agrees_with_the_models_own_diagnostics():
+    model = _gpt(3)
+    with torch.no_grad():  # large logits, so that BF16 ties happen
+        for b in model.transformer.h:
+            b.attn.c_attn.weight[:32] *= 12
+    idx = torch.randint(0, 32, (3, 16), generator=torch.Generator().manual_seed(1))
+    ref = capture_attention_logits(model, idx)
+    norms = head_query_norms(model)
+    with Monitor(model, every=1, sample_batch=3, thresholds=Thresholds(None, None)) as mon:
+        with torch.no_grad():
+            model(idx)
+        rec = mon.step()
+    # the model reports the maximum in BF16, the monitor in FP32: equal up to one BF16 rounding
+    np.testing.assert_allclose(rec["max_logit"], ref.max_logit_per_head, rtol=2 ** -8)
+    np.testing.assert_allclose(rec["tied_frac"], ref.tied_frac_per_head)
+    assert ref.tied_frac_per_head.max() > 0  # the comparison covers ties
+    np.testing.assert_allclose(rec["wq"], norms["wq"], rtol=1e-5)
+    np.testing.assert_allclose(rec["wqk"], norms["wqk"], rtol=1e-4)
+
+
+def test_logit_stats_on_planted_ties():
+    # head 0: keys 0 and 1 equal -> every row from 1 on has a tie; head 1: distinct keys
+    q = torch.zeros(1, 2, 4, 4)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 2, 4, 4)
+    k[0, 0, :, 0] = torch.tensor([5.0, 5.0, 1.0, 2.0])
+    k[0, 1, :, 0] = torch.tensor([5.0, 4.0, 1.0, 2.0])
+    call = parse_call(0, (q, k, k), {"is_causal": True, "scale": 1.0})
+    mx, tied, rows = attention_logit_stats(call)
+    assert mx.tolist() == [5.0, 5.0] and tied.tolist() == [3, 0] and rows == 4
+    # the same scores through a boolean mask hiding key 1: no ties left
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    mask[:, 1] = False
+    call = parse_call(0, (q, k, k, mask), {"scale": 1.0})
+    assert attention_logit_stats(call)[1].tolist() == [0, 0]
+
+
+def test_spectral_entropy_limits():
+    u = torch.randn(8, 1)
+    rank_one = u @ torch.randn(1, 6)
+    assert spectral_entropy(rank_one) == pytest.approx(0.0, abs=1e-9)
+    assert spectral_entropy(torch.eye(6)) == pytest.approx(1.0)
+    assert math.isnan(spectral_entropy(torch.zeros(4, 4)))
+    batched = spectral_entropy(torch.stack([torch.eye(3), torch.diag(torch.tensor([1.0, 1.0, 0.0]))]))
+    assert batched[0] == pytest.approx(1.0) and batched[1] == pytest.approx(math.log(2) / math.log(3))
+
+
+def test_alerts_warn_log_callback_and_jsonl(tmp_path, caplog):
+    model = _gpt()
+    got = []
+    path = tmp_path / "run.jsonl"
+    with Monitor(model, every=1, window=1, path=path, callback=got.append,
+                 thresholds=Thresholds(max_logit=-1e9, tied_frac=None)) as mon:
+        with pytest.warns(MonitorWarning, match="max_logit of layer 0 head 0"), caplog.at_level(logging.WARNING):
+            _train(model, 3, mon)
+    assert len(got) == 4  # 2 layers × 2 heads, once each: still above on steps 1, 2
+    assert {(a.layer, a.head) for a in got} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert any("lpfail.monitor" == r.name for r in caplog.records)
+    lines = read_jsonl(path)
+    assert [x["kind"] for x in lines].count("record") == 3 and [x["kind"] for x in lines].count("alert") == 4
+    assert lines[0]["loss"] == pytest.approx(mon.records[0]["loss"])
+    json.dumps(lines)  # plain JSON
+
+
+def test_entropy_threshold_alerts_below():
+    t = Thresholds(max_logit=None, tied_frac=None, update_entropy=0.5)
+    assert t.crossed("update_entropy", 0.2) and not t.crossed("update_entropy", 0.8)
+    assert not t.crossed("update_entropy", float("nan"))
+
+
+def test_nothing_to_monitor_is_an_error():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    with Monitor(model) as mon:
+        model(torch.randn(2, 4))
+        with pytest.raises(MonitorError, match="scaled_dot_product_attention.*q_proj/k_proj"):
+            mon.step()
+
+
+def test_forward_outside_attach_is_not_seen_and_step_needs_attach():
+    model = Toy(PackedSDPA)
+    mon = Monitor(model)
+    with pytest.raises(MonitorError, match="not attached"):
+        mon.step()
+    with mon:
+        pass
+    with mon:  # reattach works; a step without any forward finds nothing
+        with pytest.raises(MonitorError, match="nothing to monitor"):
+            mon.step()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="multiple of every"):
+        Monitor(_gpt(), every=3, window=4)
+    with pytest.raises(ValueError, match="positive int"):
+        Monitor(_gpt(), every=0)
+    with pytest.raises(TypeError, match="nn.Module"):
+        Monitor(lambda x: x)
+    bad = Toy(ProjAttention)
+    for layer in bad.layers:
+        del layer.num_heads
+    with pytest.raises(MonitorError, match="no head count"):
+        find_qk(bad)
+    assert len(find_qk(bad, n_head=2)) == 2
+
+
+def test_multihead_attention_weights_found():
+    mha = nn.MultiheadAttention(8, 2, bias=False)
+    (src,) = find_qk(mha)
+    wq, wk = src.get()
+    assert wq.shape == (2, 4, 8) and torch.equal(wq.reshape(8, 8), mha.in_proj_weight[:8])

@@ -1,0 +1,40 @@
+"""The monitor's replayed max-logit alert on fabricated lr_sweep-like results."""
+import numpy as np
+
+from lpfail.book import monitor_eval as me
+
+
+def _res():
+    # 2 variants (A, C) × 2 lrs × 2 seeds, 5 diag steps, 2 layers; 10 loss bins over 100 steps
+    ml = np.full((2, 2, 2, 5, 2), 5.0)
+    ml[0, 1, :, 2:, 1] = 50.0            # A at the high lr: layer 1 passes 30 at diag step 40
+    ml[1, 1, 0, 4, 0] = 31.0             # C at the high lr, seed 0: a late crossing (a false alarm)
+    loss = np.full((2, 2, 2, 10), 2.0)
+    loss[0, 1, :, 6:] = 2.5              # A at the high lr leaves C from bin 6 (step 60)
+    return {"small_variants": np.array(["A", "C"]), "small_stored": np.ones((2, 2, 2), bool),
+            "lrs": np.array([1e-3, 3e-2]), "diag_step": np.arange(5) * 20, "val_step": np.array([0, 100]),
+            "small_max_logit": ml, "small_loss_curve": loss}
+
+
+def test_alert_divergence_and_lead():
+    out = me.evaluate(_res())
+    assert out["threshold"] == 30.0
+    assert out["variants"]["A"]["alert_frac"] == [0.0, 1.0]
+    assert out["variants"]["A"]["alert_step_median"] == [None, 40.0]
+    assert out["variants"]["C"]["alert_frac"] == [0.0, 0.5]
+    assert np.isnan(out["A_divergence_step"][0]).all() and out["A_divergence_step"][1] == [60.0, 60.0]
+    assert out["A_lead_steps"][1] == [20.0, 20.0]
+    assert out["false_alarm_frac"] == {"C": 0.25}
+
+
+def test_threshold_and_missing_variants():
+    r = _res()
+    assert me.evaluate(r, threshold=60.0)["variants"]["A"]["alert_frac"] == [0.0, 0.0]
+    r["small_stored"][1, 0, 0] = False
+    out = me.evaluate(r)
+    assert out["missing"] == ["C"] and "A_lead_steps" not in out
+
+
+def test_nan_records_do_not_alert():
+    ml = np.array([[np.nan, np.nan], [40.0, np.nan]])
+    assert me.alert_steps(ml, np.array([0, 100]), 30.0) == 100.0
