@@ -774,11 +774,21 @@ def verdicts(load: Callable[[str], Any] | None = None, stored: Callable[[str], b
     else:
         out += [pending("C3b", "The rounding bias on rows with tied maxima.", "rounding", "04_rounding", stored),
                 pending("Fix-a", "The fix removes the rounding bias.", "rounding", "04_rounding", stored)]
-    out.append(judge_fix_training(ev, _prov(symptom)) if ev is not None else
-               pending("Fix-b", "With the fix, training is stable.", "symptom", "01_symptom", stored))
+    fsweep, ft = _load_or_none(load, "fix_sweep"), _load_or_none(load, "fix_training")
+    fix_b = judge_fix_training_sweep(ft["fix_analysis"] if ft is not None else None)
+    if ev is not None:  # the explosion search's verdict, reported beside the sweep's rule, not deciding it
+        o = judge_fix_training(ev, _prov(symptom))
+        fix_b = dataclasses.replace(fix_b, note=f"old criterion, explosion search: {o.verdict}",
+                                    old=f"explosion search (`symptom`), by its own rule: **{o.verdict}**. "
+                                        f"{o.evidence} Its rule: {o.rule}.")
+    out.append(fix_b)
     out.append(fix_cost(bench) if bench is not None else
                pending("Fix-c", "The fix's cost.", "bench_kernels", "05_fix", stored))
-    out.append(pending(*PENDING[4], stored=stored))
+    if fsweep is not None:
+        out += [judge_fix_beta(fsweep), judge_robust_fix(fsweep)]
+    else:
+        out.append(pending(*PENDING[4], stored=stored))
+    out += beyond_verdicts(load)
     return out
 
 
@@ -841,7 +851,8 @@ def judge_backend_bias(res: Mapping, method: str, name: str = "prod_kernels") ->
                    f"{_prov(res)}.", rule,
                    "Synthetic rows fed to the kernel through q = e₀, k_j = s_j·e₀ with scale 1 (exact scores), "
                    "not a trained model's attention." + (" Measured on a CPU: PyTorch's CPU kernel, not the CUDA "
-                                                         "one." if dev == "cpu" else ""))
+                                                         "one." if dev == "cpu" else ""),
+                   note="PyTorch's CPU kernel; the CUDA one pending" if dev == "cpu" else "")
 
 
 def judge_fma_pbar(res: Mapping) -> Verdict:
@@ -870,7 +881,8 @@ def judge_fma_pbar(res: Mapping) -> Verdict:
         f"P̄ = bf16(p) = 1 for {pb1:.0%}; see {{doc}}`06_beyond`; {_prov(res)}.",
         "P̄ = 1 for ≤ 50 % of ties → reproduced; p ≠ 1 for most but P̄ = 1 for ≥ 99 % → contradicted (for the "
         "P̄ the P̄V product uses); else partly",
-        "Our emulation of the FMA (float64, one rounding) and of FA2's order, not a CUDA kernel's output.")
+        "Our emulation of the FMA (float64, one rounding) and of FA2's order, not a CUDA kernel's output.",
+        note="on our emulation, not a CUDA kernel")
 
 
 CURE_CLAIMS = {
@@ -908,7 +920,7 @@ def judge_cure(res: Mapping, variant: str) -> Verdict:
 
 def beyond_verdicts(load: Callable[[str], Any] | None = None) -> list[Verdict]:
     """Chapter 6's rows, from whatever is stored: the CUDA back ends (prod_kernels) or, before that GPU run,
-    the CPU part (prod_kernels_cpu); the cures (cures). Not yet part of `verdicts()` (the verdict page)."""
+    the CPU part (prod_kernels_cpu); the cures (cures). `verdicts()` appends them (the verdict page)."""
     from lpfail import results
     load = load or results.load
     out = []
