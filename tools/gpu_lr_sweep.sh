@@ -14,11 +14,16 @@
 # LPFAIL_GIT: the commit of the tree sent, computed where it was committed — the device tool's copy of .git
 # may point elsewhere (on 2026-12-01 `git rev-parse HEAD` there gave the session's first commit).
 # Steering: STOP_IN=<s> brings the driver's deadline to <s> s from now; PARALLEL=<n> changes how many run at once.
+# Other experiments built on lr_sweep's runs and part files use this script with EXP=<module> (its `status`,
+# `checks` and `drive` commands) and ALL_VARIANTS=<the variants to run uncaptured if the continue check fails>,
+# e.g. tools/gpu_cures.sh.
 set -o pipefail
 MODE=${1:-wait}
 case "$MODE" in start|wait|collect) ;; *) echo "usage: $0 start|wait|collect" >&2; exit 2;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
-export LPFAIL_LR_SWEEP_ROOT=${LPFAIL_LR_SWEEP_ROOT:-/tmp/lpfail_lr_sweep}
+EXP=${EXP:-lr_sweep}
+ALL_VARIANTS=${ALL_VARIANTS:-A,C,D,B,S,A_sr,A_qk,C_qk}
+export LPFAIL_LR_SWEEP_ROOT=${LPFAIL_LR_SWEEP_ROOT:-/tmp/lpfail_$EXP}
 export LPFAIL_RESULTS_DIR=${LPFAIL_RESULTS_DIR:-/tmp/lpfail_results}
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/lpfail_mps CUDA_MPS_LOG_DIRECTORY=/tmp/lpfail_mps_log
 OUT=${OUT:-/tmp/lpfail_out}
@@ -29,7 +34,7 @@ mkdir -p "$OUT" "$LPFAIL_RESULTS_DIR"
 T0=$(date +%s)
 source "$(dirname "$0")/gpu_driver.sh"
 progress() {
-    log "$(python3 -m lpfail.experiments.lr_sweep status 2>&1 | cut -c1-200)"
+    log "$(python3 -m lpfail.experiments.$EXP status 2>&1 | tr '\n' ' ' | cut -c1-300)"
     nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
     grep -c "done (rc 0)" "$BASE/drive.log" | sed 's/^/runs done this driver: /'
     tail -n 2 "$BASE/drive.log"
@@ -50,7 +55,7 @@ if [ "$MODE" = start ]; then
         log "no nvidia-cuda-mps-control on this machine: processes time-slice the GPU"
     fi
     log "graph checks"
-    python3 -m lpfail.experiments.lr_sweep checks --root "$BASE" 2>&1 | tail -n 12
+    python3 -m lpfail.experiments.$EXP checks --root "$BASE" 2>&1 | tail -n 12
     ok=$?
     cp "$BASE/checks.json" "$OUT/" 2>/dev/null
     if [ $ok -ne 0 ]; then
@@ -59,11 +64,11 @@ if [ "$MODE" = start ]; then
         export LPFAIL_LR_SWEEP_UNCAPTURED=$(python3 -c "
 import json; c = json.load(open('$BASE/checks.json'))
 bad = [v for v, ok in c['equal'].items() if not ok]
-print(','.join(['A', 'C', 'D', 'B', 'S', 'A_sr', 'A_qk', 'C_qk'] if not c['resume_equal'] else bad))")
+print('$ALL_VARIANTS' if not c['resume_equal'] else ','.join(bad))")
         log "graph checks: uncaptured variants: $LPFAIL_LR_SWEEP_UNCAPTURED (the same arithmetic, slower)"
     fi
     log "starting the driver, budget $BUDGET s"
-    setsid nohup python3 -m lpfail.experiments.lr_sweep drive --budget "$BUDGET" --root "$BASE" \
+    setsid nohup python3 -m lpfail.experiments.$EXP drive --budget "$BUDGET" --root "$BASE" \
         >"$BASE/drive.log" 2>&1 </dev/null &
     echo $! >"$BASE/drive.pid"
     sleep 5
@@ -73,12 +78,12 @@ if [ "$MODE" != collect ]; then
     wait_for_driver
 fi
 log "collecting"
-python3 -m lpfail.experiments.lr_sweep status
+python3 -m lpfail.experiments.$EXP status
 for f in "$LPFAIL_RESULTS_DIR"/lr_sweep_parts/part-*.json; do  # only this machine's new parts
     [ -e "$f" ] && [ ! -e "results/lr_sweep_parts/$(basename "$f")" ] && cp "$f" "$OUT/"
 done
 cp "$BASE/drive.log" "$OUT/" 2>/dev/null
 cp "$BASE/checks.json" "$OUT/" 2>/dev/null
-(cd "$BASE/runs" 2>/dev/null && tar czf "$OUT/lr_sweep_runs.tgz" --exclude='ckpt_*' --exclude='batches_rank*' \
+(cd "$BASE/runs" 2>/dev/null && tar czf "$OUT/${EXP}_runs.tgz" --exclude='ckpt_*' --exclude='batches_rank*' \
     --exclude='train_config.json' . 2>/dev/null)
 ls -la "$OUT"

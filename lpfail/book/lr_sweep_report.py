@@ -316,7 +316,7 @@ def closure_table(res, size: str = "small", variants=("D", "B", "S", "A_sr")) ->
     return _table(["variant", "S(v) − S(C) [95 % CI]", "share of S(A) − S(C) closed [95 % CI]", *lr_head], out)
 
 
-def calls_rows(directory=None) -> list[dict]:
+def calls_rows(directory=None, grid: bool = True) -> list[dict]:
     """One row per stored part (a GPU call's driver): when, where, how many runs, the driver's wall time, the
     median run time per size, how many ran at once and which variants ran uncaptured, from the part files and
     the drivers' logs under ``results/lr_sweep_gpu`` (``None`` where a log does not say)."""
@@ -326,6 +326,9 @@ def calls_rows(directory=None) -> list[dict]:
     from lpfail import results
 
     runs, metas = L.load_parts(directory)
+    if grid:  # only the parts that hold runs of lr_sweep's own grid (cures and fix_training share the folder)
+        have, _ = L.stored_for(L.LRSweepConfig(), runs)
+        metas = [m for m in metas if any(k in have for k in m["keys"])]
     logs = Path(directory if directory is not None else results.results_dir()) / "lr_sweep_gpu"
     texts = [f.read_text() for f in sorted(logs.glob("drive*.log"))] if logs.is_dir() else []
     out = []
@@ -344,9 +347,9 @@ def calls_rows(directory=None) -> list[dict]:
     return out
 
 
-def calls_table(directory=None) -> str:
+def calls_table(directory=None, grid: bool = True) -> str:
     rows = []
-    for r in calls_rows(directory):
+    for r in calls_rows(directory, grid):
         med = "; ".join(f"{size} {m[0]:.0f} s ({m[1]} runs)" for size, m in r["median_wall_s"].items() if m)
         rows.append([html.escape(f"{r['created'][:16].replace('T', ' ')} UTC"), html.escape(r["git"][:7]),
                      str(r["runs"]), f"{r['wall_s'] / 60:.1f} min", "—" if r["parallel"] is None else str(r["parallel"]),

@@ -150,16 +150,7 @@ def analyse(res) -> dict:
                     description="every cure of A on the LR-sensitivity proxy, reusing lr_sweep's runs (ch. 6; GPU)")
 def cures(cfg: CuresConfig) -> dict:
     """Run the missing points of the cures grid (lr_sweep's driver), then assemble and analyse."""
-    c = cfg.sweep()
-    runs, metas = ls.load_parts()
-    have, missing = ls.stored_for(c, runs)
-    if missing:
-        ls.run_points(c, missing)
-        runs, metas = ls.load_parts()
-        have, missing = ls.stored_for(c, runs)
-    if missing:
-        raise ls.SweepIncomplete(f"cures: {len(have)} of {len(have) + len(missing)} runs stored; run "
-                                 "`python -m lpfail run cures` (or tools/gpu_cures.sh) again to continue")
+    have, metas = ls.run_missing(cfg.sweep(), "cures", "python -m lpfail run cures` (or `tools/gpu_cures.sh")
     return assemble(cfg, have, metas)
 
 

@@ -99,16 +99,8 @@ def judge_fixes(res: dict) -> dict:
                     description="Fix-b: B, B′ and the robust fix on lr_sweep's grid, smaller size (ch. 5; GPU)")
 def fix_training(c: FixTrainingConfig) -> dict:
     """Run the missing points (only Bp and R when lr_sweep's parts are there), assemble, judge."""
-    runs, metas = L.load_parts()
-    have, missing = L.stored_for(c, runs)
-    if missing:
-        L.run_points(c, missing)
-        runs, metas = L.load_parts()
-        have, missing = L.stored_for(c, runs)
-    if missing:
-        raise L.SweepIncomplete(f"fix_training: {len(have)} of {len(have) + len(missing)} runs stored; run "
-                                "`python -m lpfail run fix_training` again to continue")
-    out = L.assemble(c, have, [m for m in metas if any(k in have for k in m["keys"])])
+    have, metas = L.run_missing(c, "fix_training")
+    out = L.assemble(c, have, metas)
     out["fix_analysis"] = judge_fixes(out)
     return out
 

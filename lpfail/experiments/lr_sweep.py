@@ -349,13 +349,15 @@ def parts_dir(directory: Path | None = None) -> Path:
 class Part:
     """One part file: the runs one call of `run_points` finished, with the provenance of that call."""
 
-    def __init__(self, directory: Path | None = None):
+    def __init__(self, directory: Path | None = None, parts: str = PARTS_DIR, fmt: str = PART_FORMAT):
+        """A new part file in ``<directory or the results cache>/<parts>/``, tagged ``fmt`` (another experiment
+        built on these runs, e.g. `substitution`, passes its own folder and tag)."""
         created = _dt.datetime.now(_dt.timezone.utc)
-        self.meta = {"format": PART_FORMAT, "version": 1, "git": results._git(), "device": results._device(),
+        self.meta = {"format": fmt, "version": 1, "git": results._git(), "device": results._device(),
                      "versions": results._versions(), "host": platform.node(),
                      "created": created.isoformat(timespec="seconds"), "wall_s": 0.0}
         self.runs: dict[str, dict] = {}
-        d = parts_dir(directory)
+        d = (Path(directory) if directory is not None else results.results_dir()) / parts
         d.mkdir(parents=True, exist_ok=True)
         self.path = d / f"part-{created.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
         self._t0 = time.perf_counter()
@@ -370,19 +372,21 @@ class Part:
         results._atomic_write(self.path, payload.encode())
 
 
-def load_parts(directory: Path | None = None) -> tuple[dict[str, dict], list[dict]]:
+def load_parts(directory: Path | None = None, parts: str = PARTS_DIR, fmt: str = PART_FORMAT,
+               rerun: str = "python -m lpfail run lr_sweep") -> tuple[dict[str, dict], list[dict]]:
     """({point key: run summary}, [provenance of each part that holds at least one of them]) from every part
-    file. A corrupt or foreign file is an error (named), never skipped."""
+    file in ``parts`` tagged ``fmt``. A corrupt or foreign file is an error (named, with the ``rerun`` command),
+    never skipped."""
     runs, metas = {}, []
-    d = parts_dir(directory)
+    d = (Path(directory) if directory is not None else results.results_dir()) / parts
     for path in sorted(d.glob("part-*.json")) if d.is_dir() else []:
         try:
             part = json.loads(path.read_text())
-            if part.get("format") != PART_FORMAT or not isinstance(part.get("runs"), dict):
+            if part.get("format") != fmt or not isinstance(part.get("runs"), dict):
                 raise ValueError(f"format {part.get('format')!r}")
         except (ValueError, UnicodeDecodeError) as e:
-            raise results.ResultCorrupt(f"lr_sweep part {path} is corrupt ({e}); delete it and rerun the runs it "
-                                        "held with `python -m lpfail run lr_sweep`") from None
+            raise results.ResultCorrupt(f"{parts.removesuffix('_parts')} part {path} is corrupt ({e}); delete it and "
+                                        f"rerun the runs it held with `{rerun}`") from None
         new = {k: r for k, r in part["runs"].items() if k not in runs}
         runs.update(new)
         if new:
@@ -479,6 +483,14 @@ def run_points(c: LRSweepConfig, points: list[Point], root=None, budget_s: float
                     description="LR sensitivity of each attention arithmetic, two sizes (chapter 1; GPU)")
 def lr_sweep(c: LRSweepConfig) -> dict:
     """Run the grid's missing points, then assemble the result (raises `SweepIncomplete` while points remain)."""
+    have, metas = run_missing(c, "lr_sweep")
+    return assemble(c, have, metas)
+
+
+def run_missing(c: LRSweepConfig, name: str, again: str | None = None) -> tuple[dict[str, dict], list[dict]]:
+    """Train the points of ``c``'s grid that no part file holds yet, then ({key: summary} of the whole grid,
+    [provenance of the parts that hold them]). Raises `SweepIncomplete` (naming experiment ``name`` and the
+    command ``again`` that continues) while points remain. Shared by every experiment built on these runs."""
     runs, metas = load_parts()
     have, missing = stored_for(c, runs)
     if missing:
@@ -486,9 +498,9 @@ def lr_sweep(c: LRSweepConfig) -> dict:
         runs, metas = load_parts()
         have, missing = stored_for(c, runs)
     if missing:
-        raise SweepIncomplete(f"lr_sweep: {len(have)} of {len(have) + len(missing)} runs stored in "
-                              f"{parts_dir()}; run `python -m lpfail run lr_sweep` again to continue")
-    return assemble(c, have, metas)
+        raise SweepIncomplete(f"{name}: {len(have)} of {len(have) + len(missing)} runs stored in {parts_dir()}; "
+                              f"run `{again or f'python -m lpfail run {name}'}` again to continue")
+    return have, [m for m in metas if any(k in have for k in m["keys"])]
 
 
 def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = None,

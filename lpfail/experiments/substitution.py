@@ -43,7 +43,6 @@ import dataclasses
 import datetime as _dt
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -279,36 +278,13 @@ def parts_dir(directory: Path | None = None) -> Path:
 class Part(lr_sweep.Part):
     """lr_sweep's part file, in ``substitution_parts/`` with its own format tag."""
 
-    def __init__(self, directory: Path | None = None):  # noqa: D107 (lr_sweep.Part's fields, our place)
-        created = _dt.datetime.now(_dt.timezone.utc)
-        self.meta = {"format": PART_FORMAT, "version": 1, "git": results._git(), "device": results._device(),
-                     "versions": results._versions(), "host": platform.node(),
-                     "created": created.isoformat(timespec="seconds"), "wall_s": 0.0}
-        self.runs = {}
-        d = parts_dir(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        self.path = d / f"part-{created.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
-        self._t0 = time.perf_counter()
+    def __init__(self, directory: Path | None = None):  # noqa: D107
+        super().__init__(directory, PARTS_DIR, PART_FORMAT)
 
 
 def load_parts(directory: Path | None = None) -> tuple[dict[str, dict], list[dict]]:
     """({point key: run summary}, [provenance per part]) of this experiment's part files (corrupt → error)."""
-    runs, metas = {}, []
-    d = parts_dir(directory)
-    for path in sorted(d.glob("part-*.json")) if d.is_dir() else []:
-        try:
-            part = json.loads(path.read_text())
-            if part.get("format") != PART_FORMAT or not isinstance(part.get("runs"), dict):
-                raise ValueError(f"format {part.get('format')!r}")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise results.ResultCorrupt(f"substitution part {path} is corrupt ({e}); delete it and rerun its runs "
-                                        "with `python -m lpfail.experiments.substitution drive`") from None
-        new = {k: r for k, r in part["runs"].items() if k not in runs}
-        runs.update(new)
-        if new:
-            metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host")}
-                         | {"file": path.name, "runs": len(new), "keys": sorted(new)})
-    return runs, metas
+    return lr_sweep.load_parts(directory, PARTS_DIR, PART_FORMAT, "python -m lpfail.experiments.substitution drive")
 
 
 def stored_for(c: SubstitutionConfig, directory: Path | None = None, lr_sweep_result=None
