@@ -62,3 +62,4 @@ def test_old_module_name_runs_as_main():
     proc = subprocess.run([sys.executable, "-m", "lpfail.symptom", "--help"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "python -m lpfail.experiments.symptom" in proc.stdout, proc.stderr[-2000:]
+

@@ -1,0 +1,16 @@
+"""lpfail.book.text: outputs that fit the book's column."""
+import pytest
+
+
+def test_book_text_wraps_to_the_column():
+    from lpfail.book import text as T
+
+    long = "word " * 60
+    out = T.wrap("  " + long + "\nshort\n\nend")
+    lines = out.splitlines()
+    assert all(len(x) <= T.WIDTH for x in lines) and lines[0].startswith("  word") and lines[1].startswith("    ")
+    assert "short" in lines and "" in lines and lines[-1] == "end"
+    assert T.wrap("x" * 200).count("\n") >= 2  # a single long token is broken too
+    assert "&lt;tag&gt;" in T.pre_html("<tag>") and "pre-wrap" in T.pre_html("a")
+    with pytest.raises(ValueError):
+        T.wrap("a", width=5)
