@@ -40,7 +40,7 @@ import json
 import logging
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -171,24 +171,22 @@ _HEAD_ATTRS = ("n_head", "num_heads", "num_attention_heads", "n_heads", "nhead")
 _KV_ATTRS = ("num_key_value_heads", "n_kv_head", "n_kv_heads", "num_kv_heads")
 
 
-def _heads(module: nn.Module, n_head: int | None) -> int | None:
-    if n_head is not None:
-        return n_head
+def _first_int(module: nn.Module, attrs: tuple[str, ...]) -> int | None:
+    """The first positive int among ``attrs`` on the module, then on its ``config``; None if none is."""
     for owner in (module, getattr(module, "config", None)):
-        for a in _HEAD_ATTRS:
+        for a in attrs:
             v = getattr(owner, a, None) if owner is not None else None
             if isinstance(v, int) and v > 0:
                 return v
     return None
 
 
+def _heads(module: nn.Module, n_head: int | None) -> int | None:
+    return n_head if n_head is not None else _first_int(module, _HEAD_ATTRS)
+
+
 def _kv_heads(module: nn.Module, n_head: int) -> int:
-    for owner in (module, getattr(module, "config", None)):
-        for a in _KV_ATTRS:
-            v = getattr(owner, a, None) if owner is not None else None
-            if isinstance(v, int) and v > 0:
-                return v
-    return n_head
+    return _first_int(module, _KV_ATTRS) or n_head
 
 
 def _split(w: torch.Tensor, heads: int, what: str, name: str) -> torch.Tensor:
@@ -221,24 +219,18 @@ def find_qk(model: nn.Module, n_head: int | None = None) -> list[QKWeights]:
             def get(m=m, qn=qn, kn=kn, h=h, hk=hk, name=name):
                 return (_split(getattr(m, qn).weight, h, qn, name), _split(getattr(m, kn).weight, hk, kn, name))
             found.append(QKWeights(name, get))
-        elif lin("c_attn") and _heads(m, n_head) is not None:
-            h = _heads(m, n_head)
-            w = m.c_attn.weight
-            if w.shape[0] != 3 * w.shape[1]:
+        elif (lin("c_attn") or isinstance(getattr(m, "in_proj_weight", None), torch.Tensor)) and \
+                (h := _heads(m, n_head)) is not None:
+            # a fused q | k | v projection, (3·C, C): nanoGPT's c_attn, nn.MultiheadAttention's in_proj_weight
+            attr, what = ("c_attn", "c_attn") if lin("c_attn") else ("in_proj_weight", "in_proj")
+            w = m.c_attn.weight if attr == "c_attn" else m.in_proj_weight
+            if attr == "c_attn" and w.shape[0] != 3 * w.shape[1]:
                 continue  # not a fused q | k | v of width C
 
-            def get(m=m, h=h, name=name):
-                w = m.c_attn.weight
+            def get(m=m, h=h, name=name, attr=attr, what=what):
+                w = m.c_attn.weight if attr == "c_attn" else m.in_proj_weight
                 c = w.shape[1]
-                return _split(w[:c], h, "c_attn (q)", name), _split(w[c:2 * c], h, "c_attn (k)", name)
-            found.append(QKWeights(name, get))
-        elif isinstance(getattr(m, "in_proj_weight", None), torch.Tensor) and _heads(m, n_head) is not None:
-            h = _heads(m, n_head)
-
-            def get(m=m, h=h, name=name):
-                w = m.in_proj_weight
-                e = w.shape[1]
-                return _split(w[:e], h, "in_proj (q)", name), _split(w[e:2 * e], h, "in_proj (k)", name)
+                return _split(w[:c], h, f"{what} (q)", name), _split(w[c:2 * c], h, f"{what} (k)", name)
             found.append(QKWeights(name, get))
     return found
 

@@ -92,7 +92,6 @@ class SDPAInterceptor(TorchFunctionMode):
         super().__init__()
         self.handler = handler
         self.calls_this_forward = 0
-        self.calls_total = 0
 
     def new_forward(self) -> None:
         self.calls_this_forward = 0
@@ -103,5 +102,4 @@ class SDPAInterceptor(TorchFunctionMode):
             return func(*args, **kwargs)
         call = parse_call(self.calls_this_forward, args, kwargs)
         self.calls_this_forward += 1
-        self.calls_total += 1
         return self.handler(call, lambda: func(*args, **kwargs))

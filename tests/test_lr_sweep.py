@@ -1,6 +1,7 @@
 """The lr_sweep experiment (chapter 1): the pre-registered statistics on fabricated curves, the grid, the parts
 that merge across calls, and a tiny sweep end to end on the CPU."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -262,3 +263,14 @@ def test_report_tables_from_parts_and_logs(tmp_path):
     assert "D: FA2_BF16" in t and "S: PyTorch" not in t and "at lr 0.016" in t
     with pytest.raises(ValueError, match="none of"):
         LR.closure_table(_fake({"A": 0.6, "C": 0.0}), "small", ("D",))
+
+
+def test_parts_provenance_and_sweep_command():
+    used = [{"device": "NVIDIA H200", "created": "2026-12-01T03:55", "git": "048e3378a0dce71f", "wall_s": 10.0},
+            {"device": "NVIDIA H200", "created": "2026-12-01T05:23", "git": "5112e531be604454", "wall_s": 5.5}]
+    p = L.parts_provenance(used)
+    assert p["device"] == "NVIDIA H200" and p["created"] == "2026-12-01T05:23" and p["runs_wall_s"] == 15.5
+    assert p["git"] == "048e3378a0dc 5112e531be60" and {"collected_on", "collected_at", "collected_git"} <= set(p)
+    assert L.parts_provenance([], none="lr_sweep's runs only")["device"] == "lr_sweep's runs only"
+    with pytest.raises(ValueError, match="unknown command"):
+        L.sweep_command("collect", L.LRSweepConfig(**TINY), Path("/nonexistent"), None, "x")

@@ -32,3 +32,35 @@ wait_for_driver() {
     done
     running && log "the driver is still running (it continues while the machine stays up)" || log "the driver has ended"
 }
+
+# start_mps: the CUDA MPS control daemon where the machine has it (many small processes then share the GPU without
+# time-slicing), checked with one CUDA client; stopped again if that client fails. The caller exports
+# CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY.
+start_mps() {
+    if ! command -v nvidia-cuda-mps-control >/dev/null; then
+        log "no nvidia-cuda-mps-control on this machine: processes time-slice the GPU"
+        return 0
+    fi
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    setsid nvidia-cuda-mps-control -d && log "MPS control daemon started" || log "MPS did not start"
+    if ! timeout 120 python3 -c "import torch; x = torch.ones(4, device='cuda'); print('a CUDA client under MPS:', float(x.sum()))"; then
+        log "a CUDA client failed under MPS: stopping MPS"
+        echo quit | nvidia-cuda-mps-control; sleep 2
+    fi
+}
+
+# machine_info: the GPU, its driver and the Python / torch / triton versions, for the call's log.
+machine_info() {
+    nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,memory.used,temperature.gpu --format=csv
+    python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+}
+
+# copy_new_parts PARTS: the part files this machine wrote under $LPFAIL_RESULTS_DIR/PARTS (those not already in
+# the repository's results/PARTS) to $OUT.
+copy_new_parts() {
+    local f
+    for f in "$LPFAIL_RESULTS_DIR/$1"/part-*.json; do
+        [ -e "$f" ] && [ ! -e "results/$1/$(basename "$f")" ] && cp "$f" "$OUT/"
+    done
+    return 0
+}

@@ -42,18 +42,8 @@ progress() {
 if [ "$MODE" = start ]; then
     rm -rf "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"; mkdir -p "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"
     cp results/lr_sweep_parts/part-*.json "$LPFAIL_RESULTS_DIR/lr_sweep_parts/" 2>/dev/null  # stored runs are not rerun
-    nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,memory.used,temperature.gpu --format=csv
-    python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
-    if command -v nvidia-cuda-mps-control >/dev/null; then
-        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        setsid nvidia-cuda-mps-control -d && log "MPS control daemon started" || log "MPS did not start"
-        if ! timeout 120 python3 -c "import torch; x = torch.ones(4, device='cuda'); print('a CUDA client under MPS:', float(x.sum()))"; then
-            log "a CUDA client failed under MPS: stopping MPS"
-            echo quit | nvidia-cuda-mps-control; sleep 2
-        fi
-    else
-        log "no nvidia-cuda-mps-control on this machine: processes time-slice the GPU"
-    fi
+    machine_info
+    start_mps
     log "graph checks"
     python3 -m lpfail.experiments.$EXP checks --root "$BASE" 2>&1 | tail -n 12
     ok=$?
@@ -79,9 +69,7 @@ if [ "$MODE" != collect ]; then
 fi
 log "collecting"
 python3 -m lpfail.experiments.$EXP status
-for f in "$LPFAIL_RESULTS_DIR"/lr_sweep_parts/part-*.json; do  # only this machine's new parts
-    [ -e "$f" ] && [ ! -e "results/lr_sweep_parts/$(basename "$f")" ] && cp "$f" "$OUT/"
-done
+copy_new_parts lr_sweep_parts
 cp "$BASE/drive.log" "$OUT/" 2>/dev/null
 cp "$BASE/checks.json" "$OUT/" 2>/dev/null
 (cd "$BASE/runs" 2>/dev/null && tar czf "$OUT/${EXP}_runs.tgz" --exclude='ckpt_*' --exclude='batches_rank*' \

@@ -49,12 +49,8 @@ if [ "$MODE" = start ]; then
         cp results/$d/part-*.json "$LPFAIL_RESULTS_DIR/$d/" 2>/dev/null
     done
     cp results/lr_sweep.json results/lr_sweep.npz "$LPFAIL_RESULTS_DIR/" 2>/dev/null  # head_choice reads it
-    nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,memory.used,temperature.gpu --format=csv
-    python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
-    if command -v nvidia-cuda-mps-control >/dev/null; then
-        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        setsid nvidia-cuda-mps-control -d && log "MPS control daemon started" || log "MPS did not start"
-    fi
+    machine_info
+    start_mps
     log "graph checks of the new code paths (captured == uncaptured, 30 steps)"
     if ! python3 -m lpfail.experiments.substitution checks --root "$BASE" 2>&1 | tail -n 5; then
         # a row whose captured steps differ runs uncaptured (the same arithmetic, slower); to be safe, every row
@@ -86,9 +82,7 @@ if [ "$MODE" != collect ]; then
 fi
 log "collecting"
 python3 -m lpfail.experiments.substitution status
-for f in "$LPFAIL_RESULTS_DIR"/substitution_parts/part-*.json; do  # only this machine's new parts
-    [ -e "$f" ] && [ ! -e "results/substitution_parts/$(basename "$f")" ] && cp "$f" "$OUT/"
-done
+copy_new_parts substitution_parts
 cp "$BASE/drive.log" "$EXTRA/extras.log" "$EXTRA/gradient_error_gpu.json" "$EXTRA/replay.json" "$OUT/" 2>/dev/null
 cp "$EXTRA/a/log.jsonl" "$OUT/a_log.jsonl" 2>/dev/null; cp "$EXTRA/a/val.jsonl" "$OUT/a_val.jsonl" 2>/dev/null
 ls -la "$OUT"

@@ -8,7 +8,6 @@ one 512-key tile, PAPER_BF16 arithmetic.
 """
 from __future__ import annotations
 
-import dataclasses
 import html
 
 import numpy as np

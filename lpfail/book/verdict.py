@@ -1002,9 +1002,6 @@ def judge_robust_fix(r: Mapping) -> Verdict:
         "Synthetic rows; training is Fix-b's.")
 
 
-FIX_TRAINING_WORDS = {**SWEEP_WORDS}
-
-
 def judge_fix_training_sweep(a: Mapping | None) -> Verdict:
     """Fix-b by the pre-registered `fix_training` rule (lpfail.experiments.fix_training.FIX_RULE): B's word
     for 'closes at least half of the A − C gap' → this page's verdict (SWEEP_WORDS); no result → not yet
@@ -1014,7 +1011,7 @@ def judge_fix_training_sweep(a: Mapping | None) -> Verdict:
                        "The fix_training runs (B′ and the robust fix on lr_sweep's grid) are pending on the GPU "
                        "(`tools/gpu_fix_training.sh`).", "pre-registered (2026-12-01) fix_training rule")
     word = a.get("fix_b", "not measured (runs missing)")
-    if word not in FIX_TRAINING_WORDS:
+    if word not in SWEEP_WORDS:
         raise ValueError(f"unknown fix_training verdict {word!r}")
     parts = []
     for x, label in (("B", "B (official)"), ("Bp", "B′ (no clamp)"), ("R", "R (robust)")):
@@ -1026,18 +1023,7 @@ def judge_fix_training_sweep(a: Mapping | None) -> Verdict:
         parts.append(f"{label}: {h['point']:+.3f} [{h['ci'][0]:+.3f}, {h['ci'][1]:+.3f}] → {h['verdict']}, "
                      f"{nf} non-finite runs")
     return Verdict("Fix-b", "With the fix, training is stable (closes A's gap to C in LR sensitivity).",
-                   FIX_TRAINING_WORDS[word],
+                   SWEEP_WORDS[word],
                    "S(X) − S(C) − ½(S(A) − S(C)) per fix: " + "; ".join(parts) + " (stored result `fix_training`).",
                    SWEEP_RULE, "4 × 256 on lr_sweep's grid, not the paper's long runs.")
 
-
-def chapter5_verdicts(load: Callable[[str], Any] | None = None) -> list[Verdict]:
-    """The rows chapter 5 adds (Fix-β, Robust, Fix-b by fix_training), from the stored results; a missing
-    fix_training result gives Fix-b as not yet tested. For the verdict page to append (its owner wires them in)."""
-    from lpfail import results as _results
-
-    load = load or _results.load
-    sweep = load("fix_sweep")
-    ft = _load_or_none(load, "fix_training")
-    return [judge_fix_beta(sweep), judge_robust_fix(sweep),
-            judge_fix_training_sweep(ft["fix_analysis"] if ft is not None else None)]

@@ -155,9 +155,8 @@ def cures(cfg: CuresConfig) -> dict:
 
 
 def assemble(cfg: CuresConfig, have: dict, metas: list[dict]) -> dict:
-    used = [m for m in metas if any(k in have for k in m["keys"])]
-    out = ls.assemble(cfg.sweep(), have, used)
-    out.pop("analysis", None)  # lr_sweep's H1–H4 are that experiment's; this one has its own
+    """lr_sweep's arrays for these runs (``metas``: the parts that hold them), with this experiment's analysis."""
+    out = ls.assemble(cfg.sweep(), have, metas, analysed=False)  # lr_sweep's H1–H4 are that experiment's
     out["cures_analysis"] = analyse(out)
     out["preregistered_on"] = PREREGISTERED_ON
     return out
@@ -176,32 +175,23 @@ def main(argv=None) -> int:
     if args.command == "status":
         print(json.dumps(plan_summary(cfg), indent=1))
         return 0
-    if args.command == "checks":  # captured == uncaptured for the new variants (lr_sweep's graph checks)
-        out = ls.graph_checks(c, root / "checks", variants=NEW)
-        (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
-        return 0 if out["ok"] else 1
-    if args.command == "drive":
-        runs, _ = ls.load_parts()
-        _, missing = ls.stored_for(c, runs)
-        print(f"cures drive: {len(missing)} runs missing", flush=True)
-        ls.run_points(c, missing, root=root / "runs", budget_s=args.budget)
-        print(json.dumps(plan_summary(cfg)), flush=True)
-        return 0
+    if args.command in ("checks", "drive"):  # checks: captured == uncaptured for the new variants
+        rc = ls.sweep_command(args.command, c, root, args.budget, "cures", NEW, log=lambda m: print(m, flush=True))
+        if args.command == "drive":
+            print(json.dumps(plan_summary(cfg)), flush=True)
+        return rc
     runs, metas = ls.load_parts()
     have, missing = ls.stored_for(c, runs)
     if missing:
         print(f"error: {len(missing)} runs of the cures grid are not stored yet (first: {missing[0].key}); run "
               "tools/gpu_cures.sh on a GPU machine", file=sys.stderr)
         return 1
-    res = results.save("cures", cfg, assemble(cfg, have, metas), 0.0,
-                       provenance={"device": " + ".join(sorted({m["device"] for m in metas if any(k in have for k in m["keys"])})),
-                                   "collected_on": results._device()})
+    used = [m for m in metas if any(k in have for k in m["keys"])]
+    res = results.save("cures", cfg, assemble(cfg, have, used), 0.0, provenance=ls.parts_provenance(used))
     print(res.provenance)
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
 
 
 # -- what a CPU can show now: each cure's effect on one attention call's gradient error --------------------------
@@ -229,3 +219,7 @@ def gradient_errors(policies: dict, seeds=(0, 1, 2), T: int = 256, D: int = 64, 
             for key, x, t in zip(("dq", "dk", "dv"), xs, truth):
                 out[name][key].append(((x.grad.double() - t).norm() / t.norm()).item())
     return {name: {k: float(np.mean(v)) for k, v in d.items()} for name, d in out.items()}
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

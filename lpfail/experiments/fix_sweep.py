@@ -20,7 +20,6 @@ where the final ℓ is 0 (underflow, so O = 0/0); the fraction whose output norm
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np

@@ -24,7 +24,6 @@ so for B the rule is applied, not pre-registered.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -112,39 +111,24 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default=None)
     args = ap.parse_args(argv)
     c = FixTrainingConfig()
-    runs, _ = L.load_parts()
+    if args.command in ("checks", "drive"):  # checks: captured == uncaptured for the new variants
+        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", L.DEFAULT_ROOT))
+        return L.sweep_command(args.command, c, root, args.budget, "fix_training", ("Bp", "R"),
+                               log=lambda m: print(m, flush=True))
+    runs, metas = L.load_parts()
     have, missing = L.stored_for(c, runs)
     if args.command == "status":
         print(f"fix_training: {len(have)} of {len(have) + len(missing)} runs stored; missing: "
               f"{sorted({p.variant for p in missing}) or 'none'}")
         return 0
-    if args.command == "checks":  # captured == uncaptured for the new variants (lr_sweep checked A, A_sr, S)
-        import json
-
-        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", L.DEFAULT_ROOT))
-        out = L.graph_checks(c, root / "checks", variants=("Bp", "R"))
-        (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
-        return 0 if out["ok"] else 1
-    if args.command == "drive":
-        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", L.DEFAULT_ROOT))
-        print(f"fix_training drive: {len(missing)} runs missing", flush=True)
-        L.run_points(c, missing, root=root / "runs", budget_s=args.budget)
-        return 0
     if missing:
         print(f"error: {len(missing)} runs missing (first {missing[0].key})", file=sys.stderr)
         return 1
-    used = [m for m in _metas() if any(k in have for k in m["keys"])]
+    used = [m for m in metas if any(k in have for k in m["keys"])]
     data = L.assemble(c, have, used)
     data["fix_analysis"] = judge_fixes(data)
-    prov = {"device": " + ".join(sorted({m["device"] for m in used})), "created": max(m["created"] for m in used),
-            "git": " ".join(sorted({str(m["git"])[:12] for m in used})), "collected_on": results._device(),
-            "collected_git": results._git()}
-    print(results.save("fix_training", c, data, 0.0, provenance=prov).provenance)
+    print(results.save("fix_training", c, data, 0.0, provenance=L.parts_provenance(used)).provenance)
     return 0
-
-
-def _metas():
-    return L.load_parts()[1]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +67,6 @@ def check_run(run_dir, steps, layers=None, rows: int | None = None, policy: Prec
               input_dtype=torch.bfloat16, device="cpu", log=print) -> list[dict]:
     """`derivation_check` at each checkpoint ``step`` of a run, for each layer, on the batch the run consumed
     at that step (its recorded order; the first `rows` sequences). Returns one record per (step, layer)."""
-    from lpfail.data import BatchOrder  # noqa: F401  (the record's type)
     from lpfail.model import GPT
     from lpfail.train import (_rows, checkpoint_path, load_batch_record, load_checkpoint, load_config,
                               load_tokens, split_validation)

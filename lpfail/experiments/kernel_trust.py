@@ -147,13 +147,13 @@ def random_batches(c: TrustConfig, seed: int = 1):
 
 
 def trust_report(c: TrustConfig, candidate: str, reference: str, truth: str = "reference(FP64)", batches=None,
-                 device="cpu") -> dict:
+                 device="cpu", g_truth: dict[str, np.ndarray] | None = None) -> dict:
     """Per parameter tensor, the rule's statistics for ``candidate`` against ``reference`` (both measured against
     ``truth`` on the same weights and batches), and ``trusted``: every tensor with a non-zero true gradient
-    agrees."""
+    agrees. ``g_truth``: `gradients` of ``truth`` on these batches, when the caller has them already."""
     batches = batches if batches is not None else random_batches(c)
     t0 = time.perf_counter()
-    g_t = gradients(c, truth, batches, device)
+    g_t = g_truth if g_truth is not None else gradients(c, truth, batches, device)
     g_c = gradients(c, candidate, batches, device)
     g_r = gradients(c, reference, batches, device)
     tensors = {}
@@ -197,9 +197,10 @@ def run(policies: list[str], c: TrustConfig, device: str, out, batches=None, log
     if not policies:
         raise ValueError("kernel_trust: no policy given")
     batches = batches if batches is not None else random_batches(c)
+    g_truth = gradients(c, "reference(FP64)", batches, device)  # the same for every policy: computed once
     reports = []
     for pol in policies:
-        r = trust_report(c, f"triton({pol})", f"reference({pol})", batches=batches, device=device)
+        r = trust_report(c, f"triton({pol})", f"reference({pol})", batches=batches, device=device, g_truth=g_truth)
         worst = max(r["tensors"].values(), key=lambda s: abs(math.log(max(s["rms_ratio"], 1e-30))))
         log(f"kernel_trust {pol}: trusted {r['trusted']}; {len(r['disagreeing'])} of {len(r['tensors'])} tensors "
             f"disagree; worst RMS ratio {worst['rms_ratio']:.3f}; {r['wall_s']} s")

@@ -520,21 +520,46 @@ def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = No
                               f"(first: {missing[0].key}); run `python -m lpfail run lr_sweep` on a GPU machine")
     used = [m for m in metas if any(k in have for k in m["keys"])]
     data = assemble(c, have, used)
-    devices = sorted({m["device"] for m in used})
-    prov = {"device": " + ".join(devices), "created": max(m["created"] for m in used),
+    return results.save("lr_sweep", c, data, 0.0, directory, provenance=parts_provenance(used))
+
+
+def parts_provenance(used: list[dict], none: str = "") -> dict:
+    """A result's provenance from the parts that hold its runs (`load_parts`' metas): their GPUs, the latest
+    date, every commit, the drivers' summed wall time, and the collecting machine (``none``: the device named
+    when no part is used, e.g. a result made only of another experiment's runs). Shared by every experiment
+    that stores from part files."""
+    devices = sorted({m["device"] for m in used}) or ([none] if none else [])
+    return {"device": " + ".join(devices), "created": max((m["created"] for m in used), default=""),
             "git": " ".join(sorted({str(m["git"])[:12] for m in used})),
             "runs_wall_s": float(sum(m["wall_s"] for m in used)), "runs_gpus": devices,
             "collected_on": results._device(),
             "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "collected_git": results._git()}
-    return results.save("lr_sweep", c, data, 0.0, directory, provenance=prov)
+
+
+def sweep_command(command: str, c: LRSweepConfig, root: Path, budget_s: float | None, name: str,
+                  check_variants: tuple[str, ...] | None = None, log=print) -> int:
+    """The ``checks`` and ``drive`` commands of every experiment built on these runs: graph checks of
+    ``check_variants`` (default: `graph_checks`' own) written to ``root/checks.json`` (exit 1 when one fails),
+    or the grid's missing points trained under ``root/runs``, each stored in a part as it finishes."""
+    if command == "checks":
+        out = graph_checks(c, root / "checks", **({"variants": check_variants} if check_variants else {}))
+        (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
+        return 0 if out["ok"] else 1
+    if command == "drive":
+        runs, _ = load_parts()
+        _, missing = stored_for(c, runs)
+        log(f"{name} drive: {len(missing)} runs missing")
+        run_points(c, missing, root=root / "runs", budget_s=budget_s)
+        return 0
+    raise ValueError(f"sweep_command: unknown command {command!r} (checks or drive)")
 
 
 # -- assembling the result --------------------------------------------------------------------------------------
 _STATUS = {"completed": 0, "nonfinite": 1}
 
 
-def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict]) -> dict:
+def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict], analysed: bool = True) -> dict:
     """The stored arrays: per size, (variant, lr, seed[, ...]) arrays of every run's numbers. Points not in
     `runs` (a partial store) are NaN, ``{size}_stored`` says which are there, and ``complete`` whether all."""
     planned = plan(c)
@@ -594,7 +619,8 @@ def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict]) -> dict
     out["diag_step"] = np.arange(n_diag) * c.diag_every
     out["val_step"] = (np.arange(c.max_steps // c.val_every + 1) * c.val_every if c.val_every
                        else np.array([0, c.max_steps]))
-    out["analysis"] = analyse(out)
+    if analysed:  # an experiment built on these runs with its own hypotheses skips lr_sweep's
+        out["analysis"] = analyse(out)
     return out
 
 
@@ -807,17 +833,11 @@ def main(argv=None) -> int:
     if args.command == "status":
         print(status_text())
         return 0
-    if args.command == "checks":
-        out = graph_checks(c, root / "checks")
-        (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
-        return 0 if out["ok"] else 1
-    if args.command == "drive":  # the missing points, stored in parts as they finish; no final result
-        runs, _ = load_parts()
-        _, missing = stored_for(c, runs)
-        print(f"lr_sweep drive: {len(missing)} runs missing", flush=True)
-        run_points(c, missing, root=root / "runs", budget_s=args.budget)
-        print(status_text(), flush=True)
-        return 0
+    if args.command in ("checks", "drive"):  # drive: the missing points, stored in parts as they finish
+        rc = sweep_command(args.command, c, root, args.budget, "lr_sweep", log=lambda m: print(m, flush=True))
+        if args.command == "drive":
+            print(status_text(), flush=True)
+        return rc
     try:
         res = store_from_parts(partial=args.partial)
     except results.ResultError as e:

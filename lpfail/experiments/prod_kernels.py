@@ -56,7 +56,7 @@ import torch
 
 from lpfail import attention as attn
 from lpfail.experiments.rounding import RowSpec, make_rows, mean_ci
-from lpfail.precision import FA2_BF16, PAPER_BF16, Precision
+from lpfail.precision import FA2_BF16, PAPER_BF16
 from lpfail.results import experiment
 
 LOG2E = math.log2(math.e)

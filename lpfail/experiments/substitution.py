@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
 import json
 import os
 import sys
@@ -128,7 +127,7 @@ def rows(n_layer: int = 4) -> list[Row]:
     out.append(Row("heads_top", f"PAPER_BF16 only in the {HEADS_PER_ROW} heads with the largest ‖W_Q^h‖",
                    "heads", kind="heads_top", lrs=hi,
                    paper="high precision in 6 of 12 heads (incl. the largest ‖W_Q^h‖) of the layer is enough"))
-    out.append(Row("heads_rest", f"PAPER_BF16 only in the other heads of that layer", "heads", kind="heads_rest",
+    out.append(Row("heads_rest", "PAPER_BF16 only in the other heads of that layer", "heads", kind="heads_rest",
                    lrs=hi))
     return out
 
@@ -269,10 +268,6 @@ run_hash = lr_sweep.run_hash
 # -- parts ----------------------------------------------------------------------------------------------------------
 PARTS_DIR = "substitution_parts"
 PART_FORMAT = "lpfail.substitution.part"
-
-
-def parts_dir(directory: Path | None = None) -> Path:
-    return (Path(directory) if directory is not None else results.results_dir()) / PARTS_DIR
 
 
 class Part(lr_sweep.Part):
@@ -485,13 +480,8 @@ def store_from_parts(c: SubstitutionConfig | None = None, directory: Path | None
     own, metas = load_parts(directory)
     used = [m for m in metas if any(k in have or k == CHECK_KEY for k in m["keys"])]
     data = {"analysis": analyse(c, have, own.get(CHECK_KEY)), "parts": used, "complete": True}
-    devices = sorted({m["device"] for m in used}) or ["lr_sweep's runs only"]
-    prov = {"device": " + ".join(devices), "created": max((m["created"] for m in used), default=""),
-            "git": " ".join(sorted({str(m["git"])[:12] for m in used})),
-            "runs_wall_s": float(sum(m["wall_s"] for m in used)), "collected_on": results._device(),
-            "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "collected_git": results._git()}
-    return results.save("substitution", c, data, 0.0, directory, provenance=prov)
+    return results.save("substitution", c, data, 0.0, directory,
+                        provenance=lr_sweep.parts_provenance(used, none="lr_sweep's runs only"))
 
 
 # -- replay: the paper's own method ---------------------------------------------------------------------------------
