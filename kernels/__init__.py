@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from lpfail.precision import FA2_BF16, SAFE_SHIFT, BoundedMax, Precision
+from lpfail.precision import _ACC_FIELDS, FA2_BF16, SAFE_SHIFT, BoundedMax, Precision
 
 try:
     import triton
@@ -89,7 +89,6 @@ class KernelPolicy:
     grad_acc: object
     delta_prod: object
     sub_fma: bool
-    fix: bool
     beta: float
     eps: float
     clamp: bool
@@ -145,7 +144,7 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "
                          "use lpfail.attention for PAPER_BF16_OFFICIAL_FIX")
-    for knob in ("o_acc", "l_div", "l_store", "m_acc"):  # torch.compile's arithmetic (PAPER_BF16_COMPILED): reference only
+    for knob in _ACC_FIELDS:  # torch.compile's arithmetic (PAPER_BF16_COMPILED): reference only
         if getattr(policy, knob, None) is not None:
             raise ValueError(f"kernels: Precision.{knob}={getattr(policy, knob)!r} (the compiled official code's "
                              "arithmetic) is not implemented in the Triton kernels; use lpfail.attention for "
@@ -186,7 +185,7 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         pbar=_TL[policy.pbar], pv_dt=_TL[pv_dt], pv_out=_TL[policy.pv_out], acc=_TL[policy.acc],
         out_dtype=policy.dtype("out"), dp=_TL[g("dp")], ds=_TL[g("ds")], ds_dt=_TL[ds_dt],
         grad_acc=_TL[g("grad_acc")], delta_prod=g("delta_prod"), sub_fma=policy.sub == "fma",
-        fix=fix is not None, beta=float(fix.beta) if fix else 2.0, eps=float(fix.eps) if fix else 0.0,
+        beta=float(fix.beta) if fix else 2.0, eps=float(fix.eps) if fix else 0.0,
         clamp=policy.l_clamp is not None, l_clamp=float(policy.l_clamp or 0.0), delta=policy.delta,
         block_n=block_n, key_block=key_block, query_block=policy.block_q or 0, two_pass=two_pass,
         dot_prec=_prec(policy.matmul), pv_prec=_prec(pv_dt), ds_prec=_prec(ds_dt),

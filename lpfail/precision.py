@@ -105,6 +105,9 @@ SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
 _ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc")  # optional dtypes that default to `acc` (torch.compile's arithmetic)
+#: Knobs added after the first stored results, with their defaults: a policy's string names one only when it
+#: differs from its default, so the strings (cache keys) of every earlier policy stay as they were.
+_SET_ONLY = (("rounding", "rne"), *((name, None) for name in _ACC_FIELDS), ("ds_rowsum", False))
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
@@ -327,13 +330,10 @@ class Precision:
         parts.append(f"fix={self.fix if self.fix is not None else 'none'}")
         parts.append(f"l_clamp={repr(float(self.l_clamp)) if self.l_clamp is not None else 'none'}")
         parts.append(f"masked_ties={'true' if self.masked_ties else 'false'}")
-        if self.rounding != "rne":  # only when set: the strings (cache keys) of "rne" policies stay unchanged
-            parts.append(f"rounding={self.rounding}")
-        for name in _ACC_FIELDS:  # likewise: only when set
-            if getattr(self, name) is not None:
-                parts.append(f"{name}={getattr(self, name)}")
-        if self.ds_rowsum:  # likewise only when set
-            parts.append("ds_rowsum=true")
+        for name, default in _SET_ONLY:  # only when set (see _SET_ONLY)
+            value = getattr(self, name)
+            if value != default:
+                parts.append(f"{name}={'true' if value is True else value}")
         return ",".join(parts)
 
     @classmethod
@@ -352,7 +352,7 @@ class Precision:
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
         valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
-                                       "masked_ties", "rounding", *_ACC_FIELDS, "ds_rowsum"]
+                                       "masked_ties", *(name for name, _ in _SET_ONLY)]
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
