@@ -14,3 +14,12 @@ def test_book_text_wraps_to_the_column():
     assert "&lt;tag&gt;" in T.pre_html("<tag>") and "pre-wrap" in T.pre_html("a")
     with pytest.raises(ValueError):
         T.wrap("a", width=5)
+
+
+def test_interval_formats_a_statistic_or_says_none():
+    from lpfail.book.text import interval
+
+    d = {"point": 0.0829, "ci": [0.0567, 0.1386]}
+    assert interval(d) == "+0.083 [+0.057, +0.139]"
+    assert interval({"point": 0.35, "ci": [0.2, 0.48]}, ".0f", scale=100) == "35 [20, 48]"
+    assert interval(None) == "—" and interval({"point": None, "ci": None}, none="not measured") == "not measured"

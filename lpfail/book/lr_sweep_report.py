@@ -10,6 +10,7 @@ import html
 
 import numpy as np
 
+from lpfail.book.text import interval
 from lpfail.experiments import lr_sweep as L
 
 #: Colours and line styles per variant (the chapter's legend).
@@ -280,7 +281,7 @@ def verdict_rows(analysis) -> list[dict]:
 def verdict_table(analysis) -> str:
     rows = []
     for r in verdict_rows(analysis):
-        stat = "—" if r["point"] is None else f"{r['point']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]"
+        stat = interval(r)
         rows.append([r["name"], html.escape(r["hypothesis"]), stat, f"<b>{html.escape(r['verdict'])}</b>"])
     return _table(["", "hypothesis (pre-registered " + analysis["preregistered_on"] + ")",
                    "statistic [95 % CI]", "verdict"], rows)
@@ -291,7 +292,7 @@ def gap_per_lr_table(analysis) -> str:
     rows = []
     for size, items in analysis["a_minus_c_per_lr"].items():
         for it in items:
-            rows.append([size, _fmt_lr(it["lr"]), f"{it['point']:+.3f} [{it['ci'][0]:+.3f}, {it['ci'][1]:+.3f}]"])
+            rows.append([size, _fmt_lr(it["lr"]), interval(it)])
     return _table(["size", "lr", "A − C, held-out loss [95 % CI]"], rows)
 
 
@@ -299,18 +300,14 @@ def closure_table(res, size: str = "small", variants=("D", "B", "S", "A_sr")) ->
     """Descriptive (`lpfail.experiments.lr_sweep.versus_control`): per variant, S(v) − S(C), the share of the
     A − C gap it closes, and v − C in held-out loss at the two highest learning rates, with 95 % intervals."""
     rows = {r["variant"]: r for r in L.versus_control(res, size)}
-    fmt = lambda d, f="+.3f": "—" if d is None else (  # noqa: E731
-        f"{d['point']:{f}} [{d['ci'][0]:{f}}, {d['ci'][1]:{f}}]")
     out, lr_head = [], []
     for v in variants:
         if v not in rows:
             continue
         r = rows[v]
         lr_head = lr_head or [f"v − C at lr {_fmt_lr(d['lr'])} [95 % CI]" for d in r["per_lr"]]
-        closed = None if r["closed"] is None else {"point": 100 * r["closed"]["point"],
-                                                   "ci": [100 * x for x in r["closed"]["ci"]]}
-        out.append([html.escape(label(v)), fmt(r["minus_control"]), fmt(closed, ".0f") + " %",
-                    *[fmt(d) for d in r["per_lr"]]])
+        out.append([html.escape(label(v)), interval(r["minus_control"]),
+                    interval(r["closed"], ".0f", scale=100) + " %", *[interval(d) for d in r["per_lr"]]])
     if not out:
         raise ValueError(f"closure_table: none of {variants} is stored at the {size} size")
     return _table(["variant", "S(v) − S(C) [95 % CI]", "share of S(A) − S(C) closed [95 % CI]", *lr_head], out)

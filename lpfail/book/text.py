@@ -30,3 +30,12 @@ def pre_html(text: str) -> str:
     """``text`` (e.g. source code) as a preformatted block whose long lines wrap at the column's edge."""
     return ("<pre style='white-space:pre-wrap;overflow-wrap:anywhere;font-size:0.8em;margin:0'>"
             + html.escape(str(text)) + "</pre>")
+
+
+def interval(d, fmt: str = "+.3f", none: str = "—", scale: float = 1.0) -> str:
+    """'point [lo, hi]' of a statistic ``d`` = {"point": …, "ci": [lo, hi]} (each ×``scale``, formatted with
+    ``fmt``), or ``none`` when there is no statistic (None, or a point or interval of None)."""
+    if d is None or d.get("point") is None or d.get("ci") is None:
+        return none
+    p, (lo, hi) = float(d["point"]) * scale, (float(x) * scale for x in d["ci"])
+    return f"{p:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"

@@ -333,10 +333,9 @@ def _hyp(a: Mapping, name: str) -> tuple[str, Mapping]:
 
 def _stat(h: Mapping) -> str:
     """'+0.083 [+0.057, +0.139]' (point, 95 % interval) or 'not measured'."""
-    if h.get("point") is None or h.get("ci") is None:
-        return "not measured"
-    lo, hi = h["ci"]
-    return f"{_f(h['point']):+.3f} [{_f(lo):+.3f}, {_f(hi):+.3f}]"
+    from lpfail.book.text import interval
+
+    return interval(h, none="not measured")
 
 
 def _s(a: Mapping, variant: str, size: str = "small") -> str:
@@ -560,8 +559,8 @@ def _row_text(a: Mapping, name: str) -> str:
             parts.append(f"lr {lr}: {d['verdict']}")
             continue
         fr = d.get("fraction_closed")
-        parts.append(f"lr {lr}: **{d['verdict']}** ({_f(d['point']):+.3f} [{_f(d['ci'][0]):+.3f}, "
-                     f"{_f(d['ci'][1]):+.3f}]" + (f", {fr * 100:.0f} % closed" if fr is not None else "") + ")")
+        parts.append(f"lr {lr}: **{d['verdict']}** ({_stat(d)}" + (f", {fr * 100:.0f} % closed" if fr is not None else "")
+                     + ")")
     return f"{r['label']} — " + "; ".join(parts)
 
 
@@ -1020,7 +1019,7 @@ def judge_fix_training_sweep(a: Mapping | None) -> Verdict:
             continue
         h = f["closes_half"]
         nf = sum(e["nonfinite"] for e in f["finite"])
-        parts.append(f"{label}: {h['point']:+.3f} [{h['ci'][0]:+.3f}, {h['ci'][1]:+.3f}] → {h['verdict']}, "
+        parts.append(f"{label}: {_stat(h)} → {h['verdict']}, "
                      f"{nf} non-finite runs")
     return Verdict("Fix-b", "With the fix, training is stable (closes A's gap to C in LR sensitivity).",
                    SWEEP_WORDS[word],
