@@ -1,0 +1,61 @@
+#!/bin/bash
+# Several GPU steps in one device call, each step's files packed into one archive under $OUT (the device tool
+# returns at most 8 files a call, and one step alone writes more). Steps run in the order given, each under the
+# call's deadline (CALL_S seconds from the start, default 570: a 600 s call with time to pack):
+#   sub-start   tools/gpu_substitution.sh start (graph checks, then the grid's driver and the extras in their
+#               own sessions; BUDGET as there)                                    → sub.tgz
+#   sub-wait    tools/gpu_substitution.sh wait until the driver and the extras end or the deadline nears → sub.tgz
+#   fix-start   tools/gpu_fix_training.sh start, not waiting (Fix-b's 36 runs)     → fix.tgz
+#   fix-wait    tools/gpu_fix_training.sh wait                                     → fix.tgz
+#   cures-start / cures-wait   the same for tools/gpu_cures.sh                     → cures.tgz
+#   kernels     tools/gpu_kernels.sh tests (the gpu-marked kernel tests)           → kernels.tgz
+#   trust       python -m lpfail.experiments.kernel_trust (Triton vs the reference, one step's gradients)
+#                                                                                  → kernels.tgz
+#   official    tools/gpu_official_check.sh (carry .official)                      → official.tgz
+#   prod        tools/gpu_prod_kernels.sh all                                      → prod.tgz
+#   robust-cost python tools/gpu_robust_cost.py                                    → robust.tgz
+# A "-wait" step waits at most until 30 s before the deadline; a step that would overrun it is stopped (timeout).
+# Usage (GPU machine, repo root): LPFAIL_GIT=<commit> [CALL_S=570] [BUDGET=…] bash tools/gpu_batch.sh STEP...
+# Afterwards, here: unpack each archive into a scratch folder and copy its files where the step's own script's
+# header says.
+set -o pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+FINAL_OUT=${OUT:-/tmp/lpfail_out}
+STAGE=${STAGE:-/tmp/lpfail_batch}
+CALL_S=${CALL_S:-570}
+T0=$(date +%s)
+DEADLINE=$(( T0 + CALL_S ))
+left() { echo $(( DEADLINE - $(date +%s) )); }
+say() { echo "[batch $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+rm -rf "$STAGE"; mkdir -p "$STAGE" "$FINAL_OUT"
+exec > >(tee "$FINAL_OUT/batch.log") 2>&1
+for step in "$@"; do
+    case "$step" in
+        sub-*) group=sub;; fix-*) group=fix;; cures-*) group=cures;; kernels|trust) group=kernels;;
+        official) group=official;; prod) group=prod;; robust-cost) group=robust;;
+        *) echo "unknown step: $step" >&2; exit 2;;
+    esac
+    export OUT="$STAGE/$group"; mkdir -p "$OUT"
+    avail=$(( $(left) - 10 ))
+    if [ "$avail" -lt 20 ]; then say "no time left for $step"; continue; fi
+    say "step $step ($avail s left)"
+    case "$step" in
+        sub-start) WAIT=0 timeout "$avail" bash tools/gpu_substitution.sh start;;
+        sub-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_substitution.sh wait;;
+        fix-start) WAIT=0 timeout "$avail" bash tools/gpu_fix_training.sh start;;
+        fix-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_fix_training.sh wait;;
+        cures-start) WAIT=0 timeout "$avail" bash tools/gpu_cures.sh start;;
+        cures-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_cures.sh wait;;
+        kernels) timeout "$avail" bash tools/gpu_kernels.sh tests "$(( avail / 2 ))";;
+        trust) timeout "$avail" python3 -m lpfail.experiments.kernel_trust --out "$OUT/kernel_trust.json" \
+                   2>&1 | tee "$OUT/kernel_trust.txt" | tail -n 25;;
+        official) RUN_TIMEOUT=$(( avail - 120 )) timeout "$avail" bash tools/gpu_official_check.sh;;
+        prod) timeout "$avail" bash tools/gpu_prod_kernels.sh all;;
+        robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT/robust_cost.json";;
+    esac
+    say "step $step ended (rc $?)"
+done
+for d in "$STAGE"/*/; do
+    [ -d "$d" ] && tar czf "$FINAL_OUT/$(basename "$d").tgz" -C "$d" .
+done
+ls -la "$FINAL_OUT"
