@@ -169,6 +169,15 @@ def test_tied_case_reproduces_chapter_4s_scores_exactly():
     assert math.isfinite(mean) and abs(mean) < 1e-2 and ci > 0
 
 
+def test_tied_case_moves_its_tensors_to_the_device_it_is_given():
+    """The GPU call of 2026-12-01 stopped here: the exactness check compared a CUDA product with CPU scores.
+    The meta device stands in for CUDA on a machine without one (a comparison across devices raises there too)."""
+    from lpfail.experiments.rounding import RowSpec
+    q, k, v, truth = oc.tied_case(RowSpec(), 2, seed=0, device="meta")
+    assert q.device.type == k.device.type == v.device.type == "meta" and q.dtype == torch.bfloat16
+    assert truth.device.type == "cpu"
+
+
 def test_config_rejects_unknown_policies_and_modes():
     with pytest.raises(ValueError, match="unknown preset"):
         oc.OfficialCheckConfig(policies=("PAPER_BF17",))

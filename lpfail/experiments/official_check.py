@@ -261,9 +261,11 @@ def tied_case(spec: RowSpec, n_rows: int, seed: int, device: str | torch.device 
     vv = torch.zeros(n_rows, 1, spec.n_keys, _TIED_HEAD)
     vv[:, 0, :, : spec.head_dim] = v
     truth = (torch.softmax(s.double(), dim=-1) @ v.double())[:, 0, :]  # (rows, d)
-    q, k, vv = (t.bfloat16().to(device) for t in (q, k, vv))
+    q, k, vv = (t.bfloat16() for t in (q, k, vv))
+    # checked on the CPU, before the move: s (make_rows) lives there (the GPU call of 2026-12-01 compared a CUDA
+    # product with it and stopped)
     assert torch.equal((q.double() @ k.double().transpose(-1, -2))[:, 0] / scale, s.double()), "scores not exact"
-    return q, k, vv, truth
+    return q.to(device), k.to(device), vv.to(device), truth
 
 
 def tied_error(o: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
