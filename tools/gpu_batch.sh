@@ -55,7 +55,21 @@ for step in "$@"; do
     esac
     say "step $step ended (rc $?)"
 done
+# A file that comes back may hold 16 MiB: each group's part files and small files (≤ 4 MiB: JSON, logs) go into
+# GROUP.tgz; bigger ones (run-log archives) into GROUP_big.tgz, dropped with a notice if it is still too big. On
+# 2026-12-01 a cures archive of 33 MB with both did not come back, and its part file with it.
 for d in "$STAGE"/*/; do
-    [ -d "$d" ] && tar czf "$FINAL_OUT/$(basename "$d").tgz" -C "$d" .
+    [ -d "$d" ] || continue
+    g=$(basename "$d")
+    (cd "$d" && find . -type f \( -size -4097k -o -name 'part-*.json' \) | sort >"$STAGE/$g.small" &&
+        find . -type f -size +4096k ! -name 'part-*.json' | sort >"$STAGE/$g.big")
+    tar czf "$FINAL_OUT/$g.tgz" -C "$d" -T "$STAGE/$g.small"
+    if [ -s "$STAGE/$g.big" ]; then
+        tar czf "$FINAL_OUT/${g}_big.tgz" -C "$d" -T "$STAGE/$g.big"
+        if [ "$(stat -c %s "$FINAL_OUT/${g}_big.tgz")" -gt $(( 16 * 1024 * 1024 - 4096 )) ]; then
+            say "dropped ${g}_big.tgz (over 16 MiB): $(tr '\n' ' ' <"$STAGE/$g.big")"
+            rm -f "$FINAL_OUT/${g}_big.tgz"
+        fi
+    fi
 done
 ls -la "$FINAL_OUT"
