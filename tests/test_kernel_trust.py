@@ -70,3 +70,32 @@ def test_triton_fp32_path_is_trusted_in_the_interpreter_and_run_writes_json(tmp_
     assert r["candidate"] == "triton(FP32)" and r["trusted"] and {"device", "git", "created"} <= set(d)
     with pytest.raises(ValueError, match="no policy"):
         K.run([], c, "cpu", out)
+
+
+def test_stored_gpu_report_loads_and_summarises():
+    d = K.load_stored()
+    assert d["device"] and d["git"] and d["created"]
+    rows = K.summary_rows(d)
+    assert [r["candidate"] for r in rows] == [r["candidate"] for r in d["reports"]]
+    for r, rep in zip(rows, d["reports"]):
+        ratios = [t["rms_ratio"] for t in rep["tensors"].values()]
+        # the worst ratio is the one farthest from 1 on a log scale, and it is one of the tensors' own
+        assert r["worst_rms_ratio"] in ratios
+        assert all(abs(np.log(x)) <= abs(np.log(r["worst_rms_ratio"])) for x in ratios)
+        assert r["trusted"] == (r["disagree"] == 0) == rep["trusted"]
+    md = K.summary_markdown(d)
+    assert md.count("\n| `triton(") == len(rows) and d["device"] in md and d["git"][:7] in md
+
+
+def test_load_stored_refuses_missing_corrupt_and_unprovenanced_files(tmp_path):
+    from lpfail import results
+    with pytest.raises(results.ResultMissing, match="kernel_trust --out"):
+        K.load_stored(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        K.load_stored(bad)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"reports": []}))
+    with pytest.raises(ValueError, match="lacks"):
+        K.load_stored(bare)

@@ -187,6 +187,62 @@ def main(argv=None) -> int:
                TrustConfig(n_batches=args.batches, q_scale=args.q_scale), device, args.out)
 
 
+def worst_rms(report: dict) -> dict:
+    """The tensor whose RMS ratio (candidate / reference) lies farthest from 1, as {"tensor", "rms_ratio"}."""
+    name, st = max(report["tensors"].items(), key=lambda kv: abs(math.log(max(kv[1]["rms_ratio"], 1e-30))))
+    return {"tensor": name, "rms_ratio": st["rms_ratio"]}
+
+
+#: where the GPU check of 2026-12-01 is stored (written by `run`, copied from the device)
+STORED = "kernels_gpu/kernel_trust.json"
+
+
+def load_stored(path=None) -> dict:
+    """The stored JSON of `run` (default: results/kernels_gpu/kernel_trust.json), checked: a missing file, a
+    corrupt one or one without provenance raises with what to do."""
+    from pathlib import Path
+
+    from lpfail import results
+
+    path = Path(path) if path is not None else results.REPO_ROOT / "results" / STORED
+    if not path.is_file():
+        raise results.ResultMissing(f"no stored kernel_trust report at {path.name}: run `python -m "
+                                    "lpfail.experiments.kernel_trust --out FILE` on a GPU machine")
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"kernel_trust report {path.name} is not valid JSON ({e})") from None
+    missing = [k for k in ("device", "versions", "git", "created", "reports") if k not in d]
+    if missing:
+        raise ValueError(f"kernel_trust report {path.name} lacks {missing}")
+    return d
+
+
+def summary_rows(d: dict) -> list[dict]:
+    """One row per candidate of a stored report: candidate, reference, trusted, tensors disagreeing / checked,
+    the worst RMS ratio and its tensor, the wall time."""
+    rows = []
+    for r in d["reports"]:
+        w = worst_rms(r)
+        rows.append({"candidate": r["candidate"], "reference": r["reference"], "trusted": bool(r["trusted"]),
+                     "disagree": len(r["disagreeing"]), "tensors": len(r["tensors"]),
+                     "worst_rms_ratio": w["rms_ratio"], "worst_tensor": w["tensor"], "wall_s": r["wall_s"]})
+    return rows
+
+
+def summary_markdown(d: dict) -> str:
+    """`summary_rows` as a Markdown table, and the report's provenance (card, date, versions, commit) below it."""
+    lines = ["| candidate | stands in for | tensors disagreeing | worst RMS ratio | verdict |",
+             "|---|---|---|---|---|"]
+    for r in summary_rows(d):
+        lines.append(f"| `{r['candidate']}` | `{r['reference']}` | {r['disagree']} of {r['tensors']} | "
+                     f"{r['worst_rms_ratio']:.3f} | {'trusted' if r['trusted'] else '**not trusted**'} |")
+    v = d["versions"]
+    lines += ["", f"Measured on {d['device']} on {d['created'][:10]} (torch {v.get('torch')}, triton "
+                  f"{v.get('triton')}), code of commit `{d['git'][:7]}`."]
+    return "\n".join(lines)
+
+
 def run(policies: list[str], c: TrustConfig, device: str, out, batches=None, log=print) -> int:
     """`trust_report` of ``triton(P)`` against ``reference(P)`` for each policy P, written to ``out`` (JSON, with
     provenance, atomically); 0 when every policy is trusted, else 1."""
@@ -201,9 +257,8 @@ def run(policies: list[str], c: TrustConfig, device: str, out, batches=None, log
     reports = []
     for pol in policies:
         r = trust_report(c, f"triton({pol})", f"reference({pol})", batches=batches, device=device, g_truth=g_truth)
-        worst = max(r["tensors"].values(), key=lambda s: abs(math.log(max(s["rms_ratio"], 1e-30))))
         log(f"kernel_trust {pol}: trusted {r['trusted']}; {len(r['disagreeing'])} of {len(r['tensors'])} tensors "
-            f"disagree; worst RMS ratio {worst['rms_ratio']:.3f}; {r['wall_s']} s")
+            f"disagree; worst RMS ratio {worst_rms(r)['rms_ratio']:.3f}; {r['wall_s']} s")
         reports.append(r)
     payload = {"device": results._device(), "versions": results._versions(), "git": results._git(),
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reports": reports}
