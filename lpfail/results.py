@@ -41,7 +41,8 @@ EXPERIMENT_MODULES = ("lpfail.experiments.rounding", "kernels.bench", "lpfail.ex
                       "lpfail.experiments.lr_sweep", "lpfail.experiments.official_check",
                       "lpfail.experiments.prod_kernels", "lpfail.experiments.cures",
                       "lpfail.experiments.fix_sweep", "lpfail.experiments.fix_training",
-                      "lpfail.experiments.substitution", "lpfail.experiments.gradient_error")
+                      "lpfail.experiments.compiled_sweep", "lpfail.experiments.substitution",
+                      "lpfail.experiments.gradient_error")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

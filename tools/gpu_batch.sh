@@ -8,6 +8,8 @@
 #   fix-start   tools/gpu_fix_training.sh start, not waiting (Fix-b's 36 runs)     → fix.tgz
 #   fix-wait    tools/gpu_fix_training.sh wait                                     → fix.tgz
 #   cures-start / cures-wait   the same for tools/gpu_cures.sh                     → cures.tgz
+#   compiled-start / compiled-wait   the same for compiled_sweep (tools/gpu_lr_sweep.sh, EXP=compiled_sweep;
+#               only after official_check has confirmed PAPER_BF16_COMPILED)      → compiled.tgz
 #   kernels     tools/gpu_kernels.sh tests (the gpu-marked kernel tests)           → kernels.tgz
 #   trust       python -m lpfail.experiments.kernel_trust (Triton vs the reference, one step's gradients)
 #                                                                                  → kernels.tgz
@@ -31,7 +33,7 @@ rm -rf "$STAGE"; mkdir -p "$STAGE" "$FINAL_OUT"
 exec > >(tee "$FINAL_OUT/batch.log") 2>&1
 for step in "$@"; do
     case "$step" in
-        sub-*) group=sub;; fix-*) group=fix;; cures-*) group=cures;; kernels|trust) group=kernels;;
+        sub-*) group=sub;; fix-*) group=fix;; cures-*) group=cures;; compiled-*) group=compiled;; kernels|trust) group=kernels;;
         official) group=official;; prod) group=prod;; robust-cost) group=robust;;
         *) echo "unknown step: $step" >&2; exit 2;;
     esac
@@ -46,6 +48,8 @@ for step in "$@"; do
         fix-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_fix_training.sh wait;;
         cures-start) WAIT=0 timeout "$avail" bash tools/gpu_cures.sh start;;
         cures-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_cures.sh wait;;
+        compiled-start) EXP=compiled_sweep ALL_VARIANTS=A_comp WAIT=0 timeout "$avail" bash tools/gpu_lr_sweep.sh start;;
+        compiled-wait) EXP=compiled_sweep WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_lr_sweep.sh wait;;
         kernels) timeout "$avail" bash tools/gpu_kernels.sh tests "$(( avail / 2 ))";;
         trust) timeout "$avail" python3 -m lpfail.experiments.kernel_trust --out "$OUT/kernel_trust.json" \
                    2>&1 | tee "$OUT/kernel_trust.txt" | tail -n 25;;

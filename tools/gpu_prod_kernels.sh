@@ -9,7 +9,7 @@
 # Usage (GPU machine, repo root): LPFAIL_GIT=<commit> bash tools/gpu_prod_kernels.sh [all|kernels|overhead|tests]
 # Expected cost: prod_kernels ≈ 2–4 min (23 points × 1000 rows × 13 methods; the Triton kernel compiles two
 # variants), overhead ≈ 2 min, tests < 1 min: one call of ≈ 8 device-minutes with start-up.
-# Then here: cp $OUT/results/prod_kernels.* results/ and $OUT/monitor_overhead.json results/.
+# Then here: cp $OUT/results/prod_kernels.* results/ and $OUT/monitor_overhead.json results/kernels_gpu/ (not an experiment of the cache).
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/lpfail_out}

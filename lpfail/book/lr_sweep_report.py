@@ -417,3 +417,32 @@ def runs_explorer(res):
     refresh()
     draw()
     return W.VBox([W.HBox([size_dd, var_dd]), W.HBox([lr_dd, seed_dd]), out])
+
+
+# -- the compiled arithmetic (issue 16: lpfail.experiments.compiled_sweep) --------------------------------------
+def compiled_section() -> str:
+    """Chapter 1's section on PAPER_BF16_COMPILED: the stored compiled_sweep table (S of A, C and A_comp, the
+    pre-registered verdicts), or how many of its runs are still missing and what they wait for. Markdown."""
+    from lpfail import results
+    from lpfail.experiments import compiled_sweep as CS
+
+    try:
+        res = results.load("compiled_sweep")
+    except results.ResultMissing:
+        runs, _ = L.load_parts()
+        have, missing = L.stored_for(CS.CompiledSweepConfig(), runs)
+        return (f"**Pending.** {len(missing)} of the {len(have) + len(missing)} runs are not yet measured (variants "
+                f"{', '.join(sorted({p.variant for p in missing}))}). They run once `official_check` "
+                "has confirmed the preset on a GPU (chapter 4). The rule is fixed (pre-registered "
+                f"{CS.PREREGISTERED_ON}): *{CS.COMPILED_RULE}*")
+    a = res["compiled_analysis"]
+    rows = ["| variant | LR sensitivity S [95 % CI] | non-finite runs |", "|---|---|---|"]
+    for v in ("A", "C", "A_comp"):
+        d = a["S"][v]
+        rows.append(f"| {label(v)} | {interval({'point': d['S'], 'ci': d['ci']})} | {a['nonfinite'][v]} |")
+    rows += ["", f"* **symptom** ({CS.COMPILED_HYPOTHESES['symptom']}): S(A_comp) − S(C) = "
+                 f"{interval(a['symptom'])}: **{a['symptom']['verdict']}**.",
+             f"* **same as eager** (descriptive): S(A_comp) − S(A) = {interval(a['same_as_eager'])}: "
+             f"**{a['same_as_eager']['verdict']}**.",
+             "", f"*{res.provenance}*"]
+    return "\n".join(rows)

@@ -67,6 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lpfail import precision as _precision
 from lpfail import results
 from lpfail.experiments import driver
 
@@ -181,6 +182,11 @@ VARIANTS: dict[str, Variant] = {
     # added for lpfail.experiments.fix_training (issue 13); not in this experiment's grid
     "Bp": Variant("reference(PAPER_BF16+fix)", False, "B′: Algorithm 3 without the official clamp"),
     "R": Variant("reference(PAPER_BF16_ROBUST_FIX)", False, "R: the robust fix (BoundedMax)"),
+    # added for lpfail.experiments.compiled_sweep (issue 16); not in this experiment's grid. The preset's knobs are
+    # spelled out, so that the runs' TrainConfig hash changes whenever the preset is corrected (a run of an
+    # earlier definition is then not reused).
+    "A_comp": Variant(f"reference({_precision.PAPER_BF16_COMPILED})", False,
+                      "A_comp: PAPER_BF16_COMPILED (the official code under torch.compile)"),
 }
 
 

@@ -1,0 +1,130 @@
+"""Does the arithmetic the paper's GPUs ran change the symptom? `PAPER_BF16_COMPILED` on lr_sweep's grid (issue 16).
+
+The paper's `train.py` compiles its model (`compile = True`), and inductor fuses the official attention's
+elementwise chains, skipping some of the BF16 roundings that eager PyTorch performs (chapter 4, "What the paper's
+GPUs computed"). `PAPER_BF16` is the eager arithmetic; `PAPER_BF16_COMPILED` is the compiled one. This experiment
+runs the compiled arithmetic through the grid of `lpfail.experiments.lr_sweep` at its smaller size (4 × 256):
+the same 6 learning rates, 3 seeds, initializations, batches and training setting as A (PAPER_BF16) and C (FP32),
+whose runs lr_sweep stored and which are reused, not rerun.
+
+====== ============================================== ===================================================
+A      ``reference(PAPER_BF16)``                      the eager official arithmetic (lr_sweep's runs)
+C      ``reference(FP32)``                            the control (lr_sweep's runs)
+A_comp ``reference(PAPER_BF16_COMPILED)``             the official code under torch.compile (18 new runs)
+====== ============================================== ===================================================
+
+The runs are lr_sweep runs (`lr_sweep.VARIANTS`, the same part files, keyed by a hash of their TrainConfig). The
+preset is read by name when a run starts: run this only after `official_check` on a GPU has confirmed the preset
+(≥ 99.9 % bit agreement with the compiled official code); a run of an earlier preset has another TrainConfig hash
+only if the preset's string changed, so check `PAPER_BF16_COMPILED`'s string against the one in the stored runs.
+
+The rule (`COMPILED_RULE`, `judge_compiled`) was fixed in code on `PREREGISTERED_ON`, before any run of A_comp.
+What was known then: lr_sweep's S(A) − S(C) = +0.083 with a CI above 0 at the smaller size; the compiled
+arithmetic's tied-row output bias on chapter 4's rows equal to the eager one within its CI (issue 16's probe),
+no training run of it.
+
+``python -m lpfail.experiments.compiled_sweep status | checks | drive --budget S | collect``; on the GPU
+``tools/gpu_batch.sh compiled-start compiled-wait``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lpfail import results
+from lpfail.experiments import lr_sweep as L
+
+PREREGISTERED_ON = "2026-12-01"
+NEW = ("A_comp",)
+COMPILED_HYPOTHESES = {
+    "symptom": "the compiled arithmetic shows the symptom: S(A_comp) − S(C) > 0",
+    "same_as_eager": "(descriptive) the compiled arithmetic's sensitivity equals the eager one's: the interval "
+                     "of S(A_comp) − S(A) contains 0",
+}
+COMPILED_RULE = ("'symptom' is 'supported' when the 95 % paired bootstrap interval of S(A_comp) − S(C) (10,000 "
+                 "resamples of the seeds, as lr_sweep) lies above 0, 'refuted' when it lies below, else "
+                 "'inconclusive'. 'same_as_eager' reports the interval of S(A_comp) − S(A): 'yes' when it "
+                 "contains 0, else 'higher' or 'lower' (descriptive: a difference the 3 seeds cannot resolve is "
+                 "not evidence of equality).")
+
+
+@dataclass(frozen=True)
+class CompiledSweepConfig(L.LRSweepConfig):
+    """`lr_sweep`'s config (same grid, seeds, data, schedule, smaller size) with A, C and A_comp only."""
+
+    variants: tuple[str, ...] = ("A", "C", "A_comp")
+    large_variants: tuple[str, ...] = ()
+
+
+def judge_compiled(res: dict) -> dict:
+    """The pre-registered analysis of a compiled_sweep result (the arrays `lr_sweep.assemble` builds)."""
+    eff = L.effective_loss(res["small_val_final"], res["small_val_init"])   # (V, lrs, seeds)
+    variants = [str(v) for v in np.asarray(res["small_variants"])]
+    for v in ("A", "C", "A_comp"):
+        if v not in variants:
+            raise ValueError(f"judge_compiled: variant {v!r} missing from the result (has {variants})")
+    point, boot = L.sensitivities(eff, L.bootstrap_seed_indices(eff.shape[-1]))
+    S = {v: (float(point[i]), boot[i]) for i, v in enumerate(variants)}
+
+    def diff(x, y):
+        ci = L.interval(S[x][1] - S[y][1])
+        return {"point": S[x][0] - S[y][0], "ci": list(ci)}
+
+    symptom = diff("A_comp", "C")
+    symptom["verdict"] = L.judge(*symptom["ci"], "above")
+    eager = diff("A_comp", "A")
+    lo, hi = eager["ci"]
+    eager["verdict"] = "yes" if lo <= 0 <= hi else ("higher" if lo > 0 else "lower")
+    status = np.asarray(res["small_status"])
+    return {"preregistered_on": PREREGISTERED_ON, "rule": COMPILED_RULE, "hypotheses": dict(COMPILED_HYPOTHESES),
+            "S": {v: {"S": S[v][0], "ci": list(L.interval(S[v][1]))} for v in variants},
+            "symptom": symptom, "same_as_eager": eager, "gap_A_C": diff("A", "C"),
+            "nonfinite": {v: int(status[variants.index(v)].sum()) for v in variants},
+            "preset": L.VARIANTS["A_comp"].attention}
+
+
+@results.experiment("compiled_sweep", config=CompiledSweepConfig, gpu=True,
+                    description="PAPER_BF16_COMPILED beside A and C on lr_sweep's grid, smaller size (ch. 1; GPU)")
+def compiled_sweep(c: CompiledSweepConfig) -> dict:
+    """Run the missing points (only A_comp when lr_sweep's parts are there), assemble, judge."""
+    have, metas = L.run_missing(c, "compiled_sweep")
+    out = L.assemble(c, have, metas)
+    out["compiled_analysis"] = judge_compiled(out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.compiled_sweep")
+    ap.add_argument("command", choices=("status", "checks", "drive", "collect"))
+    ap.add_argument("--budget", type=float, default=None)
+    ap.add_argument("--root", default=None)
+    args = ap.parse_args(argv)
+    c = CompiledSweepConfig()
+    if args.command in ("checks", "drive"):  # checks: captured == uncaptured for the new variant
+        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", L.DEFAULT_ROOT))
+        return L.sweep_command(args.command, c, root, args.budget, "compiled_sweep", NEW,
+                               log=lambda m: print(m, flush=True))
+    runs, metas = L.load_parts()
+    have, missing = L.stored_for(c, runs)
+    if args.command == "status":
+        print(f"compiled_sweep: {len(have)} of {len(have) + len(missing)} runs stored; missing: "
+              f"{sorted({p.variant for p in missing}) or 'none'}")
+        return 0
+    if missing:
+        print(f"error: {len(missing)} runs missing (first {missing[0].key}); run "
+              "`python -m lpfail.experiments.compiled_sweep drive` on a GPU machine", file=sys.stderr)
+        return 1
+    used = [m for m in metas if any(k in have for k in m["keys"])]
+    data = L.assemble(c, have, used)
+    data["compiled_analysis"] = judge_compiled(data)
+    print(results.save("compiled_sweep", c, data, 0.0, provenance=L.parts_provenance(used)).provenance)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
