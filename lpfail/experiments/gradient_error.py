@@ -31,7 +31,8 @@ from lpfail.gradient_error import TOL, capture_layer, derivation_check, syntheti
 from lpfail.precision import Precision
 
 _SCALARS = ("eq1_rel_err", "eq2_rel_err", "eq3_rel_err", "eq3_cos_mean", "share_cos", "share_norm", "sum_dd",
-            "frac_dd_pos", "dd_abs_mean", "dw_err_norm")
+            "frac_dd_pos", "dd_abs_mean", "dw_err_norm", "sum_dd_tied", "sum_dd_untied", "frac_tied")
+_SKETCHES = ("sketch_rbar", "sketch_dterm")  # per head, SKETCH_DIM numbers: GPU records only (cross-step cosines)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ def check_run(run_dir, steps, layers=None, rows: int | None = None, policy: Prec
                                  cap["do"].cpu(), policy, n_head=cap["n_head"], input_dtype=input_dtype,
                                  qkv=tuple(a.cpu() for a in cap["qkv"]))
             rec = {"step": int(step), "layer": int(layer), "loss": cap["loss"], **_summary(r),
+                   **{k: [[round(x, 6) for x in v] for v in r[k]] for k in _SKETCHES},
                    "dd_rows": r["dd"].sum(dim=(0, 1)).tolist()}  # Σ over batch and heads of Δδ per position
             out.append(rec)
             log(f"gradient_error: step {step} layer {layer}: eq1 {max(rec['eq1_rel_err']):.1e} eq2 "
@@ -156,7 +158,27 @@ def gradient_error(c: GradientErrorConfig) -> dict:
             raise results.ResultCorrupt(f"{gpu} is not a gradient_error GPU record file ({e}); copy "
                                         "gradient_error_gpu.json from tools/gpu_substitution.sh's $OUT again") from None
         out["gpu"] = g
+        out["gpu_provenance"] = g.get("provenance") or _call_provenance(gpu.parent.parent)
     return out
+
+
+def _call_provenance(results_dir: Path) -> dict | None:
+    """Where and when the GPU records were measured, for a record file written before it said so itself (the
+    call of 2026-12-01): tools/gpu_substitution.sh ran the extras beside the substitution grid in one call,
+    so the grid's part file (results/substitution_parts/) carries that call's device, git and date."""
+    parts = sorted((results_dir / "substitution_parts").glob("part-*.json"))
+    if not parts:
+        return None
+    meta = json.loads(parts[0].read_text())
+    return {k: meta.get(k) for k in ("device", "git", "created")} | {"source": f"substitution_parts/{parts[0].name}"}
+
+
+def _provenance() -> dict:
+    """Device, tree and date of a GPU record file, written into it (`main`'s gpu command)."""
+    import datetime
+
+    return {"device": results._device(), "git": results._git(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def a_run_config(out_dir: str, lr: float = 3.2e-2, seed: int = 0, checkpoint_every: int = 100):
@@ -189,7 +211,7 @@ def main(argv=None) -> int:
     recs = check_run(args.run, steps, rows=args.rows, device="cuda" if torch.cuda.is_available() else "cpu")
     every = [x for rec in recs for k in ("eq1_rel_err", "eq2_rel_err") for x in rec[k]]
     Path(args.out).write_text(json.dumps({"tol": TOL, "records": recs, "max_rel_err": max(every),
-                                          "passed": max(every) <= TOL, "run": str(args.run)}) + "\n")
+                                          "passed": max(every) <= TOL, "provenance": _provenance()}) + "\n")
     print(f"gradient_error gpu: {len(recs)} (step, layer) checks, max relative error {max(every):.2e} "
           f"(tol {TOL:g}): {'passed' if max(every) <= TOL else 'FAILED'}")
     return 0 if max(every) <= TOL else 1
