@@ -269,3 +269,43 @@ def test_report_tables():
     assert all(cell in ("pending (GPU)", "not run at this lr") for r in rows for cell in r[1:-1])
     assert [r.group for r in SR.paper_order(sub.ROWS)][-1] == "backward"
     assert len(SR.rows_table()) == len(sub.ROWS)
+
+
+def test_fp32_scores_with_a_bf16_max_overflow_at_large_logits():
+    """Why the rows `scores` and `score_path` broke on the GPU: with FP32 scores, a max (or a stored m) in BF16
+    overflows exp at logits in the tens of thousands; m and ℓ stored in FP32 (as D has them) do not."""
+    from lpfail.book import substitution_report as SR
+
+    got = {p: f for p, _, f in SR.overflow_check(scale=100.0)}
+    assert all(got["PAPER_BF16"]) and all(got["FA2_BF16"])
+    assert not any(got["PAPER_BF16,qk_out=fp32,scores=fp32"])
+    assert got["PAPER_BF16,qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32"] == [True, False, False, False]
+    assert all(got["PAPER_BF16,qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32,l_store=fp32"])
+    small = {p: f for p, _, f in SR.overflow_check(scale=4.0)}  # logits in the tens: no overflow anywhere
+    assert all(all(f) for f in small.values())
+
+
+def test_replay_report_on_a_fabricated_replay():
+    from lpfail.book import substitution_report as SR
+
+    rep = {"step": 600, "replay": {"losses": [3.0] * 150, "equal": True},
+           "delta_dPP": {"losses": [2.9] * 150, "first_diff": 601},
+           "scores": {"losses": [float("nan")], "first_diff": 600}, "wall_s": 1.0}
+    rows = SR.replay_rows(rep)
+    assert rows[0] == ["replay (no change)", "none: bit-exact", "150", "3.0000"]
+    assert rows[1][1:] == ["601", "150", "2.9000"] and rows[2][3] == "non-finite at step 600"
+    with pytest.raises(ValueError):
+        SR.replay_rows({"l": {}})
+
+
+def test_outcome_lines_from_the_stored_result():
+    from lpfail import results
+    from lpfail.book import substitution_report as SR
+
+    try:
+        res = results.load("substitution")
+    except results.ResultError:
+        pytest.skip("substitution not stored")
+    lines = SR.outcome_lines(res["analysis"])
+    assert len(lines) == len(sub.ROWS) and not any("pending" in x for x in lines)
+    assert res["analysis"]["baseline_reproduced"] is True  # the rerun of A (3.2e-2, seed 0) was bit-equal
