@@ -309,3 +309,18 @@ def test_outcome_lines_from_the_stored_result():
     lines = SR.outcome_lines(res["analysis"])
     assert len(lines) == len(sub.ROWS) and not any("pending" in x for x in lines)
     assert res["analysis"]["baseline_reproduced"] is True  # the rerun of A (3.2e-2, seed 0) was bit-equal
+
+
+def test_replay_run_matches(tmp_path):
+    import json
+
+    from lpfail.book import substitution_report as SR
+
+    have = {"A/lr0.032/s0": {"val_step": [0, 1000], "val_loss": [5.5, 3.1]}}
+    assert SR.replay_run_matches(have, tmp_path) is None
+    (tmp_path / "substitution_gpu").mkdir()
+    f = tmp_path / "substitution_gpu" / "a_val.jsonl"
+    f.write_text('{"step": 0, "val_loss": 5.5}\n{"step": 1000, "val_loss": 3.1}\n')
+    assert SR.replay_run_matches(have, tmp_path) is True
+    f.write_text(json.dumps({"step": 0, "val_loss": 5.5}) + "\n" + json.dumps({"step": 1000, "val_loss": 3.1000001}))
+    assert SR.replay_run_matches(have, tmp_path) is False

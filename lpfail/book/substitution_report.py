@@ -211,3 +211,19 @@ def verdict_counts(analysis: Mapping) -> dict[str, dict[str, list[str]]]:
         for lr, d in r["by_lr"].items():
             out.setdefault(lr, {}).setdefault(d["verdict"], []).append(name)
     return out
+
+
+def replay_run_matches(have: Mapping, directory=None) -> bool | None:
+    """Whether the GPU call's retrained A (lr 3.2e-2, seed 0, with checkpoints; results/substitution_gpu/
+    a_val.jsonl) has exactly the held-out losses of lr_sweep's stored run of A there (None when absent)."""
+    import json
+
+    from lpfail import results
+
+    p = (directory or results.results_dir()) / "substitution_gpu" / "a_val.jsonl"
+    ref = have.get(sub.Point("A", sub.LRS[-1], sub.SEEDS[0]).key)
+    if not p.is_file() or ref is None:
+        return None
+    rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+    return ([r["step"] for r in rows] == list(ref["val_step"])
+            and [r["val_loss"] for r in rows] == list(ref["val_loss"]))
