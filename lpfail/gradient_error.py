@@ -210,6 +210,37 @@ def tied_rows(q: torch.Tensor, k: torch.Tensor, alpha: float, mask: torch.Tensor
     return (s == s.amax(dim=-1, keepdim=True)).sum(dim=-1) > 1
 
 
+def delta_term(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, do: torch.Tensor,
+               policy: Precision = PAPER_BF16, n_head: int = 1, qkv: tuple | None = None,
+               input_dtype=torch.bfloat16) -> dict:
+    """Eq. 2's right side alone (no autograd): per head the D × C matrix α Σ_{b,T} Δδ[b,T] (PK)[b,T]ᵀ X[b,T]
+    with Δδ = δ under `policy` (from its own forward's O) − the exact δ, and Σ Δδ. The same arithmetic as
+    `derivation_check`'s δ-term, cheap enough for every step of a window (`accumulation_run`).
+    Returns {"term": (H, D, C) float64, "sum_dd": [H floats]}."""
+    if x.dim() != 3 or do.dim() != 4:
+        raise ValueError(f"x must be (B, T, C) and do (B, H, T, D); got {tuple(x.shape)}, {tuple(do.shape)}")
+    b, t, c = x.shape
+    d = c // n_head
+    if c % n_head or tuple(do.shape) != (b, n_head, t, d):
+        raise ValueError(f"do must be (B, H, T, D) = {(b, n_head, t, d)} with n_head dividing {c}")
+    alpha = d ** -0.5
+    x64 = x.detach().double()
+    if qkv is None:
+        q_in, k_in, v_in = (_heads(x64, w.detach().double(), n_head).to(input_dtype) for w in (w_q, w_k, w_v))
+    else:
+        q_in, k_in, v_in = (a.detach() for a in qkv)
+        input_dtype = q_in.dtype
+    do_in = do.detach().to(input_dtype)
+    fwd = flash_forward(q_in, k_in, v_in, policy)
+    d_lp = delta_lp(do_in, fwd.o, policy).double()
+    q64, k64, v64 = q_in.double(), k_in.double(), v_in.double()
+    mask = _causal(t, x.device)
+    p64 = torch.softmax((q64 @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf), dim=-1)
+    dd = d_lp - (do_in.double() * (p64 @ v64)).sum(-1, keepdim=True)                   # (B, H, T, 1)
+    term = alpha * torch.einsum("bht,bhtd,btc->hdc", dd[..., 0], p64 @ k64, x64)
+    return {"term": term, "sum_dd": [float(v) for v in dd.sum(dim=(0, 2, 3))]}
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """‖a − b‖ / max(‖a‖, ‖b‖) (0 when both vanish)."""
     den = max(float(a.norm()), float(b.norm()))

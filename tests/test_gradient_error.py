@@ -161,3 +161,35 @@ def test_gpu_records_provenance(tmp_path):
         {"device": "NVIDIA H200", "git": "abc", "created": "2026-12-01T07:50:45+00:00", "runs": {}}))
     p = _call_provenance(tmp_path)
     assert p["device"] == "NVIDIA H200" and p["created"].startswith("2026-12-01")
+
+
+def test_delta_term_is_derivation_checks_delta_term():
+    from lpfail.gradient_error import _sketch, delta_term, sketch_matrix
+
+    inp = synthetic_inputs(b=1, t=64, c=32, n_head=2, logit_scale=2.0)
+    r = derivation_check(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], PAPER_BF16, n_head=2)
+    t = delta_term(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], PAPER_BF16, n_head=2)
+    proj = sketch_matrix(16 * 32)
+    for h in range(2):
+        assert _sketch(t["term"][h], proj) == pytest.approx(r["sketch_dterm"][h], abs=1e-9)
+        assert t["sum_dd"][h] == pytest.approx(r["sum_dd"][h], rel=1e-9)
+    z = delta_term(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], FP64, n_head=2)
+    assert float(z["term"].abs().max()) < 1e-12 * float(t["term"].abs().max())  # exact δ: no error term
+    with pytest.raises(ValueError):
+        delta_term(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"][:, :1], PAPER_BF16, n_head=2)
+
+
+def test_accumulation_run_on_a_tiny_cpu_run(tmp_path):
+    from lpfail.experiments.gradient_error import GradientErrorConfig, accumulation_run, train_cpu_model
+
+    c = GradientErrorConfig(n_layer=1, n_embd=32, block_size=32, batch_size=4, max_steps=16, steps=(4,))
+    run = train_cpu_model(c, tmp_path / "run")
+    out = accumulation_run(run, 4, 10, 0, policies={"A": "PAPER_BF16", "exact": "FP64"}, rows=2,
+                           log=lambda *_: None)
+    assert out["status"] == "completed" and out["k"] == 10
+    a, e = out["by_policy"]["A"], out["by_policy"]["exact"]
+    assert len(a["norm"]) == 10 and len(a["norm"][0]) == c.n_head and len(a["exponent"]) == c.n_head
+    assert len(a["sum_dd"]) == 10 and all(np.isfinite(a["exponent"] + a["exponent_signs"]))
+    assert max(max(n) for n in e["norm"]) < 1e-12 * max(max(n) for n in a["norm"])
+    with pytest.raises(ValueError, match="window"):
+        accumulation_run(run, 8, 10, 0)
