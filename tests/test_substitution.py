@@ -324,3 +324,15 @@ def test_replay_run_matches(tmp_path):
     assert SR.replay_run_matches(have, tmp_path) is True
     f.write_text(json.dumps({"step": 0, "val_loss": 5.5}) + "\n" + json.dumps({"step": 1000, "val_loss": 3.1000001}))
     assert SR.replay_run_matches(have, tmp_path) is False
+
+
+def test_departure_of_a_from_c():
+    from lpfail.book import substitution_report as SR
+
+    def have(a, c):
+        return {"A/lr0.032/s0": {"val_step": [0, 250, 500, 750], "val_loss": a},
+                "C/lr0.032/s0": {"val_step": [0, 250, 500, 750], "val_loss": c}}
+    assert SR.departure(have([5.5, 3.0, 3.1, 3.2], [5.5, 3.1, 3.0, 2.9])) == (250, 500)
+    assert SR.departure(have([5.5, 3.2, 2.9, 3.2], [5.5, 3.1, 3.0, 2.9])) == (500, 750)  # must stay above
+    assert SR.departure(have([5.5, 3.2, 3.1, 2.8], [5.5, 3.1, 3.0, 2.9])) is None  # ends below C
+    assert SR.departure({}) is None

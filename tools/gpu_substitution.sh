@@ -8,7 +8,9 @@
 #                run bit for bit), 12 at a time, each finished run's summary stored at once in a part file;
 #            (2) the extras, one process after the other: lr_sweep's A at lr 3.2e-2, seed 0, retrained with a
 #                checkpoint every 100 steps (all kept) → chapter 3's checks at steps 300, 600, 900, every layer
-#                (`python -m lpfail.experiments.gradient_error gpu`) → the replay from step 600, bit for bit, and
+#                (`python -m lpfail.experiments.gradient_error gpu`) → the replay from step 100 to 500, bit for bit
+#                (the call of 2026-12-01 replayed from 600, after A's held-out loss had left C's between
+#                steps 250 and 500; the issue asks for a start ≥ 200 steps before that), and
 #                a branch per row (`python -m lpfail.experiments.substitution replay`) → chapter 3's item 3: Eq. 2's
 #                δ-term accumulated over steps 601–700 in layer 0 for A, A + fix, A_sr and D on A's trajectory
 #                (`python -m lpfail.experiments.gradient_error accumulate`; added after the call of 2026-12-01,
@@ -74,7 +76,8 @@ if [ "$MODE" = start ]; then
         python3 -m lpfail train --config '$EXTRA/a/train_config.json' --no-progress
         python3 -m lpfail.experiments.gradient_error gpu --run '$EXTRA/a' --steps 300,600,900 --rows 8 \
             --out '$EXTRA/gradient_error_gpu.json'
-        python3 -m lpfail.experiments.substitution replay --run '$EXTRA/a' --step 600 --out '$EXTRA/replay.json'
+        python3 -m lpfail.experiments.substitution replay --run '$EXTRA/a' --step 100 --until 500 \
+            --out '$EXTRA/replay.json'
         LPFAIL_NO_CAPTURE=1 python3 -m lpfail.experiments.gradient_error accumulate --run '$EXTRA/a' --step 600 \
             --k 100 --layer 0 --rows 8 --out '$EXTRA/accumulation.json'
     " >"$EXTRA/extras.log" 2>&1 </dev/null &

@@ -227,3 +227,20 @@ def replay_run_matches(have: Mapping, directory=None) -> bool | None:
     rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
     return ([r["step"] for r in rows] == list(ref["val_step"])
             and [r["val_loss"] for r in rows] == list(ref["val_loss"]))
+
+
+def departure(have: Mapping, lr: float = 3.2e-2, seed: int = 0) -> tuple[int, int] | None:
+    """Where A's held-out loss leaves C's in lr_sweep's runs at (lr, seed): (the last evaluation step at which
+    A's loss is ≤ C's, the next evaluation step), after which A stays above C at every evaluation; None when A
+    never stays above C (or a run is missing)."""
+    a, c = have.get(sub.Point("A", lr, seed).key), have.get(sub.Point("C", lr, seed).key)
+    if a is None or c is None or list(a["val_step"]) != list(c["val_step"]):
+        return None
+    steps = list(a["val_step"])
+    above = [x > y for x, y in zip(a["val_loss"], c["val_loss"])]
+    if not above or not above[-1]:
+        return None
+    i = len(above) - 1
+    while i > 0 and above[i - 1]:
+        i -= 1
+    return (steps[i - 1], steps[i]) if i > 0 else None
