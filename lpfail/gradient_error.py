@@ -44,6 +44,9 @@ from lpfail.precision import PAPER_BF16, Precision
 #: synthetic inputs with logits in the thousands: the difference of two nearly equal gradients).
 TOL = 1e-9
 
+#: Length of the stored random projections of R̄ and of the δ-term (`derivation_check`'s sketches).
+SKETCH_DIM = 256
+
 
 def delta_lp(do: torch.Tensor, o: torch.Tensor, policy: Precision) -> torch.Tensor:
     """δ = rowsum(dO ∘ O) as `lpfail.attention`'s backward forms it for delta="dO.O": each product rounded to
@@ -65,7 +68,8 @@ def _heads(x: torch.Tensor, w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def derivation_check(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, do: torch.Tensor,
                      policy: Precision = PAPER_BF16, n_head: int = 1, input_dtype=torch.bfloat16,
-                     n_pairs: int = 2000, seed: int = 0, qkv: tuple | None = None) -> dict:
+                     n_pairs: int = 2000, seed: int = 0, qkv: tuple | None = None, sketch_dim: int = SKETCH_DIM
+                     ) -> dict:
     """Every line of Eq. 1–3 for one layer, per head.
 
     x (B, T, C) the QKV projection's input; w_q, w_k, w_v (C, C) its three weight blocks (rows = heads ×
@@ -74,7 +78,12 @@ def derivation_check(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v:
     gives the (B, H, T, D) q, k, v the model's attention actually received (then used as they are; the
     gradient with respect to W_Q still flows through X W_Qᵀ). Returns per-head
     lists: the relative errors of Eq. 1 and 2 against autograd, Eq. 3's cosine and relative error, the δ-term's
-    share of the policy's full dW_Q error, and Σ Δδ with the fraction of positive Δδ."""
+    share of the policy's full dW_Q error, and Σ Δδ with the fraction of positive Δδ; Σ Δδ split by whether
+    the row's BF16 scores have a tied maximum (`sum_dd_tied`, `sum_dd_untied`, `frac_tied`: the paper's claim
+    that tied rows carry the bias); and `sketch_rbar` / `sketch_dterm` (per head, `sketch_dim` numbers each):
+    the unit mean rank-one term R̄ and the unit δ-term of Eq. 2 projected on fixed random directions (seed 0),
+    so that their cosine *across steps* (the paper's Fig. 4) can be computed from stored records (the
+    projection keeps cosines to about ±2/√sketch_dim)."""
     if x.dim() != 3 or do.dim() != 4:
         raise ValueError(f"x must be (B, T, C) and do (B, H, T, D); got {tuple(x.shape)}, {tuple(do.shape)}")
     b, t, c = x.shape
@@ -127,7 +136,10 @@ def derivation_check(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v:
     dq_lp, dw_lp = grads(True)
     xh = x64.unsqueeze(1)                                                            # (B, 1, T, C)
     out = {k: [] for k in ("eq1_rel_err", "eq2_rel_err", "eq3_rel_err", "eq3_cos_mean", "share_cos",
-                           "share_norm", "sum_dd", "frac_dd_pos", "dd_abs_mean", "dw_err_norm")}
+                           "share_norm", "sum_dd", "frac_dd_pos", "dd_abs_mean", "dw_err_norm", "sum_dd_tied",
+                           "sum_dd_untied", "frac_tied", "sketch_rbar", "sketch_dterm")}
+    tied = tied_rows(q_in, k_in, alpha, mask)                                        # (B, H, T) bool
+    proj = sketch_matrix(d * c, sketch_dim)                                          # (D·C, k)
     g = torch.Generator().manual_seed(seed)
     dq_full64 = dq_full.double()
     for h in range(n_head):
@@ -159,10 +171,74 @@ def derivation_check(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v:
         out["sum_dd"].append(float(dd[:, h].sum()))
         out["frac_dd_pos"].append(float((dd[:, h] > 0).double().mean()))
         out["dd_abs_mean"].append(float(dd[:, h].abs().mean()))
+        out["sum_dd_tied"].append(float(dd[:, h, :, 0][tied[:, h]].sum()))
+        out["sum_dd_untied"].append(float(dd[:, h, :, 0][~tied[:, h]].sum()))
+        out["frac_tied"].append(float(tied[:, h].double().mean()))
+        out["sketch_rbar"].append(_sketch(r_bar, proj))
+        out["sketch_dterm"].append(_sketch(rhs2, proj))
     out["tol"] = TOL
     out["max_logit"] = float(s64.masked_fill(~mask, -math.inf).amax())
     out["dd"] = dd[..., 0].float()                                                   # (B, H, T) for plots
     return out
+
+
+def sketch_matrix(n: int, k: int = SKETCH_DIM, seed: int = 0) -> torch.Tensor:
+    """(n, k) fixed Gaussian projection scaled by 1/√k (float64, seeded): ⟨Pa, Pb⟩ ≈ ⟨a, b⟩."""
+    if n < 1 or k < 1:
+        raise ValueError(f"sketch_matrix: need n, k >= 1 (got {n}, {k})")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g, dtype=torch.float64) / math.sqrt(k)
+
+
+def _sketch(a: torch.Tensor, proj: torch.Tensor) -> list[float]:
+    v = a.reshape(-1).double()
+    n = float(v.norm())
+    return [float(x) for x in (v / n) @ proj] if n > 0 else [0.0] * proj.shape[1]
+
+
+def sketch_cos(a, b) -> float:
+    """Cosine of two stored sketches (≈ the cosine of the matrices they project)."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return _cos(a, b)
+
+
+def tied_rows(q: torch.Tensor, k: torch.Tensor, alpha: float, mask: torch.Tensor) -> torch.Tensor:
+    """(B, H, T) bool: rows whose BF16 scores, as A forms them (QKᵀ rounded to BF16, times α rounded to BF16),
+    hold their maximum more than once among the allowed keys."""
+    s = (q.double() @ k.double().transpose(-1, -2)).to(torch.bfloat16).double()
+    s = (s * alpha).to(torch.bfloat16).double().masked_fill(~mask, -math.inf)
+    return (s == s.amax(dim=-1, keepdim=True)).sum(dim=-1) > 1
+
+
+def delta_term(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, do: torch.Tensor,
+               policy: Precision = PAPER_BF16, n_head: int = 1, qkv: tuple | None = None,
+               input_dtype=torch.bfloat16) -> dict:
+    """Eq. 2's right side alone (no autograd): per head the D × C matrix α Σ_{b,T} Δδ[b,T] (PK)[b,T]ᵀ X[b,T]
+    with Δδ = δ under `policy` (from its own forward's O) − the exact δ, and Σ Δδ. The same arithmetic as
+    `derivation_check`'s δ-term, cheap enough for every step of a window (`accumulation_run`).
+    Returns {"term": (H, D, C) float64, "sum_dd": [H floats]}."""
+    if x.dim() != 3 or do.dim() != 4:
+        raise ValueError(f"x must be (B, T, C) and do (B, H, T, D); got {tuple(x.shape)}, {tuple(do.shape)}")
+    b, t, c = x.shape
+    d = c // n_head
+    if c % n_head or tuple(do.shape) != (b, n_head, t, d):
+        raise ValueError(f"do must be (B, H, T, D) = {(b, n_head, t, d)} with n_head dividing {c}")
+    alpha = d ** -0.5
+    x64 = x.detach().double()
+    if qkv is None:
+        q_in, k_in, v_in = (_heads(x64, w.detach().double(), n_head).to(input_dtype) for w in (w_q, w_k, w_v))
+    else:
+        q_in, k_in, v_in = (a.detach() for a in qkv)
+        input_dtype = q_in.dtype
+    do_in = do.detach().to(input_dtype)
+    fwd = flash_forward(q_in, k_in, v_in, policy)
+    d_lp = delta_lp(do_in, fwd.o, policy).double()
+    q64, k64, v64 = q_in.double(), k_in.double(), v_in.double()
+    mask = _causal(t, x.device)
+    p64 = torch.softmax((q64 @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf), dim=-1)
+    dd = d_lp - (do_in.double() * (p64 @ v64)).sum(-1, keepdim=True)                   # (B, H, T, 1)
+    term = alpha * torch.einsum("bht,bhtd,btc->hdc", dd[..., 0], p64 @ k64, x64)
+    return {"term": term, "sum_dd": [float(v) for v in dd.sum(dim=(0, 2, 3))]}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

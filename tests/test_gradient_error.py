@@ -98,3 +98,98 @@ def test_accumulation_toy_growth_laws():
     assert biased["norm"][-1] > 5 * unbiased["norm"][-1]
     with pytest.raises(ValueError):
         accumulation_toy(steps=5)
+
+
+def test_tied_rows_and_the_split_of_the_delta_sum():
+    from lpfail.gradient_error import tied_rows
+
+    q = torch.zeros(1, 1, 3, 2, dtype=torch.bfloat16)
+    k = torch.tensor([[[[1.0, 0.0], [1.0, 0.0], [2.0, 0.0]]]], dtype=torch.bfloat16)
+    q[..., 0] = 1.0
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    # row 0 sees key 0 only (no tie); row 1 sees keys 0, 1 with equal scores (tie); row 2's max is key 2 alone
+    assert tied_rows(q, k, 1.0, mask).tolist() == [[[False, True, False]]]
+    r = _check(logit_scale=2.0)
+    for h in range(2):
+        assert r["sum_dd_tied"][h] + r["sum_dd_untied"][h] == pytest.approx(r["sum_dd"][h], rel=1e-9, abs=1e-15)
+        assert 0 < r["frac_tied"][h] < 1  # the synthetic inputs repeat rows: some ties, not all
+
+
+def test_sketches_keep_cosines():
+    from lpfail.gradient_error import SKETCH_DIM, _sketch, sketch_cos, sketch_matrix
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(32, 64, generator=g, dtype=torch.float64)
+    b = a + 0.5 * torch.randn(32, 64, generator=g, dtype=torch.float64)
+    c = torch.randn(32, 64, generator=g, dtype=torch.float64)
+    proj = sketch_matrix(a.numel())
+    true = float((a * b).sum() / (a.norm() * b.norm()))
+    assert abs(sketch_cos(_sketch(a, proj), _sketch(b, proj)) - true) < 4 / SKETCH_DIM ** 0.5
+    assert abs(sketch_cos(_sketch(a, proj), _sketch(c, proj))) < 4 / SKETCH_DIM ** 0.5
+    assert sketch_cos(_sketch(a, proj), _sketch(-a, proj)) == pytest.approx(-1.0)
+    r = _check(logit_scale=2.0)
+    assert len(r["sketch_rbar"]) == 2 and len(r["sketch_rbar"][0]) == SKETCH_DIM
+    with pytest.raises(ValueError):
+        sketch_matrix(0)
+
+
+def test_gpu_report_on_fabricated_records():
+    from lpfail.book import gradient_report as R
+
+    def rec(step, layer, sums, cos, err):
+        return {"step": step, "layer": layer, "max_logit": 1e4, "eq1_rel_err": [1e-13], "eq2_rel_err": [1e-13],
+                "eq3_cos_mean": [cos, cos], "sum_dd": sums, "dd_abs_mean": [1e-3, 1e-3], "frac_dd_pos": [0.5, 0.5],
+                "dw_err_norm": [err, err], "dd_rows": [0.0] * 128}
+    res = {"gpu": {"records": [rec(300, 0, [0.1, -0.1], 0.2, 5.0), rec(300, 1, [0.0, 0.2], 0.8, 1.0)],
+                   "max_rel_err": 1e-13, "tol": 1e-9, "passed": True}}
+    s = R.gpu_summary(res)
+    assert s["worst_layer"] == 0 and s["n_pos"] == 2 and s["n_sums"] == 4 and s["median_cos"] == pytest.approx(0.5)
+    assert not s["has_ties"] and not s["has_sketches"]
+    # N = 8 × 128 rows; σ from mean |Δδ|: 0.1 / (32 · 1e-3 · √(π/2)) ≈ 2.49
+    assert R.bias_z(res["gpu"]["records"][0])[0] == pytest.approx(0.1 / (32 * 1e-3 * (np.pi / 2) ** 0.5))
+    assert len(R.gpu_rows(res)) == 2
+
+
+def test_gpu_records_provenance(tmp_path):
+    import json
+
+    from lpfail.experiments.gradient_error import _call_provenance
+
+    assert _call_provenance(tmp_path) is None
+    (tmp_path / "substitution_parts").mkdir()
+    (tmp_path / "substitution_parts" / "part-20261201T075045-1.json").write_text(json.dumps(
+        {"device": "NVIDIA H200", "git": "abc", "created": "2026-12-01T07:50:45+00:00", "runs": {}}))
+    p = _call_provenance(tmp_path)
+    assert p["device"] == "NVIDIA H200" and p["created"].startswith("2026-12-01")
+
+
+def test_delta_term_is_derivation_checks_delta_term():
+    from lpfail.gradient_error import _sketch, delta_term, sketch_matrix
+
+    inp = synthetic_inputs(b=1, t=64, c=32, n_head=2, logit_scale=2.0)
+    r = derivation_check(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], PAPER_BF16, n_head=2)
+    t = delta_term(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], PAPER_BF16, n_head=2)
+    proj = sketch_matrix(16 * 32)
+    for h in range(2):
+        assert _sketch(t["term"][h], proj) == pytest.approx(r["sketch_dterm"][h], abs=1e-9)
+        assert t["sum_dd"][h] == pytest.approx(r["sum_dd"][h], rel=1e-9)
+    z = delta_term(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"], FP64, n_head=2)
+    assert float(z["term"].abs().max()) < 1e-12 * float(t["term"].abs().max())  # exact δ: no error term
+    with pytest.raises(ValueError):
+        delta_term(inp["x"], inp["w_q"], inp["w_k"], inp["w_v"], inp["do"][:, :1], PAPER_BF16, n_head=2)
+
+
+def test_accumulation_run_on_a_tiny_cpu_run(tmp_path):
+    from lpfail.experiments.gradient_error import GradientErrorConfig, accumulation_run, train_cpu_model
+
+    c = GradientErrorConfig(n_layer=1, n_embd=32, block_size=32, batch_size=4, max_steps=16, steps=(4,))
+    run = train_cpu_model(c, tmp_path / "run")
+    out = accumulation_run(run, 4, 10, 0, policies={"A": "PAPER_BF16", "exact": "FP64"}, rows=2,
+                           log=lambda *_: None)
+    assert out["status"] == "completed" and out["k"] == 10
+    a, e = out["by_policy"]["A"], out["by_policy"]["exact"]
+    assert len(a["norm"]) == 10 and len(a["norm"][0]) == c.n_head and len(a["exponent"]) == c.n_head
+    assert len(a["sum_dd"]) == 10 and all(np.isfinite(a["exponent"] + a["exponent_signs"]))
+    assert max(max(n) for n in e["norm"]) < 1e-12 * max(max(n) for n in a["norm"])
+    with pytest.raises(ValueError, match="window"):
+        accumulation_run(run, 8, 10, 0)

@@ -269,3 +269,70 @@ def test_report_tables():
     assert all(cell in ("pending (GPU)", "not run at this lr") for r in rows for cell in r[1:-1])
     assert [r.group for r in SR.paper_order(sub.ROWS)][-1] == "backward"
     assert len(SR.rows_table()) == len(sub.ROWS)
+
+
+def test_fp32_scores_with_a_bf16_max_overflow_at_large_logits():
+    """Why the rows `scores` and `score_path` broke on the GPU: with FP32 scores, a max (or a stored m) in BF16
+    overflows exp at logits in the tens of thousands; m and ℓ stored in FP32 (as D has them) do not."""
+    from lpfail.book import substitution_report as SR
+
+    got = {p: f for p, _, f in SR.overflow_check(scale=100.0)}
+    assert all(got["PAPER_BF16"]) and all(got["FA2_BF16"])
+    assert not any(got["PAPER_BF16,qk_out=fp32,scores=fp32"])
+    assert got["PAPER_BF16,qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32"] == [True, False, False, False]
+    assert all(got["PAPER_BF16,qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32,l_store=fp32"])
+    small = {p: f for p, _, f in SR.overflow_check(scale=4.0)}  # logits in the tens: no overflow anywhere
+    assert all(all(f) for f in small.values())
+
+
+def test_replay_report_on_a_fabricated_replay():
+    from lpfail.book import substitution_report as SR
+
+    rep = {"step": 600, "replay": {"losses": [3.0] * 150, "equal": True},
+           "delta_dPP": {"losses": [2.9] * 150, "first_diff": 601},
+           "scores": {"losses": [float("nan")], "first_diff": 600}, "wall_s": 1.0}
+    rows = SR.replay_rows(rep)
+    assert rows[0] == ["replay (no change)", "none: bit-exact", "150", "3.0000"]
+    assert rows[1][1:] == ["601", "150", "2.9000"] and rows[2][3] == "non-finite at step 600"
+    with pytest.raises(ValueError):
+        SR.replay_rows({"l": {}})
+
+
+def test_outcome_lines_from_the_stored_result():
+    from lpfail import results
+    from lpfail.book import substitution_report as SR
+
+    try:
+        res = results.load("substitution")
+    except results.ResultError:
+        pytest.skip("substitution not stored")
+    lines = SR.outcome_lines(res["analysis"])
+    assert len(lines) == len(sub.ROWS) and not any("pending" in x for x in lines)
+    assert res["analysis"]["baseline_reproduced"] is True  # the rerun of A (3.2e-2, seed 0) was bit-equal
+
+
+def test_replay_run_matches(tmp_path):
+    import json
+
+    from lpfail.book import substitution_report as SR
+
+    have = {"A/lr0.032/s0": {"val_step": [0, 1000], "val_loss": [5.5, 3.1]}}
+    assert SR.replay_run_matches(have, tmp_path) is None
+    (tmp_path / "substitution_gpu").mkdir()
+    f = tmp_path / "substitution_gpu" / "a_val.jsonl"
+    f.write_text('{"step": 0, "val_loss": 5.5}\n{"step": 1000, "val_loss": 3.1}\n')
+    assert SR.replay_run_matches(have, tmp_path) is True
+    f.write_text(json.dumps({"step": 0, "val_loss": 5.5}) + "\n" + json.dumps({"step": 1000, "val_loss": 3.1000001}))
+    assert SR.replay_run_matches(have, tmp_path) is False
+
+
+def test_departure_of_a_from_c():
+    from lpfail.book import substitution_report as SR
+
+    def have(a, c):
+        return {"A/lr0.032/s0": {"val_step": [0, 250, 500, 750], "val_loss": a},
+                "C/lr0.032/s0": {"val_step": [0, 250, 500, 750], "val_loss": c}}
+    assert SR.departure(have([5.5, 3.0, 3.1, 3.2], [5.5, 3.1, 3.0, 2.9])) == (250, 500)
+    assert SR.departure(have([5.5, 3.2, 2.9, 3.2], [5.5, 3.1, 3.0, 2.9])) == (500, 750)  # must stay above
+    assert SR.departure(have([5.5, 3.2, 3.1, 2.8], [5.5, 3.1, 3.0, 2.9])) is None  # ends below C
+    assert SR.departure({}) is None

@@ -362,3 +362,30 @@ def test_c2_gradient_error():
     assert V.judge_gradient_error(gpu(0.1, [0.1, 0.2, 0.3])).verdict == V.PARTLY
     assert V.judge_gradient_error(gpu(0.1, [-0.1, 0.2, 0.3])).verdict == V.NOT_REPRODUCED
     assert V.judge_gradient_error(gpu(0.8, [0.1, 0.2, 0.3], passed=False)).verdict == V.CONTRADICTED
+
+
+def test_c2_evidence_names_the_gpu_records_card_and_error():
+    rec = {"eq1_rel_err": [1e-14], "eq2_rel_err": [1e-14]}
+    recs = [{"step": s, "layer": 0, "eq3_cos_mean": [0.4], "sum_dd": [x], "dw_err_norm": [1.0]}
+            for s, x in ((300, 0.1), (600, -0.2))]
+    res = {"tol": 1e-9, "passed": True, "max_rel_err": 1e-14, "synthetic": [rec], "model": [rec],
+           "gpu": {"records": recs, "passed": True, "max_rel_err": 1.5e-12},
+           "gpu_provenance": {"device": "NVIDIA H200", "created": "2026-12-01T07:50:45+00:00"}}
+    v = V.judge_gradient_error(res)
+    assert v.verdict == V.NOT_REPRODUCED
+    assert "(NVIDIA H200, 2026-12-01)" in v.evidence and "worst relative error 1.5e-12" in v.evidence
+
+
+def test_chapter_2_and_3_verdicts_from_the_stored_results():
+    """C1a–c and C2 are judged from the stored GPU results, not left at 'not yet tested'."""
+    from lpfail import results
+
+    try:
+        subst, grad = results.load("substitution"), results.load("gradient_error")
+    except results.ResultError:
+        pytest.skip("substitution or gradient_error not stored")
+    got = [V.judge_one_tile(subst), V.judge_one_layer(subst), V.judge_through_delta(subst),
+           V.judge_gradient_error(grad)]
+    assert all(v.verdict != V.NOT_TESTED for v in got), [(v.claim, v.verdict) for v in got]
+    assert "NVIDIA H200" in got[0].evidence and "NVIDIA H200" in got[3].evidence
+

@@ -8,15 +8,22 @@
 #                run bit for bit), 12 at a time, each finished run's summary stored at once in a part file;
 #            (2) the extras, one process after the other: lr_sweep's A at lr 3.2e-2, seed 0, retrained with a
 #                checkpoint every 100 steps (all kept) → chapter 3's checks at steps 300, 600, 900, every layer
-#                (`python -m lpfail.experiments.gradient_error gpu`) → the replay from step 600, bit for bit, and
-#                a branch per row (`python -m lpfail.experiments.substitution replay`)
+#                (`python -m lpfail.experiments.gradient_error gpu`) → the replay from step 100 to 500, bit for bit
+#                (the call of 2026-12-01 replayed from 600, after A's held-out loss had left C's between
+#                steps 250 and 500; the issue asks for a start ≥ 200 steps before that), and
+#                a branch per row (`python -m lpfail.experiments.substitution replay`) → chapter 3's item 3: Eq. 2's
+#                δ-term accumulated over steps 601–700 in layer 0 for A, A + fix, A_sr and D on A's trajectory
+#                (`python -m lpfail.experiments.gradient_error accumulate`; added after the call of 2026-12-01,
+#                not run yet: estimated 2–5 min)
 #   wait     progress every 60 s until both have ended or $WAIT seconds have passed, then collect
 #   collect  copy the part files, the extras' JSON and the logs to $OUT
-# Expected cost (from lr_sweep's call 2: small captured runs 70–100 s each at 12 at once under MPS): ≈ 9–10 waves
-# of 12 → 12–15 min for the grid; the extras ≈ 2 min of training + ≈ 5 min of replay/branches + the checks.
+# Measured on 2026-12-01 (one H200, results/gpu_calls/20261201T0749/): the grid's driver 818 s for 109 runs; the
+# extras 56 s of training + 129 s of replay and branches + the checks (seconds). With the grid stored, a rerun
+# of `start` finds no run missing and does only the extras.
 # Afterwards, here: copy $OUT/part-*.json to results/substitution_parts/, then
-# `python -m lpfail.experiments.substitution collect`; copy $OUT/gradient_error_gpu.json and $OUT/replay.json to
-# results/substitution_gpu/ (read by chapters 2 and 3).
+# `python -m lpfail.experiments.substitution collect`; copy $OUT/gradient_error_gpu.json, $OUT/replay.json,
+# $OUT/accumulation.json and $OUT/a_diag.jsonl to results/substitution_gpu/ (read by chapters 2 and 3), then
+# `python -m lpfail run gradient_error` (merges the GPU records and the accumulation).
 # Usage (GPU machine, repo root): LPFAIL_GIT=<commit> BUDGET=900 WAIT=540 bash tools/gpu_substitution.sh start|wait|collect
 # Steering: STOP_IN=<s> brings the driver's deadline to <s> s from now; PARALLEL=<n> changes how many run at once.
 set -o pipefail
@@ -69,7 +76,10 @@ if [ "$MODE" = start ]; then
         python3 -m lpfail train --config '$EXTRA/a/train_config.json' --no-progress
         python3 -m lpfail.experiments.gradient_error gpu --run '$EXTRA/a' --steps 300,600,900 --rows 8 \
             --out '$EXTRA/gradient_error_gpu.json'
-        python3 -m lpfail.experiments.substitution replay --run '$EXTRA/a' --step 600 --out '$EXTRA/replay.json'
+        python3 -m lpfail.experiments.substitution replay --run '$EXTRA/a' --step 100 --until 500 \
+            --out '$EXTRA/replay.json'
+        LPFAIL_NO_CAPTURE=1 python3 -m lpfail.experiments.gradient_error accumulate --run '$EXTRA/a' --step 600 \
+            --k 100 --layer 0 --rows 8 --out '$EXTRA/accumulation.json'
     " >"$EXTRA/extras.log" 2>&1 </dev/null &
     echo $! >"$EXTRA/extras.pid"
     sleep 5
@@ -83,6 +93,8 @@ fi
 log "collecting"
 python3 -m lpfail.experiments.substitution status
 copy_new_parts substitution_parts
-cp "$BASE/drive.log" "$EXTRA/extras.log" "$EXTRA/gradient_error_gpu.json" "$EXTRA/replay.json" "$OUT/" 2>/dev/null
+cp "$BASE/drive.log" "$EXTRA/extras.log" "$EXTRA/gradient_error_gpu.json" "$EXTRA/replay.json" \
+    "$EXTRA/accumulation.json" "$OUT/" 2>/dev/null
+cp "$EXTRA/a/diag.jsonl" "$OUT/a_diag.jsonl" 2>/dev/null  # per-head ‖W_Q^h‖ of the retrained A (Fig. 3)
 cp "$EXTRA/a/log.jsonl" "$OUT/a_log.jsonl" 2>/dev/null; cp "$EXTRA/a/val.jsonl" "$OUT/a_val.jsonl" 2>/dev/null
 ls -la "$OUT"

@@ -89,3 +89,158 @@ def wq_figure(lr_res, lr: float = 3.2e-2, seed: int = 0):
     np.atleast_1d(axes)[0].legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
+
+
+# -- the GPU run's replay (results/substitution_gpu/replay.json) ------------------------------------------------
+REPLAY_HEADER = ["branch from the checkpoint", "first step that differs from the record", "steps trained",
+                 "mean training loss, last 100 steps of the window"]
+
+
+def load_replay(directory=None) -> dict | None:
+    """The stored replay of tools/gpu_substitution.sh (None when absent)."""
+    import json
+
+    from lpfail import results
+
+    p = (directory or results.results_dir()) / "substitution_gpu" / "replay.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def replay_rows(rep: Mapping) -> list[list[str]]:
+    """One line for the replay and one per branch: where it leaves the record, how far it trained (a branch
+    stops at its first non-finite loss), its mean loss over the window's last 100 steps (or where it broke)."""
+    if "replay" not in rep or "step" not in rep:
+        raise ValueError("replay_rows: not a replay_branch result (no 'replay' or 'step')")
+    by = {r.name: r for r in sub.ROWS}
+    step = int(rep["step"])
+
+    def tail(losses):
+        x = np.asarray(losses, dtype=np.float64)
+        if not np.isfinite(x).all() or len(x) < 100:
+            bad = np.nonzero(~np.isfinite(x))[0]
+            where = step + int(bad[0]) if bad.size else step + len(x)
+            return f"non-finite at step {where}"
+        return f"{x[-100:].mean():.4f}"
+
+    rows = [["replay (no change)", "none: bit-exact" if rep["replay"]["equal"] else "DIFFERS",
+             str(len(rep["replay"]["losses"])), tail(rep["replay"]["losses"])]]
+    for name, d in rep.items():
+        if not isinstance(d, Mapping) or "first_diff" not in d:
+            continue
+        label = by[name].label if name in by else name
+        rows.append([f"{name}: {label}", "never" if d["first_diff"] is None else str(d["first_diff"]),
+                     str(len(d["losses"])), tail(d["losses"])])
+    return rows
+
+
+def replay_figure(rep: Mapping, smooth: int = 20):
+    """Training loss of the replay and of each branch from the checkpoint (running mean over `smooth` steps)."""
+    import matplotlib.pyplot as plt
+
+    step = int(rep["step"])
+    fig, ax = plt.subplots(figsize=(7.0, 3.4))
+    kern = np.ones(smooth) / smooth
+    series = [("replay (= the recorded run)", rep["replay"]["losses"])] + [
+        (n, d["losses"]) for n, d in rep.items() if isinstance(d, Mapping) and "first_diff" in d]
+    for name, losses in series:
+        x = np.asarray(losses, dtype=np.float64)
+        if len(x) < smooth or not np.isfinite(x).all():
+            continue
+        y = np.convolve(x, kern, mode="valid")
+        ax.plot(step + smooth - 1 + np.arange(len(y)), y, lw=2.0 if name.startswith("replay") else 1.0,
+                color="k" if name.startswith("replay") else None, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (mean of {smooth})")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+# -- why the FP32-score rows broke: a BF16 max (or stored m) under FP32 scores -------------------------------------
+OVERFLOW_POLICIES = ("PAPER_BF16", "PAPER_BF16,qk_out=fp32,scores=fp32",
+                     "PAPER_BF16,qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32",
+                     "PAPER_BF16,qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32,l_store=fp32", "FA2_BF16")
+
+
+def overflow_check(scale: float = 100.0, policies=OVERFLOW_POLICIES, seed: int = 0) -> list[tuple[str, float, list]]:
+    """Forward and backward of one causal attention (2 heads, T = 256, D = 64) on BF16 q, k of standard deviation
+    `scale` (largest |S| in the tens of thousands at 100, as in the GPU runs of the score rows), per policy:
+    (policy, largest |S|, [O, dQ, dK, dV all finite])."""
+    import torch
+
+    from lpfail.attention import attention
+    from lpfail.precision import Precision
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = ((torch.randn(1, 2, 256, 64, generator=g) * s) for s in (scale, scale, 1.0))
+    smax = float((q @ k.transpose(-1, -2) / 8).abs().max())
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    do = (torch.randn(1, 2, 256, 64, generator=g) * 1e-2).to(torch.bfloat16)
+    out = []
+    for pol in policies:
+        q_, k_, v_ = (t.clone().requires_grad_() for t in (q, k, v))
+        o = attention(q_, k_, v_, Precision.parse(pol))
+        o.backward(do)
+        out.append((pol, smax, [bool(torch.isfinite(t).all()) for t in (o, q_.grad, k_.grad, v_.grad)]))
+    return out
+
+
+def outcome_lines(analysis: Mapping, c: sub.SubstitutionConfig | None = None) -> list[str]:
+    """The closing note: each row's verdict with its interval at each learning rate, in the paper's order."""
+    c = c or sub.SubstitutionConfig()
+    out = []
+    for r in paper_order(c.row_objects()):
+        parts = []
+        for lr in c.lrs:
+            d = analysis.get("rows", {}).get(r.name, {}).get("by_lr", {}).get(f"{lr:g}")
+            if lr not in r.lrs:
+                continue
+            if d is None or d.get("ci") is None:
+                parts.append(f"lr {lr:g}: {d['verdict'] if d else 'pending (GPU)'}")
+            else:
+                parts.append(f"lr {lr:g}: {d['verdict']}, {d['point']:+.3f} "
+                             f"[{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]")
+        out.append(f"{r.name}: " + "; ".join(parts))
+    return out
+
+
+def verdict_counts(analysis: Mapping) -> dict[str, dict[str, list[str]]]:
+    """{lr: {verdict: [row names]}} over the stored rows."""
+    out: dict = {}
+    for name, r in analysis.get("rows", {}).items():
+        for lr, d in r["by_lr"].items():
+            out.setdefault(lr, {}).setdefault(d["verdict"], []).append(name)
+    return out
+
+
+def replay_run_matches(have: Mapping, directory=None) -> bool | None:
+    """Whether the GPU call's retrained A (lr 3.2e-2, seed 0, with checkpoints; results/substitution_gpu/
+    a_val.jsonl) has exactly the held-out losses of lr_sweep's stored run of A there (None when absent)."""
+    import json
+
+    from lpfail import results
+
+    p = (directory or results.results_dir()) / "substitution_gpu" / "a_val.jsonl"
+    ref = have.get(sub.Point("A", sub.LRS[-1], sub.SEEDS[0]).key)
+    if not p.is_file() or ref is None:
+        return None
+    rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+    return ([r["step"] for r in rows] == list(ref["val_step"])
+            and [r["val_loss"] for r in rows] == list(ref["val_loss"]))
+
+
+def departure(have: Mapping, lr: float = 3.2e-2, seed: int = 0) -> tuple[int, int] | None:
+    """Where A's held-out loss leaves C's in lr_sweep's runs at (lr, seed): (the last evaluation step at which
+    A's loss is ≤ C's, the next evaluation step), after which A stays above C at every evaluation; None when A
+    never stays above C (or a run is missing)."""
+    a, c = have.get(sub.Point("A", lr, seed).key), have.get(sub.Point("C", lr, seed).key)
+    if a is None or c is None or list(a["val_step"]) != list(c["val_step"]):
+        return None
+    steps = list(a["val_step"])
+    above = [x > y for x, y in zip(a["val_loss"], c["val_loss"])]
+    if not above or not above[-1]:
+        return None
+    i = len(above) - 1
+    while i > 0 and above[i - 1]:
+        i -= 1
+    return (steps[i - 1], steps[i]) if i > 0 else None

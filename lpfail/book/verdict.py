@@ -683,8 +683,12 @@ def judge_gradient_error(res: Mapping) -> Verdict:
             v = CONTRADICTED
         else:
             v = REPRODUCED if (cos >= 0.5 and pos) else PARTLY if (cos >= 0.5 or pos) else NOT_REPRODUCED
-        plain = (f"On A's GPU checkpoints: checks {'pass' if ok else 'FAIL'}; median cosine of the rank-one terms "
-                 f"{cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked step: {pos}.")
+        where = res.get("gpu_provenance") or {}
+        on = (f" ({where.get('device')}, {str(where.get('created', ''))[:10]})" if where.get("device") else "")
+        err = f" (worst relative error {_f(gpu['max_rel_err']):.1e})" if "max_rel_err" in gpu else ""
+        plain = (f"On A's GPU checkpoints{on}: checks {'pass' if ok else 'FAIL'}{err}; median cosine of the "
+                 f"rank-one terms {cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked "
+                 f"step: {pos}.")
     return Verdict("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
                          "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
                    v, f"{cpu} {plain} See {{doc}}`03_gradient_error`; {_prov(res)}.",

@@ -27,11 +27,12 @@ import numpy as np
 import torch
 
 from lpfail import results
-from lpfail.gradient_error import TOL, capture_layer, derivation_check, synthetic_inputs
+from lpfail.gradient_error import TOL, capture_layer, delta_term, derivation_check, synthetic_inputs
 from lpfail.precision import Precision
 
 _SCALARS = ("eq1_rel_err", "eq2_rel_err", "eq3_rel_err", "eq3_cos_mean", "share_cos", "share_norm", "sum_dd",
-            "frac_dd_pos", "dd_abs_mean", "dw_err_norm")
+            "frac_dd_pos", "dd_abs_mean", "dw_err_norm", "sum_dd_tied", "sum_dd_untied", "frac_tied")
+_SKETCHES = ("sketch_rbar", "sketch_dterm")  # per head, SKETCH_DIM numbers: GPU records only (cross-step cosines)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class GradientErrorConfig:
     # the GPU records of tools/gpu_substitution.sh (A's checkpoints), merged in when the file exists under the
     # results directory; rerun `python -m lpfail run gradient_error` after copying it there
     gpu_file: str = "substitution_gpu/gradient_error_gpu.json"
+    # chapter 3's item 3 (`accumulation_run`, the ``accumulate`` command in tools/gpu_substitution.sh's extras):
+    # merged in as "accumulation" when the file exists (not recorded by the call of 2026-12-01)
+    acc_file: str = "substitution_gpu/accumulation.json"
 
 
 def _summary(r: dict) -> dict:
@@ -105,6 +109,7 @@ def check_run(run_dir, steps, layers=None, rows: int | None = None, policy: Prec
                                  cap["do"].cpu(), policy, n_head=cap["n_head"], input_dtype=input_dtype,
                                  qkv=tuple(a.cpu() for a in cap["qkv"]))
             rec = {"step": int(step), "layer": int(layer), "loss": cap["loss"], **_summary(r),
+                   **{k: [[round(x, 6) for x in v] for v in r[k]] for k in _SKETCHES},
                    "dd_rows": r["dd"].sum(dim=(0, 1)).tolist()}  # Σ over batch and heads of Δδ per position
             out.append(rec)
             log(f"gradient_error: step {step} layer {layer}: eq1 {max(rec['eq1_rel_err']):.1e} eq2 "
@@ -156,7 +161,33 @@ def gradient_error(c: GradientErrorConfig) -> dict:
             raise results.ResultCorrupt(f"{gpu} is not a gradient_error GPU record file ({e}); copy "
                                         "gradient_error_gpu.json from tools/gpu_substitution.sh's $OUT again") from None
         out["gpu"] = g
+        out["gpu_provenance"] = g.get("provenance") or _call_provenance(gpu.parent.parent)
+    acc = results.results_dir() / c.acc_file
+    if acc.is_file():
+        a = json.loads(acc.read_text())
+        if not isinstance(a.get("by_policy"), dict):
+            raise results.ResultCorrupt(f"{acc} is not an accumulation_run record (no 'by_policy')")
+        out["accumulation"] = a
     return out
+
+
+def _call_provenance(results_dir: Path) -> dict | None:
+    """Where and when the GPU records were measured, for a record file written before it said so itself (the
+    call of 2026-12-01): tools/gpu_substitution.sh ran the extras beside the substitution grid in one call,
+    so the grid's part file (results/substitution_parts/) carries that call's device, git and date."""
+    parts = sorted((results_dir / "substitution_parts").glob("part-*.json"))
+    if not parts:
+        return None
+    meta = json.loads(parts[0].read_text())
+    return {k: meta.get(k) for k in ("device", "git", "created")} | {"source": f"substitution_parts/{parts[0].name}"}
+
+
+def _provenance() -> dict:
+    """Device, tree and date of a GPU record file, written into it (`main`'s gpu command)."""
+    import datetime
+
+    return {"device": results._device(), "git": results._git(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def a_run_config(out_dir: str, lr: float = 3.2e-2, seed: int = 0, checkpoint_every: int = 100):
@@ -169,14 +200,102 @@ def a_run_config(out_dir: str, lr: float = 3.2e-2, seed: int = 0, checkpoint_eve
     return dataclasses.replace(tc, checkpoint_every=checkpoint_every, keep_checkpoints=0)
 
 
+#: Chapter 3's item 3: the policies whose δ error is accumulated along one trajectory (`accumulation_run`).
+ACC_POLICIES = {"A": "PAPER_BF16", "A_fix": "PAPER_BF16_OFFICIAL_FIX", "A_sr": "PAPER_BF16,rounding=sr",
+                "D": "FA2_BF16"}
+
+
+def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | None = None, rows: int = 8,
+                     n_signs: int = 16, device="cpu", log=print) -> dict:
+    """Biased vs unbiased accumulation over K consecutive real steps (the paper's Eq. 3 over time).
+
+    Replays the recorded run `run_dir` from its checkpoint at `step` for `k` steps on its recorded batches
+    (bit for bit the run: `lpfail.train.train` with replay and resume), and after each update captures layer
+    `layer` on the first `rows` sequences of the next step's batch. For each policy (name → Precision string;
+    default `ACC_POLICIES`: A, A with the official fix, A with stochastic rounding, D) it adds Eq. 2's δ-term
+    (`lpfail.gradient_error.delta_term`, per head) to a running sum E_K, on the *same* tensors, so that only
+    the arithmetic of δ differs. Beside it, `n_signs` sums of the same terms with random signs (seeded): what
+    the same terms give when their signs carry no bias (∝ √K). Returns per policy the norms ‖E_K‖ per head and
+    K, the sign-randomized RMS norms, Σ Δδ per step and head, and the fitted exponents (log‖E‖ vs log K after
+    the first tenth): ≈ 1 when biased, ≈ ½ when not."""
+    from lpfail.train import _rows, checkpoint_path, load_batch_record, load_config, load_tokens, \
+        split_validation, train
+
+    policies = {n: Precision.parse(p) for n, p in (policies or ACC_POLICIES).items()}
+    if k < 10:
+        raise ValueError(f"accumulation_run: need k >= 10 steps (got {k})")
+    run_dir = Path(run_dir)
+    cfg = load_config(run_dir / "config.json")
+    if step < 0 or step + k > cfg.max_steps - 1:
+        raise ValueError(f"accumulation_run: the window's batches {step + 1}..{step + k} must lie inside the run's "
+                         f"0..{cfg.max_steps - 1}")
+    if not 0 <= layer < cfg.n_layer:
+        raise ValueError(f"accumulation_run: layer {layer} outside 0..{cfg.n_layer - 1}")
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    tokens, _, _ = load_tokens(cfg)
+    tokens, _ = split_validation(tokens, cfg)
+    order = load_batch_record(run_dir)
+    g = torch.Generator().manual_seed(0)
+    acc: dict = {n: None for n in policies}
+    signed: dict = {n: None for n in policies}
+    out = {n: {"norm": [], "norm_signs": [], "sum_dd": []} for n in policies}
+    amp = (torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+           if cfg.autocast == "bf16" else torch.autocast(device_type="cpu", enabled=False))
+
+    def hook(s: int, model):
+        nxt = s + 1  # the weights after step s (= step .. step + k − 1) are the ones step s + 1 uses
+        x, y = _rows(tokens, order.offsets(nxt)[:rows], cfg.block_size)
+        with amp:
+            cap = capture_layer(model, x.to(device), y.to(device), layer)
+        signs = torch.randint(0, 2, (n_signs,), generator=g).double() * 2 - 1
+        for name, pol in policies.items():
+            r = delta_term(cap["x"], cap["w_q"], cap["w_k"], cap["w_v"], cap["do"], pol, n_head=cap["n_head"],
+                           qkv=cap["qkv"])                                  # on the run's device, in float64
+            t = r["term"].cpu()                                                             # (H, D, C)
+            acc[name] = t.clone() if acc[name] is None else acc[name] + t
+            st = signs.view(-1, 1, 1, 1) * t
+            signed[name] = st if signed[name] is None else signed[name] + st
+            out[name]["norm"].append([float(v) for v in acc[name].flatten(1).norm(dim=1)])
+            out[name]["norm_signs"].append([float(v) for v in signed[name].flatten(2).norm(dim=2).pow(2)
+                                            .mean(0).sqrt()])
+            out[name]["sum_dd"].append(r["sum_dd"])
+
+    import dataclasses as _dc
+
+    tc = _dc.replace(cfg, out_dir="", max_steps=step + k, checkpoint_every=0, keep_checkpoints=0, diag_every=0)
+    t0 = __import__("time").time()
+    res = train(tc, replay=run_dir, resume_from=checkpoint_path(run_dir, step), hook=hook)
+    for name in policies:
+        n = np.asarray(out[name]["norm"])                                                   # (K, H)
+        ks = np.arange(1, len(n) + 1)
+        tail = slice(max(1, len(n) // 10), None)
+        lx = np.log(ks[tail])
+        out[name]["exponent"] = [float(np.polyfit(lx, np.log(np.maximum(n[tail, h], 1e-300)), 1)[0])
+                                 for h in range(n.shape[1])] if len(n) > 2 else []
+        ns = np.asarray(out[name]["norm_signs"])
+        out[name]["exponent_signs"] = [float(np.polyfit(lx, np.log(np.maximum(ns[tail, h], 1e-300)), 1)[0])
+                                       for h in range(ns.shape[1])] if len(ns) > 2 else []
+        log(f"accumulation {name}: exponent per head {np.round(out[name]['exponent'], 2).tolist()} "
+            f"(random signs {np.round(out[name]['exponent_signs'], 2).tolist()})")
+    return {"step": int(step), "k": int(k), "layer": int(layer), "rows": int(rows), "status": res.status,
+            "policies": {n: str(p) for n, p in policies.items()}, "by_policy": out,
+            "wall_s": round(__import__("time").time() - t0, 1)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.gradient_error")
-    ap.add_argument("command", choices=("gpu", "a-config"))
+    ap.add_argument("command", choices=("gpu", "a-config", "accumulate"))
     ap.add_argument("--run", required=True, help="a run directory with checkpoints and its batch record "
                     "(a-config: where the run will write; its train_config.json is written there)")
     ap.add_argument("--steps", default="300,600,900")
     ap.add_argument("--rows", type=int, default=8, help="sequences of the step's batch to use")
-    ap.add_argument("--out", default=None, help="gpu: the JSON file to write")
+    ap.add_argument("--out", default=None, help="gpu, accumulate: the JSON file to write")
+    ap.add_argument("--step", type=int, default=600, help="accumulate: the checkpoint the window starts at")
+    ap.add_argument("--k", type=int, default=100, help="accumulate: the number of consecutive steps")
+    ap.add_argument("--layer", type=int, default=0, help="accumulate: the layer (0: the largest dW_Q error "
+                    "in the GPU records of 2026-12-01)")
     args = ap.parse_args(argv)
     if args.command == "a-config":
         Path(args.run).mkdir(parents=True, exist_ok=True)
@@ -184,12 +303,17 @@ def main(argv=None) -> int:
         print(Path(args.run) / "train_config.json")
         return 0
     if not args.out:
-        ap.error("gpu needs --out")
+        ap.error(f"{args.command} needs --out")
+    if args.command == "accumulate":
+        res = accumulation_run(args.run, args.step, args.k, args.layer, rows=args.rows,
+                               device="cuda" if torch.cuda.is_available() else "cpu")
+        Path(args.out).write_text(json.dumps({**res, "provenance": _provenance()}) + "\n")
+        return 0
     steps = [int(s) for s in args.steps.split(",")]
     recs = check_run(args.run, steps, rows=args.rows, device="cuda" if torch.cuda.is_available() else "cpu")
     every = [x for rec in recs for k in ("eq1_rel_err", "eq2_rel_err") for x in rec[k]]
     Path(args.out).write_text(json.dumps({"tol": TOL, "records": recs, "max_rel_err": max(every),
-                                          "passed": max(every) <= TOL, "run": str(args.run)}) + "\n")
+                                          "passed": max(every) <= TOL, "provenance": _provenance()}) + "\n")
     print(f"gradient_error gpu: {len(recs)} (step, layer) checks, max relative error {max(every):.2e} "
           f"(tol {TOL:g}): {'passed' if max(every) <= TOL else 'FAILED'}")
     return 0 if max(every) <= TOL else 1

@@ -550,6 +550,7 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default=None)
     ap.add_argument("--run", default=None, help="replay: the recorded run (checkpoints kept)")
     ap.add_argument("--step", type=int, default=600, help="replay: the checkpoint to replay and branch from")
+    ap.add_argument("--until", type=int, default=None, help="replay: the window's end (default: the run's end)")
     ap.add_argument("--rows", default="l,scores,score_path,exp_in,out,delta_dPP,obar",
                     help="replay: the rows to branch with (policy rows)")
     ap.add_argument("--out", default=None, help="replay: the JSON file to write")
@@ -561,7 +562,7 @@ def main(argv=None) -> int:
         by = {r.name: r for r in ROWS}
         branches = {n: {"attention": f"reference({row_policy(by[n]).name})"} for n in args.rows.split(",")}
         t0 = time.time()
-        res = replay_branch(args.run, args.step, branches)
+        res = replay_branch(args.run, args.step, branches, max_steps=args.until)
         res["wall_s"] = round(time.time() - t0, 1)
         Path(args.out).write_text(json.dumps(res) + "\n")
         print(f"replay from step {args.step}: bit-exact {res['replay']['equal']}; first differing step per row: "
