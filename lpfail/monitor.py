@@ -29,8 +29,9 @@ autocast off, draws no random numbers and passes every SDPA call through unchang
 checks bit-identical losses, also under autocast). Its cost is confined to sampled steps: the interceptor
 mode is entered by a forward pre-hook of the model on sampled steps only and left by its forward hook, so an
 unsampled step runs no monitor code but two hook calls; on a sampled step the logit statistics stay on the
-device until `step()`, and the weight statistics come from hs × hs Gram matrices whose eigenvalues are taken
-on the host in float64 (no device SVD). On a sampled step where neither source yields anything it raises
+device until `step()`; the norms come from hs × hs Gram matrices on the device (batched matmuls, no SVD),
+and the update's spectral entropy, every `window` steps, from the eigenvalues of those Gram matrices taken
+on the host in float64. On a sampled step where neither source yields anything it raises
 `MonitorError`, naming what it looked for, instead of monitoring nothing.
 
 Thresholds (`Thresholds`) turn statistics into alerts: a warning (`MonitorWarning`, through ``warnings``),
@@ -282,23 +283,45 @@ def find_qk(model: nn.Module, n_head: int | None = None) -> list[QKWeights]:
 
 
 @torch.no_grad()
+def _lambda_max(m: torch.Tensor, squarings: int = 16) -> torch.Tensor:
+    """The largest eigenvalue of each matrix in m (…, n, n), float64, whose eigenvalues are real and ≥ 0 (a
+    Gram matrix, or a product of two): m is squared `squarings` times (normalised each time), which leaves
+    ≈ the projector on the top eigenvector (components of the others shrink like (λ₂/λ₁)^(2^squarings)), and
+    λ₁ = ‖m x‖ / ‖x‖ for its largest column x. Batched matmuls only, on m's device: no eigensolver, no SVD,
+    no copy to the host."""
+    scale = torch.linalg.matrix_norm(m).clamp_min(torch.finfo(m.dtype).tiny)[..., None, None]
+    a = m / scale
+    for _ in range(squarings):
+        a = a @ a
+        a = a / torch.linalg.matrix_norm(a).clamp_min(torch.finfo(m.dtype).tiny)[..., None, None]
+    cols = a.norm(dim=-2)                                                     # (…, n)
+    x = torch.gather(a, -1, cols.argmax(dim=-1)[..., None, None].expand(*a.shape[:-1], 1))  # (…, n, 1)
+    lam = (m @ x).norm(dim=(-2, -1)) / x.norm(dim=(-2, -1)).clamp_min(torch.finfo(m.dtype).tiny)
+    return torch.where(scale[..., 0, 0] > torch.finfo(m.dtype).tiny, lam, torch.zeros_like(lam))
+
+
+@torch.no_grad()
 def qk_norms(wq: torch.Tensor, wk: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Per head ‖W_Q^h‖₂ and ‖W_Q^hᵀ W_K^h‖₂ (the C × C bilinear form x W_Q^hᵀ W_K^h yᵀ whose entries are the raw
-    logits), wq (H, hs, C), wk (Hkv, hs, C). Both from hs × hs Gram matrices G_Q = W_Q W_Qᵀ, G_K = W_K W_Kᵀ
-    (float64, on the weights' device, then on the host): ‖W_Q‖₂² = λ_max(G_Q) and
-    ‖W_Qᵀ W_K‖₂² = λ_max(G_Q G_K) = λ_max(G_Q^½ G_K G_Q^½), so no C × C matrix and no device SVD."""
+    logits), wq (H, hs, C), wk (Hkv, hs, C). Both from hs × hs Gram matrices G_Q = W_Q W_Qᵀ, G_K = W_K W_Kᵀ in
+    float64 on the weights' device: ‖W_Q‖₂² = λ_max(G_Q) and ‖W_Qᵀ W_K‖₂² = λ_max(G_Q G_K) (the nonzero
+    eigenvalues of W_Kᵀ G_Q W_K): on a CPU by LAPACK's eigh, on an accelerator by `_lambda_max` (batched
+    matmuls; no device eigensolver or SVD); no C × C matrix, one small copy to the host."""
     h, hk = wq.shape[0], wk.shape[0]
     wk = wk.repeat_interleave(h // hk, dim=0) if hk != h else wk
     with _no_autocast(wq.device):
-        gq = (wq.double() @ wq.double().transpose(-1, -2)).cpu()               # (H, hs, hs)
-        gk = (wk.double() @ wk.double().transpose(-1, -2)).cpu()
-    lam, u = torch.linalg.eigh(gq)
-    root = (u * lam.clamp_min(0.0).sqrt()[..., None, :]) @ u.transpose(-1, -2)  # G_Q^½
-    m = root @ gk @ root
-    m = (m + m.transpose(-1, -2)) / 2
-    n_q = lam[..., -1].clamp_min(0.0).sqrt()
-    n_qk = torch.linalg.eigvalsh(m)[..., -1].clamp_min(0.0).sqrt()
-    return n_q.numpy(), n_qk.numpy()
+        q, k = wq.detach().double(), wk.detach().double()
+        gq = q @ q.transpose(-1, -2)                                          # (H, hs, hs)
+        gk = k @ k.transpose(-1, -2)
+        if gq.device.type == "cpu":  # LAPACK is quicker than the squarings for small matrices on a CPU
+            lam, u = torch.linalg.eigh(gq)
+            root = (u * lam.clamp_min(0.0).sqrt()[..., None, :]) @ u.transpose(-1, -2)  # G_Q^½
+            m = root @ gk @ root                                               # same spectrum as G_Q G_K
+            both = torch.stack([lam[..., -1], torch.linalg.eigvalsh((m + m.transpose(-1, -2)) / 2)[..., -1]])
+        else:
+            both = torch.stack([_lambda_max(gq), _lambda_max(gq @ gk)])
+        both = both.clamp_min(0.0).sqrt().cpu()
+    return both[0].numpy(), both[1].numpy()
 
 
 # -- the monitor ----------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_grid_status_names_the_missing_runs():
     assert st["per_variant"]["A_cap"]["missing_lrs"] == {1e-3: [0, 1, 2]}
     assert "A_z" in st["not_judged"] and "A_cap" in st["not_judged"] and "Bp" in st["judgeable"]
     text = cu.status_text(st)
-    assert "A_z: 12/18 stored" in text and "A_cap: 15/18 stored" in text
+    assert "A_z: 12/18 stored; missing seed 2 at all 6 LRs" in text and "A_cap: 15/18 stored; missing lr 0.001: seed 0, 1, 2" in text
     # without a complete baseline nothing can be judged
     st = cu.grid_status(runs=_runs_without(lambda p: p.variant == "C" and p.seed == 0 and p.lr == 1e-3))
     assert st["judgeable"] == [] and "Bp" in st["not_judged"]

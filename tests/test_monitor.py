@@ -311,3 +311,18 @@ def test_norms_and_entropy_agree_with_svd():
     p = sv ** 2 / (sv ** 2).sum(-1, keepdim=True)
     ref = (-(p * p.log()).sum(-1) / math.log(6)).numpy()
     assert np.allclose(spectral_entropy(dw), ref, rtol=1e-10)
+
+
+def test_lambda_max_by_squaring_matches_eigh():
+    # the accelerator path of qk_norms (batched matmuls), checked on the CPU against LAPACK
+    from lpfail.monitor import _lambda_max
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(6, 8, 40, generator=g, dtype=torch.float64), torch.randn(6, 8, 40, generator=g,
+                                                                             dtype=torch.float64)
+    ga, gb = a @ a.transpose(-1, -2), b @ b.transpose(-1, -2)
+    assert torch.allclose(_lambda_max(ga), torch.linalg.eigvalsh(ga)[..., -1], rtol=1e-10)
+    ref = torch.linalg.matrix_norm(a.transpose(-1, -2) @ b, ord=2) ** 2
+    assert torch.allclose(_lambda_max(ga @ gb), ref, rtol=1e-9)
+    tied = torch.diag(torch.tensor([3.0, 3.0, 1.0], dtype=torch.float64))  # a repeated top eigenvalue
+    assert _lambda_max(tied).item() == pytest.approx(3.0, rel=1e-12)
+    assert _lambda_max(torch.zeros(2, 4, 4, dtype=torch.float64)).tolist() == [0.0, 0.0]

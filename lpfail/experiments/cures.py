@@ -162,6 +162,19 @@ def partial_analysis(cfg: CuresConfig | None = None) -> dict:
     return {"status": status, "analysis": analyse(out), "parts": out["parts"]}
 
 
+def missing_text(entry: dict, n_lrs: int | None = None) -> str:
+    """A variant's missing runs in a few words: "seed 2 at all 6 LRs", or per learning rate."""
+    miss = entry["missing_lrs"]
+    if not miss:
+        return "none"
+    n_lrs = n_lrs or len(ls.LRSweepConfig().lrs)
+    seeds = {tuple(s) for s in miss.values()}
+    if len(miss) == n_lrs and len(seeds) == 1:
+        (s,) = seeds
+        return f"seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))} at all {n_lrs} LRs"
+    return "; ".join(f"lr {lr:g}: seed {', '.join(map(str, s))}" for lr, s in miss.items())
+
+
 def status_text(status: dict) -> str:
     """A short plain-text account of the grid: complete variants, and per incomplete one its missing runs."""
     per = status["per_variant"]
@@ -171,8 +184,7 @@ def status_text(status: dict) -> str:
              f"complete variants: {', '.join(done) if done else 'none'}"]
     for v, x in per.items():
         if not x["complete"]:
-            lrs = ", ".join(f"{lr:g} (seeds {', '.join(map(str, s))})" for lr, s in x["missing_lrs"].items())
-            lines.append(f"{v}: {x['stored']}/{x['planned']} stored; missing at lr {lrs}")
+            lines.append(f"{v}: {x['stored']}/{x['planned']} stored; missing {missing_text(x)}")
     return "\n".join(lines)
 
 
