@@ -97,7 +97,11 @@ def main(argv=None) -> dict:
     out = {"device": dev_name, "torch": torch.__version__, "steps": args.steps, "batch": batch, "model": name,
            "monitor": f"Monitor(model) defaults (every={EVERY}, window=50)", "deterministic": args.deterministic,
            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
-    p1, m, p2 = run_all(args.steps, device, cfg, batch)
+    with warnings.catch_warnings(record=True) as caught:  # ops without a deterministic implementation
+        warnings.simplefilter("always")
+        p1, m, p2 = run_all(args.steps, device, cfg, batch)
+    out["nondeterministic_ops"] = sorted({str(w.message)[:160] for w in caught
+                                          if "deterministic" in str(w.message)})
     (plain1, loss1), (mon_t, loss_m), (plain2, loss2) = ((r.times, r.losses) for r in (p1, m, p2))
     n_rec = len(m.mon.records)
     steps = range(SKIP, args.steps)
