@@ -96,7 +96,8 @@ def main(argv=None) -> dict:
         batch, name, dev_name = 4, "small GPT 4 × 4 × 128, context 128, SDPA, FP32", "CPU"
     out = {"device": dev_name, "torch": torch.__version__, "steps": args.steps, "batch": batch, "model": name,
            "monitor": f"Monitor(model) defaults (every={EVERY}, window=50)", "deterministic": args.deterministic,
-           "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+           "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+           "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "git": os.environ.get("LPFAIL_GIT")}
     with warnings.catch_warnings(record=True) as caught:  # ops without a deterministic implementation
         warnings.simplefilter("always")
         p1, m, p2 = run_all(args.steps, device, cfg, batch)
