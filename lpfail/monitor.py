@@ -363,7 +363,7 @@ class Monitor:
         self._step = 0
         self._mode: SDPAInterceptor | None = None
         self._hooks: tuple | None = None
-        self._active, self._depth = False, 0
+        self._active, self._depth, self._forwards = False, 0, 0
         self._calls: dict[int, dict] = {}
         self._above: set[tuple[str, int, int]] = set()
         self._snapshot: list[torch.Tensor] | None = None
@@ -395,6 +395,7 @@ class Monitor:
         self._depth += 1
         if self._depth > 1:                # a forward inside the model's own forward: already handled
             return
+        self._forwards += 1
         self._mode.new_forward()
         if self.sampling:
             self._mode.__enter__()
@@ -439,6 +440,7 @@ class Monitor:
                                "mon.attach()")
         step = self._step
         self._step += 1
+        forwards, self._forwards = self._forwards, 0
         if step % self.every:
             return None
         rec: dict = {"kind": "record", "step": step, **{k: _plain(v) for k, v in extra.items()}}
@@ -449,6 +451,9 @@ class Monitor:
                                 for i in idx]
             rec["rows"] = [self._calls[i]["rows"] for i in idx]
         self._calls = {}
+        if forwards == 0:
+            rec["warning"] = ("no forward of the monitored module ran through its __call__ during this step, so "
+                              "its attention calls were not examined (call model(...), not model.forward(...))")
         if self.qk:
             ws = [src.get() for src in self.qk]
             norms = [qk_norms(wq, wk) for wq, wk in ws]

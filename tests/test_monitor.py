@@ -326,3 +326,17 @@ def test_lambda_max_by_squaring_matches_eigh():
     tied = torch.diag(torch.tensor([3.0, 3.0, 1.0], dtype=torch.float64))  # a repeated top eigenvalue
     assert _lambda_max(tied).item() == pytest.approx(3.0, rel=1e-12)
     assert _lambda_max(torch.zeros(2, 4, 4, dtype=torch.float64)).tolist() == [0.0, 0.0]
+
+
+def test_a_step_without_a_forward_call_is_flagged():
+    # the interceptor is entered by the model's forward hooks: model.forward(...) bypasses them
+    torch.manual_seed(0)
+    model = _gpt()
+    idx = torch.randint(0, 32, (2, 12))
+    with Monitor(model, every=1, window=1) as mon:
+        model(idx, idx)
+        rec = mon.step()
+        assert "max_logit" in rec and "warning" not in rec
+        model.forward(idx, idx)
+        rec = mon.step()
+        assert "max_logit" not in rec and "model.forward" in rec["warning"] and "wq" in rec
