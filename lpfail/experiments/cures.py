@@ -38,7 +38,10 @@ the gap, D closes it, B about a third), none for the new ones.
 
 GPU: ``bash tools/gpu_cures.sh start`` then ``wait`` / ``collect`` (126 new runs, 36 of them shared with
 fix_training; ≈ 13–18 device-minutes on one H200 at lr_sweep's measured 72–100 s per run with 12 at once); here
-``python -m lpfail.experiments.cures collect`` stores the result from the copied parts.
+``python -m lpfail.experiments.cures collect`` stores the result from the copied parts — only once the grid is
+whole: with runs missing it prints which (per variant and learning rate) and writes nothing. Meanwhile
+`partial_analysis` gives the pre-registered verdicts of the complete variants (the rule is per cure, see
+there) and `grid_status` the rest; chapter 6 shows both.
 """
 from __future__ import annotations
 
