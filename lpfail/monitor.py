@@ -24,10 +24,15 @@ Nothing in the model's code changes. Two sources are used, each where it can be 
   values), 1 for an update spread evenly over all directions, 0 for a rank-one update (after arXiv
   2606.28116, which reports that a collapse of this entropy precedes divergence).
 
-The monitor never changes the model's numbers: it reads detached tensors under ``torch.no_grad()``, draws
-no random numbers and passes every SDPA call through unchanged (tests/test_monitor.py checks bit-identical
-losses). On a sampled step where neither source yields anything it raises `MonitorError`, naming what it
-looked for, instead of monitoring nothing.
+The monitor never changes the model's numbers: it reads detached tensors under ``torch.no_grad()`` with
+autocast off, draws no random numbers and passes every SDPA call through unchanged (tests/test_monitor.py
+checks bit-identical losses, also under autocast). Its cost is confined to sampled steps: the interceptor
+mode is entered by a forward pre-hook of the model on sampled steps only and left by its forward hook, so an
+unsampled step runs no monitor code but two hook calls; on a sampled step the logit statistics stay on the
+device until `step()`; the norms come from hs × hs Gram matrices on the device (batched matmuls, no SVD),
+and the update's spectral entropy, every `window` steps, from the eigenvalues of those Gram matrices taken
+on the host in float64. On a sampled step where neither source yields anything it raises
+`MonitorError`, naming what it looked for, instead of monitoring nothing.
 
 Thresholds (`Thresholds`) turn statistics into alerts: a warning (`MonitorWarning`, through ``warnings``),
 a ``logging`` record on the "lpfail.monitor" logger and the optional ``callback(alert)``, once when a
@@ -106,12 +111,16 @@ class Alert:
 
 
 # -- the statistics, as plain functions ------------------------------------------------------------------
+def _no_autocast(device: torch.device):
+    """A context in which autocast is off on `device`: the monitor's FP32 logits must be FP32 even when the
+    model's forward runs under ``torch.autocast`` (which would otherwise run the monitor's matmul in BF16)."""
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 @torch.no_grad()
-def attention_logit_stats(call: SDPACall, score_dtype: torch.dtype = torch.bfloat16,
-                          sample_batch: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
-    """(max logit per head, tied rows per head, rows per head) for one SDPA call, from its first
-    `sample_batch` sequences. Logits S = α·qkᵀ in FP32 over the allowed entries; a row is tied when ≥ 2
-    allowed keys attain its maximum after S is rounded to `score_dtype`; rows with no allowed key are skipped."""
+def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: int):
+    """(max logit per head, tied rows per head) as tensors on the call's device, and the rows per head (int):
+    nothing is copied to the host, so the forward does not wait for the device."""
     q = call.q.detach()
     k, _ = call.kv_for_heads()
     k = k.detach()
@@ -121,40 +130,78 @@ def attention_logit_stats(call: SDPACall, score_dtype: torch.dtype = torch.bfloa
     nb = min(sample_batch, q.shape[0])
     allowed = call.allowed()
     nh = q.shape[1]
-    max_logit = np.full(nh, -np.inf)
-    tied = np.zeros(nh, dtype=np.int64)
+    max_logit = torch.full((nh,), -math.inf, dtype=torch.float64, device=q.device)
+    tied = torch.zeros(nh, dtype=torch.int64, device=q.device)
     rows = 0
-    for b in range(nb):
-        s = (q[b].float() @ k[b].float().transpose(-1, -2)) * call.alpha      # (H, Tq, Tk) FP32
-        a = None
-        if allowed is not None:
-            a = allowed if allowed.dim() == 2 else allowed.expand(q.shape[0], nh, *s.shape[-2:])[b]
-            a = torch.broadcast_to(a, s.shape)
-            s = s.masked_fill(~a, -math.inf)
-        live = torch.isfinite(s).any(dim=-1)                                  # (H, Tq) rows with a key
-        sr = s.to(score_dtype)                                                # cast: the scores' dtype
-        row_max = sr.amax(dim=-1, keepdim=True)                               # (H, Tq, 1)
-        n_at_max = ((sr == row_max) & torch.isfinite(sr)).sum(dim=-1)        # (H, Tq)
-        tied += ((n_at_max >= 2) & live).sum(dim=-1).cpu().numpy()
-        mx = s.masked_fill(~torch.isfinite(s), -math.inf).amax(dim=(-1, -2)).double().cpu().numpy()
-        max_logit = np.maximum(max_logit, mx)
-        rows += int(live[0].sum())
+    with _no_autocast(q.device):
+        for b in range(nb):
+            s = (q[b].float() @ k[b].float().transpose(-1, -2)) * call.alpha  # (H, Tq, Tk) FP32
+            if allowed is not None:
+                a = allowed if allowed.dim() == 2 else allowed.expand(q.shape[0], nh, *s.shape[-2:])[b]
+                a = torch.broadcast_to(a, s.shape)
+                s = s.masked_fill(~a, -math.inf)
+            live = torch.isfinite(s).any(dim=-1)                              # (H, Tq) rows with a key
+            sr = s.to(score_dtype)                                            # cast: the scores' dtype
+            row_max = sr.amax(dim=-1, keepdim=True)                           # (H, Tq, 1)
+            n_at_max = ((sr == row_max) & torch.isfinite(sr)).sum(dim=-1)    # (H, Tq)
+            tied += ((n_at_max >= 2) & live).sum(dim=-1)
+            mx = s.masked_fill(~torch.isfinite(s), -math.inf).amax(dim=(-1, -2)).double()
+            max_logit = torch.maximum(max_logit, mx)
+            rows += _live_rows(call, b)
     return max_logit, tied, rows
+
+
+def _live_rows(call: SDPACall, b: int) -> int:
+    """Query rows of sequence b (head 0) with at least one allowed key, from the mask alone (computed on the
+    host when the mask is only causal, so that no device value has to be read during the forward)."""
+    tq, tk = call.q.shape[-2], call.k.shape[-2]
+    if call.attn_mask is None:
+        return tq if tk > 0 else 0  # no mask, or causal (top-left: every row sees key 0)
+    a = call.allowed()
+    a = a if a.dim() == 2 else torch.broadcast_to(a, (*call.q.shape[:2], tq, tk))[b, 0]
+    return int(a.any(dim=-1).sum())
+
+
+@torch.no_grad()
+def attention_logit_stats(call: SDPACall, score_dtype: torch.dtype = torch.bfloat16,
+                          sample_batch: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+    """(max logit per head, tied rows per head, rows per head) for one SDPA call, from its first
+    `sample_batch` sequences. Logits S = α·qkᵀ in FP32 over the allowed entries (autocast off); a row is
+    tied when ≥ 2 allowed keys attain its maximum after S is rounded to `score_dtype`; rows with no allowed
+    key are skipped."""
+    mx, tied, rows = _logit_stats_device(call, score_dtype, sample_batch)
+    return mx.cpu().numpy(), tied.cpu().numpy(), rows
+
+
+def _gram(w: torch.Tensor) -> torch.Tensor:
+    """w wᵀ or wᵀ w (the smaller of the two) of each matrix in w (…, m, n), in float64 on w's device, autocast
+    off. Its eigenvalues are the σ_i² of w: a (…, r, r) matrix with r = min(m, n), cheap to move to the host."""
+    with _no_autocast(w.device):
+        x = w.double()
+        return x @ x.transpose(-1, -2) if x.shape[-2] <= x.shape[-1] else x.transpose(-1, -2) @ x
+
+
+def _sq_singular_values(gram: torch.Tensor) -> torch.Tensor:
+    """σ_i² (ascending, clipped at 0) from Gram matrices, on the host in float64 (LAPACK): the monitor's
+    linear algebra never runs a device SVD (on 2026-12-01 a CUDA SVD of 144 matrices of 768 × 768 per
+    sampled step made those steps about 14 s long on GPT-2 small)."""
+    return torch.linalg.eigvalsh(gram.detach().to("cpu", torch.float64)).clamp_min(0.0)
 
 
 @torch.no_grad()
 def spectral_entropy(dw: torch.Tensor) -> np.ndarray:
     """Normalised spectral entropy of each matrix in `dw` (…, m, n): p_i = σ_i² / Σσ_j², −Σ p log p / log r,
-    r = min(m, n); NaN for a zero matrix (no update) or r = 1."""
-    sv = torch.linalg.svdvals(dw.double())                                    # (…, r)
-    r = sv.shape[-1]
-    e = sv ** 2
+    r = min(m, n); NaN for a zero matrix (no update) or r = 1. σ_i² are the eigenvalues of the r × r Gram
+    matrix (float64, on the host)."""
+    e = _sq_singular_values(_gram(dw))                                        # (…, r)
+    r = e.shape[-1]
     tot = e.sum(dim=-1, keepdim=True)
-    p = e / tot
-    h = -(torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))).sum(dim=-1)
+    p = e / torch.where(tot > 0, tot, torch.ones_like(tot))
+    h = -(torch.where(p > 0, p * torch.log(torch.where(p > 0, p, torch.ones_like(p))),
+                      torch.zeros_like(p))).sum(dim=-1)
     out = (h / math.log(r)) if r > 1 else torch.full_like(h, math.nan)
     out = torch.where(tot[..., 0] > 0, out, torch.full_like(out, math.nan))
-    return out.cpu().numpy()
+    return out.numpy()
 
 
 # -- finding the Q/K projections ----------------------------------------------------------------------------
@@ -236,17 +283,45 @@ def find_qk(model: nn.Module, n_head: int | None = None) -> list[QKWeights]:
 
 
 @torch.no_grad()
+def _lambda_max(m: torch.Tensor, squarings: int = 16) -> torch.Tensor:
+    """The largest eigenvalue of each matrix in m (…, n, n), float64, whose eigenvalues are real and ≥ 0 (a
+    Gram matrix, or a product of two): m is squared `squarings` times (normalised each time), which leaves
+    ≈ the projector on the top eigenvector (components of the others shrink like (λ₂/λ₁)^(2^squarings)), and
+    λ₁ = ‖m x‖ / ‖x‖ for its largest column x. Batched matmuls only, on m's device: no eigensolver, no SVD,
+    no copy to the host."""
+    scale = torch.linalg.matrix_norm(m).clamp_min(torch.finfo(m.dtype).tiny)[..., None, None]
+    a = m / scale
+    for _ in range(squarings):
+        a = a @ a
+        a = a / torch.linalg.matrix_norm(a).clamp_min(torch.finfo(m.dtype).tiny)[..., None, None]
+    cols = a.norm(dim=-2)                                                     # (…, n)
+    x = torch.gather(a, -1, cols.argmax(dim=-1)[..., None, None].expand(*a.shape[:-1], 1))  # (…, n, 1)
+    lam = (m @ x).norm(dim=(-2, -1)) / x.norm(dim=(-2, -1)).clamp_min(torch.finfo(m.dtype).tiny)
+    return torch.where(scale[..., 0, 0] > torch.finfo(m.dtype).tiny, lam, torch.zeros_like(lam))
+
+
+@torch.no_grad()
 def qk_norms(wq: torch.Tensor, wk: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Per head ‖W_Q^h‖₂ and ‖W_Q^h W_K^hᵀ‖₂ (the C × C bilinear form x W_Q^h W_K^hᵀ yᵀ), in FP32."""
+    """Per head ‖W_Q^h‖₂ and ‖W_Q^hᵀ W_K^h‖₂ (the C × C bilinear form x W_Q^hᵀ W_K^h yᵀ whose entries are the raw
+    logits), wq (H, hs, C), wk (Hkv, hs, C). Both from hs × hs Gram matrices G_Q = W_Q W_Qᵀ, G_K = W_K W_Kᵀ in
+    float64 on the weights' device: ‖W_Q‖₂² = λ_max(G_Q) and ‖W_Qᵀ W_K‖₂² = λ_max(G_Q G_K) (the nonzero
+    eigenvalues of W_Kᵀ G_Q W_K): on a CPU by LAPACK's eigh, on an accelerator by `_lambda_max` (batched
+    matmuls; no device eigensolver or SVD); no C × C matrix, one small copy to the host."""
     h, hk = wq.shape[0], wk.shape[0]
     wk = wk.repeat_interleave(h // hk, dim=0) if hk != h else wk
-    q = wq.float().transpose(-1, -2)                                          # (H, C, hs)
-    k = wk.float().transpose(-1, -2)                                          # (H, C, hs)
-    n_q = torch.linalg.matrix_norm(q, ord=2)
-    # ‖Q Kᵀ‖₂ for Q, K of shape (C, hs): the nonzero singular values of Q Kᵀ are those of (QᵀQ)^½ … ; the
-    # direct C × C product is fine at the sizes monitored here
-    n_qk = torch.linalg.matrix_norm(q @ k.transpose(-1, -2), ord=2)
-    return n_q.double().cpu().numpy(), n_qk.double().cpu().numpy()
+    with _no_autocast(wq.device):
+        q, k = wq.detach().double(), wk.detach().double()
+        gq = q @ q.transpose(-1, -2)                                          # (H, hs, hs)
+        gk = k @ k.transpose(-1, -2)
+        if gq.device.type == "cpu":  # LAPACK is quicker than the squarings for small matrices on a CPU
+            lam, u = torch.linalg.eigh(gq)
+            root = (u * lam.clamp_min(0.0).sqrt()[..., None, :]) @ u.transpose(-1, -2)  # G_Q^½
+            m = root @ gk @ root                                               # same spectrum as G_Q G_K
+            both = torch.stack([lam[..., -1], torch.linalg.eigvalsh((m + m.transpose(-1, -2)) / 2)[..., -1]])
+        else:
+            both = torch.stack([_lambda_max(gq), _lambda_max(gq @ gk)])
+        both = both.clamp_min(0.0).sqrt().cpu()
+    return both[0].numpy(), both[1].numpy()
 
 
 # -- the monitor ----------------------------------------------------------------------------------------------
@@ -287,7 +362,8 @@ class Monitor:
         self.alerts: list[Alert] = []
         self._step = 0
         self._mode: SDPAInterceptor | None = None
-        self._hook = None
+        self._hooks: tuple | None = None
+        self._active, self._depth, self._forwards = False, 0, 0
         self._calls: dict[int, dict] = {}
         self._above: set[tuple[str, int, int]] = set()
         self._snapshot: list[torch.Tensor] | None = None
@@ -295,18 +371,41 @@ class Monitor:
 
     # -- attaching --------------------------------------------------------------------------------------
     def attach(self) -> "Monitor":
-        if self._mode is not None:
+        """Start watching. Two forward hooks on the model's top module are all that stays attached: on a
+        sampled step the pre-hook enters the SDPA interceptor (a TorchFunctionMode) and the post-hook leaves
+        it, so the mode is active only during the forwards of sampled steps; on the other steps no torch
+        call passes through Python code of the monitor."""
+        if self._hooks is not None:
             raise MonitorError("this Monitor is already attached")
         self._mode = SDPAInterceptor(self._on_sdpa)
-        self._hook = self.model.register_forward_pre_hook(lambda *_: self._mode.new_forward())
-        self._mode.__enter__()
+        self._depth, self._active = 0, False
+        self._hooks = (self.model.register_forward_pre_hook(self._pre_forward),
+                       self.model.register_forward_hook(self._post_forward, always_call=True))
         return self
 
     def detach(self) -> None:
-        if self._mode is not None:
+        if self._hooks is not None:
+            if self._active:
+                self._mode.__exit__(None, None, None)
+            for hk in self._hooks:
+                hk.remove()
+            self._hooks, self._mode, self._active, self._depth = None, None, False, 0
+
+    def _pre_forward(self, *_):
+        self._depth += 1
+        if self._depth > 1:                # a forward inside the model's own forward: already handled
+            return
+        self._forwards += 1
+        self._mode.new_forward()
+        if self.sampling:
+            self._mode.__enter__()
+            self._active = True
+
+    def _post_forward(self, *_):
+        self._depth = max(self._depth - 1, 0)
+        if self._depth == 0 and self._active:
+            self._active = False
             self._mode.__exit__(None, None, None)
-            self._hook.remove()
-            self._mode = self._hook = None
 
     def __enter__(self) -> "Monitor":
         return self.attach()
@@ -321,32 +420,40 @@ class Monitor:
 
     def _on_sdpa(self, call: SDPACall, original):
         out = original()  # the model's own result, computed exactly as without the monitor
-        if self.sampling:
-            mx, tied, rows = attention_logit_stats(call, self.score_dtype, self.sample_batch)
-            acc = self._calls.setdefault(call.index, {"max": np.full_like(mx, -np.inf), "tied": 0, "rows": 0})
-            acc["max"] = np.maximum(acc["max"], mx)
-            acc["tied"] = acc["tied"] + tied
-            acc["rows"] += rows
+        if self.sampling:  # statistics stay on the device until step(): the forward never waits for them
+            mx, tied, rows = _logit_stats_device(call, self.score_dtype, self.sample_batch)
+            acc = self._calls.get(call.index)
+            if acc is None:
+                self._calls[call.index] = {"max": mx, "tied": tied, "rows": rows}
+            else:
+                acc["max"] = torch.maximum(acc["max"], mx)
+                acc["tied"] = acc["tied"] + tied
+                acc["rows"] += rows
         return out
 
     # -- one step -----------------------------------------------------------------------------------------
     def step(self, **extra) -> dict | None:
         """End a training step. On a sampled step: compute the record, check thresholds, write JSONL and
         return the record; otherwise return None. `extra` (e.g. loss=…) is stored in the record as is."""
-        if self._mode is None:
+        if self._hooks is None:
             raise MonitorError("Monitor.step() called while not attached: use `with Monitor(model) as mon:` or "
                                "mon.attach()")
         step = self._step
         self._step += 1
+        forwards, self._forwards = self._forwards, 0
         if step % self.every:
             return None
         rec: dict = {"kind": "record", "step": step, **{k: _plain(v) for k, v in extra.items()}}
         if self._calls:
             idx = sorted(self._calls)
-            rec["max_logit"] = [self._calls[i]["max"].tolist() for i in idx]
-            rec["tied_frac"] = [(self._calls[i]["tied"] / max(self._calls[i]["rows"], 1)).tolist() for i in idx]
+            rec["max_logit"] = [self._calls[i]["max"].cpu().numpy().tolist() for i in idx]
+            rec["tied_frac"] = [(self._calls[i]["tied"].cpu().numpy() / max(self._calls[i]["rows"], 1)).tolist()
+                                for i in idx]
             rec["rows"] = [self._calls[i]["rows"] for i in idx]
         self._calls = {}
+        if forwards == 0:
+            rec["warning"] = ("no forward of the monitored module ran through its __call__ during this step, so "
+                              "its attention calls were not examined (call model(...), not model.forward(...))")
         if self.qk:
             ws = [src.get() for src in self.qk]
             norms = [qk_norms(wq, wk) for wq, wk in ws]

@@ -19,8 +19,8 @@ def test_grid_is_lr_sweeps_and_reuses_its_runs():
     assert ls.run_hash(ls.train_config(c, p, "")) == ls.run_hash(ls.train_config(base, p, ""))
     s = cu.plan_summary(cfg)
     assert s["planned"] == len(cfg.variants) * len(base.lrs) * len(base.seeds)
-    for v in cu.NEW:
-        assert s["per_variant"][v] == {"stored": 0, "missing": 18}
+    for v in cu.NEW:  # stored or not, each new variant has its 6 × 3 points
+        assert s["per_variant"][v]["stored"] + s["per_variant"][v]["missing"] == 18
     if ls.load_parts()[0]:
         assert s["per_variant"]["A"]["stored"] == 18  # lr_sweep's A runs are found, not rerun
 
@@ -81,3 +81,45 @@ def test_gradient_errors_rank_the_policies():
                              seeds=(0,), T=64, D=16)
     assert out["C"]["dq"] < out["A"]["dq"] / 3  # C: only the BF16 rounding of the returned gradients
     assert out["res"]["dq"] < out["A"]["dq"] and out["res"]["dv"] == out["A"]["dv"]
+
+
+def _runs_without(drop):
+    """A fabricated store of the whole cures grid (only what `stored_for` reads), minus the points `drop`
+    selects."""
+    c = cu.CuresConfig().sweep()
+    return {p.key: {"run_hash": ls.run_hash(ls.train_config(c, p, ""))} for p in ls.plan(c) if not drop(p)}
+
+
+def test_grid_status_names_the_missing_runs():
+    runs = _runs_without(lambda p: (p.variant == "A_z" and p.seed == 2) or (p.variant == "A_cap" and p.lr == 1e-3))
+    st = cu.grid_status(runs=runs)
+    assert not st["complete"] and st["planned"] - st["stored"] == 6 + 3
+    assert st["per_variant"]["A_z"]["missing_lrs"] == {lr: [2] for lr in ls.LRSweepConfig().lrs}
+    assert st["per_variant"]["A_cap"]["missing_lrs"] == {1e-3: [0, 1, 2]}
+    assert "A_z" in st["not_judged"] and "A_cap" in st["not_judged"] and "Bp" in st["judgeable"]
+    text = cu.status_text(st)
+    assert "A_z: 12/18 stored; missing seed 2 at all 6 LRs" in text and "A_cap: 15/18 stored; missing lr 0.001: seed 0, 1, 2" in text
+    # without a complete baseline nothing can be judged
+    st = cu.grid_status(runs=_runs_without(lambda p: p.variant == "C" and p.seed == 0 and p.lr == 1e-3))
+    assert st["judgeable"] == [] and "Bp" in st["not_judged"]
+
+
+def test_a_complete_cures_verdict_does_not_depend_on_the_others():
+    # the reason chapter 6 may judge the complete cures of a partial grid: the rule is per cure
+    good = [1.6, 1.4, 1.3, 1.25, 1.25, 1.3]
+    bad = [1.6, 1.4, 1.3, 1.3, 1.6, 2.4]
+    half = [1.6, 1.4, 1.3, 1.28, 1.45, 1.9]
+    full = _fake({"A": bad, "C": good, "D": good, "A_z": bad, "Bp": half}, seed=3)
+    keep = [0, 1, 4]  # A, C, Bp
+    sub = {k: (v[keep] if k.startswith("small_") else v) for k, v in full.items()}
+    a, b = cu.analyse(full), cu.analyse(sub)
+    assert a["cures"]["Bp"] == b["cures"]["Bp"] and a["gap"] == b["gap"]
+
+
+def test_collect_refuses_an_incomplete_grid(monkeypatch, capsys):
+    runs = _runs_without(lambda p: p.variant == "A_hp" and p.seed == 2)
+    monkeypatch.setattr(ls, "load_parts", lambda *a, **k: (runs, []))
+    monkeypatch.setattr(cu.results, "save", lambda *a, **k: pytest.fail("collect wrote a partial result"))
+    assert cu.main(["collect"]) == 1
+    err = capsys.readouterr().err
+    assert "incomplete (6 of 252 runs missing); nothing stored" in err and "A_hp: 12/18 stored" in err

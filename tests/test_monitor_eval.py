@@ -38,3 +38,20 @@ def test_threshold_and_missing_variants():
 def test_nan_records_do_not_alert():
     ml = np.array([[np.nan, np.nan], [40.0, np.nan]])
     assert me.alert_steps(ml, np.array([0, 100]), 30.0) == 100.0
+
+
+def test_overhead_lines_say_missed_and_name_the_missing_floor():
+    from lpfail.book.diagnose import overhead_lines
+    old = {"device": "GPU", "model": "m", "steps": 60, "overhead_pct_median": 4.8, "overhead_pct_mean": 5225.0,
+           "mean_monitored_s": 1.41, "mean_plain_s": [0.027, 0.026], "losses_identical": False,
+           "max_loss_diff": 2.4e-4}
+    lines = overhead_lines(old, {"when": "2026-12-01", "monitor": "old"})
+    assert all(len(x) <= 76 for x in "\n".join(lines).splitlines())
+    text = " ".join(" ".join(lines).split())
+    assert "target ≤ 2 %: missed" in text and "2026-12-01" in text and "not compared" in text
+    new = dict(old, overhead_pct_median_unsampled=0.3, overhead_pct_mean=1.5, losses_identical=True,
+               max_loss_diff=0.0, plain_runs_identical=True, max_loss_diff_plain_plain=0.0,
+               when="2026-12-02 10:00 UTC", git="abcdef1234567890")
+    text = " ".join(" ".join(overhead_lines(new, {"when": "2026-12-01"})).split())
+    assert "target ≤ 2 %: met" in text and "2026-12-02" in text and "git abcdef123456" in text
+    assert "noise floor): True" in text and "+0.3 %" in text

@@ -106,3 +106,69 @@ def test_every_cuda_method_runs():
             continue  # may be refused for these shapes; the experiment records why
         o, _ = pk.run_method(name, s, v, "cuda")
         assert o.shape == (64, 64) and torch.isfinite(o).all(), name
+
+
+# -- chapter 6's report (lpfail.book.beyond_report) on fabricated results -------------------------------------
+def _fab(away: dict, unavailable=()):
+    """A prod_kernels-shaped result: every method's error toward larger |O| is `away[m]` everywhere (CI 1e-5),
+    its signed error the opposite (V mostly negative), P̄ = 1; matches 1.0 within a sign group, 0.7 across."""
+    from lpfail.book import beyond_report as br
+    gaps, ties, negs = np.array([8.0, 16.0]), np.array([1.0, 2.0]), np.array([0.5, 0.9])
+    out = {"gaps": gaps, "ties": ties, "neg_fracs": negs}
+    names = list(away)
+    for m in names:
+        out[f"available_{m}"] = m not in unavailable
+        if m in unavailable:
+            out[f"unavailable_{m}"] = "RuntimeError: no such back end"
+            continue
+        for key, val in (("away", away[m]), ("signed", -away[m])):
+            out[f"grid_{m}_{key}"] = np.full((2, 2), val)
+            out[f"grid_{m}_{key}_ci"] = np.full((2, 2), 1e-5)
+            out[f"neg_{m}_{key}"] = np.full(2, val)
+        out[f"grid_{m}_p_one"] = out[f"grid_{m}_pbar_one"] = np.ones((2, 2))
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            out[f"match_{a}__{b}"] = 1.0 if np.sign(away[a]) == np.sign(away[b]) else 0.7
+    assert set(br.PRODUCTION) <= set(names)
+    return out
+
+
+def _all(prod_away, paper=1.3e-3):
+    from lpfail.book import beyond_report as br
+    d = {m: prod_away for m in br.PRODUCTION}
+    d.update({m: -0.9e-3 for m in br.DIVIDE_FIRST})
+    d.update({m: paper for m in br.ROUND_FIRST})
+    return d
+
+
+def test_report_says_opposite_only_when_every_kernel_is():
+    from lpfail.book import beyond_report as br
+    f = br.facts(_fab(_all(-1.0e-3)))
+    assert f["opposite"] and "other way" in f["statement"]
+    assert f["prod_away_lo"] == "-10.00" and f["paper_away"] == "+13.00" and f["prod_signed_hi"] == "+10.00"
+    assert f["match_prod_divide_lo"] == "100.0%" and f["match_prod_round_hi"] == "70.0%"
+    d = _all(-1.0e-3)
+    d["sdpa_cudnn"] = 1.0e-3  # one kernel on the paper's side
+    f = br.facts(_fab(d))
+    assert not f["opposite"] and "not uniformly" in f["statement"]
+    d = _all(-1.0e-3)
+    d["sdpa_math"] = -1e-6    # CI reaches 0: not "biased the other way"
+    assert not br.facts(_fab(d))["opposite"]
+    assert not br.facts(_fab(_all(-1.0e-3, paper=-1e-4)))["opposite"]  # the paper's kernel not biased up
+
+
+def test_report_tables_name_unavailable_back_ends():
+    from lpfail.book import beyond_report as br
+    res = _fab(_all(-1.0e-3), unavailable=("sdpa_cudnn",))
+    table = br.kernels_table(res)
+    assert "| `sdpa_cudnn` | not available: RuntimeError: no such back end" in table
+    assert "| `sdpa_flash` | +10.00 ± 0.10 | -10.00 ± 0.10 | 100% (p: 100%) |" in table
+    m = br.match_table(res)
+    assert "sdpa_cudnn" not in m and "| `sdpa_flash` | 100.0% | 100.0% | 70.0% | 70.0% | 70.0% |" in m
+    assert br.facts(res)["n_production"] == len(br.PRODUCTION) - 1
+
+
+def test_report_refuses_a_result_without_production_kernels():
+    from lpfail.book import beyond_report as br
+    with pytest.raises(ValueError, match="no production method"):
+        br.facts(_fab(_all(-1.0e-3), unavailable=br.PRODUCTION))

@@ -72,6 +72,34 @@ python3 -m lpfail.experiments.$EXP status
 copy_new_parts lr_sweep_parts
 cp "$BASE/drive.log" "$OUT/" 2>/dev/null
 cp "$BASE/checks.json" "$OUT/" 2>/dev/null
-(cd "$BASE/runs" 2>/dev/null && tar czf "$OUT/${EXP}_runs.tgz" --exclude='ckpt_*' --exclude='batches_rank*' \
-    --exclude='train_config.json' . 2>/dev/null)
+# The runs' own files, small ones only: a file that comes back from a device call must stay under 16 MiB
+# (2026-12-01, call 5: 33 MB with every run's per-step log.jsonl, did not come back, and the logs were lost).
+# The per-step logs (log.jsonl), batch lists and checkpoints stay out — every run's summary, its curves
+# included, is in the part files; kept: run.json, config.json, val.jsonl, diag.jsonl and the last 20 kB
+# of stdout.txt. Capped: above MAX_TGZ bytes (15 MiB) only run.json and the stdout tails are kept, and if
+# even that is too big the archive is dropped with a notice (the part files never depend on it).
+MAX_TGZ=${MAX_TGZ:-15728640}
+pack_runs() {  # $1: what to keep (find -name patterns, space-separated)
+    local tmp; tmp=$(mktemp -d)
+    (cd "$BASE/runs" 2>/dev/null && for pat in $1; do
+        find . -type f -name "$pat" -size -2M | while read -r f; do
+            mkdir -p "$tmp/$(dirname "$f")"
+            if [ "$pat" = stdout.txt ]; then tail -c 20000 "$f" >"$tmp/$f"; else cp "$f" "$tmp/$f"; fi
+        done
+    done)
+    tar czf "$OUT/${EXP}_runs.tgz" -C "$tmp" . 2>/dev/null
+    rm -rf "$tmp"
+}
+tgz_size() { stat -c %s "$OUT/${EXP}_runs.tgz" 2>/dev/null || echo 0; }
+if [ -d "$BASE/runs" ]; then
+    pack_runs "run.json config.json val.jsonl diag.jsonl stdout.txt"
+    if [ "$(tgz_size)" -gt "$MAX_TGZ" ]; then
+        log "runs archive $(tgz_size) B > $MAX_TGZ B: keeping run.json and the stdout tails only"
+        pack_runs "run.json stdout.txt"
+    fi
+    if [ "$(tgz_size)" -gt "$MAX_TGZ" ]; then
+        log "runs archive still $(tgz_size) B > $MAX_TGZ B: dropped (the part files hold every run's summary)"
+        rm -f "$OUT/${EXP}_runs.tgz"
+    fi
+fi
 ls -la "$OUT"

@@ -33,5 +33,8 @@ for r in summary(res):
 print({k: float(res[k]) for k in res if k.startswith('match_') and float(res[k]) > 0.5})" 2>&1 | tee "$OUT/prod_kernels_summary.txt"
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = overhead ]; then
-  timeout 300 python3 tools/gpu_monitor_overhead.py "$OUT/monitor_overhead.json" 2>&1 | tail -12
+  # deterministic kernels (and cuBLAS workspace), so that plain vs plain is equal and plain vs monitored
+  # measures the monitor alone; 210 steps = 20 sampled steps after the warm-up (≈ 3 × 6 s of GPU time)
+  CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 300 python3 tools/gpu_monitor_overhead.py "$OUT/monitor_overhead.json" \
+      --steps 210 2>&1 | tail -30
 fi

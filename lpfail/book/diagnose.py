@@ -104,3 +104,46 @@ def monitor_figure(runs: dict):
     axes[2].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# -- the monitor's overhead, as measured on a GPU (tools/gpu_monitor_overhead.py) ----------------------------
+OVERHEAD_FILE = "monitor_overhead.json"
+#: When the measurement of 2026-12-01 was taken, and on what code (its json predates the tool's "when" and
+#: "git" fields; from results/gpu_calls/20261201T0749/README.md). A json that has "when" is described by it.
+OVERHEAD_PROVENANCE = {"when": "2026-12-01", "tree": "23f8cd9", "monitor": "before the hot-path fix"}
+
+
+def overhead_lines(res: dict, provenance: dict | None = None) -> list[str]:
+    """Plain-text lines (≤ 76 characters) for a stored monitor-overhead measurement: device, the median
+    overhead of unsampled steps and the mean over whole intervals, the 2 % target, and whether the losses
+    were bit-identical (and, where measured, whether two plain runs were: the noise floor)."""
+    from lpfail.book.text import wrap
+
+    prov = {"when": res["when"], "monitor": f"git {res['git'][:12]}" if res.get("git") else None} \
+        if res.get("when") else (provenance or {})
+    med = res.get("overhead_pct_median_unsampled", res.get("overhead_pct_median"))
+    lines = [f"{res['device']}, {prov.get('when', '?')}, {res['model']}, {res['steps']} steps"
+             + (f"; monitor code: {prov['monitor']}" if prov.get("monitor") else ""),
+             f"median step overhead: {med:+.1f} %; mean over the run: {res['overhead_pct_mean']:+.1f} % "
+             f"(target ≤ 2 %: {'met' if res['overhead_pct_mean'] <= 2.0 else 'missed'})",
+             f"mean step time: monitored {res['mean_monitored_s']:.3f} s, plain "
+             + ", ".join(f"{t:.3f}" for t in res["mean_plain_s"]) + " s",
+             f"losses bit-identical with and without the monitor: {res['losses_identical']} "
+             f"(max difference {res['max_loss_diff']:.2g})"]
+    if "plain_runs_identical" in res:
+        lines.append(f"two plain runs bit-identical (the noise floor): {res['plain_runs_identical']} "
+                     f"(max difference {res['max_loss_diff_plain_plain']:.2g})")
+    else:
+        lines.append("two plain runs were not compared: a non-deterministic kernel and the monitor cannot "
+                     "be told apart in this measurement")
+    return [wrap(x) for x in lines]
+
+
+def load_overhead() -> dict | None:
+    """The stored measurement (results/monitor_overhead.json), or None."""
+    import json
+
+    from lpfail import results
+
+    p = results.results_dir() / OVERHEAD_FILE
+    return json.loads(p.read_text()) if p.exists() else None

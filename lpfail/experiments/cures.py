@@ -38,7 +38,10 @@ the gap, D closes it, B about a third), none for the new ones.
 
 GPU: ``bash tools/gpu_cures.sh start`` then ``wait`` / ``collect`` (126 new runs, 36 of them shared with
 fix_training; ≈ 13–18 device-minutes on one H200 at lr_sweep's measured 72–100 s per run with 12 at once); here
-``python -m lpfail.experiments.cures collect`` stores the result from the copied parts.
+``python -m lpfail.experiments.cures collect`` stores the result from the copied parts — only once the grid is
+whole: with runs missing it prints which (per variant and learning rate) and writes nothing. Meanwhile
+`partial_analysis` gives the pre-registered verdicts of the complete variants (the rule is per cure, see
+there) and `grid_status` the rest; chapter 6 shows both.
 """
 from __future__ import annotations
 
@@ -114,6 +117,80 @@ def plan_summary(cfg: CuresConfig | None = None) -> dict:
     return {"planned": len(have) + len(missing), "stored": len(have), "missing": len(missing), "per_variant": per}
 
 
+def grid_status(cfg: CuresConfig | None = None, runs: dict | None = None) -> dict:
+    """Which points of the cures grid are stored: per variant the stored and planned run counts, whether the
+    variant is complete, and for an incomplete one the learning rates with missing runs ({lr: [seeds]}).
+    ``complete`` is True when the whole grid is stored; ``judgeable`` lists the variants whose verdicts the
+    pre-registered rule can give now (see `partial_analysis`)."""
+    cfg = cfg or CuresConfig()
+    if runs is None:
+        runs, _ = ls.load_parts()
+    have, missing = ls.stored_for(cfg.sweep(), runs)
+    per = {}
+    for v in cfg.variants:
+        miss = [p for p in missing if p.variant == v]
+        lrs: dict[float, list[int]] = {}
+        for p in miss:
+            lrs.setdefault(float(p.lr), []).append(int(p.seed))
+        stored = sum(k.split("/")[1] == v for k in have)
+        per[v] = {"stored": stored, "planned": stored + len(miss), "complete": not miss,
+                  "missing_lrs": {lr: sorted(s) for lr, s in sorted(lrs.items())}}
+    base_ok = per[BASELINE]["complete"] and per[CONTROL]["complete"]
+    return {"planned": len(have) + len(missing), "stored": len(have), "complete": not missing,
+            "per_variant": per,
+            "judgeable": [v for v in cfg.variants if base_ok and per[v]["complete"]],
+            "not_judged": [v for v in cfg.variants if not (base_ok and per[v]["complete"])]}
+
+
+def partial_analysis(cfg: CuresConfig | None = None) -> dict:
+    """The pre-registered analysis for the *complete* variants of a partly stored grid, and the grid's status.
+
+    Why this is the pre-registered verdict and not a peek: the rule (`RULE`) is defined per cure — S(c) and its
+    bootstrap draws use only cure c's 6 × 3 runs (`ls.sensitivities` works variant by variant), and the
+    resamples of the seeds (`ls.bootstrap_seed_indices`) depend only on the number of seeds — so a complete
+    cure's K1/K2 verdict, compared with complete A and C, is exactly the one the whole grid will give; the
+    runs still missing cannot change it. An incomplete variant gets no S and no verdict. Returns
+    {"status": grid_status, "analysis": analyse(...) over the judgeable variants, or None when A or C is
+    incomplete}."""
+    cfg = cfg or CuresConfig()
+    runs, metas = ls.load_parts()
+    status = grid_status(cfg, runs)
+    judged = tuple(status["judgeable"])
+    if not judged:
+        return {"status": status, "analysis": None, "parts": []}
+    sub = CuresConfig(variants=judged)
+    have, _ = ls.stored_for(sub.sweep(), runs)
+    used = [m for m in metas if any(k in have for k in m["keys"])]
+    out = ls.assemble(sub.sweep(), have, used, analysed=False)
+    return {"status": status, "analysis": analyse(out), "parts": out["parts"]}
+
+
+def missing_text(entry: dict, n_lrs: int | None = None) -> str:
+    """A variant's missing runs in a few words: "seed 2 at all 6 LRs", or per learning rate."""
+    miss = entry["missing_lrs"]
+    if not miss:
+        return "none"
+    n_lrs = n_lrs or len(ls.LRSweepConfig().lrs)
+    seeds = {tuple(s) for s in miss.values()}
+    if len(miss) == n_lrs and len(seeds) == 1:
+        (s,) = seeds
+        return f"seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))} at all {n_lrs} LRs"
+    return "; ".join(f"lr {lr:g}: seed {', '.join(map(str, s))}" for lr, s in miss.items())
+
+
+def status_text(status: dict) -> str:
+    """A short plain-text account of the grid: complete variants, and per incomplete one its missing runs."""
+    per = status["per_variant"]
+    done = [v for v, x in per.items() if x["complete"]]
+    lines = [f"cures grid: {status['stored']} of {status['planned']} runs stored"
+             + ("" if not status["complete"] else " (complete)"),
+             f"complete variants: {', '.join(done) if done else 'none'}"]
+    for v, x in per.items():
+        if not x["complete"]:
+            lines.append(f"{v}: {x['stored']}/{x['planned']} stored; missing {missing_text(x)}")
+    return "\n".join(lines)
+
+
 def analyse(res) -> dict:
     """The cures table from an assembled lr_sweep-style result of the cures grid (`ls.assemble`): per variant
     S with CI, S(c) − S(A) and the K1/K2 verdicts with CIs, the fraction of the gap closed, relative throughput."""
@@ -182,9 +259,11 @@ def main(argv=None) -> int:
         return rc
     runs, metas = ls.load_parts()
     have, missing = ls.stored_for(c, runs)
-    if missing:
-        print(f"error: {len(missing)} runs of the cures grid are not stored yet (first: {missing[0].key}); run "
-              "tools/gpu_cures.sh on a GPU machine", file=sys.stderr)
+    if missing:  # nothing is written: a stored "cures" result is always the whole pre-registered grid
+        print(f"error: the cures grid is incomplete ({len(missing)} of {len(have) + len(missing)} runs missing); "
+              "nothing stored. Run the missing points on a GPU machine (tools/gpu_cures.sh); chapter 6 shows the "
+              "complete variants' verdicts meanwhile (cures.partial_analysis).\n"
+              + status_text(grid_status(cfg, runs)), file=sys.stderr)
         return 1
     used = [m for m in metas if any(k in have for k in m["keys"])]
     res = results.save("cures", cfg, assemble(cfg, have, used), 0.0, provenance=ls.parts_provenance(used))

@@ -1,0 +1,135 @@
+"""Chapter 6's tables, figure and glued numbers for the production kernels on tied rows (experiment
+`prod_kernels`, measured on the GPU). The chapter narrates; every number it shows comes from here, read from
+the stored result.
+
+Conventions: "signed" is the mean of O − O_true; "away" the mean of (O − O_true)·sign(O_true), > 0 when the
+stored |O| is too large (the paper's direction). With 90 % negative V (the base rows) O_true is mostly
+negative, so a positive signed error is an error toward zero, i.e. a negative "away".
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lpfail.experiments import prod_kernels as pk
+from lpfail.experiments.rounding import RowSpec
+
+#: The production implementations: PyTorch SDPA's CUDA back ends and lpfail's Triton kernel.
+PRODUCTION = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "triton_sub", "triton_fma")
+#: The FlashAttention-2-order references (FP32 accumulator, O divided by ℓ before its one BF16 rounding).
+DIVIDE_FIRST = ("ref_FA2_BF16", "mimic_exp_sub", "mimic_exp2_sub", "mimic_exp2_fma")
+#: The paper's order and its mimics (Ō rounded to BF16 before the division, or P and O rounded separately).
+ROUND_FIRST = ("ref_PAPER_BF16", "mimic_exp2_fma_roundfirst", "math_mimic")
+
+
+def _e4(x: float) -> str:
+    return f"{x * 1e4:+.2f}"
+
+
+def kernels_table(res) -> str:
+    """Markdown table: per method at the base rows, the signed error and the error toward larger |O|
+    (×10⁻⁴, ± the 95 % CI half-width), and the fraction of tied keys with P̄ = 1 (FP32 p = 1 in brackets)."""
+    rows = ["| method | signed error (×10⁻⁴) | toward larger \\|O\\| (×10⁻⁴) | P̄ = 1 at ties |", "|---|---|---|---|"]
+    for r in pk.summary(res):
+        if not r["available"]:
+            rows.append(f"| `{r['method']}` | not available: {r['reason'][:70]} | | |")
+            continue
+        pb = "not observable" if np.isnan(r["pbar_one"]) else f"{r['pbar_one']:.0%} (p: {r['p_one']:.0%})"
+        rows.append(f"| `{r['method']}` | {_e4(r['signed'])} ± {r['signed_ci'] * 1e4:.2f} | "
+                    f"{_e4(r['away'])} ± {r['away_ci'] * 1e4:.2f} | {pb} |")
+    return "\n".join(rows)
+
+
+def match(res, a: str, b: str) -> float:
+    """Fraction of O's elements equal bit for bit between methods a and b at the base point (NaN if absent)."""
+    for k in (f"match_{a}__{b}", f"match_{b}__{a}"):
+        if k in res:
+            return float(res[k])
+    return float("nan")
+
+
+def match_table(res, methods=PRODUCTION, against=("ref_FA2_BF16", "mimic_exp2_fma", "ref_PAPER_BF16",
+                                                  "mimic_exp2_fma_roundfirst", "math_mimic")) -> str:
+    """Markdown: per production method, the bit-for-bit agreement with each reference order."""
+    live = [m for m in methods if bool(res.get(f"available_{m}", False))]
+    head = "| method | " + " | ".join(f"`{a}`" for a in against) + " |"
+    rows = [head, "|---|" + "---|" * len(against)]
+    rows += [f"| `{m}` | " + " | ".join(f"{match(res, m, a):.1%}" for a in against) + " |" for m in live]
+    return "\n".join(rows)
+
+
+def _base(res, m: str, key: str) -> float:
+    r = {x["method"]: x for x in pk.summary(res)}[m]
+    return float(r[key])
+
+
+def facts(res) -> dict:
+    """The numbers the chapter's prose quotes (glued), and the plain statement of the comparison:
+    ``opposite`` is True when every available production method's error toward larger |O| has a CI
+    entirely below 0 while PAPER_BF16's lies entirely above 0."""
+    live = [m for m in PRODUCTION if bool(res.get(f"available_{m}", False))]
+    if not live:
+        raise ValueError("prod_kernels: no production method is available in this result")
+    away = {m: (_base(res, m, "away"), _base(res, m, "away_ci")) for m in live + list(ROUND_FIRST + DIVIDE_FIRST)
+            if bool(res.get(f"available_{m}", False))}
+    signed = {m: _base(res, m, "signed") for m in away}
+    below = all(a + ci < 0 for m, (a, ci) in away.items() if m in live)
+    paper_up = away["ref_PAPER_BF16"][0] - away["ref_PAPER_BF16"][1] > 0
+    prod_signed = [signed[m] for m in live]
+    prod_away = [away[m][0] for m in live]
+    negs = list(np.asarray(res["neg_fracs"], dtype=float))
+    i5 = negs.index(0.5) if 0.5 in negs else None
+    out = {
+        "n_production": len(live),
+        "prod_signed_lo": _e4(min(prod_signed)), "prod_signed_hi": _e4(max(prod_signed)),
+        "prod_away_lo": _e4(min(prod_away)), "prod_away_hi": _e4(max(prod_away)),
+        "prod_ci_max": f"{max(away[m][1] for m in live) * 1e4:.2f}",
+        "paper_signed": _e4(signed["ref_PAPER_BF16"]), "paper_away": _e4(away["ref_PAPER_BF16"][0]),
+        "fa2_signed": _e4(signed["ref_FA2_BF16"]), "fa2_away": _e4(away["ref_FA2_BF16"][0]),
+        "fma_away": _e4(away["mimic_exp2_fma"][0]), "roundfirst_away": _e4(away["mimic_exp2_fma_roundfirst"][0]),
+        "fma_p_one": f"{_base(res, 'mimic_exp2_fma', 'p_one'):.0%}",
+        "fma_pbar_one": f"{_base(res, 'mimic_exp2_fma', 'pbar_one'):.0%}",
+        "match_prod_divide_lo": f"{min(match(res, m, d) for m in live for d in DIVIDE_FIRST):.1%}",
+        "match_prod_divide_hi": f"{max(match(res, m, d) for m in live for d in DIVIDE_FIRST):.1%}",
+        "match_prod_round_hi": f"{max(match(res, m, d) for m in live for d in ROUND_FIRST):.1%}",
+        "match_prod_prod_lo": f"{min(match(res, a, b) for a in live for b in live if a < b):.1%}",
+        "match_exp_exp2": f"{match(res, 'mimic_exp_sub', 'mimic_exp2_sub'):.1%}",
+        "match_sub_fma": f"{match(res, 'mimic_exp2_sub', 'mimic_exp2_fma'):.1%}",
+        "match_paper_roundfirst": f"{match(res, 'ref_PAPER_BF16', 'mimic_exp2_fma_roundfirst'):.1%}",
+        "opposite": bool(below and paper_up),
+    }
+    if i5 is not None:
+        out["paper_away_neg50"] = _e4(float(np.asarray(res["neg_ref_PAPER_BF16_away"])[i5]))
+        out["prod_away_neg50_lo"] = _e4(min(float(np.asarray(res[f"neg_{m}_away"])[i5]) for m in live))
+        out["prod_away_neg50_hi"] = _e4(max(float(np.asarray(res[f"neg_{m}_away"])[i5]) for m in live))
+    out["statement"] = (
+        "On these rows every production kernel measured is biased the other way from the paper's kernel: "
+        "toward smaller |O|, where PAPER_BF16 is biased toward larger |O|." if out["opposite"] else
+        "The production kernels are not uniformly biased the other way from the paper's kernel on these rows "
+        "(at least one CI is not on the opposite side).")
+    return out
+
+
+def prod_figure(res, show=None):
+    """Error toward larger |O| (×10⁻⁴, 95 % CIs) against the gap (2 ties) and the number of ties (gap 16)."""
+    import matplotlib.pyplot as plt
+
+    show = show or {"sdpa_flash": ("SDPA flash (CUDA)", "tab:red"), "sdpa_cudnn": ("SDPA cuDNN", "tab:orange"),
+                    "triton_sub": ("our Triton kernel", "tab:purple"), "sdpa_math": ("SDPA math (CUDA)", "tab:blue"),
+                    "ref_PAPER_BF16": ("PAPER_BF16", "k"), "mimic_exp2_fma": ("FA2 order mimic", "tab:green")}
+    gaps, ties = np.asarray(res["gaps"], dtype=float), np.asarray(res["ties"]).astype(int)
+    base = RowSpec()
+    ti, gi = list(ties).index(base.n_ties), list(gaps).index(base.gap)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for m, (label, color) in show.items():
+        if not bool(res.get(f"available_{m}", False)):
+            continue
+        a, ci = np.asarray(res[f"grid_{m}_away"]) * 1e4, np.asarray(res[f"grid_{m}_away_ci"]) * 1e4
+        axes[0].errorbar(gaps, a[:, ti], ci[:, ti], color=color, label=label, marker="o", ms=3, capsize=2)
+        axes[1].errorbar(ties, a[gi], ci[gi], color=color, label=label, marker="o", ms=3, capsize=2)
+    for ax, xl in zip(axes, (f"gap of the tied maximum ({base.n_ties} ties)",
+                             f"number of tied maxima (gap {base.gap:g})")):
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set(xlabel=xl, ylabel="error toward larger |O| (×10⁻⁴)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
