@@ -107,7 +107,7 @@ def monitor_figure(runs: dict):
 
 
 # -- the monitor's overhead, as measured on a GPU (tools/gpu_monitor_overhead.py) ----------------------------
-OVERHEAD_FILE = "monitor_overhead.json"
+OVERHEAD_FILE = "kernels_gpu/monitor_overhead.json"  # beside the other GPU files: not an experiment of the cache
 #: When the measurement of 2026-12-01 was taken, and on what code (its json predates the tool's "when" and
 #: "git" fields; from results/gpu_calls/20261201T0749/README.md). A json that has "when" is described by it.
 OVERHEAD_PROVENANCE = {"when": "2026-12-01", "tree": "23f8cd9", "monitor": "before the hot-path fix"}
@@ -140,7 +140,7 @@ def overhead_lines(res: dict, provenance: dict | None = None) -> list[str]:
 
 
 def load_overhead() -> dict | None:
-    """The stored measurement (results/monitor_overhead.json), or None."""
+    """The stored measurement (results/kernels_gpu/monitor_overhead.json), or None."""
     import json
 
     from lpfail import results
