@@ -178,3 +178,11 @@ def test_fix_training_report_refuses_a_partial_store():
     d["small_stored"][4, 0, 0] = False
     with pytest.raises(SweepIncomplete):
         R.per_lr(d)
+
+
+def test_fix_training_part_lines(tmp_path):
+    from lpfail.book import fix_training_report as R
+
+    assert R.part_lines(tmp_path) == []                       # no part files: nothing to list
+    lines = R.part_lines()                                    # the committed parts: B′ and R ran in one part
+    assert any("Bp × 18" in line and "R × 18" in line for line in lines), lines

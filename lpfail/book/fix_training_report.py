@@ -142,3 +142,25 @@ def where(res: Mapping) -> dict[str, str]:
     none = [_lr(r["lr"]) for r in gaps if not any(f["class"] in ("closed", "partly") for f in r["fixes"].values())]
     out["none_helps"] = ", ".join(none) or "none"
     return out
+
+
+def part_lines(directory=None) -> list[str]:
+    """Where the result's runs come from: one line per part file that holds runs of `fix_training`'s grid —
+    when (UTC), on what, from which commit, and how many runs of each variant (read from the part files, as
+    ``collect`` does)."""
+    from lpfail.experiments.fix_training import FixTrainingConfig
+
+    runs, metas = L.load_parts(directory)
+    have, _ = L.stored_for(FixTrainingConfig(), runs)
+    out = []
+    for m in metas:
+        used = [k for k in m["keys"] if k in have]
+        if not used:
+            continue
+        per: dict[str, int] = {}
+        for k in used:
+            v = k.split("/")[1]
+            per[v] = per.get(v, 0) + 1
+        out.append(f"{str(m['created'])[:16].replace('T', ' ')} UTC, {m['device']}, git {str(m['git'])[:7]}: "
+                   + ", ".join(f"{v} × {n}" for v, n in per.items()))
+    return out
