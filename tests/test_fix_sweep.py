@@ -186,3 +186,24 @@ def test_fix_training_part_lines(tmp_path):
     assert R.part_lines(tmp_path) == []                       # no part files: nothing to list
     lines = R.part_lines()                                    # the committed parts: B′ and R ran in one part
     assert any("Bp × 18" in line and "R × 18" in line for line in lines), lines
+
+
+def _fake_cost(fwd_pct: float, fwd_bwd_pct: float):
+    """A robust_cost result (arrays only) whose every shape costs the given per cents, in both modes."""
+    from kernels.bench import RobustCostConfig
+
+    cfg = RobustCostConfig()
+    ratio = np.empty((len(cfg.head_dims), len(cfg.seq_lens), len(cfg.pairs), len(cfg.modes)))
+    ratio[..., 0], ratio[..., 1] = 1 + fwd_pct / 100, 1 + fwd_bwd_pct / 100
+    return {"head_dims": np.array(cfg.head_dims), "seq_lens": np.array(cfg.seq_lens),
+            "pairs": np.array(["/".join(p) for p in cfg.pairs]), "modes": np.array(cfg.modes), "pair_ratio": ratio}
+
+
+def test_robust_verdict_reports_its_cost_without_depending_on_it():
+    ok, slow = V.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 2.0)), V.judge_robust_fix(fake_sweep(), _fake_cost(20.0, 4.0))
+    assert ok.verdict == slow.verdict == V.REPRODUCED
+    assert ok.note == "cost targets met" and "missed" not in ok.evidence
+    assert slow.note == "cost targets missed (4 of 4)" and "+20.0 to +20.0 % (target ≤ 8 %: missed)" in slow.evidence
+    mixed = V.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 4.0))
+    assert mixed.note == "cost targets missed (2 of 4)"
+    assert V.judge_robust_fix(fake_sweep()).note == ""                    # no cost stored: nothing said
