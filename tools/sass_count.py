@@ -49,6 +49,9 @@ def counts(text: str) -> collections.Counter:
                 if op == k:
                     c["class:" + k] += 1
     c["total"] = sum(v for k, v in c.items() if not k.startswith("class:"))
+    regs = [int(r) for r in re.findall(r"\bR(\d+)\b", text)]
+    c["regs"] = max(regs) + 1 if regs else 0            # highest register named + 1: the per-thread budget used
+    c["spills"] = c["STL"] + c["LDL"]                   # local-memory stores/loads: register spills
     return c
 
 
@@ -60,7 +63,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     want = args.variants.split(",")
     seen = set()
-    print(f"{'variant':18s} " + " ".join(f"{k:>6s}" for k in ("total",) + CLASSES))
+    print(f"{'variant':18s} " + " ".join(f"{k:>6s}" for k in ("regs", "spills", "total") + CLASSES))
     for (name, d, kern, cfg), fn, consts, warps, stages in cc.variants():
         if kern != "fwd" or d != args.d or name not in want or name in seen:
             continue
@@ -69,7 +72,8 @@ def main(argv=None) -> int:
             continue
         seen.add(name)
         c = counts(sass(fn, consts, warps, stages))
-        print(f"{name:18s} " + " ".join(f"{c[k if k == 'total' else 'class:' + k]:6d}" for k in ("total",) + CLASSES),
+        print(f"{name:18s} " + " ".join(f"{c[k if k in ('regs', 'spills', 'total') else 'class:' + k]:6d}"
+                                        for k in ("regs", "spills", "total") + CLASSES),
               flush=True)
     return 0
 
