@@ -257,6 +257,142 @@ TARGETS = (("fwd / SDPA flash", 1.2, "min"), ("fwd+bwd / SDPA flash", 1.0, "min"
 TARGET_MIN_N = 2048
 
 
+# -- the robust fix's cost (issue 13, item 6): alternating timings only -----------------------------------------
+@dataclass(frozen=True)
+class RobustCostConfig:
+    """The robust fix (`BoundedMax`) against the same kernel without a fix, in both modes, and against
+    Algorithm 3 (sub mode): alternating timings as `bench_kernels`' pairs, causal BF16, 16k tokens per call."""
+    seq_lens: tuple = (2048, 4096, 8192)
+    head_dims: tuple = (64, 128)
+    tokens: int = 16384
+    width: int = 2048
+    pairs: tuple = (("triton", "triton_robust"), ("triton_fma", "triton_fma_robust"), ("triton_fix", "triton_robust"))
+    modes: tuple = ("fwd", "fwd_bwd")
+    reps: int = 60
+    warmup: int = 5
+    input_sets: int = 3
+    time_budget_s: float = 420.0
+
+
+#: The issue's targets for the robust fix over the same kernel without a fix, at N ≥ 2048, both head dims and
+#: both modes: (mode, bound on the cost as a fraction of time).
+ROBUST_TARGETS = (("fwd_bwd", 0.03), ("fwd", 0.08))
+
+
+@experiment("robust_cost", config=RobustCostConfig, gpu=True,
+            description="the robust fix's cost in the Triton kernel, alternating timings (ch. 5; GPU)")
+def robust_cost(cfg: RobustCostConfig) -> dict:
+    """Per (head dim, N, pair, mode): the medians of both methods' times and the median per-pair ratio."""
+    import torch
+
+    shape = (len(cfg.head_dims), len(cfg.seq_lens), len(cfg.pairs), len(cfg.modes))
+    ratio, ms = np.full(shape, np.nan), np.full(shape + (2,), np.nan)
+    t0, errors = time.time(), []
+    for i, d in enumerate(cfg.head_dims):
+        for j, n in enumerate(cfg.seq_lens):
+            b, h = max(1, cfg.tokens // n), cfg.width // d
+            g = torch.Generator(device="cuda").manual_seed(1000 * d + n)
+            sets = [tuple(torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                          .requires_grad_(k < 3) for k in range(4)) for _ in range(cfg.input_sets)]
+            for p, (a, bb) in enumerate(cfg.pairs):
+                for m, mode in enumerate(cfg.modes):
+                    if time.time() - t0 > cfg.time_budget_s:
+                        errors.append(f"time budget: {a}/{bb} d={d} n={n} {mode} not measured")
+                        continue
+                    ta, tb, r = _time_paired(_method_fn(a, True), _method_fn(bb, True), sets, mode, cfg.reps,
+                                             cfg.warmup)
+                    ms[i, j, p, m], ratio[i, j, p, m] = (ta, tb), r
+                    print(f"[{time.time() - t0:6.1f}s] d={d} N={n} {bb}/{a} {mode}: {100 * (r - 1):+.1f} %", flush=True)
+            del sets
+            torch.cuda.empty_cache()
+    return _robust_arrays(cfg, ratio, ms, errors)
+
+
+def _robust_arrays(cfg: RobustCostConfig, ratio, ms, errors) -> dict:
+    return {"head_dims": np.array(cfg.head_dims), "seq_lens": np.array(cfg.seq_lens),
+            "pairs": np.array(["/".join(p) for p in cfg.pairs]), "modes": np.array(cfg.modes),
+            "pair_ratio": np.asarray(ratio, dtype=np.float64), "pair_ms": np.asarray(ms, dtype=np.float64),
+            "errors": "\n".join(errors)}
+
+
+def import_robust_cost(raw: dict, git: str, created: str, versions: dict, wall_s: float,
+                       directory=None):
+    """Store the JSON that ``tools/gpu_robust_cost.py`` wrote before it became this experiment (rows of
+    {d, n, pair, mode, ms, cost_pct}) as the result ``robust_cost``, with the provenance the file lacks: the
+    commit the device ran (``git``), when (``created``, ISO UTC) and its versions (from the call's log). Raises
+    ValueError when a row of the default config's grid is missing, a row is unknown, or a field is empty."""
+    from lpfail import results
+
+    cfg = RobustCostConfig()
+    for name, val in (("git", git), ("created", created)):
+        if not val:
+            raise ValueError(f"import_robust_cost: {name} is required (the file does not record it)")
+    if not versions.get("torch") or not versions.get("triton"):
+        raise ValueError("import_robust_cost: versions must name torch and triton")
+    pairs = ["/".join(p) for p in cfg.pairs]
+    shape = (len(cfg.head_dims), len(cfg.seq_lens), len(cfg.pairs), len(cfg.modes))
+    ratio, ms = np.full(shape, np.nan), np.full(shape + (2,), np.nan)
+    for row in raw.get("rows", []):
+        key = (row.get("d"), row.get("n"), "/".join(row.get("pair", [])), row.get("mode"))
+        try:
+            idx = (list(cfg.head_dims).index(key[0]), list(cfg.seq_lens).index(key[1]), pairs.index(key[2]),
+                   list(cfg.modes).index(key[3]))
+        except ValueError:
+            raise ValueError(f"import_robust_cost: row {key} is not in the grid of RobustCostConfig") from None
+        if "error" in row:
+            continue
+        ratio[idx] = 1 + row["cost_pct"] / 100
+        ms[idx] = row["ms"]
+    if np.isnan(ratio).any():
+        raise ValueError(f"import_robust_cost: {int(np.isnan(ratio).sum())} of {ratio.size} timings missing")
+    if raw.get("device") is None or raw.get("torch") != versions["torch"]:
+        raise ValueError("import_robust_cost: the file's device/torch do not match the versions given")
+    data = _robust_arrays(cfg, ratio, ms, [])
+    prov = {"device": raw["device"], "git": git, "created": created, "versions": dict(versions),
+            "imported_from": "tools/gpu_robust_cost.py JSON", "collected_on": results._device(),
+            "collected_git": results._git(), "runs_wall_s": float(wall_s), "runs_gpus": [raw["device"]]}
+    return results.save("robust_cost", cfg, data, 0.0, directory=directory, provenance=prov)
+
+
+def robust_summary(res) -> list[dict]:
+    """One row per (pair, mode): worst and best cost over the stored shapes, and the target where the issue
+    set one (robust over the same kernel without a fix): met or not, and by how much the worst misses it."""
+    pairs, modes = [str(p) for p in res["pairs"]], [str(m) for m in res["modes"]]
+    ratio = np.asarray(res["pair_ratio"], dtype=np.float64)
+    bounds = dict(ROBUST_TARGETS)
+    out = []
+    for p, pair in enumerate(pairs):
+        base, fix = pair.split("/")
+        for m, mode in enumerate(modes):
+            c = ratio[:, :, p, m] - 1
+            worst, best = float(np.nanmax(c)), float(np.nanmin(c))
+            bound = bounds.get(mode) if fix.endswith("robust") and not base.endswith("fix") else None
+            out.append({"pair": pair, "base": base, "fix": fix, "mode": mode, "worst": worst, "best": best,
+                        "per_shape": {(int(d), int(n)): float(c[i, j]) for i, d in enumerate(res["head_dims"])
+                                      for j, n in enumerate(res["seq_lens"])},
+                        "bound": bound, "met": None if bound is None else worst <= bound,
+                        "excess": None if bound is None else worst - bound,
+                        "shapes_over": None if bound is None else int((c > bound).sum())})
+    return out
+
+
+def robust_markdown(res) -> str:
+    """`robust_summary` as a Markdown table: pair, mode, target, worst and best measured, met, worst − target."""
+    lines = ["| robust fix against | pass | target | worst | best | shapes over target | met | worst − target |",
+             "|---|---|---|---|---|---|---|---|"]
+    n_shapes = len(res["head_dims"]) * len(res["seq_lens"])
+    for r in robust_summary(res):
+        against = {"triton": "no fix, sub", "triton_fma": "no fix, fma", "triton_fix": "Algorithm 3, sub"}.get(
+            r["base"], r["base"])
+        tgt = "—" if r["bound"] is None else f"≤ {100 * r['bound']:g} %"
+        met = {True: "yes", False: "**no**", None: "—"}[r["met"]]
+        over = "—" if r["bound"] is None else f"{r['shapes_over']} of {n_shapes}"
+        exc = "—" if r["excess"] is None else f"{100 * r['excess']:+.1f} points"
+        lines.append(f"| {against} (`{r['fix']}`) | {r['mode'].replace('_', '+')} | {tgt} | "
+                     f"{100 * r['worst']:+.1f} % | {100 * r['best']:+.1f} % | {over} | {met} | {exc} |")
+    return "\n".join(lines)
+
+
 def summary(res, method: str = "triton") -> list[dict]:
     """One row per (head dim, N): `method`'s speed against SDPA flash and cuDNN (fwd, fwd+bwd), the fix's cost
     (fraction of time) from the alternating timings (NaN when not measured) and from the two methods' separate

@@ -22,8 +22,8 @@ FIX         0: none; 1: the paper's dynamic maximum (Algorithm 3) with BETA and 
 
 Key blocks are the policy's `block_k`. When it is one hardware tile (BLOCK_N) the loop is one pass per tile
 (the fast path). When it is larger (the paper's 512, or one tile over the whole row) each policy block is
-walked in BLOCK_N chunks twice — once for its maximum (a third time to count ties when FIX is on), once to
-accumulate — so that every rounding happens exactly where the reference does it.
+walked in BLOCK_N chunks twice — once for its maximum (and, when FIX is on, its second largest score: the tie
+test), once to accumulate — so that every rounding happens exactly where the reference does it.
 """
 from __future__ import annotations
 
@@ -98,27 +98,50 @@ def _load_rows(ptrs, offs, N_CTX, MASK: tl.constexpr):
 
 
 @triton.jit
+def _top2(a1, a2, b1, b2):
+    """Combine of a (largest, second largest) reduction: the two largest of the union of two multisets, each
+    given by its largest and second largest (−inf where it has none). Three min/max, no compare-and-count."""
+    return tl.maximum(a1, b1), tl.maximum(tl.minimum(a1, b1), tl.maximum(a2, b2, propagate_nan=tl.PropagateNan.ALL))
+
+
+@triton.jit
+def _max2(qk):
+    """Per row: (largest, second largest) of a tile, in one reduction (the second may equal the first)."""
+    return tl.reduce((qk, tl.full(qk.shape, float("-inf"), tl.float32)), 1, _top2)
+
+
+@triton.jit
+def _has_tie(r_m, second, EPS, SCORES: tl.constexpr):
+    """Algorithm 3's tie test as a flag (2.0: "more than one score at the maximum", else 0.0): at least two
+    scores S ≥ round(r_m − ε) ⇔ the second largest score ≥ round(r_m − ε) — the count the reference takes, read
+    off the second order statistic instead of counted. A row whose maximum is −inf (fully masked) has none.
+    (Rows holding a NaN score have a NaN output either way.)"""
+    thresh = _round(r_m - EPS, SCORES)
+    return tl.where((second >= thresh) & (r_m > float("-inf")), 2.0, 0.0)
+
+
+@triton.jit
 def _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
                FIX: tl.constexpr, ACC: tl.constexpr):
     """The maximum that this key block contributes: r_m, or Algorithm 3's m' when FIX (1), or the robust fix's
-    (FIX = 2, `lpfail.precision.BoundedMax`). In natural units, except in RAW mode (units of α)."""
-    if SUB_FMA:
+    (FIX = 2, `lpfail.precision.BoundedMax`). In natural units, except in RAW mode (units of α).
+
+    With FIX the tie test reads the row's two largest scores from one (max, second max) reduction instead of
+    counting the scores at the maximum after a max reduction (one compare and one add per score, a second
+    reduction, and in FMA mode a multiply by α per score; the count was kept until 2026-12-01). In FMA mode the
+    two largest raw products are scaled after the reduction: x ↦ fl(x·α) is monotone for α > 0, so the second
+    largest of fl(QKᵀ·α) is fl(second largest of QKᵀ · α) and the test gives the count's answer bit for bit."""
+    if FIX:
+        r_m, second = _max2(qk)
+        if SUB_FMA:
+            r_m = r_m * scale   # = max of the FP32 products α·QKᵀ (rounding is monotone)
+            second = second * scale
+        ties = _has_tie(r_m, second, EPS, SCORES)
+        r_m = _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, FIX, ACC)
+    elif SUB_FMA:
         r_m = tl.max(qk, 1) * scale  # = max of the FP32 products α·QKᵀ (rounding is monotone)
     else:
         r_m = tl.max(qk, 1)  # qk already holds the rounded scores S in this mode
-    if FIX:
-        thresh = _round(r_m - EPS, SCORES)                   # the reference's tie test: S ≥ round(r_m − ε)
-        # counted in FP32 (a compare that yields 1.0/0.0, then an add): one op fewer per score than int32
-        if SUB_FMA:
-            # on fl(QKᵀ·α), one multiply per score. (Comparing raw QKᵀ against an exact per-row threshold was
-            # tried on the H200 on 2026-11-30: slower — row values are replicated in the 4 threads that hold
-            # a row, so the threshold's ~40 per-row ops cost more than the 16 multiplies per thread they saved.)
-            ties = tl.sum(tl.where(qk * scale >= thresh[:, None], 1.0, 0.0), 1)
-        else:
-            ties = tl.sum(tl.where(qk >= thresh[:, None], 1.0, 0.0), 1)
-        # a row with every score of this tile masked (−inf ≥ −inf) has no tie: masked scores never count
-        ties = tl.where(r_m > float("-inf"), ties, 0.0)
-        r_m = _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, FIX, ACC)
     return r_m
 
 
@@ -250,28 +273,25 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
     """Emulation path: policy key blocks of KEY_BLOCK keys (a multiple of BLOCK_N), walked in chunks."""
     for kb in range(0, hi, KEY_BLOCK):
         kb_hi = _imin(kb + KEY_BLOCK, hi)
-        # pass 1: the block's maximum
+        # pass 1: the block's maximum (with FIX also its second largest score, for the tie test: the chunks'
+        # pairs merge with `_top2`, so the block is not walked a third time to count ties)
         r_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        second = tl.full([BLOCK_M], float("-inf"), tl.float32)
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
             qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
                          MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC, RAW)
-            if SUB_FMA:
+            if FIX:
+                c1, c2 = _max2(qk)
+                if SUB_FMA:
+                    c1, c2 = c1 * scale, c2 * scale
+                r_m, second = _top2(r_m, second, c1, c2)
+            elif SUB_FMA:
                 r_m = tl.maximum(r_m, tl.max(qk, 1) * scale)
             else:
                 r_m = tl.maximum(r_m, tl.max(qk, 1))
         if FIX:
-            # pass 1b: count the scores at the block's maximum (S ≥ round(r_m − ε))
-            thresh = _round(r_m - EPS, SCORES)
-            ties = tl.zeros([BLOCK_M], tl.float32)
-            for start_n in range(kb, kb_hi, BLOCK_N):
-                offs_n = start_n + offs_n0
-                qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                             MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC, RAW)
-                if SUB_FMA:
-                    qk = qk * scale
-                ties += tl.sum(tl.where(qk >= thresh[:, None], 1.0, 0.0), 1)
-            ties = tl.where(r_m > float("-inf"), ties, 0.0)              # masked scores never tie
+            ties = _has_tie(r_m, second, EPS, SCORES)
             r_m = _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, FIX, ACC)
         m_new = _round(tl.maximum(m_i, r_m), ACC)
         # pass 2: P for the whole block, the row sum and the P̄V product (accumulated in FP32 over the block)

@@ -75,3 +75,60 @@ def test_markdown_tables():
     assert "| `triton` | fix cost, fwd+bwd | ≤ 3 % | +5.0 % | +5.0 % | **no** |" in t
     s = summary_markdown(res, methods=("triton",))
     assert s.count("\n") == 2 + 6 - 1 and "| `triton` | 64 | 1024 | 1.15× | 0.95× |" in s
+
+
+# -- the robust fix's cost: the stored result imported from the device's JSON, and its targets ------------------
+def _raw_robust(cost_pct=None, drop=None, extra=None):
+    """A tools/gpu_robust_cost.py JSON over RobustCostConfig's grid; ``cost_pct(d, n, pair, mode)`` gives each."""
+    from kernels.bench import RobustCostConfig
+
+    cfg = RobustCostConfig()
+    cost_pct = cost_pct or (lambda d, n, pair, mode: 2.0 if mode == "fwd_bwd" else 5.0)
+    rows = [{"d": d, "n": n, "pair": list(p), "mode": m, "ms": [1.0, 1.0 + cost_pct(d, n, p, m) / 100],
+             "cost_pct": cost_pct(d, n, p, m)}
+            for d in cfg.head_dims for n in cfg.seq_lens for p in cfg.pairs for m in cfg.modes]
+    if drop is not None:
+        rows.pop(drop)
+    rows += extra or []
+    return {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "pairs": [list(p) for p in cfg.pairs], "rows": rows}
+
+
+VERSIONS = {"python": "3.12.3", "torch": "2.11.0+cu130", "triton": "3.6.0"}
+
+
+def test_robust_cost_import_stores_provenance_and_targets(tmp_path):
+    from kernels.bench import import_robust_cost, robust_markdown, robust_summary
+    from lpfail import results
+
+    def cost(d, n, pair, mode):   # the fma pair misses the forward target at d = 64, N = 8192 only
+        return 20.0 if (pair[0] == "triton_fma" and mode == "fwd" and d == 64 and n == 8192) else 1.0
+    import_robust_cost(_raw_robust(cost), "23f8cd9", "2026-12-01T08:08:22+00:00", VERSIONS, 134.0,
+                       directory=tmp_path)
+    res = results.load("robust_cost", directory=tmp_path)
+    assert res.meta["git"] == "23f8cd9" and res.meta["created"].startswith("2026-12-01")
+    assert res.meta["device"] == "NVIDIA H200" and res.meta["versions"]["triton"] == "3.6.0"
+    rows = {(r["base"], r["mode"]): r for r in robust_summary(res)}
+    miss = rows[("triton_fma", "fwd")]
+    assert miss["met"] is False and math.isclose(miss["worst"], 0.20) and miss["shapes_over"] == 1
+    assert math.isclose(miss["excess"], 0.12)
+    assert rows[("triton", "fwd")]["met"] is True and rows[("triton", "fwd_bwd")]["bound"] == 0.03
+    assert rows[("triton_fix", "fwd")]["bound"] is None          # against Algorithm 3: no target
+    assert "**no**" in robust_markdown(res) and "+12.0 points" in robust_markdown(res)
+
+
+def test_robust_cost_import_refuses_incomplete_or_unknown(tmp_path):
+    import pytest
+
+    from kernels.bench import import_robust_cost
+
+    with pytest.raises(ValueError, match="missing"):
+        import_robust_cost(_raw_robust(drop=3), "g", "2026-12-01", VERSIONS, 1.0, directory=tmp_path)
+    bad = {"d": 32, "n": 2048, "pair": ["triton", "triton_robust"], "mode": "fwd", "ms": [1, 1], "cost_pct": 0}
+    with pytest.raises(ValueError, match="not in the grid"):
+        import_robust_cost(_raw_robust(extra=[bad]), "g", "2026-12-01", VERSIONS, 1.0, directory=tmp_path)
+    with pytest.raises(ValueError, match="git"):
+        import_robust_cost(_raw_robust(), "", "2026-12-01", VERSIONS, 1.0, directory=tmp_path)
+    with pytest.raises(ValueError, match="torch"):
+        import_robust_cost(_raw_robust(), "g", "2026-12-01", {"torch": "2.13.0+cpu", "triton": "3.6.0"}, 1.0,
+                           directory=tmp_path)
+    assert not (tmp_path / "robust_cost.json").exists()           # nothing half-written

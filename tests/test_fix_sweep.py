@@ -132,3 +132,78 @@ def test_chapter5_verdicts_from_loaders():
     assert {"Fix-β", "Robust", "Fix-b"} <= set(rows)
     assert rows["Fix-β"].verdict in V.VERDICTS and rows["Robust"].verdict in V.VERDICTS
     assert rows["Fix-b"].verdict == V.NOT_TESTED and "pending" in rows["Fix-b"].evidence
+
+
+def _with_runs(d, nonfinite_bp=()):
+    """fake_training plus what the chapter's per-lr report reads: stored flags and non-finite steps; B′ turned
+    non-finite (init loss) at the lr indices ``nonfinite_bp``."""
+    d = dict(d)
+    d["small_stored"] = np.ones((5, 6, 3), bool)
+    d["small_nonfinite_step"] = np.full((5, 6, 3), np.nan)
+    d["small_val_final"] = d["small_val_final"].copy()
+    d["small_val_final"][:, :4] = d["small_val_final"][1, :4]   # the four lowest lrs: every variant = C
+    for j in nonfinite_bp:
+        d["small_status"][3, j] = 1
+        d["small_nonfinite_step"][3, j] = [30, 40, 50]
+        d["small_val_final"][3, j] = np.nan
+    return d
+
+
+def test_fix_training_per_lr_classes():
+    from lpfail.book import fix_training_report as R
+
+    # A − C gap only at the two highest lrs; B closes half of it, R none, B′ non-finite at the last two lrs
+    d = _with_runs(fake_training(gap=0.4, fix_s={"B": 0.2, "Bp": 0.0, "R": 0.4}), nonfinite_bp=(4, 5))
+    rows = R.per_lr(d)
+    assert [r["gap"] for r in rows] == [False] * 4 + [True] * 2
+    assert [r["fixes"]["Bp"]["class"] for r in rows] == ["no gap"] * 4 + ["non-finite"] * 2
+    assert rows[5]["fixes"]["Bp"]["steps"] == [30, 40, 50] and rows[5]["fixes"]["Bp"]["nonfinite"] == 3
+    assert rows[5]["fixes"]["B"]["class"] == "partly" and rows[5]["fixes"]["R"]["class"] == "no help"
+    w = R.where(d)
+    assert w["none_helps"] == "none" and w["gap_lrs"] == "0.016, 0.032"
+    assert w["Bp"] == "non-finite at lr 0.016, 0.032" and "no help at lr 0.016, 0.032" in w["R"]
+    d2 = _with_runs(fake_training(gap=0.4, fix_s={"B": 0.0, "Bp": 0.4, "R": 0.4}))
+    assert R.per_lr(d2)[5]["fixes"]["B"]["class"] == "closed"
+    assert R.where(d2)["none_helps"] == "none"
+    d3 = _with_runs(fake_training(gap=0.4, fix_s={"B": 0.4, "Bp": 0.4, "R": 0.4}))
+    assert R.where(d3)["none_helps"] == "0.016, 0.032"
+    assert "B (official fix)" in R.per_lr_table(d)
+
+
+def test_fix_training_report_refuses_a_partial_store():
+    from lpfail.book import fix_training_report as R
+    from lpfail.experiments.lr_sweep import SweepIncomplete
+
+    d = _with_runs(fake_training())
+    d["small_stored"][4, 0, 0] = False
+    with pytest.raises(SweepIncomplete):
+        R.per_lr(d)
+
+
+def test_fix_training_part_lines(tmp_path):
+    from lpfail.book import fix_training_report as R
+
+    assert R.part_lines(tmp_path) == []                       # no part files: nothing to list
+    lines = R.part_lines()                                    # the committed parts: B′ and R ran in one part
+    assert any("Bp × 18" in line and "R × 18" in line for line in lines), lines
+
+
+def _fake_cost(fwd_pct: float, fwd_bwd_pct: float):
+    """A robust_cost result (arrays only) whose every shape costs the given per cents, in both modes."""
+    from kernels.bench import RobustCostConfig
+
+    cfg = RobustCostConfig()
+    ratio = np.empty((len(cfg.head_dims), len(cfg.seq_lens), len(cfg.pairs), len(cfg.modes)))
+    ratio[..., 0], ratio[..., 1] = 1 + fwd_pct / 100, 1 + fwd_bwd_pct / 100
+    return {"head_dims": np.array(cfg.head_dims), "seq_lens": np.array(cfg.seq_lens),
+            "pairs": np.array(["/".join(p) for p in cfg.pairs]), "modes": np.array(cfg.modes), "pair_ratio": ratio}
+
+
+def test_robust_verdict_reports_its_cost_without_depending_on_it():
+    ok, slow = V.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 2.0)), V.judge_robust_fix(fake_sweep(), _fake_cost(20.0, 4.0))
+    assert ok.verdict == slow.verdict == V.REPRODUCED
+    assert ok.note == "cost targets met" and "missed" not in ok.evidence
+    assert slow.note == "cost targets missed (4 of 4)" and "+20.0 to +20.0 % (target ≤ 8 %: missed)" in slow.evidence
+    mixed = V.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 4.0))
+    assert mixed.note == "cost targets missed (2 of 4)"
+    assert V.judge_robust_fix(fake_sweep()).note == ""                    # no cost stored: nothing said

@@ -209,3 +209,38 @@ def test_gpu_bf16_robust_fix_agrees_with_the_reference(policy, level):
     mismatch = (o.view(torch.int16) != r.to(o.dtype).view(torch.int16)).float().mean().item()
     print(f"{policy.name} level={level}: O bit mismatch vs reference {mismatch:.3%}")
     assert mismatch < 0.05
+
+
+# -- the tie test of the kernels (a second-largest score since 2026-12-01) against a count ----------------------
+@pytest.mark.parametrize("sub", ["sub", "fma"])
+@pytest.mark.parametrize("fix", ["alg3", "robust"])
+def test_kernel_tie_test_equals_the_count_of_scores_at_the_maximum(sub, fix):
+    """Rows whose maximum is held by 1, 2 or 3 keys, with a near-tie just inside ε or just outside it, at a
+    scale that is not a power of two (so FMA mode's fl(x·α) rounds): the kernel shifts a row's maximum exactly
+    where at least two scores S = fl(QKᵀ·α) satisfy S ≥ fl(r_m − ε), as the reference's count says."""
+    d, m, n, scale, eps = 16, 48, 96, 0.3, 1e-3
+    g = torch.Generator().manual_seed(5)
+    k = torch.rand(n, d, generator=g) * 3.0                              # the background, below every maximum
+    expect = torch.zeros(m, dtype=torch.bool)
+    q = torch.zeros(m, d)
+    for i in range(m):
+        c = i % d
+        q[i, c] = 1.0
+    for c in range(d):
+        top = 5.0 + 0.37 * c
+        copies, near = 1 + c % 3, (0.0, 0.5 * eps / scale, 2.0 * eps / scale, 0.99 * eps / scale)[(c // 3) % 4]
+        k[:copies, c] = top
+        if near:
+            k[copies, c] = top - near
+    s = (k.float() * torch.tensor(scale, dtype=torch.float32)).T           # (d, n): S of a row with q = e_c
+    r_m = s.max(1).values
+    thresh = (r_m - torch.tensor(eps, dtype=torch.float32))
+    count = (s >= thresh[:, None]).sum(1)
+    expect = (count >= 2)[torch.arange(m) % d]
+    assert expect.any() and (~expect).any()
+    base = FP32.replace(sub=sub)
+    policy = base.with_fix() if fix == "alg3" else base.with_bounded_fix()
+    p = kernels.probe_pbar(q.to(DEVICE), k.to(DEVICE), policy, scale=scale).cpu()
+    at_max = p[torch.arange(m), 0]                                       # key 0 holds every row's maximum
+    shifted = (at_max - 1).abs() > 1e-5
+    assert torch.equal(shifted, expect), (shifted.int().tolist(), expect.int().tolist())

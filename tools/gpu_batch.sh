@@ -55,7 +55,7 @@ for step in "$@"; do
                    2>&1 | tee "$OUT/kernel_trust.txt" | tail -n 25;;
         official) RUN_TIMEOUT=$(( avail - 120 )) timeout "$avail" bash tools/gpu_official_check.sh;;
         prod) timeout "$avail" bash tools/gpu_prod_kernels.sh all;;
-        robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT/robust_cost.json";;
+        robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT";;   # robust_cost.{json,npz}
     esac
     say "step $step ended (rc $?)"
 done

@@ -395,3 +395,34 @@ def run_figure(conf, seed_index: int, variants=None, figsize=(10, 2.9), dpi=None
     fig.suptitle(f"{conf.label}, seed {conf.seeds[seed_index]}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def robust_cost_figure(res) -> plt.Figure:
+    """The robust fix's cost (`robust_cost`, alternating timings) per shape: forward (left) and forward +
+    backward (right), against the same kernel without a fix in both modes and against Algorithm 3, with the
+    issue's target as a dashed line."""
+    from kernels.bench import ROBUST_TARGETS, robust_summary
+
+    rows = robust_summary(res)
+    bounds = dict(ROBUST_TARGETS)
+    shapes = list(rows[0]["per_shape"])
+    x = np.arange(len(shapes))
+    colors = {"triton": "#2980b9", "triton_fma": "#8e44ad", "triton_fix": "#7f8c8d"}
+    names = {"triton": "vs no fix (sub)", "triton_fma": "vs no fix (fma)", "triton_fix": "vs Algorithm 3 (sub)"}
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.4), sharey=False)
+    for ax, mode in zip(axes, ("fwd", "fwd_bwd")):
+        sel = [r for r in rows if r["mode"] == mode]
+        w = 0.8 / len(sel)
+        for k, r in enumerate(sel):
+            ax.bar(x + (k - (len(sel) - 1) / 2) * w, [100 * r["per_shape"][s] for s in shapes], w,
+                   color=colors.get(r["base"], "#333333"), label=names.get(r["base"], r["base"]))
+        ax.axhline(100 * bounds[mode], color="#c0392b", ls="--", lw=1,
+                   label=f"target ≤ {100 * bounds[mode]:g} % (vs no fix)")
+        ax.axhline(0, color="#999999", lw=0.6)
+        ax.set_xticks(x, [f"d {d}\nN {n}" for d, n in shapes], fontsize=8)
+        ax.set_title({"fwd": "forward", "fwd_bwd": "forward + backward"}[mode] + ": the robust fix's cost")
+        ax.set_ylabel("% of time")
+    for ax in axes:
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig

@@ -788,7 +788,7 @@ def verdicts(load: Callable[[str], Any] | None = None, stored: Callable[[str], b
     out.append(fix_cost(bench) if bench is not None else
                pending("Fix-c", "The fix's cost.", "bench_kernels", "05_fix", stored))
     if fsweep is not None:
-        out += [judge_fix_beta(fsweep), judge_robust_fix(fsweep)]
+        out += [judge_fix_beta(fsweep), judge_robust_fix(fsweep, _load_or_none(load, "robust_cost"))]
     else:
         out.append(pending(*PENDING[4], stored=stored))
     out += beyond_verdicts(load)
@@ -981,14 +981,35 @@ def judge_fix_beta(r: Mapping) -> Verdict:
         "Synthetic chapter-4 rows shifted to r_m, one 512-key tile, not training.")
 
 
-def judge_robust_fix(r: Mapping) -> Verdict:
+def robust_cost_evidence(cost: Mapping) -> tuple[str, str]:
+    """(evidence sentence, note) for the robust fix's cost (`robust_cost`) against our targets: the range over
+    shapes per mode and pass, and how many of the targeted (mode, pass) rows miss. A measurement beside the
+    Robust verdict, not part of its rule."""
+    from kernels.bench import robust_summary
+
+    rows = [r for r in robust_summary(cost) if r["bound"] is not None]
+    if not rows:
+        raise ValueError("robust_cost: no row against the kernel without a fix (nothing to hold to a target)")
+    parts = [f"{ {'triton': 'sub', 'triton_fma': 'fma'}.get(r['base'], r['base'])} "
+             f"{r['mode'].replace('_', '+')} {100 * r['best']:+.1f} to {100 * r['worst']:+.1f} % "
+             f"(target ≤ {100 * r['bound']:g} %: {'met' if r['met'] else 'missed'})" for r in rows]
+    missed = sum(not r["met"] for r in rows)
+    note = f"cost targets missed ({missed} of {len(rows)})" if missed else "cost targets met"
+    return (f" Its cost in our Triton kernel over the same kernel without a fix: {'; '.join(parts)} "
+            f"({_prov(cost)}).", note)
+
+
+def judge_robust_fix(r: Mapping, cost: Mapping | None = None) -> Verdict:
     """Robust: our fix (`BoundedMax`) is finite everywhere and removes the bias wherever Algorithm 3 does.
 
     Our claim, not the paper's. Rule, on `fix_sweep`'s grid: no non-finite and no silenced point, and it removes
     the bias at every point where Algorithm 3 does (robust_ge_alg3 = 1) → reproduced (holds); finite and
-    silencing nothing but missing some of Algorithm 3's points → partly; else not reproduced."""
+    silencing nothing but missing some of Algorithm 3's points → partly; else not reproduced. With ``cost``
+    (the stored `robust_cost`) the evidence adds its measured cost against our targets and the note says
+    whether they are met; the verdict does not depend on it."""
     nf, sil = int(r["robust_nonfinite_points"]), int(r["robust_silenced_points"])
     ge = float(r["robust_ge_alg3"])
+    extra, note = robust_cost_evidence(cost) if cost is not None else ("", "")
     if nf == 0 and sil == 0:
         v = REPRODUCED if ge >= 1.0 else PARTLY
     else:
@@ -999,10 +1020,10 @@ def judge_robust_fix(r: Mapping) -> Verdict:
         f"non-finite at {nf} and silencing at {sil} grid points; removes the bias at {ge:.0%} of the points where "
         f"Algorithm 3 does; overall at {float(r['robust_removed_frac']):.0%} of the points with a significant "
         f"bias (Algorithm 3: {float(r['alg3_removed_frac']):.0%}, the official fix: "
-        f"{float(r['official_removed_frac']):.0%}) (stored result `fix_sweep`).",
+        f"{float(r['official_removed_frac']):.0%}) (stored result `fix_sweep`)." + extra,
         "finite and not silencing anywhere, and removing wherever Algorithm 3 does → holds (reproduced); finite "
         "but missing some → partly; else not reproduced",
-        "Synthetic rows; training is Fix-b's.")
+        "Synthetic rows; training is Fix-b's.", note=note)
 
 
 def judge_fix_training_sweep(a: Mapping | None) -> Verdict:
