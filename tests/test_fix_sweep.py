@@ -207,3 +207,18 @@ def test_robust_verdict_reports_its_cost_without_depending_on_it():
     mixed = V.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 4.0))
     assert mixed.note == "cost targets missed (2 of 4)"
     assert V.judge_robust_fix(fake_sweep()).note == ""                    # no cost stored: nothing said
+
+
+def test_fix_training_verdict_table_gives_no_share_for_a_fix_with_nonfinite_runs():
+    """A non-finite run counts at its initial loss in S: its 'share of the gap closed' would read thousands of
+    per cent (B′ on 2026-12-01: −2620 %). The table says why there is no share instead."""
+    from lpfail.book import fix_training_report as R
+
+    d = _with_runs(fake_training(gap=0.4, fix_s={"B": 0.2, "Bp": 0.0, "R": 0.4}), nonfinite_bp=(4, 5))
+    d["fix_analysis"] = FT.judge_fixes(d)
+    html = R.verdict_table(d)
+    rows = {r.split("</td>")[0].rsplit(">", 1)[-1]: r for r in html.split("<tr>")[2:]}
+    bp = next(v for k, v in rows.items() if k.startswith("B′"))
+    assert "— (6 runs non-finite)" in bp and "%" not in bp.split("</td>")[-2]
+    b = next(v for k, v in rows.items() if k.startswith("B (official"))
+    assert b.split("</td>")[-2].endswith(" %")

@@ -116,10 +116,14 @@ def verdict_table(res: Mapping) -> str:
     for x, f in a["fixes"].items():
         s = a["S"][x]
         h, al = f["closes_half"], f["closes_all"]
+        # a non-finite run counts at its initial loss in S (the rule's choice), so a share of the gap is no
+        # measure of closing it there: say why instead of printing a share of several thousand per cent
+        nonfinite = sum(int(r["nonfinite"]) for r in f["finite"])
+        share = (f"— ({nonfinite} runs non-finite)" if nonfinite
+                 else interval(closed.get(x), ".0f", scale=100) + " %")
         out.append([html.escape(LABELS.get(x, x)), interval({"point": s["S"], "ci": s["ci"]}),
                     f"{interval(h)} → <b>{html.escape(h['verdict'])}</b>",
-                    f"{interval(al)} → {html.escape(al['verdict'])}",
-                    interval(closed.get(x), ".0f", scale=100) + " %"])
+                    f"{interval(al)} → {html.escape(al['verdict'])}", share])
     return html_table(["", "LR sensitivity S [95 % CI]", "S(X) − S(C) − ½ gap [95 % CI] (rule)",
                        "S(X) − S(C) [95 % CI]", "share of the gap closed [95 % CI]"], out, escape=False)
 
