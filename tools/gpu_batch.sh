@@ -2,8 +2,8 @@
 # Several GPU steps in one device call, each step's files packed into one archive under $OUT (the device tool
 # returns at most 8 files a call, and one step alone writes more). Steps run in the order given, each under the
 # call's deadline (CALL_S seconds from the start, default 570: a 600 s call with time to pack):
-#   sub-start   tools/gpu_substitution.sh start (graph checks, then the grid's driver and the extras in their
-#               own sessions; BUDGET as there)                                    → sub.tgz
+#   sub-start   tools/gpu_substitution.sh start (the missing runs only — next call: the amendment's 12 — and the
+#               extras, in their own sessions; BUDGET, EXPECT_MISSING, CHECKS as there) → sub.tgz
 #   sub-wait    tools/gpu_substitution.sh wait until the driver and the extras end or the deadline nears → sub.tgz
 #   fix-start   tools/gpu_fix_training.sh start, not waiting (Fix-b's 36 runs)     → fix.tgz
 #   fix-wait    tools/gpu_fix_training.sh wait                                     → fix.tgz

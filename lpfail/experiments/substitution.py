@@ -35,6 +35,21 @@ lpfail.experiments.substitution drive|status|collect`` on the GPU machine (tools
 
 `replay_branch` is the paper's own method on a recorded run: replay from a checkpoint (bit for bit), then
 branch with each change.
+
+**Amendment (2026-12-01, `AMENDED_ROWS`), written after the GPU run of the grid and before any run of its rows.**
+Two rows of the grid broke by their own definition: `scores` and `score_path` turned every run non-finite,
+because with FP32 scores the row maximum m rounded to BF16 (`scores`) or the stored L = m + log ℓ for the
+backward (`l_store` = BF16 in `score_path`) can lie up to half a BF16 spacing below the true maximum (64–512
+at our logits of 10⁴–10⁵), and exp overflows (`lpfail.book.substitution_report.overflow_check`). The amendment
+adds two rows with m and the stored L in FP32 (finite in that check): `score_path_l` and `scores_l`, at both
+learning rates, 3 seeds (12 runs), judged by the same rule (`judge_row`) against the same A and C. Design: the
+amendment is its *own small experiment*, ``substitution_amendment`` (`AmendmentConfig`), on the same part files
+(``results/substitution_parts/``) and the same baselines. `SubstitutionConfig` is untouched, so the stored grid
+(``results/substitution.json``, 120 runs, its hash) stays fresh, and its broken rows stay in its table as they
+were measured; the amendment's verdicts are stored beside it (``results/substitution_amendment.json``) once its
+12 runs are. ``status`` counts both; ``drive`` trains what is missing of both; ``collect`` leaves a fresh
+stored grid as it is, and stores the amendment only when all its runs (and A, C) are there — otherwise it says
+which are missing, writes nothing for it and exits with status 1.
 """
 from __future__ import annotations
 
@@ -84,6 +99,7 @@ class Row:
     layer: int | None = None
     lrs: tuple[float, ...] = LRS
     paper: str = "not tested by the paper"
+    amends: str = ""  # an amended row (AMENDED_ROWS): the grid's row it replaces as a measurement
 
 
 def _knob_rows() -> list[Row]:
@@ -144,6 +160,40 @@ SAME_AS_A = {
 }
 
 ROWS = rows()
+
+# -- the amendment ---------------------------------------------------------------------------------------------------
+#: Written on 2026-12-01 after the GPU run of the grid had shown the rows `scores` and `score_path` broken (every
+#: run non-finite), and before any run of the rows below. Judged by the same rule (`judge_row`), against the same
+#: baselines, at the same learning rates and seeds; stored as its own experiment (``substitution_amendment``), so
+#: that the stored grid and its hash stay as they were measured.
+AMENDED_ON = "2026-12-01"
+AMENDMENT_WHY = ("The grid's rows 'scores' and 'score_path' broke by their own definition, not by a finding: with "
+                 "FP32 scores, the row maximum m rounded to BF16 (scores) or the L = m + log ℓ stored for the "
+                 "backward in BF16 (score_path) can lie up to half a BF16 spacing below the true maximum, 64–512 "
+                 "at logits of 10⁴–10⁵, and exp overflows. The amended rows keep m and the stored L in FP32 too, "
+                 "as D does; every other cast stays A's.")
+AMENDED_ROWS = [
+    Row("score_path_l", "QKᵀ, S, m, S − m and the stored L in FP32", "scores",
+        "qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32,l_store=fp32", amends="score_path"),
+    Row("scores_l", "QKᵀ, S, m and the stored L in FP32 (S − m in BF16)", "scores",
+        "qk_out=fp32,scores=fp32,m_acc=fp32,l_store=fp32", amends="scores"),
+]
+#: The predictions for the amended rows, written with them (2026-12-01), before any run; not part of the rule.
+AMENDMENT_PREDICTIONS = {
+    "score_path_l": "all 6 runs finite (85 %); closes the gap at 3.2e-2 (40 %), at 1.6e-2 (45 %); if not, "
+                    "inconclusive rather than 'does not close it' at 3.2e-2 (60 %)",
+    "scores_l": "all 6 runs finite (85 %); the same verdict as score_path_l at each learning rate (75 %): with FP32 S "
+                "and m, S − m near the maximum is small and BF16 holds it closely",
+}
+ALL_ROWS = ROWS + AMENDED_ROWS
+
+
+def row_by_name(name: str) -> Row:
+    """A row of the grid or of the amendment, by name."""
+    for r in ALL_ROWS:
+        if r.name == name:
+            return r
+    raise ValueError(f"unknown row {name!r}; rows: {[r.name for r in ALL_ROWS]}")
 
 
 def row_policy(row: Row) -> Precision:
@@ -230,23 +280,46 @@ class SubstitutionConfig:
         return [by[n] for n in self.rows]
 
 
-def plan(c: SubstitutionConfig) -> list[Point]:
-    """The baselines (A, C at every lr and seed; normally already stored by lr_sweep), then every row's points
-    in priority order (row by row, so a cut-off call leaves whole rows)."""
-    pts = [Point(b, lr, s) for b in ("A", "C") for lr in c.lrs for s in c.seeds]
+@dataclass(frozen=True)
+class AmendmentConfig:
+    """The amendment of 2026-12-01 (`AMENDED_ROWS`): its rows at the grid's learning rates and seeds, judged
+    against the same baselines A and C. Its own config (and stored result), so `SubstitutionConfig`'s hash and
+    the stored grid stay as they were."""
+
+    rows: tuple[str, ...] = tuple(r.name for r in AMENDED_ROWS)
+    lrs: tuple[float, ...] = LRS
+    seeds: tuple[int, ...] = SEEDS
+    amended_on: str = AMENDED_ON
+
+    def __post_init__(self):
+        known = {r.name for r in AMENDED_ROWS}
+        bad = [r for r in self.rows if r not in known]
+        if bad or not self.rows:
+            raise ValueError(f"AmendmentConfig: unknown or no row(s) {bad}; amended rows: {sorted(known)}")
+        SubstitutionConfig(rows=(), lrs=self.lrs, seeds=self.seeds)  # the same checks of lrs and seeds
+
+    def row_objects(self) -> list[Row]:
+        return [row_by_name(n) for n in self.rows]
+
+
+def plan(c: SubstitutionConfig | AmendmentConfig, baselines: bool = True) -> list[Point]:
+    """The baselines (A, C at every lr and seed; normally already stored by lr_sweep; left out with
+    ``baselines=False``), then every row's points in priority order (row by row, so a cut-off call leaves
+    whole rows)."""
+    pts = [Point(b, lr, s) for b in ("A", "C") for lr in c.lrs for s in c.seeds] if baselines else []
     for r in c.row_objects():
         pts += [Point(r.name, lr, s) for lr in r.lrs if lr in c.lrs for s in c.seeds]
     return pts
 
 
-def train_config(c: SubstitutionConfig, p: Point, out_dir: str, lr_sweep_result=None):
+def train_config(c: SubstitutionConfig | AmendmentConfig, p: Point, out_dir: str, lr_sweep_result=None):
     """The TrainConfig of one point: lr_sweep's smaller-size A at this lr and seed, with the row's attention.
     A and C are lr_sweep's own configs. Head rows need the stored lr_sweep result (`head_choice`)."""
     base_c = lr_sweep.LRSweepConfig()
     if p.row in ("A", "C"):
         return lr_sweep.train_config(base_c, p.baseline(), out_dir)
     tc = lr_sweep.train_config(base_c, lr_sweep.Point("small", "A", p.lr, p.seed), out_dir)
-    row = {r.name: r for r in ROWS}[p.row]
+    row = row_by_name(p.row)
     if row.kind == "policy":
         return dataclasses.replace(tc, attention=f"reference({row_policy(row).name})")
     if row.kind == "layer_a":
@@ -282,14 +355,15 @@ def load_parts(directory: Path | None = None) -> tuple[dict[str, dict], list[dic
     return lr_sweep.load_parts(directory, PARTS_DIR, PART_FORMAT, "python -m lpfail.experiments.substitution drive")
 
 
-def stored_for(c: SubstitutionConfig, directory: Path | None = None, lr_sweep_result=None
-               ) -> tuple[dict[str, dict], list[Point]]:
-    """({key: summary} stored for this grid's TrainConfigs, [missing points]). A and C are looked up among
-    lr_sweep's parts (same TrainConfig hash = the same run), the rows among this experiment's."""
+def stored_for(c: SubstitutionConfig | AmendmentConfig, directory: Path | None = None, lr_sweep_result=None,
+               baselines: bool = True) -> tuple[dict[str, dict], list[Point]]:
+    """({key: summary} stored for this grid's (or the amendment's) TrainConfigs, [missing points]). A and C are
+    looked up among lr_sweep's parts (same TrainConfig hash = the same run), the rows among this experiment's;
+    ``baselines=False`` leaves A and C out (the amendment's own count)."""
     own, _ = load_parts(directory)
     base, _ = lr_sweep.load_parts(directory)
     have, missing = {}, []
-    for p in plan(c):
+    for p in plan(c, baselines):
         r = base.get(p.baseline().key) if p.row in ("A", "C") else own.get(p.key)
         if r is not None and r.get("run_hash") == run_hash(train_config(c, p, "", lr_sweep_result)):
             have[p.key] = r
@@ -484,6 +558,69 @@ def store_from_parts(c: SubstitutionConfig | None = None, directory: Path | None
                         provenance=lr_sweep.parts_provenance(used, none="lr_sweep's runs only"))
 
 
+# -- the amendment's result ---------------------------------------------------------------------------------------
+def analyse_amendment(c: AmendmentConfig, have: dict[str, dict]) -> dict:
+    """`analyse` of the amended rows (the same rule, the same baselines), with what they amend and why."""
+    out = analyse(c, have)
+    out.pop("same_as_a")
+    out["amended_on"] = c.amended_on
+    out["why"] = AMENDMENT_WHY
+    out["predictions"] = {r.name: AMENDMENT_PREDICTIONS[r.name] for r in c.row_objects()}
+    for r in c.row_objects():
+        out["rows"][r.name]["amends"] = r.amends
+        out["rows"][r.name]["changes"] = r.changes
+    return out
+
+
+def amendment_missing_text(c: AmendmentConfig, have: dict, missing: list[Point]) -> str:
+    rows_missing = [p for p in missing if p.row not in ("A", "C")]
+    n_rows = len(plan(c, baselines=False))
+    base = [p for p in missing if p.row in ("A", "C")]
+    return (f"substitution amendment ({c.amended_on}): {len(rows_missing)} of its {n_rows} runs are not stored"
+            + (f" (first: {rows_missing[0].key})" if rows_missing else "")
+            + (f", and {len(base)} baseline run(s) of A/C are missing (first: {base[0].key})" if base else "")
+            + "; nothing is stored for it. Run tools/gpu_substitution.sh on a GPU, copy its part files to "
+              "results/substitution_parts/, then collect again")
+
+
+@results.experiment("substitution_amendment", config=AmendmentConfig, gpu=True,
+                    description="Chapter 2's amendment (2026-12-01): the FP32-score rows with m and L in FP32 (GPU)")
+def substitution_amendment(c: AmendmentConfig) -> dict:
+    """Run the amendment's missing points (on a GPU), then its stored result from the parts; raises
+    lr_sweep.SweepIncomplete while points are still missing."""
+    have, missing = stored_for(c)
+    if missing:
+        run_points(SubstitutionConfig(check_baseline=False), missing)
+        have, missing = stored_for(c)
+    if missing:
+        raise lr_sweep.SweepIncomplete(amendment_missing_text(c, have, missing))
+    _, metas = load_parts()
+    used = [m for m in metas if any(k in have for k in m["keys"])]
+    return {"analysis": analyse_amendment(c, have), "parts": used, "complete": True}
+
+
+def store_amendment_from_parts(c: AmendmentConfig | None = None, directory: Path | None = None) -> results.Result:
+    """Store the amendment's result from the parts (its runs and lr_sweep's baselines), on any machine; raises
+    lr_sweep.SweepIncomplete, writing nothing, while any of its runs (or of A, C) is missing."""
+    c = c or AmendmentConfig()
+    have, missing = stored_for(c, directory)
+    if missing:
+        raise lr_sweep.SweepIncomplete(amendment_missing_text(c, have, missing))
+    _, metas = load_parts(directory)
+    used = [m for m in metas if any(k in have for k in m["keys"])]
+    data = {"analysis": analyse_amendment(c, have), "parts": used, "complete": True}
+    return results.save("substitution_amendment", c, data, 0.0, directory,
+                        provenance=lr_sweep.parts_provenance(used, none="lr_sweep's runs only"))
+
+
+def missing_points(directory: Path | None = None) -> tuple[list[Point], list[Point]]:
+    """(the grid's missing points, the amendment's missing points not among them): what ``drive`` trains."""
+    _, grid = stored_for(SubstitutionConfig(), directory)
+    _, amend = stored_for(AmendmentConfig(), directory)
+    keys = {p.key for p in grid}
+    return grid, [p for p in amend if p.key not in keys]
+
+
 # -- replay: the paper's own method ---------------------------------------------------------------------------------
 def replay_branch(run_dir, step: int, branches: dict[str, dict], out_root=None, max_steps: int | None = None
                   ) -> dict:
@@ -535,32 +672,45 @@ def replay_branch(run_dir, step: int, branches: dict[str, dict], out_root=None, 
     return out
 
 
+#: The replay's branches (the ``replay`` command's default): the grid's seven rows of the call of 2026-12-01 with
+#: the two broken FP32-score rows replaced by their amendments.
+REPLAY_ROWS = ("l", "scores_l", "score_path_l", "exp_in", "out", "delta_dPP", "obar")
+#: The rows `graph_checks` tries by default (the ``checks`` command).
+CHECK_ROWS = ("delta_dPP", "score_path", "heads_top")
+
+
 # -- command line -------------------------------------------------------------------------------------------------------
-def status_text(c: SubstitutionConfig | None = None) -> str:
+def status_text(c: SubstitutionConfig | None = None, directory: Path | None = None) -> str:
+    """Two lines: the grid's runs (its baselines included) and the amendment's own runs."""
     c = c or SubstitutionConfig()
-    have, missing = stored_for(c)
-    return f"substitution: {len(have)} of {len(have) + len(missing)} runs stored" + (
-        f"; next missing: {missing[0].key}" if missing else "")
+    have, missing = stored_for(c, directory)
+    ac = AmendmentConfig()
+    a_have, a_missing = stored_for(ac, directory, baselines=False)
+    return (f"substitution: {len(have)} of {len(have) + len(missing)} runs stored"
+            + (f"; next missing: {missing[0].key}" if missing else "")
+            + f"\nsubstitution amendment ({ac.amended_on}; rows {', '.join(ac.rows)}): {len(a_have)} of "
+              f"{len(a_have) + len(a_missing)} runs stored" + (f"; next missing: {a_missing[0].key}" if a_missing else ""))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.substitution")
-    ap.add_argument("command", choices=("status", "drive", "collect", "plan", "replay", "checks"))
+    ap.add_argument("command", choices=("status", "missing", "drive", "collect", "plan", "replay", "checks"))
     ap.add_argument("--budget", type=float, default=900.0, help="drive: seconds before running runs are stopped")
     ap.add_argument("--root", default=None)
     ap.add_argument("--run", default=None, help="replay: the recorded run (checkpoints kept)")
     ap.add_argument("--step", type=int, default=600, help="replay: the checkpoint to replay and branch from")
     ap.add_argument("--until", type=int, default=None, help="replay: the window's end (default: the run's end)")
-    ap.add_argument("--rows", default="l,scores,score_path,exp_in,out,delta_dPP,obar",
-                    help="replay: the rows to branch with (policy rows)")
+    ap.add_argument("--rows", default=None,
+                    help="replay: the rows to branch with (policy rows; default " + ",".join(REPLAY_ROWS)
+                         + "); checks: the rows to check (default " + ",".join(CHECK_ROWS) + ")")
     ap.add_argument("--out", default=None, help="replay: the JSON file to write")
     args = ap.parse_args(argv)
     c = SubstitutionConfig()
     if args.command == "replay":
         if not (args.run and args.out):
             ap.error("replay needs --run and --out")
-        by = {r.name: r for r in ROWS}
-        branches = {n: {"attention": f"reference({row_policy(by[n]).name})"} for n in args.rows.split(",")}
+        names = args.rows.split(",") if args.rows else list(REPLAY_ROWS)
+        branches = {n: {"attention": f"reference({row_policy(row_by_name(n)).name})"} for n in names}
         t0 = time.time()
         res = replay_branch(args.run, args.step, branches, max_steps=args.until)
         res["wall_s"] = round(time.time() - t0, 1)
@@ -570,7 +720,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "checks":
         root = Path(args.root or os.environ.get("LPFAIL_SUBSTITUTION_ROOT", DEFAULT_ROOT))
-        out = graph_checks(root / "checks")
+        out = graph_checks(root / "checks", rows=tuple(args.rows.split(",")) if args.rows else CHECK_ROWS)
         (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
         return 0 if out["ok"] else 1
     if args.command == "plan":
@@ -582,23 +732,50 @@ def main(argv=None) -> int:
     if args.command == "status":
         print(status_text(c))
         return 0
+    if args.command == "missing":  # one key a line: what `drive` would train (the grid's first)
+        grid, amend = missing_points()
+        for p in grid + amend:
+            print(p.key)
+        return 0
     if args.command == "drive":
-        have, missing = stored_for(c)
+        grid, amend = missing_points()
         own, _ = load_parts()
         if CHECK_KEY in own:
             c = dataclasses.replace(c, check_baseline=False)
-        print(f"substitution drive: {len(missing)} runs missing", flush=True)
+        print(f"substitution drive: {len(grid) + len(amend)} runs missing (grid {len(grid)}, amendment "
+              f"{len(amend)})", flush=True)
         root = Path(args.root or os.environ.get("LPFAIL_SUBSTITUTION_ROOT", DEFAULT_ROOT))
-        run_points(c, missing, root=root / "runs", budget_s=args.budget)
+        run_points(c, grid + amend, root=root / "runs", budget_s=args.budget)
         print(status_text(c), flush=True)
         return 0
+    return collect()
+
+
+def collect(directory: Path | None = None, out=print, err=None) -> int:
+    """``collect``: the grid, then the amendment, each stored from the parts only when complete. A fresh stored
+    grid is left as it is (its rows as they were measured). Returns 0 when both are stored, else 1 (with the
+    reason on stderr; nothing half-done is written)."""
+    err = err or (lambda m: print(m, file=sys.stderr))
+    rc = 0
+    state = results.status("substitution", directory)
+    if state == "fresh":
+        out("substitution: the stored grid is fresh; left as it is")
+    else:
+        try:
+            out(store_from_parts(SubstitutionConfig(), directory).provenance)
+        except results.ResultError as e:
+            err(f"error: {e}")
+            rc = 1
     try:
-        res = store_from_parts(c)
-    except results.ResultError as e:
-        print(f"error: {e}", file=sys.stderr)
+        res = store_amendment_from_parts(AmendmentConfig(), directory)
+    except lr_sweep.SweepIncomplete as e:
+        err(f"error: {e}")
         return 1
-    print(res.provenance)
-    return 0
+    except results.ResultError as e:
+        err(f"error: substitution amendment: {e}")
+        return 1
+    out(f"substitution amendment: stored; {res.provenance}")
+    return rc
 
 
 if __name__ == "__main__":  # pragma: no cover
