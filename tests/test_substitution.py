@@ -336,3 +336,193 @@ def test_departure_of_a_from_c():
     assert SR.departure(have([5.5, 3.2, 2.9, 3.2], [5.5, 3.1, 3.0, 2.9])) == (500, 750)  # must stay above
     assert SR.departure(have([5.5, 3.2, 3.1, 2.8], [5.5, 3.1, 3.0, 2.9])) is None  # ends below C
     assert SR.departure({}) is None
+
+
+# -- the amendment of 2026-12-01 (rows score_path_l, scores_l; experiment substitution_amendment) ----------------------
+#: The config hash of the grid stored on 2026-12-01 (results/substitution.json, 120 runs): the amendment must not move it.
+STORED_GRID_HASH = "1b956f271ec18071"
+
+
+def test_amendment_leaves_the_grid_and_its_stored_hash_as_they_were():
+    from lpfail import results
+
+    assert results.config_hash(sub.SubstitutionConfig()) == STORED_GRID_HASH
+    stored = json.loads((results.REPO_ROOT / "results" / "substitution.json").read_text())
+    assert stored["config_hash"] == STORED_GRID_HASH and results.status("substitution") == "fresh"
+    assert len(sub.ROWS) == 23 and {"scores", "score_path"} <= {r.name for r in sub.ROWS}  # the broken rows stay
+    assert not {r.name for r in sub.AMENDED_ROWS} & {r.name for r in sub.ROWS}
+    with pytest.raises(ValueError, match="unknown row"):
+        sub.SubstitutionConfig(rows=("scores_l",))  # an amended row is not a row of the grid
+    ac = sub.AmendmentConfig()
+    assert ac.rows == ("score_path_l", "scores_l") and ac.lrs == sub.LRS and ac.seeds == sub.SEEDS
+    assert ac.amended_on == "2026-12-01" and results.config_hash(ac) != STORED_GRID_HASH
+    with pytest.raises(ValueError, match="amended rows"):
+        sub.AmendmentConfig(rows=("scores",))
+    with pytest.raises(ValueError, match="lr_sweep learning rates"):
+        sub.AmendmentConfig(lrs=(5e-2,))
+    assert results.get("substitution_amendment").config is sub.AmendmentConfig
+
+
+def test_amended_rows_are_the_broken_rows_with_m_and_the_stored_l_in_fp32():
+    pol = {r.name: sub.row_policy(r) for r in sub.AMENDED_ROWS}
+    assert pol["score_path_l"] == PAPER_BF16.replace(qk_out="fp32", scores="fp32", m_acc="fp32", exp_in="fp32",
+                                                     l_store="fp32")
+    assert pol["scores_l"] == PAPER_BF16.replace(qk_out="fp32", scores="fp32", m_acc="fp32", l_store="fp32")
+    for r in sub.AMENDED_ROWS:
+        broken = sub.row_policy(sub.row_by_name(r.amends))
+        diff = {f.name for f in dataclasses.fields(Precision) if getattr(broken, f.name) != getattr(pol[r.name], f.name)}
+        assert diff <= {"m_acc", "l_store"} and "l_store" in diff, (r.name, diff)
+    c = sub.SubstitutionConfig()
+    grid_hashes = {sub.run_hash(sub.train_config(c, p, "", _fake_lr_sweep())) for p in sub.plan(c)}
+    for p in sub.plan(sub.AmendmentConfig(), baselines=False):
+        tc = sub.train_config(sub.AmendmentConfig(), p, "")
+        a = sub.train_config(c, sub.Point("A", p.lr, p.seed), "")  # the same seeds and batches as A's run
+        assert {k for k in tc.to_dict() if tc.to_dict()[k] != a.to_dict()[k]} == {"attention"}
+        assert tc.attention == f"reference({pol[p.row].name})"
+        assert sub.run_hash(tc) not in grid_hashes  # never one of the stored runs
+    with pytest.raises(ValueError, match="unknown row"):
+        sub.row_by_name("nope")
+
+
+def test_amended_rows_are_finite_where_the_broken_rows_overflow_and_are_not_a():
+    from lpfail.book import substitution_report as SR
+
+    got = {p: f for p, _, f in SR.overflow_check(scale=100.0)}
+    for r in sub.AMENDED_ROWS:
+        assert all(got[f"PAPER_BF16,{r.changes}"]), r.name
+        assert not all(got[f"PAPER_BF16,{sub.row_by_name(r.amends).changes}"]), r.amends
+    q, k, v = _qkv(t=256, h=2, d=64, scale=4.0)
+    do = (torch.randn(q.shape) * 1e-2).to(q.dtype)
+    base = _grads(PAPER_BF16, q, k, v, do)
+    g = {r.name: _grads(sub.row_policy(r), q, k, v, do) for r in sub.AMENDED_ROWS}
+    for name, out in g.items():
+        assert not all(torch.equal(x, y) for x, y in zip(base, out)), name
+    assert not all(torch.equal(x, y) for x, y in zip(g["score_path_l"], g["scores_l"]))
+
+
+def test_amendment_status_counts_on_the_stored_parts(capsys):
+    """With the repository's part files the grid has all its 120 runs and the amendment none of its 12: the
+    driver of the next call trains exactly those 12."""
+    runs, _ = sub.load_parts()
+    if not runs:
+        pytest.skip("no substitution parts in results/")
+    have, missing = sub.stored_for(sub.SubstitutionConfig())
+    assert len(have) == 120 and missing == []
+    a_have, a_missing = sub.stored_for(sub.AmendmentConfig(), baselines=False)
+    assert a_have == {} and len(a_missing) == 12
+    assert {p.row for p in a_missing} == {"score_path_l", "scores_l"}
+    assert {(p.lr, p.seed) for p in a_missing} == {(lr, s) for lr in sub.LRS for s in sub.SEEDS}
+    b_have, b_missing = sub.stored_for(sub.AmendmentConfig())
+    assert len(b_have) == 12 and set(b_have) <= set(have) and len(b_missing) == 12  # A, C: the grid's baselines
+    grid, amend = sub.missing_points()
+    assert grid == [] and [p.key for p in amend] == [p.key for p in a_missing]
+    lines = sub.status_text().splitlines()
+    assert lines[0] == "substitution: 120 of 120 runs stored"
+    assert "0 of 12 runs stored; next missing: score_path_l/lr0.016/s0" in lines[1]
+    assert sub.main(["missing"]) == 0
+    assert capsys.readouterr().out.split() == [p.key for p in a_missing]
+
+
+def _copy_results(tmp_path):
+    """The repository's stored grid and its parts in a scratch results folder (lr_sweep's parts linked)."""
+    import shutil
+
+    from lpfail import results
+
+    src = results.REPO_ROOT / "results"
+    if not list((src / "substitution_parts").glob("part-*.json")):
+        pytest.skip("no substitution parts in results/")
+    shutil.copytree(src / "substitution_parts", tmp_path / "substitution_parts")
+    (tmp_path / "lr_sweep_parts").symlink_to(src / "lr_sweep_parts")
+    for f in ("substitution.json", "substitution.npz", "lr_sweep.json", "lr_sweep.npz"):
+        shutil.copy(src / f, tmp_path / f)
+
+
+def _write_part(tmp_path, name, runs):
+    (tmp_path / "substitution_parts" / name).write_text(json.dumps(
+        {"format": sub.PART_FORMAT, "version": 1, "git": "test", "device": "test device", "versions": {},
+         "host": "h", "created": "2026-12-02T00:00:00+00:00", "wall_s": 1.0, "runs": runs}))
+
+
+def test_collect_refuses_the_amendment_while_missing_then_judges_it_by_the_same_rule(tmp_path, monkeypatch, capsys):
+    from lpfail import results
+
+    _copy_results(tmp_path)
+    monkeypatch.setenv("LPFAIL_RESULTS_DIR", str(tmp_path))
+    grid_bytes = (tmp_path / "substitution.json").read_bytes()
+    assert sub.main(["collect"]) == 1
+    out = capsys.readouterr()
+    assert "left as it is" in out.out
+    assert "12 of its 12 runs are not stored (first: score_path_l/lr0.016/s0)" in out.err
+    assert "nothing is stored" in out.err
+    assert not (tmp_path / "substitution_amendment.json").exists()
+    assert results.status("substitution_amendment") == "missing"
+
+    # fabricated runs of the amended rows: score_path_l ends at C's loss (closes the gap), scores_l above A's
+    ac = sub.AmendmentConfig()
+    have, _ = sub.stored_for(ac)
+    runs = {}
+    for p in sub.plan(ac, baselines=False):
+        ref = have[sub.Point("C" if p.row == "score_path_l" else "A", p.lr, p.seed).key]
+        vl = list(ref["val_loss"])
+        if p.row == "scores_l":
+            vl[-1] = vl[-1] + 0.01
+        runs[p.key] = {"key": p.key, "run_hash": sub.run_hash(sub.train_config(ac, p, "")), "status": "completed",
+                       "val_step": list(ref["val_step"]), "val_loss": vl, "loss_curve": [1.0]}
+    last = sub.Point("scores_l", 3.2e-2, 2).key
+    _write_part(tmp_path, "part-20261202T000000-1.json", {k: r for k, r in runs.items() if k != last})
+    assert sub.main(["collect"]) == 1  # 11 of 12: still nothing half-done
+    assert f"1 of its 12 runs are not stored (first: {last})" in capsys.readouterr().err
+    assert not (tmp_path / "substitution_amendment.json").exists()
+    _write_part(tmp_path, "part-20261202T000001-1.json", {last: runs[last]})
+    assert sub.main(["collect"]) == 0
+    capsys.readouterr()
+    assert (tmp_path / "substitution.json").read_bytes() == grid_bytes  # the grid as it was measured
+    res = results.load("substitution_amendment")
+    an = res["analysis"]
+    assert an["amended_on"] == "2026-12-01" and an["rule"] == sub.RULE
+    assert set(an["rows"]) == {"score_path_l", "scores_l"} and an["rows"]["scores_l"]["amends"] == "scores"
+    have, missing = sub.stored_for(ac)
+    assert missing == []
+    idx = lr_sweep.bootstrap_seed_indices(len(ac.seeds))
+    for lr in ac.lrs:
+        base = sub.final_losses(ac, have, ["A", "C"], lr)
+        for r in ac.rows:
+            want = sub.judge_row(sub.final_losses(ac, have, [r], lr)[0], base[0], base[1], idx)
+            assert an["rows"][r]["by_lr"][f"{lr:g}"] == want
+        assert an["rows"]["score_path_l"]["by_lr"][f"{lr:g}"]["verdict"] == "closes the gap"
+        assert an["rows"]["scores_l"]["by_lr"][f"{lr:g}"]["verdict"] == "does not close it"
+    assert res.meta["device"] == "test device"
+    lines = sub.status_text().splitlines()
+    assert lines[0] == "substitution: 120 of 120 runs stored" and "12 of 12 runs stored" in lines[1]
+
+
+def test_amendment_report_pending_and_stored():
+    from lpfail.book import substitution_report as SR
+
+    state = {"state": "missing", "analysis": None, "n_stored": 1, "n_runs": 12,
+             "stored": {"score_path_l": {"0.016": 1, "0.032": 0}, "scores_l": {"0.016": 0, "0.032": 0}}}
+    rows = SR.amendment_rows(state)
+    assert [r[0].split(":")[0] for r in rows] == ["score_path_l", "scores_l"] and rows[0][2] == "score_path"
+    assert rows[0][3:] == ["pending (GPU): 1 of 3 runs stored", "pending (GPU): 0 of 3 runs stored"]
+    assert len(SR.amendment_header()) == len(rows[0])
+    text = SR.amendment_lines(state)
+    assert "Runs stored: 1 of 12" in text[1] and "pending" in text[1]
+    assert any(sub.AMENDMENT_PREDICTIONS["scores_l"] in t for t in text)
+    d = {"verdict": "closes the gap", "point": -0.1, "ci": [-0.2, -0.01], "fraction_closed": 0.9}
+    state = dict(state, state="fresh", analysis={"rows": {"score_path_l": {"by_lr": {"0.032": d}}}})
+    assert SR.amendment_rows(state)[0][4].startswith("<b>closes the gap</b>")
+    live = SR.amendment_state()
+    assert live["n_runs"] == 12 and set(live["stored"]) == {"score_path_l", "scores_l"}
+
+
+def test_replay_branches_are_policy_rows_without_the_broken_ones():
+    from lpfail.book import substitution_report as SR
+
+    assert len(sub.REPLAY_ROWS) == 7 and not {"scores", "score_path"} & set(sub.REPLAY_ROWS)
+    assert {"scores_l", "score_path_l"} <= set(sub.REPLAY_ROWS)
+    for n in sub.REPLAY_ROWS:
+        sub.row_policy(sub.row_by_name(n))
+    rep = {"step": 100, "replay": {"losses": [3.0] * 100, "equal": True},
+           "scores_l": {"losses": [2.9] * 100, "first_diff": 100}}
+    assert SR.replay_rows(rep)[1][0] == "scores_l: " + sub.row_by_name("scores_l").label

@@ -46,16 +46,69 @@ def results_rows(analysis: Mapping | None, c: sub.SubstitutionConfig | None = No
                 cells.append("not run at this lr")
                 continue
             d = (analysis or {}).get("rows", {}).get(r.name, {}).get("by_lr", {}).get(f"{lr:g}")
-            if d is None:
-                cells.append("pending (GPU)")
-            elif d.get("ci") is None:
-                cells.append(d["verdict"])
-            else:
-                fr = d.get("fraction_closed")
-                cells.append(f"<b>{d['verdict']}</b><br>{d['point']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
-                             + (f"<br>{fr * 100:.0f} % closed" if fr is not None else ""))
+            cells.append(_cell(d))
         cells.append(r.paper)
         out.append(cells)
+    return out
+
+
+def _cell(d: Mapping | None, pending: str = "pending (GPU)") -> str:
+    if d is None:
+        return pending
+    if d.get("ci") is None:
+        return d["verdict"]
+    fr = d.get("fraction_closed")
+    return (f"<b>{d['verdict']}</b><br>{d['point']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+            + (f"<br>{fr * 100:.0f} % closed" if fr is not None else ""))
+
+
+# -- the amendment of 2026-12-01 (sub.AMENDED_ROWS; experiment substitution_amendment) --------------------------------
+def amendment_state(directory=None) -> dict:
+    """Where the amendment stands: {"state": the stored result's state ('fresh', 'missing', ...), "analysis":
+    its analysis or None, "stored": {row: {lr: runs stored}}, "n_stored", "n_runs"} (its own runs, without
+    the baselines), from the part files and the results cache."""
+    from lpfail import results
+
+    c = sub.AmendmentConfig()
+    state, res = results.inspect("substitution_amendment", directory)
+    have, missing = sub.stored_for(c, directory, baselines=False)
+    stored = {r: {f"{lr:g}": sum(sub.Point(r, lr, s).key in have for s in c.seeds) for lr in c.lrs} for r in c.rows}
+    return {"state": state, "analysis": res["analysis"] if state == "fresh" else None, "stored": stored,
+            "n_stored": len(have), "n_runs": len(have) + len(missing), "provenance": res.provenance if res else None}
+
+
+def amendment_header(c: sub.AmendmentConfig | None = None) -> list[str]:
+    c = c or sub.AmendmentConfig()
+    return (["amended row", "change from A", "amends"]
+            + [f"lr {lr:g}: verdict, (L_row − L_C) − ½(L_A − L_C) [95 % CI]" for lr in c.lrs])
+
+
+def amendment_rows(state: Mapping, c: sub.AmendmentConfig | None = None) -> list[list[str]]:
+    """One line per amended row: its change, the row it amends, and at each learning rate its verdict by the
+    same rule, or "pending (GPU): k of n runs stored" while its stored result is missing."""
+    c = c or sub.AmendmentConfig()
+    out = []
+    for r in c.row_objects():
+        cells = [f"{r.name}: {r.label}", f"<code>{r.changes}</code>", r.amends]
+        for lr in c.lrs:
+            d = ((state.get("analysis") or {}).get("rows", {}).get(r.name, {}).get("by_lr", {}).get(f"{lr:g}"))
+            k = state["stored"][r.name][f"{lr:g}"]
+            cells.append(_cell(d, f"pending (GPU): {k} of {len(c.seeds)} runs stored"))
+        out.append(cells)
+    return out
+
+
+def amendment_lines(state: Mapping, c: sub.AmendmentConfig | None = None) -> list[str]:
+    """The amendment in words for a text cell: when and why, each row with its change, its state, and the
+    prediction written with it."""
+    c = c or sub.AmendmentConfig()
+    out = [f"Amendment of {c.amended_on}, written after the grid's GPU run and before any run of its rows. "
+           f"{sub.AMENDMENT_WHY}",
+           f"Runs stored: {state['n_stored']} of {state['n_runs']}; result: "
+           + ("stored" if state["state"] == "fresh" else f"{state['state']} (pending, GPU)") + "."]
+    for r in c.row_objects():
+        out.append(f"{r.name} (amends {r.amends}): PAPER_BF16,{r.changes}. Prediction: "
+                   f"{sub.AMENDMENT_PREDICTIONS[r.name]}.")
     return out
 
 
@@ -111,7 +164,7 @@ def replay_rows(rep: Mapping) -> list[list[str]]:
     stops at its first non-finite loss), its mean loss over the window's last 100 steps (or where it broke)."""
     if "replay" not in rep or "step" not in rep:
         raise ValueError("replay_rows: not a replay_branch result (no 'replay' or 'step')")
-    by = {r.name: r for r in sub.ROWS}
+    by = {r.name: r for r in sub.ALL_ROWS}
     step = int(rep["step"])
 
     def tail(losses):
@@ -157,9 +210,11 @@ def replay_figure(rep: Mapping, smooth: int = 20):
 
 
 # -- why the FP32-score rows broke: a BF16 max (or stored m) under FP32 scores -------------------------------------
-OVERFLOW_POLICIES = ("PAPER_BF16", "PAPER_BF16,qk_out=fp32,scores=fp32",
-                     "PAPER_BF16,qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32",
-                     "PAPER_BF16,qk_out=fp32,scores=fp32,m_acc=fp32,exp_in=fp32,l_store=fp32", "FA2_BF16")
+#: A, the grid's two broken FP32-score rows, the amendment's two rows, D (from the rows' definitions).
+OVERFLOW_POLICIES = (("PAPER_BF16",)
+                     + tuple(f"PAPER_BF16,{sub.row_by_name(n).changes}"
+                             for n in ("scores", "score_path", "score_path_l", "scores_l"))
+                     + ("FA2_BF16",))
 
 
 def overflow_check(scale: float = 100.0, policies=OVERFLOW_POLICIES, seed: int = 0) -> list[tuple[str, float, list]]:

@@ -39,9 +39,9 @@ branch with each change.
 **Amendment (2026-12-01, `AMENDED_ROWS`), written after the GPU run of the grid and before any run of its rows.**
 Two rows of the grid broke by their own definition: `scores` and `score_path` turned every run non-finite,
 because with FP32 scores the row maximum m rounded to BF16 (`scores`) or the stored L = m + log ℓ for the
-backward (`l_store` = BF16 in `score_path`) can lie up to half a BF16 spacing below the true maximum (64–512
-at our logits of 10⁴–10⁵), and exp overflows (`lpfail.book.substitution_report.overflow_check`). The amendment
-adds two rows with m and the stored L in FP32 (finite in that check): `score_path_l` and `scores_l`, at both
+backward (`l_store` = BF16 in `score_path`) can lie up to half a BF16 spacing below the true maximum (32–256
+at our logits of 10⁴–10⁵), and exp overflows FP32 beyond 88 (`lpfail.book.substitution_report.overflow_check`).
+The amendment adds two rows with m and the stored L in FP32 (finite in that check): `score_path_l` and `scores_l`, at both
 learning rates, 3 seeds (12 runs), judged by the same rule (`judge_row`) against the same A and C. Design: the
 amendment is its *own small experiment*, ``substitution_amendment`` (`AmendmentConfig`), on the same part files
 (``results/substitution_parts/``) and the same baselines. `SubstitutionConfig` is untouched, so the stored grid
@@ -169,8 +169,8 @@ ROWS = rows()
 AMENDED_ON = "2026-12-01"
 AMENDMENT_WHY = ("The grid's rows 'scores' and 'score_path' broke by their own definition, not by a finding: with "
                  "FP32 scores, the row maximum m rounded to BF16 (scores) or the L = m + log ℓ stored for the "
-                 "backward in BF16 (score_path) can lie up to half a BF16 spacing below the true maximum, 64–512 "
-                 "at logits of 10⁴–10⁵, and exp overflows. The amended rows keep m and the stored L in FP32 too, "
+                 "backward in BF16 (score_path) can lie up to half a BF16 spacing below the true maximum (32–256 "
+                 "at logits of 10⁴–10⁵, 128 from 32,768 on), and exp overflows FP32 beyond 88. The amended rows keep m and the stored L in FP32 too, "
                  "as D does; every other cast stays A's.")
 AMENDED_ROWS = [
     Row("score_path_l", "QKᵀ, S, m, S − m and the stored L in FP32", "scores",
