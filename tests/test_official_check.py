@@ -41,9 +41,10 @@ def test_compiled_preset_differs_from_paper_in_exactly_the_skipped_roundings():
     assert diff == {"scores", "exp_in", "acc", "delta_prod", "l_store", "m_rescale", "l_div_last"}
     assert PAPER_BF16_COMPILED.l_store == "bf16" and PAPER_BF16_COMPILED.acc == "fp32"
     assert PAPER_BF16_COMPILED.m_acc is None and PAPER_BF16_COMPILED.dtype("m_acc") == torch.float32
-    # with STABLE=1 inductor's kernels divide every query tile by the stored BF16 ℓ (the fix moves the boundaries)
+    # with STABLE=1 inductor's kernels divide every query tile by the stored BF16 ℓ and rescale with the FP32
+    # maxima (the fix moves the kernel boundaries)
     official = dataclasses.replace(PAPER_BF16_COMPILED, fix=PAPER_BF16_OFFICIAL_FIX.fix, l_clamp=1e-10, masked_ties=True,
-                                   l_div="bf16", l_div_last=None)
+                                   l_div="bf16", l_div_last=None, m_rescale=None)
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX == official
     assert PAPER_BF16_COMPILED.name == "PAPER_BF16_COMPILED"
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX.name == "PAPER_BF16_COMPILED_OFFICIAL_FIX"

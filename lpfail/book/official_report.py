@@ -19,7 +19,8 @@ WHY = {
     "m_rescale": "the rescale factor a = exp(m_old − m_new) reads the row maxima from BF16 buffers that an "
                  "earlier kernel wrote",
     "l_div_last": "the last query tile divides by the stored BF16 ℓ, earlier ones by the FP32 ℓ they hold "
-                  "(where the kernel boundaries fall; with STABLE=1 every tile divides by the BF16 ℓ)",
+                  "(where the kernel boundaries fall; with STABLE=1 every tile divides by the BF16 ℓ and the "
+                  "rescale factor reads FP32 maxima)",
     "l_div": "O = Ō / ℓ divides by the stored BF16 ℓ in every query tile",
 }
 

@@ -292,11 +292,11 @@ class OfficialCheckConfig:
                        "PAPER_BF16_COMPILED,m_acc=bf16", "PAPER_BF16_COMPILED,l_store=none",
                        "PAPER_BF16_COMPILED,scores=bf16", "PAPER_BF16_COMPILED,delta_prod=bf16",
                        "PAPER_BF16_COMPILED,o_acc=bf16")
-    #: ... and with it (against STABLE=1): the fix's preset divides every tile by the BF16 ℓ; the variants are the
-    #: unfixed graph's division and the FP32 maxima in the rescale factor
+    #: ... and with it (against STABLE=1): the fix's preset divides every tile by the BF16 ℓ and rescales with the
+    #: FP32 maxima; the variants put back the unfixed code's division and its BF16 maxima in the rescale factor
     fix_policies: tuple = ("PAPER_BF16_OFFICIAL_FIX", "PAPER_BF16_COMPILED_OFFICIAL_FIX",
                            "PAPER_BF16_COMPILED_OFFICIAL_FIX,l_div=fp32,l_div_last=bf16",
-                           "PAPER_BF16_COMPILED_OFFICIAL_FIX,m_rescale=none")
+                           "PAPER_BF16_COMPILED_OFFICIAL_FIX,m_rescale=bf16")
     modes: tuple = MODES
     emulate_shapes: tuple = (0,)          # indices of the shapes on which "compiled_emulate" runs (a control)
     tied_rows: int = 256                  # chapter 4's default rows (RowSpec()), one query each
