@@ -291,7 +291,7 @@ def test_compiled_official_on_cpu_matches_paper_bf16_compiled_tile_by_tile(d):
     a1 = [oc.bit_agreement(rows(a, tile1), rows(b, tile1)) for a, b in zip(second[:2], theirs[:2])]
     dv = oc.bit_agreement(first[3], theirs[3])
     paper = oc.agreement(oc.run_policy(PAPER_BF16, q, k, v, do), theirs)
-    print(f"O, dQ tile 0 (PAPER_BF16_COMPILED) {a0}; tile 1 (l_div=bf16) {a1}; dV {dv:.3f}; PAPER_BF16 {paper}")
+    print(f"O, dQ tile 0 (CPU_INDUCTOR) {a0}; tile 1 (its l_div=bf16) {a1}; dV {dv:.3f}; PAPER_BF16 {paper}")
     assert min(a0) >= 99.9 and min(a1) >= 99.9 and dv >= 99.9
     assert paper[0] < 90 and oc.agreement(eager, theirs)[0] < 90
     emulated = oc.run_official(oc.official_fn(module, "compiled_emulate"), q, k, v, do, "compiled_emulate")
