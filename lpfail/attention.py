@@ -50,20 +50,24 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     P̄    = exp(x)  in `exp`
     ℓ_j  = rowsum(P̄) in `exp`                       then .clamp(min=l_clamp) if l_clamp is set
     P̄V   = matmul(P̄ rounded to `pbar`, V_j)         V in `matmul`; result rounded to `pv_out`
-    a    = exp(m_old − m_new)                        difference in op rounded to `exp_in`, exp in `exp`
+    a    = exp(m_old − m_new)                        m_old, m_new first rounded to `m_rescale` (default
+                                                     `m_acc`); difference in op rounded to `exp_in`, exp in `exp`
     ℓ    = a·ℓ + ℓ_j                                 two ops in op, rounded to `acc`
     Ō    = Ō·a        (op, rounded to `o_acc`)       the rescale and the add are two roundings,
     Ō    = Ō + P̄V     (op, rounded to `o_acc`)       like the official `o.mul_(a).add_(P̄V)`; `o_acc`
                                                      is `acc` unless set
   after the last tile:
-    O    = Ō / ℓ      (op, rounded to `out`)         ℓ first rounded to `l_div` (default `acc`)
+    O    = Ō / ℓ      (op, rounded to `out`)         ℓ first rounded to `l_div` (default `acc`); in the
+                                                     last query tile (`block_q`) to `l_div_last` if set
     L    = log(ℓ) + m   in `exp`                     ℓ and m first rounded to `l_store` (default `acc`)
 
   m_acc (default `acc`) is the dtype of the running maximum m alone: r_m and m_new are rounded to it.
-  o_acc, l_div, l_store and m_acc exist for PAPER_BF16_COMPILED: the official code under torch.compile keeps
-  Ō and ℓ in FP32 registers across tiles while its row maximum and its stored ℓ (what L reads) are BF16
-  buffers, and it divides by the FP32 or the stored BF16 ℓ depending on where inductor's kernel boundaries
-  fall (`lpfail.experiments.official_check`).
+  o_acc, l_div, l_store, m_acc, m_rescale and l_div_last exist for PAPER_BF16_COMPILED: the official code under
+  torch.compile keeps S, m, ℓ and Ō in FP32 registers across tiles while the row maxima that the rescale
+  factors read and its stored ℓ and m (what L reads) are BF16 buffers, and it divides by the FP32 or the
+  stored BF16 ℓ depending on where inductor's kernel boundaries fall: on the H200 (torch 2.11) the last
+  query tile by the BF16 ℓ, earlier tiles by the FP32 one (`lpfail.experiments.official_check`,
+  notes/official_check.md).
 
   ``policy.rounding = "sr"``: the four casts of the output path — P̄V to `pv_out`, Ō·a and Ō + P̄V to `acc`,
   O to `out` — round stochastically where their dtype is 16-bit (`_round`, `lpfail.bf16.round_stochastic`,
@@ -390,8 +394,10 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(pbar, v.dtype)), pv_out, policy)  # cast: P̄V to `pv_out`
 
         # -- online rescaling --------------------------------------------------------------------------
-        op = _op(m_dt, exp_in)
-        d_m = (m_old.to(op) - m_sub.to(op)).to(exp_in)             # cast: m_old − m_new to `exp_in`
+        m_rs = policy.dtype("m_rescale")                           # `m_acc` unless m_rescale is set
+        op = _op(m_dt, exp_in, m_rs)
+        # cast: m_old, m_new to `m_rescale`, m_old − m_new to `exp_in`
+        d_m = (m_old.to(m_rs).to(op) - m_sub.to(m_rs).to(op)).to(exp_in)
         a = torch.exp(d_m.to(exp_dt))                              # cast: exp runs in `exp`; (…, R, 1)
         op = _op(acc, exp_dt)
         l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
@@ -404,8 +410,13 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         m[..., r0:, :] = m_new
 
     l_div = l.to(policy.dtype("l_div"))                            # cast: ℓ to `l_div` (default `acc`)
-    op = _op(o_acc, l_div.dtype, out_dt)
-    o_out = _round(o.to(op) / l_div.to(op), out_dt, policy)        # cast: O = Ō / ℓ to `out`
+    op = _op(o_acc, l_div.dtype, out_dt, policy.dtype("l_div_last"))
+    l_div = l_div.to(op)
+    if policy.l_div_last is not None:                              # the last query tile divides by another ℓ
+        l_div = l_div.clone()                                      # (never write into ℓ itself)
+        last = 0 if policy.block_q is None else ((tq - 1) // policy.block_q) * policy.block_q
+        l_div[..., last:, :] = l[..., last:, :].to(policy.dtype("l_div_last")).to(op)  # cast: ℓ to `l_div_last`
+    o_out = _round(o.to(op) / l_div, out_dt, policy)               # cast: O = Ō / ℓ to `out`
     l_st, m_st = l.to(policy.dtype("l_store")), m.to(policy.dtype("l_store"))  # cast: stored ℓ, m (`l_store`)
     lse = torch.log(l_st.to(exp_dt)) + m_st.to(exp_dt)             # cast: L = log ℓ + m in `exp`
     return ForwardResult(o_out, o, m, l, lse, fix_pos, fix_neg)

@@ -64,6 +64,15 @@ l_store     None (= `acc`), or the dtype the final m and ℓ are     None    Non
             rounds on store even where it keeps ℓ in FP32)
 m_acc       None (= `acc`), or the dtype of the running maximum m  None    None    None
             alone (its block maximum r_m rounded to it)
+m_rescale   None (= `m_acc`), or the dtype m_old and m_new are    None    None    None
+            rounded to before the rescale factor
+            a = exp(m_old − m_new) (the compiled code on the GPU
+            reads them from BF16 buffers there, while S − m uses
+            the FP32 maximum in registers)
+l_div_last  None (= `l_div`), or the dtype ℓ is rounded to        None    None    None
+            before O = Ō / ℓ in the last query tile (`block_q`)
+            alone: where inductor's kernels divide the last
+            tile by the stored BF16 ℓ and earlier tiles by FP32
 =========== ====================================================== ======= ======= =====
 
 Two knobs were added for the cures of chapter 6 (experiment `cures`), both off in every preset and shown in
@@ -86,9 +95,9 @@ l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_i
 same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, acc, out
 in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), so the strings of all
 "rne" policies, and with them every stored result's config hash, are those from before the knob existed.
-o_acc, l_div, l_store and m_acc (None by default, shown in the string only when set, like ``rounding``) describe
-what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16; see
-`lpfail.experiments.official_check`).
+o_acc, l_div, l_store, m_acc, m_rescale and l_div_last (None by default, shown in the string only when set, like
+``rounding``) describe what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16;
+see `lpfail.experiments.official_check` and notes/official_check.md).
 """
 from __future__ import annotations
 
@@ -104,7 +113,9 @@ DELTAS = ("dO.O", "dO.O_hp", "dP.P", "dO.O_res")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
-_ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc")  # optional dtypes that default to `acc` (torch.compile's arithmetic)
+_ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc", "m_rescale", "l_div_last")  # optional dtypes (torch.compile's
+#: arithmetic): each falls back to `acc`, except m_rescale (to `m_acc`) and l_div_last (to `l_div`)
+_FALLBACK = {"m_rescale": "m_acc", "l_div_last": "l_div"}
 #: Knobs added after the first stored results, with their defaults: a policy's string names one only when it
 #: differs from its default, so the strings (cache keys) of every earlier policy stay as they were.
 _SET_ONLY = (("rounding", "rne"), *((name, None) for name in _ACC_FIELDS), ("ds_rowsum", False))
@@ -235,6 +246,9 @@ class Precision:
     l_div: str | None = None
     l_store: str | None = None
     m_acc: str | None = None
+    # added after reading inductor's Triton code of the compiled official code (H200, torch 2.11):
+    m_rescale: str | None = None
+    l_div_last: str | None = None
     # added with experiment `cures` (chapter 6):
     ds_rowsum: bool = False
 
@@ -261,8 +275,8 @@ class Precision:
         for name in _ACC_FIELDS:
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
-                raise ValueError(f"Precision.{name} must be None (the `acc` dtype) or one of {sorted(DTYPES)} "
-                                 f"(got {value!r})")
+                raise ValueError(f"Precision.{name} must be None (the `{_FALLBACK.get(name, 'acc')}` dtype) or one "
+                                 f"of {sorted(DTYPES)} (got {value!r})")
         if not isinstance(self.ds_rowsum, bool):
             raise ValueError(f"Precision.ds_rowsum must be True or False (got {self.ds_rowsum!r})")
         if self.rounding not in ROUNDINGS:
@@ -298,10 +312,12 @@ class Precision:
 
     def dtype(self, knob: str) -> torch.dtype:
         """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``; o_acc, l_div, l_store and m_acc
-        fall back to `acc` when None."""
+        fall back to `acc` when None, m_rescale to `m_acc` and l_div_last to `l_div`."""
         if knob in _ACC_FIELDS:
             value = getattr(self, knob)
-            return DTYPES[value if value is not None else self.acc]
+            if value is None:
+                return self.dtype(_FALLBACK[knob]) if knob in _FALLBACK else DTYPES[self.acc]
+            return DTYPES[value]
         if knob not in _DTYPE_FIELDS:
             raise ValueError(f"{knob!r} is not a dtype knob; dtype knobs: {list(_DTYPE_FIELDS)}")
         return DTYPES[getattr(self, knob)]
@@ -459,22 +475,28 @@ FP64 = Precision(matmul="fp64", scores="fp64", exp="fp64", pbar="fp64", pv_out="
 PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e-3), l_clamp=1e-10,
                                               masked_ties=True)
 
-#: The official code as its own train.py runs it: under torch.compile (inductor, no
-#: emulate_precision_casts), forward under BF16 autocast, backward outside it (lpfail.experiments.official_check).
-#: Inductor computes each fused kernel in FP32 and rounds only what it stores, so against PAPER_BF16: S and
-#: S − m stay FP32 (scores, exp_in) while the row maximum m is a BF16 buffer (m_acc; so where α·QKᵀ is not
-#: exact in BF16, e.g. head dim 128, a tied maximum gives P̄ = exp(S − m) ≠ 1), ℓ and Ō are carried in FP32
-#: across key tiles (acc), the final ℓ is rounded to BF16 when stored for L = log ℓ + m (l_store), and δ's
-#: products dO∘O stay FP32 (delta_prod).
-#: Checked on CPU only (torch 2.13, inductor's C++ backend, CUDA autocast's rules emulated): O, dQ, dK, dV agree
-#: bit for bit in the query tiles whose O divides by the FP32 ℓ; where a kernel boundary falls between ℓ and
-#: the division, inductor divides by the stored BF16 ℓ instead (l_div="bf16" matches those tiles). Which tiles
-#: do so depends on the backend's fusion; the GPU's (Triton) is pending (tools/gpu_official_check.sh).
+#: The official code as its own train.py runs it: under torch.compile (inductor, no emulate_precision_casts),
+#: forward under BF16 autocast, backward outside it (lpfail.experiments.official_check). Read from inductor's
+#: Triton code for the H200 (torch 2.11, notes/official_check.md): each fused kernel computes in FP32 and rounds
+#: only what it stores, so against PAPER_BF16: S = QKᵀ·α and S − m stay FP32 (scores, exp_in; QKᵀ itself is a
+#: BF16 bmm output), m, ℓ and Ō are carried in FP32 across key tiles (acc), but the rescale factor
+#: a = exp(m_old − m_new) reads the row maxima from BF16 buffers (m_rescale), the final ℓ and m are stored in
+#: BF16 for L = log ℓ + m (l_store), the last query tile divides by that stored BF16 ℓ and earlier tiles by the
+#: FP32 one (l_div_last; where inductor's kernel boundaries fall), and δ's products dO∘O stay FP32 (delta_prod).
+#: P̄ for P̄V, P̄V, dP, dS and each tile's dQ/dK/dV product stay BF16 (bmm operands and outputs); the
+#: products are summed in FP32 and rounded once (with ≤ 2 key tiles the same as PAPER_BF16's grad_acc=bf16).
+#: Checked on CPU by replaying inductor's generated GPU kernels in Triton's interpreter (tools/inductor_replay.py):
+#: ≥ 99.9 % of O, dQ, dK, dV bit for bit; what the interpreter cannot show (the GPU's division, FMA contraction,
+#: reduction order) is left to the GPU call (tools/gpu_official_check.sh).
 PAPER_BF16_COMPILED = dataclasses.replace(PAPER_BF16, scores="fp32", exp_in="fp32", acc="fp32",
-                                          delta_prod="fp32", l_store="bf16", m_acc="bf16")
-#: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds.
+                                          delta_prod="fp32", l_store="bf16", m_rescale="bf16", l_div_last="bf16")
+#: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds,
+#: except two roundings that the fix's extra operations move: in its Triton code for the H200 (torch 2.11) every
+#: query tile divides by the stored BF16 ℓ (l_div; the unfixed code's first tile holds the FP32 one) and the
+#: rescale factor reads the FP32 maxima (m_rescale back to m_acc = acc; the unfixed code reads BF16 buffers).
 PAPER_BF16_COMPILED_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16_COMPILED, fix=DynamicMax(2.0, 1e-3),
-                                                       l_clamp=1e-10, masked_ties=True)
+                                                       l_clamp=1e-10, masked_ties=True, l_div="bf16",
+                                                       l_div_last=None, m_rescale=None)
 #: PAPER_BF16 with the robust fix (`BoundedMax` with its defaults: β = 2, ε = 1e-3, shifts in [0.5, 64]): the
 #: paper's code with Algorithm 3 made finite at every logit scale; no clamp, masked entries never tie.
 PAPER_BF16_ROBUST_FIX = dataclasses.replace(PAPER_BF16, fix=BoundedMax())

@@ -1,4 +1,5 @@
-"""The compiled official code's arithmetic (issue 16): the knobs o_acc, l_div, l_store, the presets
+"""The compiled official code's arithmetic (issue 16): the knobs o_acc, l_div, l_store, m_acc, m_rescale,
+l_div_last, the presets
 PAPER_BF16_COMPILED(_OFFICIAL_FIX), and `lpfail.experiments.official_check`.
 
 The tests that run the paper's official attention.py need it on disk (LPFAIL_OFFICIAL_DIR, see the module's
@@ -22,6 +23,10 @@ from lpfail.precision import (
     Precision,
 )
 
+#: What inductor's CPU (C++) backend computed in our CPU runs (torch 2.13): PAPER_BF16_COMPILED with the row
+#: maximum BF16 everywhere (m_acc) and the FP32 ℓ in the division (its first query tile); not the GPU's arithmetic.
+CPU_INDUCTOR = PAPER_BF16_COMPILED.replace(m_acc="bf16", m_rescale=None, l_div_last=None)
+
 HAVE_OFFICIAL = bool(os.environ.get(oc.ENV)) and os.path.isfile(os.path.join(os.environ.get(oc.ENV, ""), "attention.py"))
 needs_official = pytest.mark.skipif(not HAVE_OFFICIAL, reason=f"the paper's official attention.py is not here: "
                                     f"git clone {oc.REPO_URL} DIR and set {oc.ENV}=DIR")
@@ -31,9 +36,15 @@ needs_official = pytest.mark.skipif(not HAVE_OFFICIAL, reason=f"the paper's offi
 def test_compiled_preset_differs_from_paper_in_exactly_the_skipped_roundings():
     diff = {f.name for f in dataclasses.fields(Precision)
             if getattr(PAPER_BF16, f.name) != getattr(PAPER_BF16_COMPILED, f.name)}
-    assert diff == {"scores", "exp_in", "acc", "delta_prod", "l_store", "m_acc"}
+    # read from inductor's Triton code for the H200 (notes/official_check.md): S, S − m, m, ℓ, Ō and dO∘O in
+    # FP32; the rescale factor's maxima, the stored ℓ and m, and the last query tile's ℓ in BF16
+    assert diff == {"scores", "exp_in", "acc", "delta_prod", "l_store", "m_rescale", "l_div_last"}
     assert PAPER_BF16_COMPILED.l_store == "bf16" and PAPER_BF16_COMPILED.acc == "fp32"
-    official = dataclasses.replace(PAPER_BF16_COMPILED, fix=PAPER_BF16_OFFICIAL_FIX.fix, l_clamp=1e-10, masked_ties=True)
+    assert PAPER_BF16_COMPILED.m_acc is None and PAPER_BF16_COMPILED.dtype("m_acc") == torch.float32
+    # with STABLE=1 inductor's kernels divide every query tile by the stored BF16 ℓ and rescale with the FP32
+    # maxima (the fix moves the kernel boundaries)
+    official = dataclasses.replace(PAPER_BF16_COMPILED, fix=PAPER_BF16_OFFICIAL_FIX.fix, l_clamp=1e-10, masked_ties=True,
+                                   l_div="bf16", l_div_last=None, m_rescale=None)
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX == official
     assert PAPER_BF16_COMPILED.name == "PAPER_BF16_COMPILED"
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX.name == "PAPER_BF16_COMPILED_OFFICIAL_FIX"
@@ -42,13 +53,13 @@ def test_compiled_preset_differs_from_paper_in_exactly_the_skipped_roundings():
 @pytest.mark.parametrize("name", ["PAPER_BF16", "FA2_BF16", "FP32", "FP64", "PAPER_BF16_OFFICIAL_FIX"])
 def test_new_knobs_leave_older_presets_strings_alone(name):
     policy = PRESETS[name]
-    assert policy.o_acc is None and policy.l_div is None and policy.l_store is None
-    s = str(policy)
-    assert "o_acc" not in s and "l_div" not in s and "l_store" not in s
+    for knob in ("o_acc", "l_div", "l_store", "m_acc", "m_rescale", "l_div_last"):
+        assert getattr(policy, knob) is None and knob not in str(policy)
 
 
 @pytest.mark.parametrize("changes", [dict(o_acc="fp32"), dict(l_div="bf16"), dict(l_store="bf16"),
-                                     dict(o_acc="fp64", l_div="fp32", l_store="bf16")])
+                                     dict(o_acc="fp64", l_div="fp32", l_store="bf16"), dict(m_rescale="bf16"),
+                                     dict(l_div_last="bf16", m_rescale="fp32")])
 def test_new_knobs_round_trip(changes):
     policy = PAPER_BF16.replace(**changes)
     for key, value in changes.items():
@@ -65,11 +76,22 @@ def test_new_knobs_fall_back_to_acc_and_validate():
         PAPER_BF16.replace(l_store="bfloat16")
     with pytest.raises(ValueError, match="Precision.o_acc must be None"):
         Precision.parse("PAPER_BF16,o_acc=fp8")
+    # m_rescale falls back to m_acc (itself to acc), l_div_last to l_div (itself to acc)
+    assert PAPER_BF16_COMPILED.dtype("m_rescale") == torch.bfloat16
+    assert PAPER_BF16_COMPILED.replace(m_rescale=None).dtype("m_rescale") == torch.float32
+    assert PAPER_BF16_COMPILED.replace(m_rescale=None, m_acc="bf16").dtype("m_rescale") == torch.bfloat16
+    assert PAPER_BF16_COMPILED.replace(l_div_last=None, l_div="bf16").dtype("l_div_last") == torch.bfloat16
+    assert PAPER_BF16.dtype("m_rescale") == PAPER_BF16.dtype("l_div_last") == torch.bfloat16
+    with pytest.raises(ValueError, match=r"Precision.m_rescale must be None \(the `m_acc` dtype\)"):
+        PAPER_BF16.replace(m_rescale="half")
+    with pytest.raises(ValueError, match=r"Precision.l_div_last must be None \(the `l_div` dtype\)"):
+        Precision.parse("PAPER_BF16,l_div_last=bfloat16")
 
 
 def test_kernels_refuse_the_compiled_knobs():
     kernels = pytest.importorskip("kernels")
-    for changes in (dict(o_acc="fp32"), dict(l_div="bf16"), dict(l_store="bf16")):
+    for changes in (dict(o_acc="fp32"), dict(l_div="bf16"), dict(l_store="bf16"), dict(m_rescale="bf16"),
+                    dict(l_div_last="bf16")):
         with pytest.raises(ValueError, match="compiled official code's arithmetic"):
             kernels.kernel_policy(PAPER_BF16.replace(matmul="fp32", **changes))
 
@@ -124,6 +146,42 @@ def test_o_acc_keeps_m_and_l_in_acc():
 
 
 # -- the experiment's plumbing ------------------------------------------------------------------------
+def test_l_div_last_divides_only_the_last_query_tile_by_its_dtype():
+    q, k, v, _ = _qkv(t=1100, scale=4.0)                    # query tiles 0:512, 512:1024, 1024:1100
+    base = PAPER_BF16_COMPILED.replace(l_div_last=None)
+    ref = attn.flash_forward(q, k, v, base)
+    last = attn.flash_forward(q, k, v, base.replace(l_div_last="bf16"))
+    everywhere = attn.flash_forward(q, k, v, base.replace(l_div="bf16"))
+    assert torch.equal(last.o[..., :1024, :], ref.o[..., :1024, :])          # earlier tiles: the FP32 ℓ
+    assert torch.equal(last.o[..., 1024:, :], everywhere.o[..., 1024:, :])   # the last: the BF16 ℓ
+    assert not torch.equal(last.o[..., 1024:, :], ref.o[..., 1024:, :])
+    assert torch.equal(last.l, ref.l) and torch.equal(last.lse, ref.lse)     # ℓ itself is not touched
+    one = attn.flash_forward(q, k, v, base.replace(l_div_last="bf16", block_q=None))   # one tile: all rows
+    assert torch.equal(one.o, attn.flash_forward(q, k, v, base.replace(l_div="bf16", block_q=None)).o)
+
+
+def test_m_rescale_rounds_only_the_maxima_of_the_rescale_factor():
+    q, k, v, _ = _qkv(t=1024, d=128, scale=4.0)            # α = 1/√128: S, hence m, not exact in BF16
+    base = PAPER_BF16_COMPILED.replace(m_rescale=None, l_div_last=None)
+    ref = attn.flash_forward(q, k, v, base, causal=False)
+    res = attn.flash_forward(q, k, v, base.replace(m_rescale="bf16"), causal=False)
+    assert torch.equal(res.m, ref.m) and res.m.dtype == torch.float32          # m itself stays FP32
+    assert not torch.equal(res.l, ref.l) and not torch.equal(res.o, ref.o)     # a = exp(bf16 m_old − bf16 m_new)
+    single = base.replace(block_k=None)                     # one key tile: no rescale, nothing to round
+    assert torch.equal(attn.flash_forward(q, k, v, single.replace(m_rescale="bf16"), causal=False).o,
+                       attn.flash_forward(q, k, v, single, causal=False).o)
+    # m_acc=bf16 rounds m everywhere (P̄ too), m_rescale=bf16 only in a: they differ
+    assert not torch.equal(attn.flash_forward(q, k, v, base.replace(m_acc="bf16"), causal=False).o, res.o)
+
+
+def test_new_knobs_leave_paper_bf16_bit_identical():
+    """PAPER_BF16 must stay the eager official code: spelling its fallbacks out changes no bit."""
+    q, k, v, do = _qkv(t=1024, scale=4.0)
+    ours = oc.run_policy(PAPER_BF16, q, k, v, do)
+    spelled = PAPER_BF16.replace(m_rescale="bf16", l_div_last="bf16", m_acc="bf16", l_div="bf16")
+    assert (oc.agreement(oc.run_policy(spelled, q, k, v, do), ours) == 100.0).all()
+
+
 def test_missing_official_code_says_how_to_fetch_it(monkeypatch, tmp_path):
     monkeypatch.delenv(oc.ENV, raising=False)
     with pytest.raises(oc.OfficialCodeMissing, match=rf"{oc.ENV} is not set: fetch it with `git clone {oc.REPO_URL}"):
@@ -213,16 +271,17 @@ def test_eager_official_backward_cannot_run_outside_autocast():
 @needs_official
 @pytest.mark.parametrize("d", [64, 128])
 def test_compiled_official_on_cpu_matches_paper_bf16_compiled_tile_by_tile(d):
-    """Inductor's C++ backend (torch of this machine), 2 query tiles × 2 key tiles. What we measured: the first
-    query tile divides O by the FP32 ℓ (PAPER_BF16_COMPILED), the second by the stored BF16 ℓ (its l_div=bf16
-    variant); dV matches overall. PAPER_BF16 itself matches far less. With emulate_precision_casts the
+    """Inductor's C++ backend (torch of this machine), 2 query tiles × 2 key tiles. What we measured: its row
+    maximum is a BF16 buffer everywhere (m_acc=bf16, unlike the GPU's Triton code); the first query tile divides
+    O by the FP32 ℓ, the second by the stored BF16 ℓ (the l_div=bf16 variant); dV matches overall. PAPER_BF16 itself matches far less. With emulate_precision_casts the
     compiled code is the eager code again."""
     module = oc.load_official()
     q, k, v, do = _qkv(t=1024, d=d, seed=1)
     theirs = oc.run_official(oc.official_fn(module, "compiled"), q, k, v, do, "compiled")
     eager = oc.run_official(oc.official_fn(module, "eager"), q, k, v, do, "eager")
-    first = oc.run_policy(PAPER_BF16_COMPILED, q, k, v, do)
-    second = oc.run_policy(PAPER_BF16_COMPILED.replace(l_div="bf16"), q, k, v, do)
+    cpu = CPU_INDUCTOR                                       # the C++ backend's fusion, not the GPU's
+    first = oc.run_policy(cpu, q, k, v, do)
+    second = oc.run_policy(cpu.replace(l_div="bf16"), q, k, v, do)
 
     def rows(x, r):
         return x[..., r, :]
@@ -232,7 +291,7 @@ def test_compiled_official_on_cpu_matches_paper_bf16_compiled_tile_by_tile(d):
     a1 = [oc.bit_agreement(rows(a, tile1), rows(b, tile1)) for a, b in zip(second[:2], theirs[:2])]
     dv = oc.bit_agreement(first[3], theirs[3])
     paper = oc.agreement(oc.run_policy(PAPER_BF16, q, k, v, do), theirs)
-    print(f"O, dQ tile 0 (PAPER_BF16_COMPILED) {a0}; tile 1 (l_div=bf16) {a1}; dV {dv:.3f}; PAPER_BF16 {paper}")
+    print(f"O, dQ tile 0 (CPU_INDUCTOR) {a0}; tile 1 (its l_div=bf16) {a1}; dV {dv:.3f}; PAPER_BF16 {paper}")
     assert min(a0) >= 99.9 and min(a1) >= 99.9 and dv >= 99.9
     assert paper[0] < 90 and oc.agreement(eager, theirs)[0] < 90
     emulated = oc.run_official(oc.official_fn(module, "compiled_emulate"), q, k, v, do, "compiled_emulate")
@@ -250,3 +309,17 @@ def test_official_check_on_the_gpu_runs_and_paper_bf16_is_the_eager_code():
     res = oc.official_check(cfg)
     print({k: v for k, v in res.items() if k.startswith("agree")})
     assert (res["agree_nofix_eager"][0] == 100.0).all() and (res["agree_fix_eager"][0] == 100.0).all()
+
+
+def test_chapter_4s_preset_table_explains_every_knob_that_differs():
+    from lpfail.book import official_report
+
+    for compiled in (PAPER_BF16_COMPILED, PAPER_BF16_COMPILED_OFFICIAL_FIX):
+        rows = official_report.preset_diff(PAPER_BF16.replace(fix=compiled.fix, l_clamp=compiled.l_clamp,
+                                                              masked_ties=compiled.masked_ties), compiled)
+        assert {r[0] for r in rows} == {f.name for f in dataclasses.fields(Precision)
+                                        if getattr(PAPER_BF16, f.name) != getattr(compiled, f.name)
+                                        and f.name not in ("fix", "l_clamp", "masked_ties")}
+        assert all(r[3] for r in rows), [r[0] for r in rows if not r[3]]
+    rows = {r[0]: r for r in official_report.preset_diff()}
+    assert rows["m_rescale"][1:3] == ["= m_acc (bf16)", "bf16"] and rows["l_store"][1] == "= acc (bf16)"

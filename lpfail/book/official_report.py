@@ -5,27 +5,41 @@ from __future__ import annotations
 import dataclasses
 
 from lpfail import results
-from lpfail.precision import PAPER_BF16, PAPER_BF16_COMPILED, Precision
+from lpfail.precision import _ACC_FIELDS, _FALLBACK, DTYPES, PAPER_BF16, PAPER_BF16_COMPILED, Precision
 
-#: What each knob that PAPER_BF16_COMPILED changes means for the official code under inductor.
+#: What each knob that PAPER_BF16_COMPILED changes means for the official code under inductor, as read from its
+#: Triton code for the H200 (torch 2.11; notes/official_check.md).
 WHY = {
-    "scores": "S = QKᵀ·α is not stored between the scaling and its uses (amax, S − m): it stays FP32",
+    "scores": "S = QKᵀ·α is recomputed from the BF16 QKᵀ in every kernel that uses it, never stored: FP32",
     "exp_in": "S − m and m_old − m_new are fused into exp: never rounded to BF16",
-    "acc": "ℓ and Ō are carried across key tiles inside fused kernels in FP32: Ō·a + P̄V is not rounded between tiles",
+    "acc": "m, ℓ and Ō are carried across key tiles in FP32 inside fused kernels: S − m uses the FP32 "
+           "maximum, and Ō·a + P̄V is not rounded between tiles",
     "delta_prod": "dO∘O is fused into δ's row sum: the products stay FP32",
-    "l_store": "the final ℓ is stored in the official code's BF16 buffer, which L = log ℓ + m reads",
-    "m_acc": "the row maximum m is a BF16 buffer (reduction output) while S stays FP32",
+    "l_store": "the final ℓ and m are stored in the official code's BF16 buffers, which L = log ℓ + m reads",
+    "m_rescale": "the rescale factor a = exp(m_old − m_new) reads the row maxima from BF16 buffers that an "
+                 "earlier kernel wrote",
+    "l_div_last": "the last query tile divides by the stored BF16 ℓ, earlier ones by the FP32 ℓ they hold "
+                  "(where the kernel boundaries fall; with STABLE=1 every tile divides by the BF16 ℓ and the "
+                  "rescale factor reads FP32 maxima)",
+    "l_div": "O = Ō / ℓ divides by the stored BF16 ℓ in every query tile",
 }
+
+_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def _value(policy: Precision, name: str) -> str:
+    value = getattr(policy, name)
+    if value is None and name in _ACC_FIELDS:            # a fallback: say to what, and what it is
+        return f"= {_FALLBACK.get(name, 'acc')} ({_NAMES[policy.dtype(name)]})"
+    return str(value)
 
 
 def preset_diff(a: Precision = PAPER_BF16, b: Precision = PAPER_BF16_COMPILED) -> list[list[str]]:
     """Rows [knob, value in a, value in b, why] for every knob in which the two policies differ."""
     rows = []
     for f in dataclasses.fields(Precision):
-        va, vb = getattr(a, f.name), getattr(b, f.name)
-        if va != vb:
-            rows.append([f.name, f"= acc ({a.acc})" if va is None else str(va),
-                         f"= acc ({b.acc})" if vb is None else str(vb), WHY.get(f.name, "")])
+        if getattr(a, f.name) != getattr(b, f.name):
+            rows.append([f.name, _value(a, f.name), _value(b, f.name), WHY.get(f.name, "")])
     return rows
 
 

@@ -18,7 +18,8 @@ Two ways of running that code:
               way (its einsum mixes the FP32 P with the BF16 dO); compiled it runs, because AOTAutograd traces
               the backward together with the forward, inside the forward's autocast. Inductor then computes
               each fused kernel in FP32 and rounds only what it stores, which skips some of the eager BF16
-              roundings: ``PAPER_BF16_COMPILED`` names the ones it skips (see `lpfail.precision`).
+              roundings: ``PAPER_BF16_COMPILED`` names the ones it skips (see `lpfail.precision`; read from
+              inductor's Triton code for the H200, notes/official_check.md).
 ``compiled_emulate``  the same with ``torch._inductor.config.emulate_precision_casts = True``, inductor's switch
               that keeps eager's intermediate roundings (a control: it should agree with ``eager``).
 
@@ -281,15 +282,21 @@ class OfficialCheckConfig:
     shapes: tuple = ((2, 4, 512, 64), (2, 4, 1024, 64), (2, 4, 1024, 128))  # (batch, heads, T, head_dim)
     q_scales: tuple = (1.0, 4.0)
     seed: int = 0
-    #: our policies compared without the fix (against STABLE=0) ...
-    #: (each variant of PAPER_BF16_COMPILED puts back one rounding it skips, or skips one it keeps)
-    policies: tuple = ("PAPER_BF16", "PAPER_BF16_COMPILED", "PAPER_BF16_COMPILED,l_div=bf16",
-                       "PAPER_BF16_COMPILED,m_acc=none", "PAPER_BF16_COMPILED,l_store=none",
+    #: our policies compared without the fix (against STABLE=0) ... Each variant of PAPER_BF16_COMPILED undoes
+    #: one thing read from inductor's Triton code (notes/official_check.md): the last query tile's BF16 ℓ
+    #: (l_div_last=none: every tile divides by the FP32 ℓ; l_div=bf16: every tile by the BF16 one), the BF16
+    #: maxima of the rescale factor (m_rescale=none), the FP32 m of S − m (m_acc=bf16: the CPU backend's BF16
+    #: maximum), the BF16 stored ℓ, m (l_store=none), S, δ's products and Ō in FP32 (scores, delta_prod, o_acc)
+    policies: tuple = ("PAPER_BF16", "PAPER_BF16_COMPILED", "PAPER_BF16_COMPILED,l_div_last=none",
+                       "PAPER_BF16_COMPILED,l_div=bf16", "PAPER_BF16_COMPILED,m_rescale=none",
+                       "PAPER_BF16_COMPILED,m_acc=bf16", "PAPER_BF16_COMPILED,l_store=none",
                        "PAPER_BF16_COMPILED,scores=bf16", "PAPER_BF16_COMPILED,delta_prod=bf16",
-                       "PAPER_BF16_COMPILED,acc=bf16,o_acc=fp32")
-    #: ... and with it (against STABLE=1)
+                       "PAPER_BF16_COMPILED,o_acc=bf16")
+    #: ... and with it (against STABLE=1): the fix's preset divides every tile by the BF16 ℓ and rescales with the
+    #: FP32 maxima; the variants put back the unfixed code's division and its BF16 maxima in the rescale factor
     fix_policies: tuple = ("PAPER_BF16_OFFICIAL_FIX", "PAPER_BF16_COMPILED_OFFICIAL_FIX",
-                           "PAPER_BF16_COMPILED_OFFICIAL_FIX,l_div=bf16")
+                           "PAPER_BF16_COMPILED_OFFICIAL_FIX,l_div=fp32,l_div_last=bf16",
+                           "PAPER_BF16_COMPILED_OFFICIAL_FIX,m_rescale=bf16")
     modes: tuple = MODES
     emulate_shapes: tuple = (0,)          # indices of the shapes on which "compiled_emulate" runs (a control)
     tied_rows: int = 256                  # chapter 4's default rows (RowSpec()), one query each
