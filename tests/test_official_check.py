@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -323,3 +324,24 @@ def test_chapter_4s_preset_table_explains_every_knob_that_differs():
         assert all(r[3] for r in rows), [r[0] for r in rows if not r[3]]
     rows = {r[0]: r for r in official_report.preset_diff()}
     assert rows["m_rescale"][1:3] == ["= m_acc (bf16)", "bf16"] and rows["l_store"][1] == "= acc (bf16)"
+
+
+def test_preset_confirmed_needs_every_output_on_every_case():
+    """Issue 16's criterion (≥ 99.9 % of O, dQ, dK and dV on every shape) gates the compiled sweep on the GPU."""
+    good = np.full((3, 4), 99.95)
+    res = {"policies_nofix": np.array(["PAPER_BF16", "PAPER_BF16_COMPILED"]),
+           "agree_nofix_compiled": np.stack([np.full((3, 4), 40.0), good])}
+    ok, why = oc.preset_confirmed(res)
+    assert ok and "dV 99.950" in why
+    bad = good.copy()
+    bad[2, 1] = 99.89                                          # one case's dQ short of the mark
+    res["agree_nofix_compiled"] = np.stack([np.full((3, 4), 40.0), bad])
+    ok, why = oc.preset_confirmed(res)
+    assert not ok and "dQ 99.890" in why
+    assert oc.preset_confirmed(res, "PAPER_BF16", threshold=30.0)[0]
+    assert not oc.preset_confirmed(res, "PAPER_BF16_COMPILED_OFFICIAL_FIX")[0]      # not in the result
+    assert not oc.preset_confirmed(res, mode="compiled_emulate")[0]
+    nan = good.copy()
+    nan[0, 0] = np.nan
+    res["agree_nofix_compiled"] = np.stack([good, nan])
+    assert not oc.preset_confirmed(res)[0]

@@ -8,13 +8,17 @@
 #   fix-start   tools/gpu_fix_training.sh start, not waiting (Fix-b's 36 runs)     → fix.tgz
 #   fix-wait    tools/gpu_fix_training.sh wait                                     → fix.tgz
 #   cures-start / cures-wait   the same for tools/gpu_cures.sh                     → cures.tgz
-#   compiled-start / compiled-wait   the same for compiled_sweep (tools/gpu_lr_sweep.sh, EXP=compiled_sweep;
-#               only after official_check has confirmed PAPER_BF16_COMPILED)      → compiled.tgz
+#   compiled-start / compiled-wait   the same for compiled_sweep (tools/gpu_lr_sweep.sh, EXP=compiled_sweep).
+#               compiled-start starts nothing unless official_check confirms PAPER_BF16_COMPILED (≥ 99.9 % of
+#               the bits of O, dQ, dK, dV on every case: `official_check confirmed`), read from this machine's
+#               last `official` step (kept in $KEEP across calls) or else from the repository's results/
+#                                                                                  → compiled.tgz
 #   kernels     tools/gpu_kernels.sh tests (the gpu-marked kernel tests)           → kernels.tgz
 #   trust       python -m lpfail.experiments.kernel_trust (Triton vs the reference, one step's gradients)
 #                                                                                  → kernels.tgz
 #   official    tools/gpu_official_check.sh (carry .official)                      → official.tgz
 #   prod        tools/gpu_prod_kernels.sh all                                      → prod.tgz
+#   overhead    tools/gpu_prod_kernels.sh overhead (the monitor's overhead; on an idle GPU) → prod.tgz
 #   robust-cost python tools/gpu_robust_cost.py                                    → robust.tgz
 # A "-wait" step waits at most until 30 s before the deadline; a step that would overrun it is stopped (timeout).
 # Usage (GPU machine, repo root): LPFAIL_GIT=<commit> [CALL_S=570] [BUDGET=…] bash tools/gpu_batch.sh STEP...
@@ -24,6 +28,7 @@ set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 FINAL_OUT=${OUT:-/tmp/lpfail_out}
 STAGE=${STAGE:-/tmp/lpfail_batch}
+KEEP=${KEEP:-/tmp/lpfail_keep}   # survives the next call's clean-up of $STAGE (the machine stays up between calls)
 CALL_S=${CALL_S:-570}
 T0=$(date +%s)
 DEADLINE=$(( T0 + CALL_S ))
@@ -34,7 +39,7 @@ exec > >(tee "$FINAL_OUT/batch.log") 2>&1
 for step in "$@"; do
     case "$step" in
         sub-*) group=sub;; fix-*) group=fix;; cures-*) group=cures;; compiled-*) group=compiled;; kernels|trust) group=kernels;;
-        official) group=official;; prod) group=prod;; robust-cost) group=robust;;
+        official) group=official;; prod|overhead) group=prod;; robust-cost) group=robust;;
         *) echo "unknown step: $step" >&2; exit 2;;
     esac
     export OUT="$STAGE/$group"; mkdir -p "$OUT"
@@ -48,13 +53,21 @@ for step in "$@"; do
         fix-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_fix_training.sh wait;;
         cures-start) WAIT=0 timeout "$avail" bash tools/gpu_cures.sh start;;
         cures-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_cures.sh wait;;
-        compiled-start) EXP=compiled_sweep ALL_VARIANTS=A_comp WAIT=0 timeout "$avail" bash tools/gpu_lr_sweep.sh start;;
+        compiled-start)
+            dir=$KEEP/official; [ -f "$dir/official_check.json" ] || dir=$PWD/results
+            if LPFAIL_RESULTS_DIR=$dir python3 -m lpfail.experiments.official_check confirmed | tee "$OUT/gate.txt"; then
+                EXP=compiled_sweep ALL_VARIANTS=A_comp WAIT=0 timeout "$avail" bash tools/gpu_lr_sweep.sh start
+            else
+                say "compiled-start: PAPER_BF16_COMPILED not confirmed by official_check ($dir): no run started"
+            fi;;
         compiled-wait) EXP=compiled_sweep WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_lr_sweep.sh wait;;
         kernels) timeout "$avail" bash tools/gpu_kernels.sh tests "$(( avail / 2 ))";;
         trust) timeout "$avail" python3 -m lpfail.experiments.kernel_trust --out "$OUT/kernel_trust.json" \
                    2>&1 | tee "$OUT/kernel_trust.txt" | tail -n 25;;
-        official) RUN_TIMEOUT=$(( avail - 120 )) timeout "$avail" bash tools/gpu_official_check.sh;;
+        official) RUN_TIMEOUT=$(( avail - 120 )) timeout "$avail" bash tools/gpu_official_check.sh
+                  mkdir -p "$KEEP/official"; cp "$OUT"/official_check.* "$KEEP/official/" 2>/dev/null;;
         prod) timeout "$avail" bash tools/gpu_prod_kernels.sh all;;
+        overhead) timeout "$avail" bash tools/gpu_prod_kernels.sh overhead;;
         robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT";;   # robust_cost.{json,npz}
     esac
     say "step $step ended (rc $?)"

@@ -428,16 +428,50 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
+#: Issue 16's criterion for a compiled preset: bit agreement with the compiled official code in at least this
+#: many per cent of the elements of O, dQ, dK and dV, on every case.
+CONFIRM_PCT = 99.9
+
+
+def preset_confirmed(res, policy: str = "PAPER_BF16_COMPILED", fix: str = "nofix", mode: str = "compiled",
+                     threshold: float = CONFIRM_PCT) -> tuple[bool, str]:
+    """Does the stored result confirm `policy` against the official code run in `mode`: the minimum over cases
+    of each of O, dQ, dK, dV ≥ `threshold` %? Returns (verdict, one line saying why). A policy or mode the
+    result does not hold, or a NaN, is not a confirmation."""
+    key = f"agree_{fix}_{mode}"
+    names = [str(x) for x in res.get(f"policies_{fix}", [])]
+    if key not in res or policy not in names:
+        return False, f"{policy} against {mode} ({fix}) is not in the result"
+    row = np.asarray(res[key])[names.index(policy)]                # (cases, 4)
+    worst = np.min(row, axis=0) if not np.isnan(row).any() else np.full(4, np.nan)
+    ok = bool(np.all(worst >= threshold))
+    parts = ", ".join(f"{g} {w:.3f}" for g, w in zip(("O", "dQ", "dK", "dV"), worst))
+    return ok, (f"{policy} vs {mode} ({fix}), minimum over {row.shape[0]} cases: {parts} % "
+                f"({'≥' if ok else 'not all ≥'} {threshold} %)")
+
+
 def _main(argv=None) -> int:
     import argparse
 
     from lpfail import results
 
     parser = argparse.ArgumentParser(prog="python -m lpfail.experiments.official_check",
-                                     description="print the stored official_check table")
-    parser.add_argument("what", choices=["table"])
-    parser.parse_args(argv)
-    res = results.load("official_check")
+                                     description="print the stored official_check table, or check (exit 0 / 1) "
+                                                 "that it confirms a compiled preset (≥ 99.9 % of the bits of O, "
+                                                 "dQ, dK and dV on every case)")
+    parser.add_argument("what", choices=["table", "confirmed"])
+    parser.add_argument("--policy", default="PAPER_BF16_COMPILED")
+    parser.add_argument("--fix", default="nofix", choices=["nofix", "fix"])
+    args = parser.parse_args(argv)
+    try:
+        res = results.load("official_check")
+    except results.ResultError as e:
+        print(f"no usable official_check result: {e}")
+        return 1
+    if args.what == "confirmed":
+        ok, why = preset_confirmed(res, args.policy, args.fix)
+        print(why)
+        return 0 if ok else 1
     print(table(res))
     return 0
 
