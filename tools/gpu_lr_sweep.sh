@@ -40,8 +40,11 @@ progress() {
     tail -n 2 "$BASE/drive.log"
 }
 if [ "$MODE" = start ]; then
-    rm -rf "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"; mkdir -p "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"
-    cp results/lr_sweep_parts/part-*.json "$LPFAIL_RESULTS_DIR/lr_sweep_parts/" 2>/dev/null  # stored runs are not rerun
+    # the parts folder is shared by every driver of this machine (lr_sweep, fix_training, cures, compiled_sweep,
+    # substitution's baselines): never removed or overwritten here, since another driver may be writing its part
+    # file; a part already on this machine is a real run of this tree and is reused
+    rm -rf "$BASE"; mkdir -p "$BASE" "$LPFAIL_RESULTS_DIR/lr_sweep_parts"
+    cp -n results/lr_sweep_parts/part-*.json "$LPFAIL_RESULTS_DIR/lr_sweep_parts/" 2>/dev/null  # stored runs are not rerun
     machine_info
     start_mps
     log "graph checks"

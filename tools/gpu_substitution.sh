@@ -73,9 +73,11 @@ progress() {
 if [ "$MODE" = start ]; then
     rm -rf "$BASE"; mkdir -p "$BASE" "$EXTRA" "$LPFAIL_RESULTS_DIR"
     # stored runs are not rerun: lr_sweep's parts hold the baselines A and C, ours any earlier call's rows
+    # (never removed or overwritten here: another driver of the same call, e.g. the cures', may be writing its part
+    # file in lr_sweep_parts; a part already on this machine is a real run of this tree and is reused)
     for d in lr_sweep_parts substitution_parts; do
-        rm -rf "$LPFAIL_RESULTS_DIR/$d"; mkdir -p "$LPFAIL_RESULTS_DIR/$d"
-        cp results/$d/part-*.json "$LPFAIL_RESULTS_DIR/$d/" 2>/dev/null
+        mkdir -p "$LPFAIL_RESULTS_DIR/$d"
+        cp -n results/$d/part-*.json "$LPFAIL_RESULTS_DIR/$d/" 2>/dev/null
     done
     cp results/lr_sweep.json results/lr_sweep.npz "$LPFAIL_RESULTS_DIR/" 2>/dev/null  # head_choice reads it
     # what the driver will train: the stored runs are found by their TrainConfig hash and not rerun
