@@ -28,11 +28,7 @@ no training run of it.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -99,32 +95,8 @@ def compiled_sweep(c: CompiledSweepConfig) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.compiled_sweep")
-    ap.add_argument("command", choices=("status", "checks", "drive", "collect"))
-    ap.add_argument("--budget", type=float, default=None)
-    ap.add_argument("--root", default=None)
-    args = ap.parse_args(argv)
-    c = CompiledSweepConfig()
-    if args.command in ("checks", "drive"):  # checks: captured == uncaptured for the new variant
-        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", L.DEFAULT_ROOT))
-        return L.sweep_command(args.command, c, root, args.budget, "compiled_sweep", NEW,
-                               log=lambda m: print(m, flush=True))
-    runs, metas = L.load_parts()
-    have, missing = L.stored_for(c, runs)
-    if args.command == "status":
-        print(f"compiled_sweep: {len(have)} of {len(have) + len(missing)} runs stored; missing: "
-              f"{sorted({p.variant for p in missing}) or 'none'}")
-        return 0
-    if missing:
-        print(f"error: {len(missing)} runs missing (first {missing[0].key}); run "
-              "`python -m lpfail.experiments.compiled_sweep drive` on a GPU machine", file=sys.stderr)
-        return 1
-    used = [m for m in metas if any(k in have for k in m["keys"])]
-    data = L.assemble(c, have, used)
-    data["compiled_analysis"] = judge_compiled(data)
-    print(results.save("compiled_sweep", c, data, 0.0, provenance=L.parts_provenance(used)).provenance)
-    return 0
-
+    """``status | checks | drive --budget S | collect`` (`lr_sweep.extra_variants_main`)."""
+    return L.extra_variants_main(argv, "compiled_sweep", CompiledSweepConfig(), NEW, "compiled_analysis", judge_compiled)
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

@@ -23,11 +23,7 @@ so for B the rule is applied, not pre-registered.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -105,31 +101,8 @@ def fix_training(c: FixTrainingConfig) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.fix_training")
-    ap.add_argument("command", choices=("status", "checks", "drive", "collect"))
-    ap.add_argument("--budget", type=float, default=None)
-    ap.add_argument("--root", default=None)
-    args = ap.parse_args(argv)
-    c = FixTrainingConfig()
-    if args.command in ("checks", "drive"):  # checks: captured == uncaptured for the new variants
-        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", L.DEFAULT_ROOT))
-        return L.sweep_command(args.command, c, root, args.budget, "fix_training", ("Bp", "R"),
-                               log=lambda m: print(m, flush=True))
-    runs, metas = L.load_parts()
-    have, missing = L.stored_for(c, runs)
-    if args.command == "status":
-        print(f"fix_training: {len(have)} of {len(have) + len(missing)} runs stored; missing: "
-              f"{sorted({p.variant for p in missing}) or 'none'}")
-        return 0
-    if missing:
-        print(f"error: {len(missing)} runs missing (first {missing[0].key})", file=sys.stderr)
-        return 1
-    used = [m for m in metas if any(k in have for k in m["keys"])]
-    data = L.assemble(c, have, used)
-    data["fix_analysis"] = judge_fixes(data)
-    print(results.save("fix_training", c, data, 0.0, provenance=L.parts_provenance(used)).provenance)
-    return 0
-
+    """``status | checks | drive --budget S | collect`` (`lr_sweep.extra_variants_main`)."""
+    return L.extra_variants_main(argv, "fix_training", FixTrainingConfig(), ("Bp", "R"), "fix_analysis", judge_fixes)
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

@@ -561,6 +561,36 @@ def sweep_command(command: str, c: LRSweepConfig, root: Path, budget_s: float | 
     raise ValueError(f"sweep_command: unknown command {command!r} (checks or drive)")
 
 
+def extra_variants_main(argv, name: str, c: LRSweepConfig, new: tuple[str, ...], key: str, analyse) -> int:
+    """The command line of an experiment that adds variants to this grid and reuses its runs (fix_training,
+    compiled_sweep): ``status`` (runs stored / missing), ``checks`` (captured == uncaptured for the ``new``
+    variants), ``drive --budget S`` (the missing runs) and ``collect`` (stores the result named ``name`` from the
+    part files, with ``analyse(data)`` under ``key``; refuses, writing nothing, while runs are missing)."""
+    ap = argparse.ArgumentParser(prog=f"python -m lpfail.experiments.{name}")
+    ap.add_argument("command", choices=("status", "checks", "drive", "collect"))
+    ap.add_argument("--budget", type=float, default=None)
+    ap.add_argument("--root", default=None)
+    args = ap.parse_args(argv)
+    if args.command in ("checks", "drive"):
+        root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", DEFAULT_ROOT))
+        return sweep_command(args.command, c, root, args.budget, name, new, log=lambda m: print(m, flush=True))
+    runs, metas = load_parts()
+    have, missing = stored_for(c, runs)
+    if args.command == "status":
+        print(f"{name}: {len(have)} of {len(have) + len(missing)} runs stored; missing: "
+              f"{sorted({p.variant for p in missing}) or 'none'}")
+        return 0
+    if missing:
+        print(f"error: {len(missing)} runs missing (first {missing[0].key}); run "
+              f"`python -m lpfail.experiments.{name} drive` on a GPU machine", file=sys.stderr)
+        return 1
+    used = [m for m in metas if any(k in have for k in m["keys"])]
+    data = assemble(c, have, used)
+    data[key] = analyse(data)
+    print(results.save(name, c, data, 0.0, provenance=parts_provenance(used)).provenance)
+    return 0
+
+
 # -- assembling the result --------------------------------------------------------------------------------------
 _STATUS = {"completed": 0, "nonfinite": 1}
 
