@@ -88,15 +88,13 @@ def judge_compiled(res: dict) -> dict:
                     description="PAPER_BF16_COMPILED beside A and C on lr_sweep's grid, smaller size (ch. 1; GPU)")
 def compiled_sweep(c: CompiledSweepConfig) -> dict:
     """Run the missing points (only A_comp when lr_sweep's parts are there), assemble, judge."""
-    have, metas = L.run_missing(c, "compiled_sweep")
-    out = L.assemble(c, have, metas)
-    out["compiled_analysis"] = judge_compiled(out)
-    return out
+    return L.run_and_analyse(c, "compiled_sweep", "compiled_analysis", judge_compiled)
 
 
 def main(argv=None) -> int:
     """``status | checks | drive --budget S | collect`` (`lr_sweep.extra_variants_main`)."""
-    return L.extra_variants_main(argv, "compiled_sweep", CompiledSweepConfig(), NEW, "compiled_analysis", judge_compiled)
+    return L.extra_variants_main(argv, "compiled_sweep", CompiledSweepConfig(), NEW, "compiled_analysis",
+                                 judge_compiled)
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

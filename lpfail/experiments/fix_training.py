@@ -94,15 +94,13 @@ def judge_fixes(res: dict) -> dict:
                     description="Fix-b: B, B′ and the robust fix on lr_sweep's grid, smaller size (ch. 5; GPU)")
 def fix_training(c: FixTrainingConfig) -> dict:
     """Run the missing points (only Bp and R when lr_sweep's parts are there), assemble, judge."""
-    have, metas = L.run_missing(c, "fix_training")
-    out = L.assemble(c, have, metas)
-    out["fix_analysis"] = judge_fixes(out)
-    return out
+    return L.run_and_analyse(c, "fix_training", "fix_analysis", judge_fixes)
 
 
 def main(argv=None) -> int:
     """``status | checks | drive --budget S | collect`` (`lr_sweep.extra_variants_main`)."""
-    return L.extra_variants_main(argv, "fix_training", FixTrainingConfig(), ("Bp", "R"), "fix_analysis", judge_fixes)
+    return L.extra_variants_main(argv, "fix_training", FixTrainingConfig(), ("Bp", "R"), "fix_analysis",
+                                 judge_fixes)
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

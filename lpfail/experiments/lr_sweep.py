@@ -561,6 +561,15 @@ def sweep_command(command: str, c: LRSweepConfig, root: Path, budget_s: float | 
     raise ValueError(f"sweep_command: unknown command {command!r} (checks or drive)")
 
 
+def run_and_analyse(c: LRSweepConfig, name: str, key: str, analyse) -> dict:
+    """The body of an experiment that adds variants to this grid: run its missing points (only the new variants
+    when this grid's parts are there), assemble them, and store ``analyse(result)`` under ``key``."""
+    have, metas = run_missing(c, name)
+    out = assemble(c, have, metas)
+    out[key] = analyse(out)
+    return out
+
+
 def extra_variants_main(argv, name: str, c: LRSweepConfig, new: tuple[str, ...], key: str, analyse) -> int:
     """The command line of an experiment that adds variants to this grid and reuses its runs (fix_training,
     compiled_sweep): ``status`` (runs stored / missing), ``checks`` (captured == uncaptured for the ``new``
