@@ -40,6 +40,10 @@ def test_html_table_and_provenance_html():
 
     h = C.provenance_html(R(), R())
     assert h.count("<div>") == 2 and "&lt;abc&gt;" in h and "overflow-wrap:anywhere" in h
+    # part files (chapter 6's cures): the same wrapping box (a long line overflowed the column on 2026-12-01)
+    p = C.parts_html([{"file": "part-20301231T000000-1.json", "device": "NVIDIA <X>", "created": "2030-12-31",
+                       "git": "0123456789abcdef"}])
+    assert "overflow-wrap:anywhere" in p and "git 0123456789ab<" in p and "&lt;X&gt;" in p and p.count("<div>") == 1
 
 
 # -- cost rows ----------------------------------------------------------------------------------------------

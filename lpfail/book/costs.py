@@ -111,6 +111,14 @@ def provenance_html(*results_) -> str:
     return f"<div class='lpfail-provenance' style='font-size:0.8em;color:#555;overflow-wrap:anywhere'>{lines}</div>"
 
 
+def parts_html(parts) -> str:
+    """The part files a result was assembled from (``{"file", "device", "created", "git"}`` each), one short
+    line each, in the same small wrapping type as `provenance_html`."""
+    lines = "".join("<div>" + html.escape(f"part {m['file']}: {m['device']}, {m['created']}, "
+                                          f"git {str(m['git'])[:12]}") + "</div>" for m in parts)
+    return f"<div class='lpfail-provenance' style='font-size:0.8em;color:#555;overflow-wrap:anywhere'>{lines}</div>"
+
+
 # -- what each GPU experiment costs -----------------------------------------------------------------------
 def gpus_used(name: str, meta: Mapping) -> int:
     """GPUs an experiment used: the driver's GPU list for the symptom search (``runs_gpus``), the config's
