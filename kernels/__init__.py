@@ -112,6 +112,9 @@ class KernelPolicy:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __getstate__(self):  # a pickle must not carry this process's string hashes
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 def _wider(a: str, b: str) -> str:
     return "fp32" if "fp32" in (a, b) else a
@@ -287,7 +290,7 @@ def _direct_entry(jit, compiled, args, kwargs, key):
     (its bound arguments, in the launcher's order, must be `args` then those values). None where the direct
     call is not possible or not wanted: the interpreter, a hook on the JIT, LPFAIL_KERNELS_DIRECT=0, a
     misaligned tensor (the key does not hold alignment), or a layout this code does not know."""
-    if os.environ.get(DIRECT_ENV, "1") == "0" or _fwd.INTERPRET or not hasattr(compiled, "packed_metadata"):
+    if _fwd.INTERPRET or not hasattr(compiled, "packed_metadata") or os.environ.get(DIRECT_ENV, "1") == "0":
         return None
     if any(isinstance(a, torch.Tensor) and a.data_ptr() % 16 for a in args):
         return None
@@ -521,7 +524,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
 
     Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable (Triton
     backward). The SDPA style runs as the custom op ``torch.ops.lpfail.flash_attention_fwd`` (with its backward
-    registered), so ``torch.compile`` keeps it in one graph; the policy style is an `autograd.Function`. `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
+    registered) whenever it is traced (torch.compile, export, a dispatch mode), so ``torch.compile`` keeps it in
+    one graph; called eagerly on plain tensors, both styles run the same kernels with the same arguments without
+    the op's dispatch (host time, issue 13): an `autograd.Function` where an input needs a gradient, else the
+    forward alone. `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
     docstring), ValueError for a mask, dropout, GQA, a dtype, head dim, shape or policy the kernels cannot honour.
     """
     if attn_mask is not None:
