@@ -249,7 +249,7 @@ DIRECT_ENV = "LPFAIL_KERNELS_DIRECT"
 
 
 def _launch(kernel, grid, key, *args, **kwargs):
-    """Launch an autotuned kernel. Once the autotuner has picked a config for `key`, launch that config
+    """Launch an autotuned kernel (or a plain JIT one). Once the autotuner has picked a config for `key`, launch that config
     directly: Triton's autotuner rebuilds its own key from every argument on each call, ≈ 25 µs of Python per
     launch, which adds straight to a short kernel's time. `key` holds the shape, the input dtype and every
     constexpr (the whole KernelPolicy), so it is at least as fine as the autotuner's key.
@@ -257,8 +257,8 @@ def _launch(kernel, grid, key, *args, **kwargs):
     From the third launch on (CUDA, triton's own launcher), the compiled kernel that Triton's JIT returned is
     called directly with the same arguments (see `_direct_entry`), skipping the JIT's argument binding and
     cache key (≈ 18 µs of Python per launch on the CPU measured in notes/fix.md). `key` must then also fix
-    every integer argument's value (the callers put the batch and head counts in it; contiguous strides
-    follow from the shape) and the tensors' 16-byte alignment, which Triton specialises on."""
+    every integer argument's value (the callers put the batch and head counts and the strides in it) and the
+    tensors' 16-byte alignment, which Triton specialises on."""
     d = _DIRECT.get((kernel, key))
     if d is not None:
         compiled, tail, meta, drv, hooks = d
@@ -289,7 +289,7 @@ def _direct_entry(jit, compiled, args, kwargs, key):
     constexpr values in signature order after the positional `args`, checked against Triton's own binder
     (its bound arguments, in the launcher's order, must be `args` then those values). None where the direct
     call is not possible or not wanted: the interpreter, a hook on the JIT, LPFAIL_KERNELS_DIRECT=0, a
-    misaligned tensor (the key does not hold alignment), or a layout this code does not know."""
+    misaligned tensor, or a binding whose layout this code does not know (another Triton version's)."""
     if _fwd.INTERPRET or not hasattr(compiled, "packed_metadata") or os.environ.get(DIRECT_ENV, "1") == "0":
         return None
     if any(isinstance(a, torch.Tensor) and a.data_ptr() % 16 for a in args):
@@ -340,9 +340,10 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
     grid = lambda meta: (-(-N // meta["BLOCK_M"]), B * H)  # noqa: E731
     key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, os.environ.get(_fwd.TUNE_ENV),
                                      _fwd.INTERPRET)
-    aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
-    _launch(_fwd._attn_fwd, grid, key + (B, H, aligned, _device_index(q)),
-            q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), H, N, *scalars, **consts)
+    strides = (*q.stride(), *k.stride(), *v.stride())
+    aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)   # Triton specialises on both
+    _launch(_fwd._attn_fwd, grid, key + (B, H, strides, aligned, _device_index(q)),
+            q, k, v, o, lse, *strides, *o.stride(), H, N, *scalars, **consts)
     return o, lse
 
 
@@ -351,8 +352,10 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float)
     do = do.contiguous()
     key, common, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype,
                                                     os.environ.get(_fwd.TUNE_ENV), _fwd.INTERPRET)
-    key = key + (B, H, not ((q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr()) & 15), _device_index(q))
+    ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | o.data_ptr() | lse.data_ptr()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    # Triton specialises on the integers' values (mod 16, = 1) and the tensors' 16-byte alignment
+    key = key + (B, H, strides, o.stride(), not (ptrs & 15), _device_index(q))
     q_grid = lambda meta: (-(-N // meta["BLOCK_M"]), B * H)  # noqa: E731
     delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp

@@ -5,7 +5,10 @@ The kernels cannot launch here, so every launch is replaced: (a) by nothing, whi
 argument checks, the policy lookups, the custom op's dispatch and autograd, the output allocation, the
 launch bookkeeping), and (b) by an emulation of `triton.runtime.jit.JITFunction.run`'s Python up to the C
 launcher — its argument binder (built for an sm_90 target), the cache key, the kernel-cache lookup, the used
-globals' check and the grid — which is what each launch adds on the GPU before the driver call itself. Tensors
+globals' check and the grid — which is what each launch adds on the GPU before the driver call itself, and
+(c) by `kernels._launch`'s direct path (since 2026-12-01) into a stand-in compiled kernel whose launcher does
+nothing (the C launcher and CUDA's allocations are in none of these numbers). Run it with
+``PYTHONPATH=<a checkout>`` to time that checkout's `kernels` (notes/fix.md compares main and a branch). Tensors
 are CPU tensors (the device check is let through by patching `kernels.interpreted`); the policies are the
 drop-in's BF16 ones, so the kernels' constexprs are the H200's.
 """
