@@ -105,6 +105,16 @@ class KernelPolicy:
     shift_lo: float = 0.0       # BoundedMax's shift_min and shift_max (natural units)
     shift_hi: float = 0.0
 
+    def __hash__(self):  # the dataclass's hash, computed once (it keys every launch's caches)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):  # a pickle must not carry this process's string hashes
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 def _wider(a: str, b: str) -> str:
     return "fp32" if "fp32" in (a, b) else a
@@ -233,72 +243,153 @@ def _shift_args(kp: KernelPolicy, unit: float) -> tuple[float, float, float]:
 
 
 _PICKS: dict = {}
+_DIRECT: dict = {}
+#: "0" turns the direct launch of a compiled kernel off (every launch through Triton's JIT, as before 2026-12-01)
+DIRECT_ENV = "LPFAIL_KERNELS_DIRECT"
 
 
 def _launch(kernel, grid, key, *args, **kwargs):
-    """Launch an autotuned kernel. Once the autotuner has picked a config for `key`, launch that config
+    """Launch an autotuned kernel (or a plain JIT one). Once the autotuner has picked a config for `key`, launch that config
     directly: Triton's autotuner rebuilds its own key from every argument on each call, ≈ 25 µs of Python per
     launch, which adds straight to a short kernel's time. `key` holds the shape, the input dtype and every
-    constexpr (the whole KernelPolicy), so it is at least as fine as the autotuner's key."""
-    cfg = _PICKS.get((kernel, key))
-    if cfg is None:
+    constexpr (the whole KernelPolicy), so it is at least as fine as the autotuner's key.
+
+    From the third launch on (CUDA, triton's own launcher), the compiled kernel that Triton's JIT returned is
+    called directly with the same arguments (see `_direct_entry`), skipping the JIT's argument binding and
+    cache key (≈ 18 µs of Python per launch on the CPU measured in notes/fix.md). `key` must then also fix
+    every integer argument's value (the callers put the batch and head counts and the strides in it) and the
+    tensors' 16-byte alignment, which Triton specialises on."""
+    d = _DIRECT.get((kernel, key))
+    if d is not None:
+        compiled, tail, meta, drv, hooks = d
+        g = grid(meta)
+        stream = drv.get_current_stream(drv.get_current_device())
+        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        md = compiled.launch_metadata(g, stream, *args, *tail) if enter is not None else None
+        compiled.run(g[0], g[1], 1, stream, compiled.function, compiled.packed_metadata, md, enter, leave,
+                     *args, *tail)
+        return compiled
+    tuned = hasattr(kernel, "configs")  # an autotuner, not a plain JIT function
+    cfg = _PICKS.get((kernel, key), _PICKS)   # (_PICKS itself: no launch yet)
+    if cfg is _PICKS or (not tuned and _fwd.INTERPRET):
         out = kernel[grid](*args, **kwargs)
-        _PICKS[(kernel, key)] = kernel.best_config
+        _PICKS[(kernel, key)] = kernel.best_config if tuned else None
         return out
-    return kernel.fn.run(*args, grid=grid, warmup=False, **kwargs, **cfg.all_kwargs())
+    meta = cfg.all_kwargs() if tuned else {}
+    jit = kernel.fn if tuned else kernel
+    out = jit.run(*args, grid=grid, warmup=False, **kwargs, **meta)
+    entry = _direct_entry(jit, out, args, {**kwargs, **meta}, key)
+    if entry is not None:
+        _DIRECT[(kernel, key)] = entry
+    return out
+
+
+def _direct_entry(jit, compiled, args, kwargs, key):
+    """What `_launch` needs to call `compiled` (the kernel `jit.run` just launched) without the JIT: the
+    constexpr values in signature order after the positional `args`, checked against Triton's own binder
+    (its bound arguments, in the launcher's order, must be `args` then those values). None where the direct
+    call is not possible or not wanted: the interpreter, a hook on the JIT, LPFAIL_KERNELS_DIRECT=0, a
+    misaligned tensor, or a binding whose layout this code does not know (another Triton version's)."""
+    if _fwd.INTERPRET or not hasattr(compiled, "packed_metadata") or os.environ.get(DIRECT_ENV, "1") == "0":
+        return None
+    if any(isinstance(a, torch.Tensor) and a.data_ptr() % 16 for a in args):
+        return None
+    try:
+        from triton import knobs
+        from triton.runtime import driver
+        drv = driver.active
+        if jit.pre_run_hooks or knobs.runtime.debug:
+            return None
+        binder = jit.device_caches[drv.get_current_device()][4]
+        bound = list(binder(*args, **kwargs)[0].values())
+    except Exception:  # noqa: BLE001 - an internal layout other than triton 3.6's: keep the JIT path
+        return None
+    if len(bound) < len(args) or any(a is not b for a, b in zip(bound, args)):
+        return None
+    return compiled, tuple(bound[len(args):]), kwargs, drv, knobs.runtime
+
+
+def _device_index(t: torch.Tensor):
+    """The current CUDA device (Triton launches there), or None off CUDA: part of the direct launch's key."""
+    return torch.cuda.current_device() if t.is_cuda else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, tune, interp: bool):
+    """The forward launch's per-(shape, policy) constants: the key-block argument, the scalars after it and the
+    constexpr keywords (computed once instead of on every call)."""
+    raw = _raw_units(kp, scale)
+    key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
+    scalars = (key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp,
+               *_shift_args(kp, scale if raw else 1.0))
+    consts = dict(RAW=raw, HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
+                  EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc,
+                  SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass,
+                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec)
+    if not interp:
+        consts["enable_fp_fusion"] = kp.sub_fma
+    return (N, D, causal, kp, raw, dtype, tune), scalars, consts
 
 
 def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
-    """Launch the forward kernel; returns O (in the policy's `out` dtype) and L = m + log ℓ (FP32)."""
+    """Launch the forward kernel; returns O (in the policy's `out` dtype) and L = m + log ℓ (FP32). (The grids
+    divide with -(-a // b), not triton.cdiv, which is a JIT function: ≈ 5 µs per call on the host.)"""
     B, H, N, D = q.shape
     o = torch.empty((B, H, N, D), device=q.device, dtype=kp.out_dtype)
     lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
-    extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
-    key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
-    raw = _raw_units(kp, scale)
-    _launch(_fwd._attn_fwd, grid, (N, D, causal, kp, raw, q.dtype, os.environ.get(_fwd.TUNE_ENV)),
-        q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        H, N, key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp,
-        *_shift_args(kp, scale if raw else 1.0), RAW=raw,
-        HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
-        PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode,
-        CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass, DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **extra)
+    grid = lambda meta: (-(-N // meta["BLOCK_M"]), B * H)  # noqa: E731
+    key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, os.environ.get(_fwd.TUNE_ENV),
+                                     _fwd.INTERPRET)
+    strides = (*q.stride(), *k.stride(), *v.stride())
+    aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)   # Triton specialises on both
+    _launch(_fwd._attn_fwd, grid, key + (B, H, strides, aligned, _device_index(q)),
+            q, k, v, o, lse, *strides, *o.stride(), H, N, *scalars, **consts)
     return o, lse
 
 
 def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float):
     B, H, N, D = q.shape
     do = do.contiguous()
-    extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
-    common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
-                  DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
-                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), **extra)
+    key, common, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype,
+                                                    os.environ.get(_fwd.TUNE_ENV), _fwd.INTERPRET)
+    ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | o.data_ptr() | lse.data_ptr()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    # the policy's blocks for the grad_acc roundings; one block over the sequence (0) is a boundary past its end
-    whole = triton.cdiv(N, _bwd.GRAD_TILE) * _bwd.GRAD_TILE
-    key_block, query_block = kp.key_block or whole, kp.query_block or whole
-    q_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
+    # Triton specialises on the integers' values (mod 16, = 1) and the tensors' 16-byte alignment
+    key = key + (B, H, strides, o.stride(), not (ptrs & 15), _device_index(q))
+    q_grid = lambda meta: (-(-N // meta["BLOCK_M"]), B * H)  # noqa: E731
     delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
-    key = (N, D, causal, kp, q.dtype, do.dtype, os.environ.get(_fwd.TUNE_ENV))
     if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp
         mode = 1 if kp.delta == "dP.P" else 2
         _launch(_bwd._bwd_dq, q_grid, key + (mode,), q, k, v, do, lse, delta, q, *strides, H, N, key_block, scale,
                 MODE=mode, **common)
     else:
         wide = "fp32" if torch.float32 in (o.dtype, do.dtype) else kp.delta_prod
-        _bwd._bwd_delta_dot[(triton.cdiv(N, 64), B * H)](
-            o, do, delta, *o.stride(), *do.stride(), H, N, HEAD_DIM=D, BLOCK_M=64,
-            PROD=_TL[_wider(kp.delta_prod, wide)])
+        d_grid = (-(-N // 64), B * H)
+        _launch(_bwd._bwd_delta_dot, lambda meta: d_grid, key + (o.dtype,),
+                o, do, delta, *o.stride(), *do.stride(), H, N, HEAD_DIM=D, BLOCK_M=64,
+                PROD=_TL[_wider(kp.delta_prod, wide)])
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    kv_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
+    kv_grid = lambda meta: (-(-N // meta["BLOCK_N"]), B * H)  # noqa: E731
     _launch(_bwd._bwd_dkdv, kv_grid, key, q, k, v, do, lse, delta, dk, dv, *strides, H, N, query_block, scale,
             PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_PREC=kp.pv_prec, **common)
     _launch(_bwd._bwd_dq, q_grid, key + (0,), q, k, v, do, lse, delta, dq, *strides, H, N, key_block, scale, MODE=0,
             **common)
     return dq, dk, dv
+
+
+@functools.lru_cache(maxsize=1024)
+def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, do_dtype, tune, interp: bool):
+    """The backward launches' per-(shape, policy) constants (computed once instead of on every call)."""
+    common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
+                  DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
+                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale))
+    if not interp:
+        common["enable_fp_fusion"] = kp.sub_fma
+    # the policy's blocks for the grad_acc roundings; one block over the sequence (0) is a boundary past its end
+    whole = triton.cdiv(N, _bwd.GRAD_TILE) * _bwd.GRAD_TILE
+    return (N, D, causal, kp, dtype, do_dtype, tune), common, kp.key_block or whole, kp.query_block or whole
 
 
 @functools.lru_cache(maxsize=256)
@@ -436,7 +527,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
 
     Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable (Triton
     backward). The SDPA style runs as the custom op ``torch.ops.lpfail.flash_attention_fwd`` (with its backward
-    registered), so ``torch.compile`` keeps it in one graph; the policy style is an `autograd.Function`. `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
+    registered) whenever it is traced (torch.compile, export, a dispatch mode), so ``torch.compile`` keeps it in
+    one graph; called eagerly on plain tensors, both styles run the same kernels with the same arguments without
+    the op's dispatch (host time, issue 13): an `autograd.Function` where an input needs a gradient, else the
+    forward alone. `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
     docstring), ValueError for a mask, dropout, GQA, a dtype, head dim, shape or policy the kernels cannot honour.
     """
     if attn_mask is not None:
@@ -468,11 +562,22 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     _check_inputs(q, k, v)
     if not sdpa_style:  # (the SDPA style's policies are valid by construction; the op checks them again)
         _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
-        _policy_for_launch(policy)  # validate before anything is launched
+    kp = _policy_for_launch(policy)  # validate before anything is launched (memoised)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if sdpa_style:  # through the custom op (torch.compile sees one node); same kernels, same numbers
+    if sdpa_style and not _eager(q, k, v):  # traced: through the custom op (torch.compile sees one node)
         return torch.ops.lpfail.flash_attention_fwd(q, k, v, policy_text, bool(causal), scale)[0]
-    return FlashAttention.apply(q, k, v, policy, bool(causal), scale)
+    # eager (host time, issue 13): the same kernels with the same arguments, without the custom op's dispatch;
+    # without autograd where no input needs a gradient
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FlashAttention.apply(q, k, v, policy, bool(causal), scale)
+    return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, bool(causal), scale)[0]
+
+
+def _eager(q, k, v) -> bool:
+    """True for plain tensors outside torch.compile / export tracing and outside any dispatch mode: then
+    `flash_attention` may call the kernels directly, which is what the custom op's implementation does."""
+    return (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack())
 
 
 def probe_pbar(q: torch.Tensor, k: torch.Tensor, policy: Precision = FA2_BF16,

@@ -133,3 +133,36 @@ def test_inductor_keeps_the_kernel_in_one_graph_on_the_gpu():
     ref = grads(block, q, k, v, do)
     for x, y in zip(got, ref):
         assert torch.equal(x, y) or ((x.float() - y.float()).norm() / y.float().norm()).item() < 1e-2
+
+
+def test_eager_call_equals_the_custom_op_bit_for_bit():
+    """Called eagerly on plain tensors, the drop-in runs the custom op's implementation without its dispatch
+    (host time, issue 13); O and the gradients must be the op's, bit for bit, with and without autograd; inside
+    a dispatch mode (as under tracing) the call still goes through the op."""
+    import math
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    q, k, v, do = qkv(n=70, d=32)
+    for fix in (None, "robust"):
+        text = kernels._SDPA_POLICIES[(torch.float32, fix)][1]
+        eager = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix=fix), q, k, v, do)
+        op = grads(lambda a, b, c: torch.ops.lpfail.flash_attention_fwd(a, b, c, text, True, 1 / math.sqrt(32))[0],
+                   q, k, v, do)
+        assert all(torch.equal(x, y) for x, y in zip(eager, op))
+        with torch.no_grad():
+            assert torch.equal(kernels.flash_attention(q, k, v, is_causal=True, fix=fix), op[0])
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        traced = kernels.flash_attention(q, k, v, is_causal=True, fix="robust")   # the loop's last fix
+    assert any("lpfail.flash_attention_fwd" in name for name in seen.ops)
+    assert torch.equal(traced, op[0])

@@ -154,12 +154,16 @@ def test_second_launch_skips_the_autotuner_and_changes_no_bit(policy):
     the forward and all three gradients must come out bit for bit as from the first (autotuned) launch."""
     q, k, v, do = inputs(1, 2, 150, 64, seed=21)
     kernels._PICKS.clear()
+    kernels._DIRECT.clear()
     first = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
     n_picks = len(kernels._PICKS)
     second = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
     assert n_picks >= 3 and len(kernels._PICKS) == n_picks          # fwd, dK/dV, dQ (+ δ pass): no new picks
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
+    # the third launch calls the compiled kernels directly (on CUDA; the interpreter has none: the JIT path again)
+    third = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
+    assert len(kernels._DIRECT) == (n_picks if CUDA else 0)
+    for a, b, c in zip(first, second, third):
+        assert torch.equal(a, b) and torch.equal(a, c)
 
 
 def test_bf16_cast_points_are_honoured_on_the_fp32_path():
@@ -337,3 +341,74 @@ def test_tied_maxima_on_the_hardware(pbar):
           f"fma {ones_fma:.0%}; fma values {sorted(set(fma[tied].tolist()))[:6]}")
     assert (sub[tied] == 1).all()
     assert ((fma[tied] - 1).abs() < 1e-5).all()  # recorded above: whether they are exactly 1 is the hardware's
+
+
+class _FakeCompiled:
+    """A compiled kernel's stand-in: its launcher records what it is given."""
+    function, packed_metadata = "fn", ("meta",)
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+    def launch_metadata(self, *args):  # pragma: no cover - only with a launch hook
+        return None
+
+
+class _FakeDriver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, idx):
+        return 1234
+
+
+def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
+    """The direct launch of a compiled kernel (`kernels._launch` from the third launch on, CUDA only) must hand
+    the launcher what Triton's JIT would: its binder's bound arguments in signature order (built here for an
+    sm_90 target from the forward kernel's source), the grid and the current stream. Checked on the CPU with the
+    arguments `_forward` really passes; refused for a misaligned tensor, LPFAIL_KERNELS_DIRECT=0 or a binding
+    whose order differs. (On the GPU, the second-launch test and tools/gpu_overhead.py check the bits.)"""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    captured = []
+    monkeypatch.setattr(kernels, "_launch", lambda kernel, grid, key, *a, **kw: captured.append((grid, key, a, kw)))
+    q, k, v, _ = inputs(2, 3, 100, 64, seed=5)
+    kernels._forward(q, k, v, kernels.kernel_policy(FP32.with_fix()), True, 0.125)
+    grid, key, args, kwargs = captured[0]
+    jit = JITFunction(getattr(kernels._fwd._attn_fwd.fn, "fn", kernels._fwd._attn_fwd.fn))
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(jit.signature, jit.params, backend)
+    jit.device_caches[0] = ({}, {}, None, backend, binder)
+    meta = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}
+    kwargs = {**kwargs, "enable_fp_fusion": False, **meta}
+    monkeypatch.setattr(kernels._fwd, "INTERPRET", False)
+    monkeypatch.setattr(driver, "_active", _FakeDriver())
+    compiled = _FakeCompiled()
+    entry = kernels._direct_entry(jit, compiled, args, kwargs, key)
+    assert entry is not None
+    monkeypatch.undo()   # the real _launch again (and the driver, the interpreter flag)
+    monkeypatch.setattr(driver, "_active", _FakeDriver())
+    monkeypatch.setitem(kernels._DIRECT, ("kernel", key), entry)
+    kernels._launch("kernel", grid, key, *args, **kwargs)
+    (call,) = compiled.calls
+    bound = list(binder(*args, **kwargs)[0].values())
+    assert call[:9] == (2, 6, 1, 1234, "fn", ("meta",), None, triton.knobs.runtime.launch_enter_hook,
+                        triton.knobs.runtime.launch_exit_hook)
+    assert len(call[9:]) == len(bound) == len(jit.params)
+    assert all(a is b for a, b in zip(call[9:], bound))
+    # refusals: a misaligned tensor, the switch, a binder whose bound order is not args then constexprs
+    monkeypatch.setattr(kernels._fwd, "INTERPRET", False)
+    bad = (q.flatten()[1:1 + q.numel() - 8].view(-1),) + args[1:]
+    assert kernels._direct_entry(jit, compiled, bad, kwargs, key) is None
+    monkeypatch.setenv(kernels.DIRECT_ENV, "0")
+    assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None
+    monkeypatch.delenv(kernels.DIRECT_ENV)
+    jit.device_caches[0] = ({}, {}, None, backend, lambda *a, **kw: ({"x": 0, **dict(enumerate(a))}, None, None))
+    assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None

@@ -20,6 +20,8 @@
 #   prod        tools/gpu_prod_kernels.sh all                                      → prod.tgz
 #   overhead    tools/gpu_prod_kernels.sh overhead (the monitor's overhead; on an idle GPU) → prod.tgz
 #   robust-cost python tools/gpu_robust_cost.py                                    → robust.tgz
+#   host        python3 tools/gpu_overhead.py (issue 13's host time per call of a tiny problem; on an idle GPU,
+#               so first or after the waits)                                       → kernels.tgz (overhead.json)
 # A "-wait" step waits at most until 30 s before the deadline; a step that would overrun it is stopped (timeout).
 # Usage (GPU machine, repo root): LPFAIL_GIT=<commit> [CALL_S=570] [BUDGET=…] bash tools/gpu_batch.sh STEP...
 # Afterwards, here: unpack each archive into a scratch folder and copy its files where the step's own script's
@@ -38,7 +40,7 @@ rm -rf "$STAGE"; mkdir -p "$STAGE" "$FINAL_OUT"
 exec > >(tee "$FINAL_OUT/batch.log") 2>&1
 for step in "$@"; do
     case "$step" in
-        sub-*) group=sub;; fix-*) group=fix;; cures-*) group=cures;; compiled-*) group=compiled;; kernels|trust) group=kernels;;
+        sub-*) group=sub;; fix-*) group=fix;; cures-*) group=cures;; compiled-*) group=compiled;; kernels|trust|host) group=kernels;;
         official) group=official;; prod|overhead) group=prod;; robust-cost) group=robust;;
         *) echo "unknown step: $step" >&2; exit 2;;
     esac
@@ -69,6 +71,8 @@ for step in "$@"; do
         prod) timeout "$avail" bash tools/gpu_prod_kernels.sh all;;
         overhead) timeout "$avail" bash tools/gpu_prod_kernels.sh overhead;;
         robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT";;   # robust_cost.{json,npz}
+        host) timeout "$avail" python3 tools/gpu_overhead.py "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt" \
+                  | tail -n 60;;
     esac
     say "step $step ended (rc $?)"
 done

@@ -1,12 +1,22 @@
-"""Host-side cost of one attention call (a diagnostic for the kernel notes, not a stored result).
+"""Host-side cost of one attention call, issue 13's "host time per call of a tiny problem" (target ≤ 40 µs).
 
-Times N back-to-back calls on a tiny problem, so that the GPU finishes each kernel long before the host issues
-the next: the wall time per call is then the launch path's host cost. Run on a GPU:
-``python tools/gpu_overhead.py OUT.json``.
+Times N back-to-back calls on a tiny problem (B = 1, H = 1, N = 128, d = 64, BF16, causal), so that the GPU
+finishes each kernel long before the host issues the next: the wall time per call is then the launch path's host
+cost. Measured: the drop-in (`kernels.flash_attention(q, k, v, is_causal=True)`, without and with the robust
+fix), the policy-style call, and SDPA (flash and cuDNN backends), each forward alone (no_grad) and forward +
+backward (`torch.autograd.grad`, no gradient accumulation); the drop-in also with the direct launch of the
+compiled kernels turned off (LPFAIL_KERNELS_DIRECT=0, the launch path before 2026-12-01), with a bit check that
+both paths give the same O, dQ, dK, dV. Run on a GPU, repo root:
+``LPFAIL_GIT=<commit> PYTHONPATH=$PWD python3 tools/gpu_overhead.py OUT.json`` (gpu_batch.sh step `host`);
+the JSON carries its provenance (card, UTC time, commit, torch, triton).
 """
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import statistics
+import subprocess
 import sys
 import time
 
@@ -17,36 +27,90 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import kernels
 from lpfail.precision import FA2_BF16
 
+SHAPE = (1, 1, 128, 64)
+CALLS, REPEATS = 400, 5
 
-def per_call_us(fn, calls=400, warmup=50):
+
+def per_call_us(fn, calls=CALLS, warmup=50, repeats=REPEATS):
+    """Median over `repeats` of the wall time per call of `calls` back-to-back calls (µs)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return 1e6 * (time.perf_counter() - t0) / calls
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        out.append(1e6 * (time.perf_counter() - t0) / calls)
+    return round(statistics.median(out), 2)
+
+
+def _commit():
+    if os.environ.get("LPFAIL_GIT"):
+        return os.environ["LPFAIL_GIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def _fwd_bwd(attn, q, k, v, do):
+    def run():
+        o = attn(q, k, v)
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+    return run
+
+
+def _measure_dropin(q, k, v, do, qg, kg, vg):
+    out = {}
+    with torch.no_grad():
+        out["fwd"] = per_call_us(lambda: kernels.flash_attention(q, k, v, is_causal=True))
+        out["robust_fwd"] = per_call_us(lambda: kernels.flash_attention(q, k, v, is_causal=True, fix="robust"))
+        out["policy_fwd"] = per_call_us(lambda: kernels.flash_attention(q, k, v, FA2_BF16, causal=True))
+    out["fwd_bwd"] = per_call_us(_fwd_bwd(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True),
+                                          qg, kg, vg, do))
+    out["robust_fwd_bwd"] = per_call_us(_fwd_bwd(
+        lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust"), qg, kg, vg, do))
+    return out
 
 
 def main(path):
-    q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "shape": [1, 1, 128, 64], "calls": 400}
-    with torch.no_grad():
-        out["triton_fwd_us"] = per_call_us(lambda: kernels.flash_attention(q, k, v, FA2_BF16, causal=True))
-        out["triton_fix_fwd_us"] = per_call_us(
-            lambda: kernels.flash_attention(q, k, v, FA2_BF16.with_fix(), causal=True))
-        # the drop-in (SDPA-style keywords, through the torch.library custom op), without and with the robust fix
-        out["dropin_fwd_us"] = per_call_us(lambda: kernels.flash_attention(q, k, v, is_causal=True))
-        out["dropin_robust_fwd_us"] = per_call_us(lambda: kernels.flash_attention(q, k, v, is_causal=True,
-                                                                                  fix="robust"))
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            out["sdpa_flash_fwd_us"] = per_call_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out["sdpa_cudnn_fwd_us"] = per_call_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    json.dump(out, open(path, "w"), indent=1)
-    print(json.dumps(out))
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn(*SHAPE, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    import triton
+    res = {"what": "host time per call of a tiny problem (issue 13, target <= 40 us): wall time per call of "
+                   f"{CALLS} back-to-back calls, median of {REPEATS}",
+           "device": torch.cuda.get_device_name(), "when_utc": datetime.datetime.now(datetime.timezone.utc)
+           .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _commit(), "torch": torch.__version__,
+           "triton": triton.__version__, "shape": list(SHAPE), "dtype": "bf16", "causal": True, "calls": CALLS,
+           "repeats": REPEATS, "unit": "us"}
+    ref = _fwd_bwd(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True), qg, kg, vg, do)
+    res["dropin"] = _measure_dropin(q, k, v, do, qg, kg, vg)
+    res["direct_launches"] = len(kernels._DIRECT)
+    first = [t.clone() for t in ref()]           # direct path (after the warm-up above)
+    os.environ[kernels.DIRECT_ENV] = "0"        # the JIT path for every launch, as before
+    kernels._DIRECT.clear()
+    kernels._PICKS.clear()
+    res["dropin_jit_path"] = _measure_dropin(q, k, v, do, qg, kg, vg)
+    second = ref()
+    res["direct_equals_jit_bits"] = all(torch.equal(a, b) for a, b in zip(first, second))
+    del os.environ[kernels.DIRECT_ENV]
+    for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:   # (a backend that refuses the shape must not cost the drop-in's numbers)
+            with sdpa_kernel(backend):
+                sdpa = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True)  # noqa: E731
+                with torch.no_grad():
+                    fwd = per_call_us(lambda: sdpa(q, k, v))
+                res[name] = {"fwd": fwd, "fwd_bwd": per_call_us(_fwd_bwd(sdpa, qg, kg, vg, do))}
+        except RuntimeError as e:
+            res[name] = {"error": str(e)[:300]}
+    res["target_us"] = 40
+    res["dropin_fwd_meets_target"] = res["dropin"]["fwd"] <= 40
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":
