@@ -149,12 +149,13 @@ def test_fix_leaves_fp32_output_unchanged(block_k, causal):
 
 @pytest.mark.parametrize("policy", [FP32.replace(block_k=64).with_fix(), PAPER_BF16.replace(matmul="fp32"),
                                     FP32.replace(block_k=64, delta="dP.P")], ids=str)
-def test_second_launch_skips_the_autotuner_and_changes_no_bit(policy):
+def test_second_launch_skips_the_autotuner_and_changes_no_bit(policy, monkeypatch):
     """After the first launch for a shape and policy, `kernels._launch` runs the autotuner's pick directly;
     the forward and all three gradients must come out bit for bit as from the first (autotuned) launch."""
     q, k, v, do = inputs(1, 2, 150, 64, seed=21)
     kernels._PICKS.clear()
     kernels._DIRECT.clear()
+    monkeypatch.setenv(kernels.DIRECT_ENV, "1")   # the direct launch is opt-in until a GPU has checked it
     first = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
     n_picks = len(kernels._PICKS)
     second = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
@@ -391,9 +392,12 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     monkeypatch.setattr(kernels._fwd, "INTERPRET", False)
     monkeypatch.setattr(driver, "_active", _FakeDriver())
     compiled = _FakeCompiled()
+    monkeypatch.delenv(kernels.DIRECT_ENV, raising=False)
+    assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None      # opt-in: off by default
+    monkeypatch.setenv(kernels.DIRECT_ENV, "1")
     entry = kernels._direct_entry(jit, compiled, args, kwargs, key)
     assert entry is not None
-    monkeypatch.undo()   # the real _launch again (and the driver, the interpreter flag)
+    monkeypatch.undo()   # the real _launch again (and the driver, the interpreter flag, the switch)
     monkeypatch.setattr(driver, "_active", _FakeDriver())
     monkeypatch.setitem(kernels._DIRECT, ("kernel", key), entry)
     kernels._launch("kernel", grid, key, *args, **kwargs)
@@ -405,10 +409,11 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     assert all(a is b for a, b in zip(call[9:], bound))
     # refusals: a misaligned tensor, the switch, a binder whose bound order is not args then constexprs
     monkeypatch.setattr(kernels._fwd, "INTERPRET", False)
+    monkeypatch.setenv(kernels.DIRECT_ENV, "1")
     bad = (q.flatten()[1:1 + q.numel() - 8].view(-1),) + args[1:]
     assert kernels._direct_entry(jit, compiled, bad, kwargs, key) is None
     monkeypatch.setenv(kernels.DIRECT_ENV, "0")
     assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None
-    monkeypatch.delenv(kernels.DIRECT_ENV)
+    monkeypatch.setenv(kernels.DIRECT_ENV, "1")
     jit.device_caches[0] = ({}, {}, None, backend, lambda *a, **kw: ({"x": 0, **dict(enumerate(a))}, None, None))
     assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None

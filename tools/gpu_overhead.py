@@ -4,9 +4,9 @@ Times N back-to-back calls on a tiny problem (B = 1, H = 1, N = 128, d = 64, BF1
 finishes each kernel long before the host issues the next: the wall time per call is then the launch path's host
 cost. Measured: the drop-in (`kernels.flash_attention(q, k, v, is_causal=True)`, without and with the robust
 fix), the policy-style call, and SDPA (flash and cuDNN backends), each forward alone (no_grad) and forward +
-backward (`torch.autograd.grad`, no gradient accumulation); the drop-in also with the direct launch of the
-compiled kernels turned off (LPFAIL_KERNELS_DIRECT=0, the launch path before 2026-12-01), with a bit check that
-both paths give the same O, dQ, dK, dV. Run on a GPU, repo root:
+backward (`torch.autograd.grad`, no gradient accumulation); the drop-in both with the direct launch of the
+compiled kernels (LPFAIL_KERNELS_DIRECT=1, opt-in until this bit check has passed on a GPU) and through Triton's
+JIT (LPFAIL_KERNELS_DIRECT=0, the default), with a bit check that both paths give the same O, dQ, dK, dV. Run on a GPU, repo root:
 ``LPFAIL_GIT=<commit> PYTHONPATH=$PWD python3 tools/gpu_overhead.py OUT.json`` (gpu_batch.sh step `host`);
 the JSON carries its provenance (card, UTC time, commit, torch, triton).
 """
@@ -86,6 +86,7 @@ def main(path):
            .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _commit(), "torch": torch.__version__,
            "triton": triton.__version__, "shape": list(SHAPE), "dtype": "bf16", "causal": True, "calls": CALLS,
            "repeats": REPEATS, "unit": "us"}
+    os.environ[kernels.DIRECT_ENV] = "1"        # the direct launch (opt-in until this check has passed)
     ref = _fwd_bwd(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True), qg, kg, vg, do)
     res["dropin"] = _measure_dropin(q, k, v, do, qg, kg, vg)
     res["direct_launches"] = len(kernels._DIRECT)
