@@ -123,3 +123,24 @@ def test_collect_refuses_an_incomplete_grid(monkeypatch, capsys):
     assert cu.main(["collect"]) == 1
     err = capsys.readouterr().err
     assert "incomplete (6 of 252 runs missing); nothing stored" in err and "A_hp: 12/18 stored" in err
+
+
+def test_chapter_table_judges_complete_cures_and_lists_the_missing_runs():
+    """Chapter 6's table from the stored parts (216 of 252 runs on 2026-12-01): every cure has a row; a complete
+    one shows its S and verdicts, an incomplete one what is missing and no verdict; cells are HTML-escaped."""
+    from lpfail.book import beyond_report as br
+    from lpfail.experiments import cures as cu
+
+    part = cu.partial_analysis()
+    variants = cu.CuresConfig().variants
+    html = br.cures_table(part, variants)
+    rows = html.split("<tr>")[2:]
+    assert len(rows) == len(variants)
+    st, an = part["status"], part["analysis"]
+    for v, row in zip(variants, rows):
+        judged = an is not None and v in an["cures"]
+        assert ("not judged: incomplete" in row) == (not judged)
+        if judged:
+            assert f"{an['cures'][v]['S']:.3f}" in row
+        else:
+            assert "missing" in row and f"{st['per_variant'][v]['stored']}/" in row

@@ -133,3 +133,33 @@ def prod_figure(res, show=None):
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# -- the cures (experiment `cures`, possibly incomplete) -------------------------------------------------------
+def cures_table(part: dict, variants) -> str:
+    """HTML: per cure (``variants`` in order), where it acts, the runs stored, and — for a complete cure only —
+    its LR sensitivity S [95 % CI], K1 (S lower than A), K2 (half the A − C gap closed) and its throughput
+    relative to A; an incomplete cure says what is missing and is not judged. ``part`` is
+    `cures.partial_analysis()`. Cells wrap (seven columns do not fit the text column as one line each)."""
+    import html
+
+    from lpfail.book.costs import html_table
+    from lpfail.experiments import cures as cu
+
+    st, an = part["status"], part["analysis"]
+    rows = []
+    for v in variants:
+        x = st["per_variant"][v]
+        label = html.escape(cu.ls.VARIANTS[v].label)
+        if an is None or v not in an["cures"]:
+            rows.append([label, html.escape(cu.WHERE.get(v, "?")),
+                         f"{x['stored']}/{x['planned']} (missing {html.escape(cu.missing_text(x))})",
+                         "not judged: incomplete", "", "", ""])
+            continue
+        y = an["cures"][v]
+        rows.append([label, html.escape(y["where"]), f"{x['stored']}/{x['planned']}",
+                     f"{y['S']:.3f} [{y['ci'][0]:.3f}, {y['ci'][1]:.3f}]",
+                     html.escape(y["K1"]["verdict"]) if "K1" in y else "—",
+                     html.escape(y["K2"]["verdict"]) if "K2" in y else "—", f"{y['throughput_vs_A']:.2f}"])
+    return html_table(["cure", "acts in", "runs stored", "LR sensitivity S [95 % CI]", "K1: S lower than A",
+                       "K2: half the A − C gap closed", "rel. throughput"], rows, escape=False)
