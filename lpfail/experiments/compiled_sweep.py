@@ -59,13 +59,11 @@ class CompiledSweepConfig(L.LRSweepConfig):
 
 def judge_compiled(res: dict) -> dict:
     """The pre-registered analysis of a compiled_sweep result (the arrays `lr_sweep.assemble` builds)."""
-    eff = L.effective_loss(res["small_val_final"], res["small_val_init"])   # (V, lrs, seeds)
     variants = [str(v) for v in np.asarray(res["small_variants"])]
     for v in ("A", "C", "A_comp"):
         if v not in variants:
             raise ValueError(f"judge_compiled: variant {v!r} missing from the result (has {variants})")
-    point, boot = L.sensitivities(eff, L.bootstrap_seed_indices(eff.shape[-1]))
-    S = {v: (float(point[i]), boot[i]) for i, v in enumerate(variants)}
+    S, _ = L.sensitivity_draws(res)
 
     def diff(x, y):
         ci = L.interval(S[x][1] - S[y][1])

@@ -54,16 +54,9 @@ class FixTrainingConfig(L.LRSweepConfig):
     large_variants: tuple[str, ...] = ()
 
 
-def _draws(res: dict) -> tuple[dict, list[str]]:
-    eff = L.effective_loss(res["small_val_final"], res["small_val_init"])   # (V, lrs, seeds)
-    variants = [str(v) for v in np.asarray(res["small_variants"])]
-    point, boot = L.sensitivities(eff, L.bootstrap_seed_indices(eff.shape[-1]))
-    return {v: (float(point[i]), boot[i]) for i, v in enumerate(variants)}, variants
-
-
 def judge_fixes(res: dict) -> dict:
     """The pre-registered analysis of a fix_training result (the arrays `lr_sweep.assemble` builds)."""
-    d, variants = _draws(res)
+    d, variants = L.sensitivity_draws(res)
     out = {"preregistered_on": PREREGISTERED_ON, "rule": FIX_RULE, "hypotheses": dict(FIX_HYPOTHESES),
            "S": {v: {"S": d[v][0], "ci": list(L.interval(d[v][1]))} for v in variants}}
     gap_p, gap_d = d["A"][0] - d["C"][0], d["A"][1] - d["C"][1]

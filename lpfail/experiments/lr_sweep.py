@@ -128,6 +128,16 @@ def sensitivities(loss_eff: np.ndarray, idx: np.ndarray | None = None) -> tuple[
     return point, sensitivity(np.moveaxis(curves, 1, -1))
 
 
+def sensitivity_draws(res, size: str = "small") -> tuple[dict[str, tuple[float, np.ndarray]], list[str]]:
+    """Per variant of an assembled result (`assemble`; also fix_training's, compiled_sweep's) at ``size``: its
+    LR sensitivity S and S's bootstrap draws over the seeds (the shared resamples), as {variant: (S, draws)},
+    and the variants in the result's order."""
+    eff = effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])   # (V, lrs, seeds)
+    variants = [str(v) for v in np.asarray(res[f"{size}_variants"])]
+    point, boot = sensitivities(eff, bootstrap_seed_indices(eff.shape[-1]))
+    return {v: (float(point[i]), boot[i]) for i, v in enumerate(variants)}, variants
+
+
 def interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
     a = (1 - confidence) / 2
     return float(np.quantile(draws, a)), float(np.quantile(draws, 1 - a))
