@@ -66,8 +66,9 @@ for step in "$@"; do
         kernels) timeout "$avail" bash tools/gpu_kernels.sh tests "$(( avail / 2 ))";;
         trust) timeout "$avail" python3 -m lpfail.experiments.kernel_trust --out "$OUT/kernel_trust.json" \
                    2>&1 | tee "$OUT/kernel_trust.txt" | tail -n 25;;
-        official) RUN_TIMEOUT=$(( avail - 120 )) timeout "$avail" bash tools/gpu_official_check.sh
-                  mkdir -p "$KEEP/official"; cp "$OUT"/official_check.* "$KEEP/official/" 2>/dev/null;;
+        official) RUN_TIMEOUT=$(( avail - 120 )) timeout "$avail" bash tools/gpu_official_check.sh; rc=$?
+                  mkdir -p "$KEEP/official"; cp "$OUT"/official_check.* "$KEEP/official/" 2>/dev/null
+                  (exit $rc);;   # the step's status is the check's, not the copy's
         prod) timeout "$avail" bash tools/gpu_prod_kernels.sh all;;
         overhead) timeout "$avail" bash tools/gpu_prod_kernels.sh overhead;;
         robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT";;   # robust_cost.{json,npz}
