@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from lpfail.book.text import interval
 from lpfail.experiments import substitution as sub
 
 ROWS_HEADER = ["row", "change from A", "group", "learning rates", "the paper's finding"]
@@ -45,11 +46,16 @@ def results_rows(analysis: Mapping | None, c: sub.SubstitutionConfig | None = No
             if lr not in r.lrs:
                 cells.append("not run at this lr")
                 continue
-            d = (analysis or {}).get("rows", {}).get(r.name, {}).get("by_lr", {}).get(f"{lr:g}")
+            d = _stat(analysis, r.name, lr)
             cells.append(_cell(d))
         cells.append(r.paper)
         out.append(cells)
     return out
+
+
+def _stat(analysis: Mapping | None, name: str, lr: float) -> Mapping | None:
+    """The rule's statistic of row ``name`` at ``lr`` in a substitution analysis, or None (not run, not stored)."""
+    return (analysis or {}).get("rows", {}).get(name, {}).get("by_lr", {}).get(f"{lr:g}")
 
 
 def _cell(d: Mapping | None, pending: str = "pending (GPU)") -> str:
@@ -58,7 +64,7 @@ def _cell(d: Mapping | None, pending: str = "pending (GPU)") -> str:
     if d.get("ci") is None:
         return d["verdict"]
     fr = d.get("fraction_closed")
-    return (f"<b>{d['verdict']}</b><br>{d['point']:+.3f} [{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]"
+    return (f"<b>{d['verdict']}</b><br>{interval(d)}"
             + (f"<br>{fr * 100:.0f} % closed" if fr is not None else ""))
 
 
@@ -91,7 +97,7 @@ def amendment_rows(state: Mapping, c: sub.AmendmentConfig | None = None) -> list
     for r in c.row_objects():
         cells = [f"{r.name}: {r.label}", f"<code>{r.changes}</code>", r.amends]
         for lr in c.lrs:
-            d = ((state.get("analysis") or {}).get("rows", {}).get(r.name, {}).get("by_lr", {}).get(f"{lr:g}"))
+            d = _stat(state.get("analysis"), r.name, lr)
             k = state["stored"][r.name][f"{lr:g}"]
             cells.append(_cell(d, f"pending (GPU): {k} of {len(c.seeds)} runs stored"))
         out.append(cells)
@@ -247,14 +253,13 @@ def outcome_lines(analysis: Mapping, c: sub.SubstitutionConfig | None = None) ->
     for r in paper_order(c.row_objects()):
         parts = []
         for lr in c.lrs:
-            d = analysis.get("rows", {}).get(r.name, {}).get("by_lr", {}).get(f"{lr:g}")
+            d = _stat(analysis, r.name, lr)
             if lr not in r.lrs:
                 continue
             if d is None or d.get("ci") is None:
                 parts.append(f"lr {lr:g}: {d['verdict'] if d else 'pending (GPU)'}")
             else:
-                parts.append(f"lr {lr:g}: {d['verdict']}, {d['point']:+.3f} "
-                             f"[{d['ci'][0]:+.3f}, {d['ci'][1]:+.3f}]")
+                parts.append(f"lr {lr:g}: {d['verdict']}, {interval(d)}")
         out.append(f"{r.name}: " + "; ".join(parts))
     return out
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,10 +263,9 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
                                             .mean(0).sqrt()])
             out[name]["sum_dd"].append(r["sum_dd"])
 
-    import dataclasses as _dc
 
-    tc = _dc.replace(cfg, out_dir="", max_steps=step + k, checkpoint_every=0, keep_checkpoints=0, diag_every=0)
-    t0 = __import__("time").time()
+    tc = dataclasses.replace(cfg, out_dir="", max_steps=step + k, checkpoint_every=0, keep_checkpoints=0, diag_every=0)
+    t0 = time.time()
     res = train(tc, replay=run_dir, resume_from=checkpoint_path(run_dir, step), hook=hook)
     for name in policies:
         n = np.asarray(out[name]["norm"])                                                   # (K, H)
@@ -281,7 +281,7 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
             f"(random signs {np.round(out[name]['exponent_signs'], 2).tolist()})")
     return {"step": int(step), "k": int(k), "layer": int(layer), "rows": int(rows), "status": res.status,
             "policies": {n: str(p) for n, p in policies.items()}, "by_policy": out,
-            "wall_s": round(__import__("time").time() - t0, 1)}
+            "wall_s": round(time.time() - t0, 1)}
 
 
 def main(argv=None) -> int:
