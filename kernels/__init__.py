@@ -567,7 +567,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     kp = _policy_for_launch(policy)  # validate before anything is launched (memoised)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if sdpa_style and not _eager(q, k, v):  # traced: through the custom op (torch.compile sees one node)
-        return torch.ops.lpfail.flash_attention_fwd(q, k, v, policy_text, bool(causal), scale)[0]
+        # contiguous before the op: its setup then saves the contiguous tensors, and the backward does not copy
+        # non-contiguous inputs (e.g. q, k, v split from a fused projection) a second time
+        return torch.ops.lpfail.flash_attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), policy_text,
+                                                    bool(causal), scale)[0]
     # eager (host time, issue 13): the same kernels with the same arguments, without the custom op's dispatch;
     # without autograd where no input needs a gradient
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

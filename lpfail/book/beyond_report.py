@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lpfail.book.text import interval
 from lpfail.experiments import prod_kernels as pk
 from lpfail.experiments.rounding import RowSpec
 
@@ -57,21 +58,17 @@ def match_table(res, methods=PRODUCTION, against=("ref_FA2_BF16", "mimic_exp2_fm
     return "\n".join(rows)
 
 
-def _base(res, m: str, key: str) -> float:
-    r = {x["method"]: x for x in pk.summary(res)}[m]
-    return float(r[key])
-
-
 def facts(res) -> dict:
     """The numbers the chapter's prose quotes (glued), and the plain statement of the comparison:
     ``opposite`` is True when every available production method's error toward larger |O| has a CI
     entirely below 0 while PAPER_BF16's lies entirely above 0."""
     live = [m for m in PRODUCTION if bool(res.get(f"available_{m}", False))]
+    rows = {x["method"]: x for x in pk.summary(res)}   # once: every number below is one of its fields
     if not live:
         raise ValueError("prod_kernels: no production method is available in this result")
-    away = {m: (_base(res, m, "away"), _base(res, m, "away_ci")) for m in live + list(ROUND_FIRST + DIVIDE_FIRST)
+    away = {m: (float(rows[m]["away"]), float(rows[m]["away_ci"])) for m in live + list(ROUND_FIRST + DIVIDE_FIRST)
             if bool(res.get(f"available_{m}", False))}
-    signed = {m: _base(res, m, "signed") for m in away}
+    signed = {m: float(rows[m]["signed"]) for m in away}
     below = all(a + ci < 0 for m, (a, ci) in away.items() if m in live)
     paper_up = away["ref_PAPER_BF16"][0] - away["ref_PAPER_BF16"][1] > 0
     prod_signed = [signed[m] for m in live]
@@ -86,8 +83,8 @@ def facts(res) -> dict:
         "paper_signed": _e4(signed["ref_PAPER_BF16"]), "paper_away": _e4(away["ref_PAPER_BF16"][0]),
         "fa2_signed": _e4(signed["ref_FA2_BF16"]), "fa2_away": _e4(away["ref_FA2_BF16"][0]),
         "fma_away": _e4(away["mimic_exp2_fma"][0]), "roundfirst_away": _e4(away["mimic_exp2_fma_roundfirst"][0]),
-        "fma_p_one": f"{_base(res, 'mimic_exp2_fma', 'p_one'):.0%}",
-        "fma_pbar_one": f"{_base(res, 'mimic_exp2_fma', 'pbar_one'):.0%}",
+        "fma_p_one": f"{float(rows['mimic_exp2_fma']['p_one']):.0%}",
+        "fma_pbar_one": f"{float(rows['mimic_exp2_fma']['pbar_one']):.0%}",
         "match_prod_divide_lo": f"{min(match(res, m, d) for m in live for d in DIVIDE_FIRST):.1%}",
         "match_prod_divide_hi": f"{max(match(res, m, d) for m in live for d in DIVIDE_FIRST):.1%}",
         "match_prod_round_hi": f"{max(match(res, m, d) for m in live for d in ROUND_FIRST):.1%}",
@@ -158,7 +155,7 @@ def cures_table(part: dict, variants) -> str:
             continue
         y = an["cures"][v]
         rows.append([label, html.escape(y["where"]), f"{x['stored']}/{x['planned']}",
-                     f"{y['S']:.3f} [{y['ci'][0]:.3f}, {y['ci'][1]:.3f}]",
+                     interval({"point": y["S"], "ci": y["ci"]}, ".3f"),
                      html.escape(y["K1"]["verdict"]) if "K1" in y else "—",
                      html.escape(y["K2"]["verdict"]) if "K2" in y else "—", f"{y['throughput_vs_A']:.2f}"])
     return html_table(["cure", "acts in", "runs stored", "LR sensitivity S [95 % CI]", "K1: S lower than A",
