@@ -325,7 +325,7 @@ def calls_rows(directory=None, grid: bool = True) -> list[dict]:
     runs, metas = L.load_parts(directory)
     if grid:  # only the parts that hold runs of lr_sweep's own grid (cures and fix_training share the folder)
         have, _ = L.stored_for(L.LRSweepConfig(), runs)
-        metas = [m for m in metas if any(k in have for k in m["keys"])]
+        metas = L.used_parts(metas, have)
     logs = Path(directory if directory is not None else results.results_dir()) / "lr_sweep_gpu"
     texts = [f.read_text() for f in sorted(logs.glob("drive*.log"))] if logs.is_dir() else []
     out = []

@@ -160,7 +160,7 @@ def partial_analysis(cfg: CuresConfig | None = None) -> dict:
         return {"status": status, "analysis": None, "parts": []}
     sub = CuresConfig(variants=judged)
     have, _ = ls.stored_for(sub.sweep(), runs)
-    used = [m for m in metas if any(k in have for k in m["keys"])]
+    used = ls.used_parts(metas, have)
     out = ls.assemble(sub.sweep(), have, used, analysed=False)
     return {"status": status, "analysis": analyse(out), "parts": out["parts"]}
 
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
               "complete variants' verdicts meanwhile (cures.partial_analysis).\n"
               + status_text(grid_status(cfg, runs)), file=sys.stderr)
         return 1
-    used = [m for m in metas if any(k in have for k in m["keys"])]
+    used = ls.used_parts(metas, have)
     res = results.save("cures", cfg, assemble(cfg, have, used), 0.0, provenance=ls.parts_provenance(used))
     print(res.provenance)
     return 0

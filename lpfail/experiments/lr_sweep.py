@@ -388,6 +388,11 @@ class Part:
         results._atomic_write(self.path, payload.encode())
 
 
+def used_parts(metas: list[dict], have) -> list[dict]:
+    """The part files' metadata (`load_parts`) of the parts that hold at least one of the runs ``have`` (keys)."""
+    return [m for m in metas if any(k in have for k in m["keys"])]
+
+
 def load_parts(directory: Path | None = None, parts: str = PARTS_DIR, fmt: str = PART_FORMAT,
                rerun: str = "python -m lpfail run lr_sweep") -> tuple[dict[str, dict], list[dict]]:
     """({point key: run summary}, [provenance of each part that holds at least one of them]) from every part
@@ -516,7 +521,7 @@ def run_missing(c: LRSweepConfig, name: str, again: str | None = None) -> tuple[
     if missing:
         raise SweepIncomplete(f"{name}: {len(have)} of {len(have) + len(missing)} runs stored in {parts_dir()}; "
                               f"run `{again or f'python -m lpfail run {name}'}` again to continue")
-    return have, [m for m in metas if any(k in have for k in m["keys"])]
+    return have, used_parts(metas, have)
 
 
 def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = None,
@@ -534,7 +539,7 @@ def store_from_parts(c: LRSweepConfig | None = None, directory: Path | None = No
     if missing and not partial:
         raise SweepIncomplete(f"lr_sweep: {len(missing)} of {len(have) + len(missing)} runs are not stored yet "
                               f"(first: {missing[0].key}); run `python -m lpfail run lr_sweep` on a GPU machine")
-    used = [m for m in metas if any(k in have for k in m["keys"])]
+    used = used_parts(metas, have)
     data = assemble(c, have, used)
     return results.save("lr_sweep", c, data, 0.0, directory, provenance=parts_provenance(used))
 
@@ -603,7 +608,7 @@ def extra_variants_main(argv, name: str, c: LRSweepConfig, new: tuple[str, ...],
         print(f"error: {len(missing)} runs missing (first {missing[0].key}); run "
               f"`python -m lpfail.experiments.{name} drive` on a GPU machine", file=sys.stderr)
         return 1
-    used = [m for m in metas if any(k in have for k in m["keys"])]
+    used = used_parts(metas, have)
     data = assemble(c, have, used)
     data[key] = analyse(data)
     print(results.save(name, c, data, 0.0, provenance=parts_provenance(used)).provenance)

@@ -595,7 +595,7 @@ def substitution_amendment(c: AmendmentConfig) -> dict:
     if missing:
         raise lr_sweep.SweepIncomplete(amendment_missing_text(c, have, missing))
     _, metas = load_parts()
-    used = [m for m in metas if any(k in have for k in m["keys"])]
+    used = lr_sweep.used_parts(metas, have)
     return {"analysis": analyse_amendment(c, have), "parts": used, "complete": True}
 
 
@@ -607,7 +607,7 @@ def store_amendment_from_parts(c: AmendmentConfig | None = None, directory: Path
     if missing:
         raise lr_sweep.SweepIncomplete(amendment_missing_text(c, have, missing))
     _, metas = load_parts(directory)
-    used = [m for m in metas if any(k in have for k in m["keys"])]
+    used = lr_sweep.used_parts(metas, have)
     data = {"analysis": analyse_amendment(c, have), "parts": used, "complete": True}
     return results.save("substitution_amendment", c, data, 0.0, directory,
                         provenance=lr_sweep.parts_provenance(used, none="lr_sweep's runs only"))
