@@ -521,6 +521,17 @@ def load_checkpoint(path) -> dict:
     return ck
 
 
+def window_config(cfg: TrainConfig, last: int, **changes) -> TrainConfig:
+    """`cfg` for a window of a recorded run that stops at `last` (<= cfg.max_steps): the same learning-rate
+    schedule as the whole run (decay_steps 0 means max_steps, so stopping early must pin the cosine's end),
+    no checkpoints, and `changes` on top."""
+    if not 0 < int(last) <= cfg.max_steps:
+        raise ValueError(f"window_config: the window must stop inside the run's 1..{cfg.max_steps} (got {last})")
+    base = dict(max_steps=int(last), decay_steps=cfg.decay_steps or cfg.max_steps, checkpoint_every=0,
+                keep_checkpoints=0)
+    return dataclasses.replace(cfg, **{**base, **changes})
+
+
 def checkpoint_path(out_dir, step: int) -> Path:
     return Path(out_dir) / f"ckpt_{step:07d}.pt"
 

@@ -187,6 +187,7 @@ def test_accumulation_run_on_a_tiny_cpu_run(tmp_path):
     out = accumulation_run(run, 4, 10, 0, policies={"A": "PAPER_BF16", "exact": "FP64"}, rows=2,
                            log=lambda *_: None)
     assert out["status"] == "completed" and out["k"] == 10
+    assert out["on_run_bit_exact"]  # the window keeps the run's schedule: it is the run, bit for bit
     a, e = out["by_policy"]["A"], out["by_policy"]["exact"]
     assert len(a["norm"]) == 10 and len(a["norm"][0]) == c.n_head and len(a["exponent"]) == c.n_head
     assert len(a["sum_dd"]) == 10 and all(np.isfinite(a["exponent"] + a["exponent_signs"]))

@@ -216,6 +216,10 @@ def test_replay_branch_is_bit_exact_and_a_branch_differs(tmp_path):
     assert out["m"]["first_diff"] is None  # m alone in FP32 is A (SAME_AS_A): the branch is the run itself
     assert out["m"]["losses"] == out["replay"]["losses"]
     assert json.loads((tmp_path / "branches" / "fp32" / "config.json").read_text())["start_step"] == 4
+    # a window that stops before the run's end keeps the run's learning-rate schedule (the GPU call of
+    # 2026-12-01 10:52 UTC failed here: max_steps moved the cosine's end)
+    part = sub.replay_branch(tmp_path / "run", 4, {}, max_steps=9)
+    assert part["replay"]["equal"] and part["replay"]["losses"] == out["replay"]["losses"][:5]
     with pytest.raises(FileNotFoundError, match="ckpt_0000003"):
         sub.replay_branch(tmp_path / "run", 3, {})
     # a tampered record is caught: the replay must reproduce the run

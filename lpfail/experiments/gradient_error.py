@@ -219,8 +219,8 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
     the same terms give when their signs carry no bias (∝ √K). Returns per policy the norms ‖E_K‖ per head and
     K, the sign-randomized RMS norms, Σ Δδ per step and head, and the fitted exponents (log‖E‖ vs log K after
     the first tenth): ≈ 1 when biased, ≈ ½ when not."""
-    from lpfail.train import _rows, checkpoint_path, load_batch_record, load_config, load_tokens, \
-        split_validation, train
+    from lpfail.train import _rows, checkpoint_path, load_batch_record, load_config, load_tokens, read_log, \
+        split_validation, train, window_config
 
     policies = {n: Precision.parse(p) for n, p in (policies or ACC_POLICIES).items()}
     if k < 10:
@@ -264,9 +264,16 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
             out[name]["sum_dd"].append(r["sum_dd"])
 
 
-    tc = dataclasses.replace(cfg, out_dir="", max_steps=step + k, checkpoint_every=0, keep_checkpoints=0, diag_every=0)
+    tc = window_config(cfg, step + k, out_dir="", diag_every=0)
     t0 = time.time()
     res = train(tc, replay=run_dir, resume_from=checkpoint_path(run_dir, step), hook=hook)
+    # the window must be the run itself: its losses equal the recorded ones bit for bit
+    rec, got = read_log(run_dir), res.arrays()
+    want = np.asarray(rec["loss"])[(rec["step"] >= step) & (rec["step"] < step + k)]
+    have = np.asarray(got["loss"])[np.asarray(got["step"]) >= step]
+    on_run = bool(have.shape == want.shape and np.array_equal(have, want))
+    if not on_run:
+        log("accumulation: the window's losses differ from the recorded run's (not on A's trajectory)")
     for name in policies:
         n = np.asarray(out[name]["norm"])                                                   # (K, H)
         ks = np.arange(1, len(n) + 1)
@@ -280,6 +287,7 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
         log(f"accumulation {name}: exponent per head {np.round(out[name]['exponent'], 2).tolist()} "
             f"(random signs {np.round(out[name]['exponent_signs'], 2).tolist()})")
     return {"step": int(step), "k": int(k), "layer": int(layer), "rows": int(rows), "status": res.status,
+            "on_run_bit_exact": on_run,
             "policies": {n: str(p) for n, p in policies.items()}, "by_policy": out,
             "wall_s": round(time.time() - t0, 1)}
 

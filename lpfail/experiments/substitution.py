@@ -633,7 +633,7 @@ def replay_branch(run_dir, step: int, branches: dict[str, dict], out_root=None, 
     reproduced the recorded losses from `step` on bit for bit (it must: a ValueError otherwise, since a branch
     compared with a replay that is not the run means nothing), and `first_diff` is the first step at which a
     branch's loss differs from the recorded one (None if never)."""
-    from lpfail.train import checkpoint_path, load_config, read_log, train
+    from lpfail.train import checkpoint_path, load_config, read_log, train, window_config
 
     run_dir = Path(run_dir)
     cfg = load_config(run_dir / "config.json")
@@ -650,8 +650,7 @@ def replay_branch(run_dir, step: int, branches: dict[str, dict], out_root=None, 
 
     def go(name: str, changes: dict):
         d = "" if out_root is None else str(Path(out_root) / name)
-        tc = dataclasses.replace(cfg, out_dir=d, checkpoint_every=0, keep_checkpoints=0, max_steps=last,
-                                 **changes)
+        tc = window_config(cfg, last, out_dir=d, **changes)
         res = train(tc, replay=run_dir, resume_from=ck)
         a = res.arrays()
         return np.asarray(a["loss"])[np.asarray(a["step"]) >= step]
