@@ -2,7 +2,11 @@
 # Chapters 2 and 3 on a GPU machine (issue 12), as a driver that outlives each device call (the pattern of
 # tools/gpu_lr_sweep.sh).
 #
-# NEXT CALL (after 2026-12-01): what is still missing, and nothing else.
+# NEXT CALL (after 2026-12-01 11:00 UTC): the grid (120) and the amendment (12) are stored, so nothing is missing
+# (EXPECT_MISSING defaults to 0 and the driver has nothing to train). Left: the extras' replay 100→500 and the
+# accumulation (the replay failed on 2026-12-01 10:52: the window's schedule was not the run's; fixed). Their GPU
+# checks are stored: GE_CHECKS=0 skips them. `GE_CHECKS=0 BUDGET=600 bash tools/gpu_batch.sh sub-start sub-wait`.
+# Earlier plan, kept for the record:
 #   * The grid's 120 runs are stored (results/substitution_parts/part-20261201T075045-582.json + lr_sweep's A, C).
 #     `start` copies every part file in, so `drive` finds them and does not rerun them; it trains only what
 #     `python -m lpfail.experiments.substitution missing` lists, and refuses to start when that is not exactly
@@ -85,10 +89,10 @@ if [ "$MODE" = start ]; then
     python3 -m lpfail.experiments.substitution missing >"$BASE/missing.txt"
     N_MISSING=$(wc -l <"$BASE/missing.txt")
     cp "$BASE/missing.txt" "$OUT/substitution_missing.txt"
-    log "$N_MISSING runs missing (expected ${EXPECT_MISSING:-12}): $(head -c 300 "$BASE/missing.txt" | tr '\n' ' ')"
+    log "$N_MISSING runs missing (expected ${EXPECT_MISSING:-0}): $(head -c 300 "$BASE/missing.txt" | tr '\n' ' ')"
     DRIVE=1
-    if [ "${EXPECT_MISSING:-12}" != any ] && [ "$N_MISSING" -ne "${EXPECT_MISSING:-12}" ]; then
-        log "NOT starting the driver: $N_MISSING runs missing, not ${EXPECT_MISSING:-12} (are the part files in" \
+    if [ "${EXPECT_MISSING:-0}" != any ] && [ "$N_MISSING" -ne "${EXPECT_MISSING:-0}" ]; then
+        log "NOT starting the driver: $N_MISSING runs missing, not ${EXPECT_MISSING:-0} (are the part files in" \
             "results/substitution_parts/ and results/lr_sweep_parts/? EXPECT_MISSING=any overrides)"
         DRIVE=0
     fi
@@ -117,10 +121,12 @@ if [ "$MODE" = start ]; then
         set -e
         python3 -m lpfail.experiments.gradient_error a-config --run '$EXTRA/a'
         python3 -m lpfail train --config '$EXTRA/a/train_config.json' --no-progress
-        python3 -m lpfail.experiments.gradient_error gpu --run '$EXTRA/a' --steps 300,600,900 --rows 8 \
-            --out '$EXTRA/gradient_error_gpu.json'
+        if [ '${GE_CHECKS:-1}' = 1 ]; then
+            python3 -m lpfail.experiments.gradient_error gpu --run '$EXTRA/a' --steps 300,600,900 --rows 8 \
+                --out '$EXTRA/gradient_error_gpu.json'
+        fi
         python3 -m lpfail.experiments.substitution replay --run '$EXTRA/a' --step 100 --until 500 \
-            --out '$EXTRA/replay.json'
+            --out '$EXTRA/replay.json' || echo 'the replay failed; the accumulation runs all the same'
         LPFAIL_NO_CAPTURE=1 python3 -m lpfail.experiments.gradient_error accumulate --run '$EXTRA/a' --step 600 \
             --k 100 --layer 0 --rows 8 --out '$EXTRA/accumulation.json'
     " >"$EXTRA/extras.log" 2>&1 </dev/null &
