@@ -244,9 +244,10 @@ def _shift_args(kp: KernelPolicy, unit: float) -> tuple[float, float, float]:
 
 _PICKS: dict = {}
 _DIRECT: dict = {}
-#: "1" turns the direct launch of a compiled kernel on. Off by default until a GPU has checked it bit for bit
-#: against the JIT path (tools/gpu_overhead.py, the second-launch test with it on): it calls Triton 3.6's
-#: launcher with that version's argument layout, which no CPU test can run (notes/fix.md, host time).
+#: "0" turns the direct launch of a compiled kernel off (on by default). It calls Triton 3.6's launcher with that
+#: version's argument layout, which no CPU test can run; on 2026-12-01 (NVIDIA H200, torch 2.11, triton 3.6,
+#: results/kernels_gpu/overhead.json) it gave the same O, dQ, dK, dV bit for bit as the JIT path and cut the
+#: drop-in's host time per forward from 100 to 40 µs. Another Triton's binder layout turns it off by itself.
 DIRECT_ENV = "LPFAIL_KERNELS_DIRECT"
 
 
@@ -256,7 +257,7 @@ def _launch(kernel, grid, key, *args, **kwargs):
     launch, which adds straight to a short kernel's time. `key` holds the shape, the input dtype and every
     constexpr (the whole KernelPolicy), so it is at least as fine as the autotuner's key.
 
-    From the third launch on (CUDA, triton's own launcher, LPFAIL_KERNELS_DIRECT=1), the compiled kernel that Triton's JIT returned is
+    From the third launch on (CUDA, triton's own launcher, LPFAIL_KERNELS_DIRECT not "0"), the compiled kernel that Triton's JIT returned is
     called directly with the same arguments (see `_direct_entry`), skipping the JIT's argument binding and
     cache key (≈ 18 µs of Python per launch on the CPU measured in notes/fix.md). `key` must then also fix
     every integer argument's value (the callers put the batch and head counts and the strides in it) and the
@@ -290,9 +291,9 @@ def _direct_entry(jit, compiled, args, kwargs, key):
     """What `_launch` needs to call `compiled` (the kernel `jit.run` just launched) without the JIT: the
     constexpr values in signature order after the positional `args`, checked against Triton's own binder
     (its bound arguments, in the launcher's order, must be `args` then those values). None where the direct
-    call is not possible or not wanted: the interpreter, a hook on the JIT, LPFAIL_KERNELS_DIRECT unset or not 1, a
+    call is not possible or not wanted: the interpreter, a hook on the JIT, LPFAIL_KERNELS_DIRECT=0, a
     misaligned tensor, or a binding whose layout this code does not know (another Triton version's)."""
-    if _fwd.INTERPRET or not hasattr(compiled, "packed_metadata") or os.environ.get(DIRECT_ENV, "0") != "1":
+    if _fwd.INTERPRET or not hasattr(compiled, "packed_metadata") or os.environ.get(DIRECT_ENV, "1") == "0":
         return None
     if any(isinstance(a, torch.Tensor) and a.data_ptr() % 16 for a in args):
         return None

@@ -155,7 +155,7 @@ def test_second_launch_skips_the_autotuner_and_changes_no_bit(policy, monkeypatc
     q, k, v, do = inputs(1, 2, 150, 64, seed=21)
     kernels._PICKS.clear()
     kernels._DIRECT.clear()
-    monkeypatch.setenv(kernels.DIRECT_ENV, "1")   # the direct launch is opt-in until a GPU has checked it
+    monkeypatch.setenv(kernels.DIRECT_ENV, "1")   # the direct launch (the default since the GPU check)
     first = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
     n_picks = len(kernels._PICKS)
     second = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
@@ -392,10 +392,10 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     monkeypatch.setattr(kernels._fwd, "INTERPRET", False)
     monkeypatch.setattr(driver, "_active", _FakeDriver())
     compiled = _FakeCompiled()
+    monkeypatch.setenv(kernels.DIRECT_ENV, "0")
+    assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None      # switched off
     monkeypatch.delenv(kernels.DIRECT_ENV, raising=False)
-    assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None      # opt-in: off by default
-    monkeypatch.setenv(kernels.DIRECT_ENV, "1")
-    entry = kernels._direct_entry(jit, compiled, args, kwargs, key)
+    entry = kernels._direct_entry(jit, compiled, args, kwargs, key)             # on by default (GPU-checked)
     assert entry is not None
     monkeypatch.undo()   # the real _launch again (and the driver, the interpreter flag, the switch)
     monkeypatch.setattr(driver, "_active", _FakeDriver())

@@ -5,8 +5,8 @@ finishes each kernel long before the host issues the next: the wall time per cal
 cost. Measured: the drop-in (`kernels.flash_attention(q, k, v, is_causal=True)`, without and with the robust
 fix), the policy-style call, and SDPA (flash and cuDNN backends), each forward alone (no_grad) and forward +
 backward (`torch.autograd.grad`, no gradient accumulation); the drop-in both with the direct launch of the
-compiled kernels (LPFAIL_KERNELS_DIRECT=1, opt-in until this bit check has passed on a GPU) and through Triton's
-JIT (LPFAIL_KERNELS_DIRECT=0, the default), with a bit check that both paths give the same O, dQ, dK, dV. Run on a GPU, repo root:
+compiled kernels (LPFAIL_KERNELS_DIRECT=1; the default since this bit check passed on an H200 on 2026-12-01) and
+through Triton's JIT (LPFAIL_KERNELS_DIRECT=0), with a bit check that both paths give the same O, dQ, dK, dV. Run on a GPU, repo root:
 ``LPFAIL_GIT=<commit> PYTHONPATH=$PWD python3 tools/gpu_overhead.py OUT.json`` (gpu_batch.sh step `host`);
 the JSON carries its provenance (card, UTC time, commit, torch, triton).
 """
@@ -86,7 +86,7 @@ def main(path):
            .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _commit(), "torch": torch.__version__,
            "triton": triton.__version__, "shape": list(SHAPE), "dtype": "bf16", "causal": True, "calls": CALLS,
            "repeats": REPEATS, "unit": "us"}
-    os.environ[kernels.DIRECT_ENV] = "1"        # the direct launch (opt-in until this check has passed)
+    os.environ[kernels.DIRECT_ENV] = "1"        # the direct launch (the default)
     ref = _fwd_bwd(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True), qg, kg, vg, do)
     res["dropin"] = _measure_dropin(q, k, v, do, qg, kg, vg)
     res["direct_launches"] = len(kernels._DIRECT)
