@@ -523,3 +523,49 @@ if __name__ == "__main__":  # pragma: no cover
 
     from lpfail import results
     print(table(results._read("bench_kernels", results.results_dir())) if len(sys.argv) < 2 else "")
+
+
+# -- host time per call of a tiny problem (tools/gpu_overhead.py; issue 13's third target) ---------------------------
+HOST_FILE = "kernels_gpu/overhead.json"   # beside the other GPU files (not an experiment of the cache)
+HOST_TARGET_US = 40.0
+_HOST_ROWS = (("dropin", "fwd", "drop-in, forward"), ("dropin", "robust_fwd", "drop-in + robust fix, forward"),
+              ("dropin", "policy_fwd", "policy style, forward"), ("dropin", "fwd_bwd", "drop-in, fwd + bwd"),
+              ("dropin", "robust_fwd_bwd", "drop-in + robust fix, fwd + bwd"))
+_HOST_KEYS = ("device", "when_utc", "commit", "shape", "dropin", "dropin_jit_path", "direct_equals_jit_bits",
+              "sdpa_flash", "sdpa_cudnn", "target_us")
+
+
+def load_host_time(directory=None) -> dict:
+    """The stored host-time measurement (results/kernels_gpu/overhead.json): FileNotFoundError naming the
+    command that makes it when absent, ValueError when it is not such a record."""
+    from lpfail import results
+
+    p = (directory or results.results_dir()) / HOST_FILE
+    if not p.is_file():
+        raise FileNotFoundError(f"no stored host-time measurement ({HOST_FILE}); make it on a GPU with "
+                                "`python3 tools/gpu_overhead.py OUT.json` and copy it there")
+    try:
+        d = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{HOST_FILE} is corrupt: {e}") from None
+    missing = [k for k in _HOST_KEYS if k not in d]
+    if missing:
+        raise ValueError(f"{HOST_FILE} is not a host-time record (missing {missing})")
+    return d
+
+
+def host_time_rows(d: dict) -> list[list[str]]:
+    """Rows (call, direct launch µs, through Triton's JIT µs, SDPA flash µs, SDPA cuDNN µs, target met) of a
+    `load_host_time` record; SDPA's columns on the forward and forward + backward rows only."""
+    tgt = float(d.get("target_us", HOST_TARGET_US))
+    rows = []
+    for grp, key, label in _HOST_ROWS:
+        v, jit = d[grp].get(key), d["dropin_jit_path"].get(key)
+        if v is None:
+            continue
+        sd = key if key in ("fwd", "fwd_bwd") else None
+        cell = lambda x: "—" if x is None else f"{x:.0f}"
+        met = ("yes" if v <= tgt else "no") if key in ("fwd", "robust_fwd", "policy_fwd") else "—"
+        rows.append([label, f"{v:.1f}", cell(jit), cell(d["sdpa_flash"].get(sd) if sd else None),
+                     cell(d["sdpa_cudnn"].get(sd) if sd else None), met])
+    return rows

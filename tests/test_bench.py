@@ -1,9 +1,11 @@
 """kernels.bench's summaries of a stored benchmark (CPU: fake results with known ratios)."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pytest
 
 from kernels.bench import summary, targets
 
@@ -132,3 +134,28 @@ def test_robust_cost_import_refuses_incomplete_or_unknown(tmp_path):
         import_robust_cost(_raw_robust(), "g", "2026-12-01", {"torch": "2.13.0+cpu", "triton": "3.6.0"}, 1.0,
                            directory=tmp_path)
     assert not (tmp_path / "robust_cost.json").exists()           # nothing half-written
+
+
+def test_host_time_record_is_read_checked_and_tabled(tmp_path):
+    from kernels.bench import HOST_FILE, host_time_rows, load_host_time
+
+    with pytest.raises(FileNotFoundError, match="gpu_overhead"):
+        load_host_time(tmp_path)
+    p = tmp_path / HOST_FILE
+    p.parent.mkdir(parents=True)
+    p.write_text("{")
+    with pytest.raises(ValueError, match="corrupt"):
+        load_host_time(tmp_path)
+    p.write_text(json.dumps({"device": "X"}))
+    with pytest.raises(ValueError, match="missing"):
+        load_host_time(tmp_path)
+    rec = {"device": "X", "when_utc": "t", "commit": "c", "shape": [1, 1, 128, 64], "target_us": 40,
+           "dropin": {"fwd": 40.32, "robust_fwd": 38.5, "policy_fwd": 36.9, "fwd_bwd": 381.0},
+           "dropin_jit_path": {"fwd": 100.3, "fwd_bwd": 632.7}, "direct_equals_jit_bits": True,
+           "sdpa_flash": {"fwd": 24.2, "fwd_bwd": 151.6}, "sdpa_cudnn": {"fwd": 23.3}}
+    p.write_text(json.dumps(rec))
+    rows = host_time_rows(load_host_time(tmp_path))
+    assert [r[0] for r in rows] == ["drop-in, forward", "drop-in + robust fix, forward", "policy style, forward",
+                                    "drop-in, fwd + bwd"]
+    assert rows[0] == ["drop-in, forward", "40.3", "100", "24", "23", "no"]   # 40.32 > 40: missed
+    assert rows[1][-1] == "yes" and rows[1][2] == "—" and rows[3][-1] == "—" and rows[3][4] == "—"
