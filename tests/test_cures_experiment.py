@@ -144,3 +144,18 @@ def test_chapter_table_judges_complete_cures_and_lists_the_missing_runs():
             assert f"{an['cures'][v]['S']:.3f}" in row
         else:
             assert "missing" in row and f"{st['per_variant'][v]['stored']}/" in row
+
+
+def test_cures_outcome_groups_by_k2_and_scores_the_predictions():
+    from lpfail.book import beyond_report as br
+
+    a = {"cures": {"A": {"S": 1.0}, "D": {"K2": {"verdict": "supported"}},
+                   "A_hp": {"K2": {"verdict": "refuted"}}, "A_z": {"K2": {"verdict": "supported"}},
+                   "A_cap": {"K2": {"verdict": "inconclusive"}}},
+         "predictions": {"A_hp": "closes little: x", "A_z": "closes little: y", "R": "closes as much as Bp",
+                         "A_cap": "like A_z"}}
+    o = br.cures_outcome(a)
+    assert o["closes"] == ["D", "A_z"] and o["does_not"] == ["A_hp"] and o["inconclusive"] == ["A_cap"]
+    assert o["predicted_little"] == {"A_hp": "hit", "A_z": "miss", "A_cap": "hit"}
+    t = br.cures_outcome_text(a)
+    assert "δ from an FP32 O" in t and "2 of 3 did as predicted" in t

@@ -160,3 +160,35 @@ def cures_table(part: dict, variants) -> str:
                      html.escape(y["K2"]["verdict"]) if "K2" in y else "—", f"{y['throughput_vs_A']:.2f}"])
     return html_table(["cure", "acts in", "runs stored", "LR sensitivity S [95 % CI]", "K1: S lower than A",
                        "K2: half the A − C gap closed", "rel. throughput"], rows, escape=False)
+
+
+def cures_outcome(analysis: dict) -> dict:
+    """The cures grouped by their K2 verdict (closes at least half of the A − C gap), from a `cures`
+    analysis (``res["cures_analysis"]``): {"closes": [...], "does_not": [...], "inconclusive": [...],
+    "predicted_little": the cures predicted (in writing, before the runs) to "close little" and whether each
+    did ("hit" when K2 is not supported, "miss" when it is)}; variants without K2 (A, C, S) are left out."""
+    groups = {"closes": [], "does_not": [], "inconclusive": []}
+    key = {"supported": "closes", "refuted": "does_not", "inconclusive": "inconclusive"}
+    for v, y in analysis["cures"].items():
+        if "K2" in y:
+            groups[key.get(y["K2"]["verdict"], "inconclusive")].append(v)
+    preds = dict(analysis.get("predictions", {}))
+    for v, p in list(preds.items()):   # "like A_hp": the prediction written for A_hp
+        if p.startswith("like ") and p[5:].split()[0].strip(",.:") in preds:
+            preds[v] = preds[p[5:].split()[0].strip(",.:")]
+    little = {v: ("miss" if analysis["cures"][v].get("K2", {}).get("verdict") == "supported" else "hit")
+              for v, p in preds.items() if p.startswith("closes little") and v in analysis["cures"]}
+    return {**groups, "predicted_little": little}
+
+
+def cures_outcome_text(analysis: dict) -> str:
+    """`cures_outcome` in one Markdown paragraph (names from lr_sweep's variant labels)."""
+    from lpfail.experiments import lr_sweep as ls
+
+    o = cures_outcome(analysis)
+    name = lambda vs: "; ".join(ls.VARIANTS[v].label for v in vs) or "none"
+    hits = [v for v, h in o["predicted_little"].items() if h == "hit"]
+    return (f"Closes at least half of the gap (K2 supported): {name(o['closes'])}. "
+            f"Does not (K2 refuted): {name(o['does_not'])}. Inconclusive: {name(o['inconclusive'])}. "
+            f"Of the cures predicted in writing to close little, {len(hits)} of {len(o['predicted_little'])} "
+            "did as predicted.")
