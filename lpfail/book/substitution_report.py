@@ -188,6 +188,25 @@ def load_replay(directory=None) -> dict | None:
     return json.loads(p.read_text()) if p.is_file() else None
 
 
+def replay_provenance(directory=None) -> dict | None:
+    """Device, tree and date of the stored replay: its own "provenance" when it has one, else that of
+    results/substitution_gpu/accumulation.json, which tools/gpu_substitution.sh's extras write in the same
+    call right after the replay (the call of 2026-12-01, 11:04 UTC, wrote replay.json without one); None
+    when neither says."""
+    import json
+
+    from lpfail import results
+
+    rep = load_replay(directory)
+    if rep and isinstance(rep.get("provenance"), Mapping):
+        return dict(rep["provenance"])
+    p = (directory or results.results_dir()) / "substitution_gpu" / "accumulation.json"
+    if p.is_file():
+        prov = json.loads(p.read_text()).get("provenance")
+        return dict(prov, source="accumulation.json (same call)") if prov else None
+    return None
+
+
 def _branches(rep: Mapping) -> dict:
     if not isinstance(rep, Mapping) or "replay" not in rep or "step" not in rep:
         raise ValueError("replay: not a replay_branch result (no 'replay' or 'step')")
