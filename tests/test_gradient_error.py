@@ -191,6 +191,9 @@ def test_accumulation_run_on_a_tiny_cpu_run(tmp_path):
     a, e = out["by_policy"]["A"], out["by_policy"]["exact"]
     assert len(a["norm"]) == 10 and len(a["norm"][0]) == c.n_head and len(a["exponent"]) == c.n_head
     assert len(a["sum_dd"]) == 10 and all(np.isfinite(a["exponent"] + a["exponent_signs"]))
+    each = np.asarray(a["norm_signs_each"])                                   # (K, n_signs, H)
+    assert each.shape == (10, 16, c.n_head)
+    assert np.sqrt((each ** 2).mean(axis=1)) == pytest.approx(np.asarray(a["norm_signs"]), rel=1e-9)
     assert max(max(n) for n in e["norm"]) < 1e-12 * max(max(n) for n in a["norm"])
     with pytest.raises(ValueError, match="window"):
         accumulation_run(run, 8, 10, 0)
@@ -248,6 +251,12 @@ def test_coherence_report_tied_rows_and_cross_step_on_fabricated_records():
     s = R.coherence_summary(acc, reps=200)
     assert s["A"]["outside"] == [True, False]
     assert len(R.coherence_rows(s)) == 1 and len(R.coherence_rows(s)[0]) == len(R.COHERENCE_HEADER)
+    assert "signs_lo" not in s["A"]
+    each = np.stack([ns * 0.5, ns * 1.5], axis=1)                                   # (K, 2 draws, H)
+    acc["by_policy"]["A"]["norm_signs_each"] = each.tolist()
+    s2 = R.coherence_summary(acc, reps=200)
+    assert s2["A"]["signs_lo"] == pytest.approx(np.full_like(ns, 0.5)) and s2["A"]["signs_hi"][-1] == pytest.approx(1.5)
+    R.coherence_figure(s2)
     with pytest.raises(ValueError):
         R.coherence_summary({"norm": []})
 

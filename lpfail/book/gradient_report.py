@@ -296,7 +296,9 @@ def tied_cross_figure(res: Mapping):
 def coherence_summary(acc: Mapping, reps: int = 2000) -> dict:
     """Per policy of the stored accumulation: ρ_K (`lpfail.gradient_error.coherence_ratio`), ρ at the last K and
     its growth exponent per head, the band of ρ that unbiased signs give in the widest case (`coherence_null`,
-    2.5–97.5 %), the raw exponents of ‖E_K‖ and of the random-sign sums, and ‖E_K‖ at the last K."""
+    2.5–97.5 %), the raw exponents of ‖E_K‖ and of the random-sign sums, and ‖E_K‖ at the last K; where the
+    result holds each sign draw's norm ("norm_signs_each"), also the measured range of ρ over the draws
+    ("signs_lo", "signs_hi": (K, H))."""
     from lpfail.gradient_error import coherence_exponent, coherence_null, coherence_ratio, coherent_ratio
 
     if not isinstance(acc, Mapping) or not isinstance(acc.get("by_policy"), Mapping):
@@ -311,6 +313,10 @@ def coherence_summary(acc: Mapping, reps: int = 2000) -> dict:
                      "exponent": list(d["exponent"]), "exponent_signs": list(d["exponent_signs"]),
                      "norm_k": [float(x) for x in np.asarray(d["norm"])[-1]],
                      "outside": [bool(r > h or r < l_) for r, l_, h in zip(rho[-1], lo[-1], hi[-1])]}
+        if "norm_signs_each" in d:  # recorded from 2026-12-01 11:30 on: the measured spread of the sign draws
+            each = np.asarray(d["norm_signs_each"], dtype=np.float64)                 # (K, n_signs, H)
+            r_each = each / np.asarray(d["norm_signs"], dtype=np.float64)[:, None, :]
+            out[name]["signs_lo"], out[name]["signs_hi"] = r_each.min(axis=1), r_each.max(axis=1)
     return out
 
 
@@ -339,6 +345,9 @@ def coherence_figure(summ: Mapping, toy_k: int | None = None):
         ks = np.arange(1, rho.shape[0] + 1)
         ax.fill_between(ks, d["null_lo"].min(axis=1), d["null_hi"].max(axis=1), color="0.85", lw=0,
                         label="unbiased signs (95 %)")
+        if "signs_lo" in d:
+            ax.fill_between(ks, d["signs_lo"].min(axis=1), d["signs_hi"].max(axis=1), color="0.7", lw=0,
+                            label="the stored sign draws (range)")
         for h in range(rho.shape[1]):
             ax.loglog(ks, rho[:, h], lw=1.0, label=f"head {h}")
         ax.loglog(ks, d["coherent"].mean(axis=1), "k--", lw=0.9, label="one direction, one sign")
