@@ -331,3 +331,85 @@ def accumulation_toy(bias: float = 0.5, rank: int = 1, steps: int = 1000, d: int
     lx, ly = ks[tail].log(), norms[tail].log()
     p = float(((lx - lx.mean()) * (ly - ly.mean())).sum() / ((lx - lx.mean()) ** 2).sum())
     return {"norm": norms.numpy(), "k": ks.numpy(), "exponent": p, "bias": bias, "rank": rank}
+
+
+# -- chapter 3's item 3: is the accumulated δ error coherent? (`experiments.gradient_error.accumulation_run`) ------
+def coherence_ratio(norm, norm_signs):
+    """ρ_K = ‖E_K‖ / RMS over random signs of ‖Σ_{k≤K} ±t_k‖, per K (rows) and head (columns).
+
+    `norm` (K, H): ‖E_K‖ of the accumulated terms t_k as they are; `norm_signs` (K, H): the root-mean-square
+    norm of the same terms summed with random signs, ≈ √(Σ_{k≤K} ‖t_k‖²) (E‖Σ ±t_k‖² = Σ ‖t_k‖²). So ρ_K
+    removes the terms' own growth: it stays of order 1 when the terms' directions are incoherent (or their
+    signs unbiased), and grows like √K when they share one direction with one sign (ρ_K = √K for K equal,
+    parallel terms), whatever the terms' sizes do over the window."""
+    import numpy as np
+
+    n, s = np.asarray(norm, dtype=np.float64), np.asarray(norm_signs, dtype=np.float64)
+    if n.ndim != 2 or n.shape != s.shape or n.shape[0] < 1:
+        raise ValueError(f"coherence_ratio: need two (K, H) arrays of one shape (got {n.shape}, {s.shape})")
+    if not (np.isfinite(n).all() and np.isfinite(s).all()) or (s <= 0).any() or (n < 0).any():
+        raise ValueError("coherence_ratio: norms must be finite, ≥ 0, and the random-sign norms > 0")
+    return n / s
+
+
+def coherence_exponent(rho) -> list[float]:
+    """Per head, the slope of log ρ_K against log K after the first tenth of the window (as the accumulation's
+    exponents are fitted): ≈ 0 for incoherent terms, ≈ ½ for a shared direction with one sign."""
+    import numpy as np
+
+    r = np.asarray(rho, dtype=np.float64)
+    if r.ndim != 2 or r.shape[0] < 10 or not (r > 0).all():
+        raise ValueError(f"coherence_exponent: need a (K ≥ 10, H) array of positive ratios (got {r.shape})")
+    ks = np.arange(1, r.shape[0] + 1)
+    tail = slice(max(1, r.shape[0] // 10), None)
+    return [float(np.polyfit(np.log(ks[tail]), np.log(r[tail, h]), 1)[0]) for h in range(r.shape[1])]
+
+
+def term_sizes(norm_signs):
+    """(K, H) sizes a_k ≈ ‖t_k‖ of the accumulated terms, from the random-sign RMS norms (≈ √(Σ_{k≤K} a_k²)):
+    a power law c·K^p fitted to them per head (log–log, after the first tenth, as the exponents are), and
+    a_k² = c²(k^{2p} − (k−1)^{2p}). The raw increments of the squared norms are too noisy with 16 sign draws
+    (often negative) to use one by one."""
+    import numpy as np
+
+    s = np.asarray(norm_signs, dtype=np.float64)
+    if s.ndim != 2 or s.shape[0] < 10 or not (s > 0).all():
+        raise ValueError(f"term_sizes: need a (K >= 10, H) array of positive norms (got {s.shape})")
+    ks = np.arange(1, s.shape[0] + 1, dtype=np.float64)
+    tail = slice(max(1, s.shape[0] // 10), None)
+    out = np.empty_like(s)
+    for h in range(s.shape[1]):
+        p, logc = np.polyfit(np.log(ks[tail]), np.log(s[tail, h]), 1)
+        out[:, h] = np.exp(logc) * np.sqrt(np.clip(ks ** (2 * p) - (ks - 1) ** (2 * p), 0, None))
+    return out
+
+
+def coherent_ratio(norm_signs):
+    """(K, H): ρ_K if every term pointed along one direction with one sign, for the terms' sizes (`term_sizes`):
+    Σ a_k / √(Σ a_k²), which is √K for equal sizes and less when a few late terms dominate."""
+    import numpy as np
+
+    a = term_sizes(norm_signs)
+    return np.cumsum(a, axis=0) / np.sqrt(np.cumsum(a ** 2, axis=0))
+
+
+def coherence_null(norm_signs, n_signs: int = 16, reps: int = 2000, q=(0.025, 0.975), seed: int = 0):
+    """The band of ρ_K that unbiased signs give, for the widest case: all terms along one direction (for orthogonal
+    terms ρ_K = 1 exactly). With the terms' sizes a_k (`term_sizes`), each of `reps` draws sums them with random
+    signs (the "observed" sum) and divides by the RMS of `n_signs` further random-sign sums (as
+    `accumulation_run` estimates the denominator). Returns (lo, hi), each (K, H): the `q` quantiles at each K."""
+    import numpy as np
+
+    s = np.asarray(norm_signs, dtype=np.float64)
+    if n_signs < 1 or reps < 10:
+        raise ValueError("coherence_null: need n_signs >= 1, reps >= 10")
+    a = term_sizes(s)
+    rng = np.random.default_rng(seed)
+    lo, hi = np.empty_like(s), np.empty_like(s)
+    for h in range(s.shape[1]):
+        signs = rng.choice((-1.0, 1.0), size=(reps, n_signs + 1, s.shape[0]))
+        sums = np.abs(np.cumsum(signs * a[:, h], axis=2))                       # (reps, 1 + n_signs, K)
+        den = np.sqrt((sums[:, 1:] ** 2).mean(axis=1))
+        rho = sums[:, 0] / np.where(den > 0, den, np.inf)
+        lo[:, h], hi[:, h] = np.quantile(rho, q[0], axis=0), np.quantile(rho, q[1], axis=0)
+    return lo, hi

@@ -191,6 +191,85 @@ def test_accumulation_run_on_a_tiny_cpu_run(tmp_path):
     a, e = out["by_policy"]["A"], out["by_policy"]["exact"]
     assert len(a["norm"]) == 10 and len(a["norm"][0]) == c.n_head and len(a["exponent"]) == c.n_head
     assert len(a["sum_dd"]) == 10 and all(np.isfinite(a["exponent"] + a["exponent_signs"]))
+    each = np.asarray(a["norm_signs_each"])                                   # (K, n_signs, H)
+    assert each.shape == (10, 16, c.n_head)
+    assert np.sqrt((each ** 2).mean(axis=1)) == pytest.approx(np.asarray(a["norm_signs"]), rel=1e-9)
     assert max(max(n) for n in e["norm"]) < 1e-12 * max(max(n) for n in a["norm"])
     with pytest.raises(ValueError, match="window"):
         accumulation_run(run, 8, 10, 0)
+
+
+def _fabricated_accumulation(k=100, dim=50, n_signs=16, seed=0):
+    """What accumulation_run stores, for terms t_k of growing size: head 0 along one direction with one sign
+    (biased), head 1 along random directions (incoherent)."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal(dim)
+    u /= np.linalg.norm(u)
+    v = rng.standard_normal((k, dim))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    sizes = np.arange(1, k + 1, dtype=float)
+    terms = np.stack([sizes[:, None] * u, sizes[:, None] * v], axis=1)           # (K, H, dim)
+    signs = rng.choice((-1.0, 1.0), size=(k, n_signs))
+    e = np.cumsum(terms, axis=0)
+    es = np.cumsum(signs[:, :, None, None] * terms[:, None], axis=0)             # (K, n_signs, H, dim)
+    norm = np.linalg.norm(e, axis=2)
+    norm_signs = np.sqrt((np.linalg.norm(es, axis=3) ** 2).mean(axis=1))
+    return norm, norm_signs
+
+
+def test_coherence_ratio_separates_a_shared_direction_from_growth():
+    from lpfail.gradient_error import coherence_exponent, coherence_null, coherence_ratio, coherent_ratio
+
+    norm, ns = _fabricated_accumulation()
+    ks = np.arange(1, 101)
+    raw = [np.polyfit(np.log(ks[10:]), np.log(norm[10:, h]), 1)[0] for h in range(2)]
+    assert raw[0] > 1.5 and raw[1] > 1.2  # the raw exponent exceeds 1 for both: it cannot tell them apart
+    rho = coherence_ratio(norm, ns)
+    coh = coherent_ratio(ns)
+    lo, hi = coherence_null(ns, reps=500)
+    assert rho[-1, 0] > 2 * hi[-1, 0] and rho[-1, 0] == pytest.approx(coh[-1, 0], rel=0.35)
+    assert lo[-1, 1] < rho[-1, 1] < hi[-1, 1] and 0.5 < rho[-1, 1] < 2
+    ex = coherence_exponent(rho)
+    assert ex[0] > 0.3 and abs(ex[1]) < 0.2
+    # equal sizes along one direction: Σa/√Σa² = √K exactly
+    equal = np.sqrt(np.arange(1, 51))[:, None] * np.ones((1, 2))
+    assert coherent_ratio(equal)[-1] == pytest.approx([np.sqrt(50)] * 2, rel=1e-6)
+    with pytest.raises(ValueError):
+        coherence_ratio(norm, ns[:, :1])
+    with pytest.raises(ValueError):
+        coherence_ratio(norm, np.zeros_like(ns))
+    with pytest.raises(ValueError):
+        coherence_exponent(rho[:5])
+
+
+def test_coherence_report_tied_rows_and_cross_step_on_fabricated_records():
+    from lpfail.book import gradient_report as R
+
+    norm, ns = _fabricated_accumulation()
+    acc = {"by_policy": {"A": {"norm": norm.tolist(), "norm_signs": ns.tolist(), "exponent": [1.9, 1.5],
+                               "exponent_signs": [1.5, 1.5]}}}
+    s = R.coherence_summary(acc, reps=200)
+    assert s["A"]["outside"] == [True, False]
+    assert len(R.coherence_rows(s)) == 1 and len(R.coherence_rows(s)[0]) == len(R.COHERENCE_HEADER)
+    assert "signs_lo" not in s["A"]
+    each = np.stack([ns * 0.5, ns * 1.5], axis=1)                                   # (K, 2 draws, H)
+    acc["by_policy"]["A"]["norm_signs_each"] = each.tolist()
+    s2 = R.coherence_summary(acc, reps=200)
+    assert s2["A"]["signs_lo"] == pytest.approx(np.full_like(ns, 0.5)) and s2["A"]["signs_hi"][-1] == pytest.approx(1.5)
+    R.coherence_figure(s2)
+    with pytest.raises(ValueError):
+        R.coherence_summary({"norm": []})
+
+    def rec(step, sk, tied, untied):
+        return {"step": step, "layer": 0, "sum_dd_tied": tied, "sum_dd_untied": untied, "frac_tied": [0.1, 0.1],
+                "sketch_rbar": sk, "sketch_dterm": [list(-np.asarray(x)) for x in sk] if step > 300 else sk}
+    sk = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    res = {"gpu": {"records": [rec(300, sk, [0.3, -0.1], [0.1, -0.3]), rec(600, sk, [0.0, 0.2], [0.0, 0.2])]}}
+    assert R.tied_share(res["gpu"]["records"][0]) == pytest.approx([0.75, 0.25])
+    assert np.isnan(R.tied_share(res["gpu"]["records"][1])[0])
+    assert R.cross_step(res, "sketch_rbar")[0]["cos"] == pytest.approx([1.0, 1.0])
+    assert R.cross_step(res, "sketch_dterm")[0]["cos"] == pytest.approx([-1.0, -1.0])
+    cs = R.cross_step_summary(res)
+    assert cs["rbar"]["median"] == pytest.approx(1.0) and cs["dterm"]["n_neg"] == 2
+    with pytest.raises(ValueError, match="sum_dd_tied"):
+        R.tied_share({"sum_dd": [0.1]})

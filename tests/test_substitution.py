@@ -294,14 +294,41 @@ def test_fp32_scores_with_a_bf16_max_overflow_at_large_logits():
 def test_replay_report_on_a_fabricated_replay():
     from lpfail.book import substitution_report as SR
 
-    rep = {"step": 600, "replay": {"losses": [3.0] * 150, "equal": True},
-           "delta_dPP": {"losses": [2.9] * 150, "first_diff": 601},
-           "scores": {"losses": [float("nan")], "first_diff": 600}, "wall_s": 1.0}
+    rec = [3.0] * 100 + [3.2] * 100
+    rep = {"step": 100, "replay": {"losses": rec, "equal": True},
+           "delta_dPP": {"losses": [3.0] * 100 + [3.1] * 100, "first_diff": 101},
+           "out": {"losses": [3.0] * 100 + [3.3] * 100, "first_diff": 100},
+           "scores": {"losses": [3.0, float("nan")], "first_diff": 100}, "wall_s": 1.0}
     rows = SR.replay_rows(rep)
-    assert rows[0] == ["replay (no change)", "none: bit-exact", "150", "3.0000"]
-    assert rows[1][1:] == ["601", "150", "2.9000"] and rows[2][3] == "non-finite at step 600"
+    assert rows[0] == ["replay (no change)", "none: bit-exact", "200", "3.0000", "3.2000", "0"]
+    assert rows[1][1:] == ["101", "200", "3.0000", "3.1000", "-0.1000"]
+    assert rows[2][-1] == "+0.1000" and rows[3][4] == "non-finite at step 101"
+    assert all(len(r) == len(SR.REPLAY_HEADER) for r in rows)
+    sm = SR.replay_summary(rep)
+    assert (sm["start"], sm["end"]) == (100, 300) and sm["below"] == ["delta_dPP"]
+    assert sm["diff_range"] == pytest.approx((-0.1, 0.1))
+    assert sm["branches"]["scores"]["nonfinite_step"] == 101
     with pytest.raises(ValueError):
         SR.replay_rows({"l": {}})
+    with pytest.raises(ValueError, match="200"):
+        SR.replay_summary({"step": 0, "replay": {"losses": [3.0] * 150, "equal": True}})
+    fig = SR.replay_figure(rep, departure=(250, 500))
+    assert len(fig.axes) == 2 and len(fig.axes[1].lines) == 3  # two finite branches and the zero line
+
+
+def test_heldout_and_amendment_outcome():
+    from lpfail.book import substitution_report as SR
+
+    def run(v):
+        return {"val_step": [0, 250, 500], "val_loss": v}
+    have = {sub.Point("A", 3.2e-2, 0).key: run([5.5, 3.0, 3.1]), sub.Point("C", 3.2e-2, 0).key: run([5.5, 3.1, 3.0])}
+    assert SR.heldout(have, [250, 500, 750]) == {"A": [3.0, 3.1, None], "C": [3.1, 3.0, None]}
+    with pytest.raises(KeyError):
+        SR.heldout(have, [250], lr=1.6e-2)
+    d = {"verdict": "closes the gap", "point": -0.1, "ci": [-0.2, -0.01], "fraction_closed": 0.9}
+    out = SR.amendment_outcome({"rows": {"score_path_l": {"by_lr": {"0.016": d}}}})
+    assert out["score_path_l"]["0.016"] == "closes the gap (90 % of the gap closed, -0.100 [-0.200, -0.010])"
+    assert out["score_path_l"]["0.032"] == "pending (GPU)" and set(out) == {"score_path_l", "scores_l"}
 
 
 def test_outcome_lines_from_the_stored_result():
@@ -407,30 +434,29 @@ def test_amended_rows_are_finite_where_the_broken_rows_overflow_and_are_not_a():
 
 
 def test_amendment_status_counts_on_the_stored_parts(capsys):
-    """With the repository's part files the grid has all its 120 runs and the amendment none of its 12: the
-    driver of the next call trains exactly those 12."""
+    """With the repository's part files the grid has all its 120 runs and the amendment all its 12 (stored by the
+    GPU call of 2026-12-01, 10:47 UTC): nothing is missing, and the amendment's runs are none of the grid's."""
     runs, _ = sub.load_parts()
     if not runs:
         pytest.skip("no substitution parts in results/")
     have, missing = sub.stored_for(sub.SubstitutionConfig())
     assert len(have) == 120 and missing == []
     a_have, a_missing = sub.stored_for(sub.AmendmentConfig(), baselines=False)
-    assert a_have == {} and len(a_missing) == 12
-    assert {p.row for p in a_missing} == {"score_path_l", "scores_l"}
-    assert {(p.lr, p.seed) for p in a_missing} == {(lr, s) for lr in sub.LRS for s in sub.SEEDS}
+    assert len(a_have) == 12 and a_missing == [] and not set(a_have) & set(have)
+    assert {k.split("/")[0] for k in a_have} == {"score_path_l", "scores_l"}
     b_have, b_missing = sub.stored_for(sub.AmendmentConfig())
-    assert len(b_have) == 12 and set(b_have) <= set(have) and len(b_missing) == 12  # A, C: the grid's baselines
-    grid, amend = sub.missing_points()
-    assert grid == [] and [p.key for p in amend] == [p.key for p in a_missing]
+    assert len(b_have) == 24 and b_missing == []  # with A, C: the grid's baselines
+    assert set(b_have) - set(a_have) <= set(have)
+    assert sub.missing_points() == ([], [])
     lines = sub.status_text().splitlines()
-    assert lines[0] == "substitution: 120 of 120 runs stored"
-    assert "0 of 12 runs stored; next missing: score_path_l/lr0.016/s0" in lines[1]
+    assert lines[0] == "substitution: 120 of 120 runs stored" and "12 of 12 runs stored" in lines[1]
     assert sub.main(["missing"]) == 0
-    assert capsys.readouterr().out.split() == [p.key for p in a_missing]
+    assert capsys.readouterr().out.split() == []
 
 
 def _copy_results(tmp_path):
-    """The repository's stored grid and its parts in a scratch results folder (lr_sweep's parts linked)."""
+    """The repository's stored grid and its parts, without the amendment's, in a scratch results folder
+    (lr_sweep's parts linked)."""
     import shutil
 
     from lpfail import results
@@ -438,7 +464,13 @@ def _copy_results(tmp_path):
     src = results.REPO_ROOT / "results"
     if not list((src / "substitution_parts").glob("part-*.json")):
         pytest.skip("no substitution parts in results/")
-    shutil.copytree(src / "substitution_parts", tmp_path / "substitution_parts")
+    # the grid's parts only: a part holding only amended rows (the amendment's own call) is left out, so that
+    # the scratch folder is the state before the amendment ran
+    amended = {r.name for r in sub.AMENDED_ROWS}
+    (tmp_path / "substitution_parts").mkdir()
+    for f in (src / "substitution_parts").glob("part-*.json"):
+        if not {k.split("/")[0] for k in json.loads(f.read_text())["runs"]} <= amended:
+            shutil.copy(f, tmp_path / "substitution_parts" / f.name)
     (tmp_path / "lr_sweep_parts").symlink_to(src / "lr_sweep_parts")
     for f in ("substitution.json", "substitution.npz", "lr_sweep.json", "lr_sweep.npz"):
         shutil.copy(src / f, tmp_path / f)
@@ -529,6 +561,6 @@ def test_replay_branches_are_policy_rows_without_the_broken_ones():
     assert {"scores_l", "score_path_l"} <= set(sub.REPLAY_ROWS)
     for n in sub.REPLAY_ROWS:
         sub.row_policy(sub.row_by_name(n))
-    rep = {"step": 100, "replay": {"losses": [3.0] * 100, "equal": True},
-           "scores_l": {"losses": [2.9] * 100, "first_diff": 100}}
+    rep = {"step": 100, "replay": {"losses": [3.0] * 200, "equal": True},
+           "scores_l": {"losses": [2.9] * 200, "first_diff": 100}}
     assert SR.replay_rows(rep)[1][0] == "scores_l: " + sub.row_by_name("scores_l").label

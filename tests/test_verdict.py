@@ -374,6 +374,17 @@ def test_c2_evidence_names_the_gpu_records_card_and_error():
     v = V.judge_gradient_error(res)
     assert v.verdict == V.NOT_REPRODUCED
     assert "(NVIDIA H200, 2026-12-01)" in v.evidence and "worst relative error 1.5e-12" in v.evidence
+    assert "coherence ratio" not in v.evidence
+    # the accumulation (chapter 3's item 3) is evidence beside the rule: a coherent head is named, the
+    # verdict is unchanged
+    k = np.arange(1, 101, dtype=float)[:, None]
+    ns = np.sqrt(np.cumsum(k ** 2, axis=0))                     # terms of size k: RMS of random-sign sums
+    acc = {"k": 100, "layer": 0, "by_policy": {"A": {"norm": np.hstack([ns, np.cumsum(k, axis=0)]).tolist(),
+                                                     "norm_signs": np.hstack([ns, ns]).tolist(),
+                                                     "exponent": [1.5, 2.0], "exponent_signs": [1.5, 1.5]}}}
+    v2 = V.judge_gradient_error({**res, "accumulation": acc})
+    assert v2.verdict == v.verdict and "coherence ratio" in v2.evidence
+    assert "outside that band: A head 1." in v2.evidence
 
 
 def test_chapter_2_and_3_verdicts_from_the_stored_results():

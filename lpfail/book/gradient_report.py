@@ -182,3 +182,181 @@ def a_run_wall(directory=None) -> str:
     p = (directory or results.results_dir()) / "substitution_gpu" / "extras.log"
     m = re.search(r"<TrainResult completed: [^>]*?([0-9.]+) s>", p.read_text()) if p.is_file() else None
     return f"{float(m.group(1)):.0f}" if m else "not recorded"
+
+
+# -- tied maxima: do the rows with a tied BF16 maximum carry Σ Δδ? (the GPU records' sum_dd_tied / _untied) --------
+TIED_HEADER = ["step", "layer", "tied rows per head", "Σ Δδ on tied rows per head", "Σ Δδ on the others per head",
+               "tied rows' share of |Σ Δδ| per head"]
+
+
+def tied_share(rec: Mapping) -> list[float]:
+    """Per head, |Σ Δδ over tied rows| / (|Σ over tied| + |Σ over the others|): 1 when the tied rows carry the
+    whole sum, their row fraction `frac_tied` when Δδ is spread evenly over rows of one sign."""
+    for k in ("sum_dd_tied", "sum_dd_untied", "frac_tied"):
+        if k not in rec:
+            raise ValueError(f"tied_share: the record has no '{k}' (recorded from the GPU call of 10:47 UTC on)")
+    t, u = np.abs(np.asarray(rec["sum_dd_tied"], float)), np.abs(np.asarray(rec["sum_dd_untied"], float))
+    return [float(a / (a + b)) if a + b > 0 else float("nan") for a, b in zip(t, u)]
+
+
+def tied_rows(res: Mapping) -> list[list[str]]:
+    out = []
+    for r in res["gpu"]["records"]:
+        out.append([str(r["step"]), str(r["layer"]), ", ".join(f"{x * 100:.1f} %" for x in r["frac_tied"]),
+                    ", ".join(f"{x:+.1e}" for x in r["sum_dd_tied"]), ", ".join(f"{x:+.1e}" for x in r["sum_dd_untied"]),
+                    ", ".join(f"{x:.2f}" for x in tied_share(r))])
+    return out
+
+
+def tied_summary(res: Mapping) -> dict:
+    """Over all (step, layer, head) of the GPU records: the median and range of the tied rows' fraction and of
+    their share of |Σ Δδ|, how often the share exceeds ½, and how often the tied and untied sums share a sign."""
+    recs = res["gpu"]["records"]
+    share = np.array([s for r in recs for s in tied_share(r)])
+    frac = np.array([f for r in recs for f in r["frac_tied"]])
+    same = sum(np.sign(a) == np.sign(b) for r in recs for a, b in zip(r["sum_dd_tied"], r["sum_dd_untied"]))
+    pos = sum(a > 0 for r in recs for a in r["sum_dd_tied"])
+    return {"n": int(share.size), "share_median": float(np.nanmedian(share)),
+            "share_range": (float(np.nanmin(share)), float(np.nanmax(share))), "n_share_half": int((share > 0.5).sum()),
+            "frac_median": float(np.median(frac)), "frac_range": (float(frac.min()), float(frac.max())),
+            "n_same_sign": int(same), "n_tied_pos": int(pos)}
+
+
+# -- the rank-one terms across steps (the other half of the paper's Fig. 4), from the records' sketches -----------
+def cross_step(res: Mapping, key: str = "sketch_rbar") -> list[dict]:
+    """Per layer and pair of checked steps (s1 < s2): the cosine, per head, of the stored sketches `key`
+    ('sketch_rbar': R̄, the mean rank-one term; 'sketch_dterm': Eq. 2's δ-term) at the two steps."""
+    from lpfail.gradient_error import sketch_cos
+
+    recs = res["gpu"]["records"]
+    if not all(key in r for r in recs):
+        raise ValueError(f"cross_step: not every GPU record has '{key}'")
+    by = {(r["step"], r["layer"]): r for r in recs}
+    steps = sorted({r["step"] for r in recs})
+    out = []
+    for layer in sorted({r["layer"] for r in recs}):
+        for i, s1 in enumerate(steps):
+            for s2 in steps[i + 1:]:
+                if (s1, layer) in by and (s2, layer) in by:
+                    a, b = by[s1, layer][key], by[s2, layer][key]
+                    out.append({"layer": layer, "s1": s1, "s2": s2,
+                                "cos": [sketch_cos(x, y) for x, y in zip(a, b)]})
+    return out
+
+
+def cross_step_summary(res: Mapping) -> dict:
+    """Medians (and ranges) over layers, step pairs and heads of the cross-step cosines of R̄ and of the δ-term,
+    and of the δ-term's cosines that are negative."""
+    out = {}
+    for key, name in (("sketch_rbar", "rbar"), ("sketch_dterm", "dterm")):
+        c = np.array([x for d in cross_step(res, key) for x in d["cos"]])
+        out[name] = {"median": float(np.median(c)), "range": (float(c.min()), float(c.max())),
+                     "n_neg": int((c < 0).sum()), "n": int(c.size)}
+    return out
+
+
+def tied_cross_figure(res: Mapping):
+    """Left: the tied rows' share of |Σ Δδ| against their fraction of the rows, every (step, layer, head) of the GPU
+    records (the diagonal: Δδ spread evenly). Right: the cosine across checked steps of R̄ and of the δ-term,
+    per layer and head (the paper's Fig. 4, across steps)."""
+    import matplotlib.pyplot as plt
+
+    recs = res["gpu"]["records"]
+    layers = sorted({r["layer"] for r in recs})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for r in recs:
+        c = colors[layers.index(r["layer"]) % len(colors)]
+        ax0.scatter(r["frac_tied"], tied_share(r), s=14, color=c,
+                    label=f"layer {r['layer']}" if r["step"] == recs[0]["step"] else None)
+    ax0.plot([0, 1], [0, 1], "k:", lw=0.7)
+    ax0.set_xlim(0, max(0.4, max(x for r in recs for x in r["frac_tied"]) * 1.1))
+    ax0.set_ylim(0, 1.02)
+    ax0.set_xlabel("fraction of rows with a tied maximum")
+    ax0.set_ylabel("tied rows' share of |Σ Δδ|")
+    ax0.set_title("do the tied rows carry Σ Δδ?", fontsize=10)
+    ax0.legend(fontsize=7)
+    for j, (key, name, dx) in enumerate((("sketch_rbar", "R̄", -0.15), ("sketch_dterm", "δ-term", 0.15))):
+        for d in cross_step(res, key):
+            x = layers.index(d["layer"]) + dx
+            ax1.scatter(np.full(len(d["cos"]), x) + np.linspace(-0.06, 0.06, len(d["cos"])), d["cos"], s=12,
+                        color=colors[j], label=name if (d["layer"], d["s1"], d["s2"]) == (layers[0], *sorted(
+                            {r["step"] for r in recs})[:2]) else None)
+    ax1.axhline(0, color="k", lw=0.6)
+    ax1.set_xticks(range(len(layers)), [f"layer {l_}" for l_ in layers])
+    ax1.set_ylim(-1.05, 1.05)
+    ax1.set_ylabel("cosine between two checked steps")
+    ax1.set_title("the same matrix at two steps (all step pairs, heads)", fontsize=10)
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# -- chapter 3's item 3: the accumulation over K real steps (res["accumulation"]) ---------------------------------
+def coherence_summary(acc: Mapping, reps: int = 2000) -> dict:
+    """Per policy of the stored accumulation: ρ_K (`lpfail.gradient_error.coherence_ratio`), ρ at the last K and
+    its growth exponent per head, the band of ρ that unbiased signs give in the widest case (`coherence_null`,
+    2.5–97.5 %), the raw exponents of ‖E_K‖ and of the random-sign sums, and ‖E_K‖ at the last K; where the
+    result holds each sign draw's norm ("norm_signs_each"), also the measured range of ρ over the draws
+    ("signs_lo", "signs_hi": (K, H))."""
+    from lpfail.gradient_error import coherence_exponent, coherence_null, coherence_ratio, coherent_ratio
+
+    if not isinstance(acc, Mapping) or not isinstance(acc.get("by_policy"), Mapping):
+        raise ValueError("coherence_summary: not an accumulation_run result (no 'by_policy')")
+    out = {}
+    for name, d in acc["by_policy"].items():
+        rho = coherence_ratio(d["norm"], d["norm_signs"])
+        lo, hi = coherence_null(d["norm_signs"], reps=reps)
+        coh = coherent_ratio(d["norm_signs"])
+        out[name] = {"rho": rho, "coherent": coh, "coherent_k": [float(x) for x in coh[-1]], "rho_k": [float(x) for x in rho[-1]], "rho_exp": coherence_exponent(rho),
+                     "null_lo": lo, "null_hi": hi, "null_k": (float(lo[-1].min()), float(hi[-1].max())),
+                     "exponent": list(d["exponent"]), "exponent_signs": list(d["exponent_signs"]),
+                     "norm_k": [float(x) for x in np.asarray(d["norm"])[-1]],
+                     "outside": [bool(r > h or r < l_) for r, l_, h in zip(rho[-1], lo[-1], hi[-1])]}
+        if "norm_signs_each" in d:  # recorded from 2026-12-01 11:30 on: the measured spread of the sign draws
+            each = np.asarray(d["norm_signs_each"], dtype=np.float64)                 # (K, n_signs, H)
+            r_each = each / np.asarray(d["norm_signs"], dtype=np.float64)[:, None, :]
+            out[name]["signs_lo"], out[name]["signs_hi"] = r_each.min(axis=1), r_each.max(axis=1)
+    return out
+
+
+COHERENCE_HEADER = ["policy", "‖E_K‖ per head", "raw exponent (random signs)", "ρ_K per head",
+                    "unbiased band of ρ_K", "ρ_K if coherent", "growth exponent of ρ per head"]
+
+
+def coherence_rows(summ: Mapping) -> list[list[str]]:
+    return [[name, ", ".join(f"{x:.3g}" for x in d["norm_k"]),
+             ", ".join(f"{a:.2f} ({b:.2f})" for a, b in zip(d["exponent"], d["exponent_signs"])),
+             ", ".join(f"{x:.2f}" for x in d["rho_k"]), f"{d['null_k'][0]:.2f} to {d['null_k'][1]:.2f}",
+             ", ".join(f"{x:.1f}" for x in d["coherent_k"]), ", ".join(f"{x:+.2f}" for x in d["rho_exp"])] for name, d in summ.items()]
+
+
+def coherence_figure(summ: Mapping, toy_k: int | None = None):
+    """ρ_K against K (log–log), one panel per policy, one line per head, the unbiased band (grey: the widest
+    over heads), the incoherent level 1, ρ_K for one shared direction with one sign at the terms' sizes
+    (dashed, mean over heads), and √K (dash-dot: the toy's K law over its √K law, equal terms)."""
+    import matplotlib.pyplot as plt
+
+    names = list(summ)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 3.2), sharey=True)
+    for ax, name in zip(np.atleast_1d(axes), names):
+        d = summ[name]
+        rho = d["rho"]
+        ks = np.arange(1, rho.shape[0] + 1)
+        ax.fill_between(ks, d["null_lo"].min(axis=1), d["null_hi"].max(axis=1), color="0.85", lw=0,
+                        label="unbiased signs (95 %)")
+        if "signs_lo" in d:
+            ax.fill_between(ks, d["signs_lo"].min(axis=1), d["signs_hi"].max(axis=1), color="0.7", lw=0,
+                            label="the stored sign draws (range)")
+        for h in range(rho.shape[1]):
+            ax.loglog(ks, rho[:, h], lw=1.0, label=f"head {h}")
+        ax.loglog(ks, d["coherent"].mean(axis=1), "k--", lw=0.9, label="one direction, one sign")
+        ax.loglog(ks, np.sqrt(ks), "k-.", lw=0.6, label="√K (the toy's law)")
+        ax.axhline(1, color="k", lw=0.6, ls=":")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("steps K")
+    np.atleast_1d(axes)[0].set_ylabel("ρ_K = ‖E_K‖ / RMS‖Σ ±t_k‖")
+    np.atleast_1d(axes)[0].set_ylim(0.02, 20)
+    np.atleast_1d(axes)[-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

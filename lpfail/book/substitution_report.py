@@ -80,7 +80,29 @@ def amendment_state(directory=None) -> dict:
     have, missing = sub.stored_for(c, directory, baselines=False)
     stored = {r: {f"{lr:g}": sum(sub.Point(r, lr, s).key in have for s in c.seeds) for lr in c.lrs} for r in c.rows}
     return {"state": state, "analysis": res["analysis"] if state == "fresh" else None, "stored": stored,
-            "n_stored": len(have), "n_runs": len(have) + len(missing), "provenance": res.provenance if res else None}
+            "n_stored": len(have), "n_runs": len(have) + len(missing), "provenance": res.provenance if res else None,
+            "n_completed": sum(r.get("status") == "completed" for r in have.values()),
+            "meta": res["parts"][0] if state == "fresh" and res["parts"] else None}
+
+
+def amendment_outcome(analysis: Mapping, c: sub.AmendmentConfig | None = None) -> dict[str, dict[str, str]]:
+    """{row: {lr: "verdict (N % of the gap closed, statistic [95 % CI])"}} of the amended rows, for the prose;
+    a missing statistic reads "pending (GPU)"."""
+    c = c or sub.AmendmentConfig()
+    out: dict = {}
+    for r in c.row_objects():
+        for lr in c.lrs:
+            d = _stat(analysis, r.name, lr)
+            if d is None:
+                txt = "pending (GPU)"
+            elif d.get("ci") is None:
+                txt = d["verdict"]
+            else:
+                fr = d.get("fraction_closed")
+                txt = (f"{d['verdict']} ({'' if fr is None else f'{fr * 100:.0f} % of the gap closed, '}"
+                       f"{interval(d)})")
+            out.setdefault(r.name, {})[f"{lr:g}"] = txt
+    return out
 
 
 def amendment_header(c: sub.AmendmentConfig | None = None) -> list[str]:
@@ -152,7 +174,8 @@ def wq_figure(lr_res, lr: float = 3.2e-2, seed: int = 0):
 
 # -- the GPU run's replay (results/substitution_gpu/replay.json) ------------------------------------------------
 REPLAY_HEADER = ["branch from the checkpoint", "first step that differs from the record", "steps trained",
-                 "mean training loss, last 100 steps of the window"]
+                 "mean training loss, first 100 steps", "mean training loss, last 100 steps",
+                 "last 100 steps − the record's"]
 
 
 def load_replay(directory=None) -> dict | None:
@@ -165,54 +188,122 @@ def load_replay(directory=None) -> dict | None:
     return json.loads(p.read_text()) if p.is_file() else None
 
 
-def replay_rows(rep: Mapping) -> list[list[str]]:
-    """One line for the replay and one per branch: where it leaves the record, how far it trained (a branch
-    stops at its first non-finite loss), its mean loss over the window's last 100 steps (or where it broke)."""
-    if "replay" not in rep or "step" not in rep:
-        raise ValueError("replay_rows: not a replay_branch result (no 'replay' or 'step')")
-    by = {r.name: r for r in sub.ALL_ROWS}
+def replay_provenance(directory=None) -> dict | None:
+    """Device, tree and date of the stored replay: its own "provenance" when it has one, else that of
+    results/substitution_gpu/accumulation.json, which tools/gpu_substitution.sh's extras write in the same
+    call right after the replay (the call of 2026-12-01, 11:04 UTC, wrote replay.json without one); None
+    when neither says."""
+    import json
+
+    from lpfail import results
+
+    rep = load_replay(directory)
+    if rep and isinstance(rep.get("provenance"), Mapping):
+        return dict(rep["provenance"])
+    p = (directory or results.results_dir()) / "substitution_gpu" / "accumulation.json"
+    if p.is_file():
+        prov = json.loads(p.read_text()).get("provenance")
+        return dict(prov, source="accumulation.json (same call)") if prov else None
+    return None
+
+
+def _branches(rep: Mapping) -> dict:
+    if not isinstance(rep, Mapping) or "replay" not in rep or "step" not in rep:
+        raise ValueError("replay: not a replay_branch result (no 'replay' or 'step')")
+    return {n: d for n, d in rep.items() if isinstance(d, Mapping) and "first_diff" in d}
+
+
+def replay_summary(rep: Mapping, last: int = 100) -> dict:
+    """The replay's window in numbers: its first and last step, the recorded run's mean training loss over the
+    window's first and last `last` steps, and per branch its first differing step, the same two means, the
+    difference of its last-`last` mean from the record's (negative: the branch's loss stays below A's), or
+    the step of its first non-finite loss. "below": the branches whose difference is < 0."""
+    br = _branches(rep)
     step = int(rep["step"])
+    base = np.asarray(rep["replay"]["losses"], dtype=np.float64)
+    if len(base) < 2 * last or not np.isfinite(base).all():
+        raise ValueError(f"replay_summary: the replay needs >= {2 * last} finite losses (got {len(base)})")
+    ref_first, ref_last = float(base[:last].mean()), float(base[-last:].mean())
+    out = {"start": step, "end": step + len(base), "last": last, "equal": bool(rep["replay"]["equal"]),
+           "record_first": ref_first, "record_last": ref_last, "branches": {}}
+    for name, d in br.items():
+        x = np.asarray(d["losses"], dtype=np.float64)
+        bad = np.nonzero(~np.isfinite(x))[0]
+        e = {"first_diff": d["first_diff"], "steps": len(x)}
+        if bad.size or len(x) < len(base):
+            e["nonfinite_step"] = step + (int(bad[0]) if bad.size else len(x))
+        else:
+            e.update(first=float(x[:last].mean()), last_mean=float(x[-last:].mean()),
+                     diff=float(x[-last:].mean() - ref_last))
+        out["branches"][name] = e
+    out["below"] = [n for n, e in out["branches"].items() if e.get("diff", 0.0) < 0]
+    diffs = [e["diff"] for e in out["branches"].values() if "diff" in e]
+    out["diff_range"] = (min(diffs), max(diffs)) if diffs else None
+    return out
 
-    def tail(losses):
-        x = np.asarray(losses, dtype=np.float64)
-        if not np.isfinite(x).all() or len(x) < 100:
-            bad = np.nonzero(~np.isfinite(x))[0]
-            where = step + int(bad[0]) if bad.size else step + len(x)
-            return f"non-finite at step {where}"
-        return f"{x[-100:].mean():.4f}"
 
-    rows = [["replay (no change)", "none: bit-exact" if rep["replay"]["equal"] else "DIFFERS",
-             str(len(rep["replay"]["losses"])), tail(rep["replay"]["losses"])]]
-    for name, d in rep.items():
-        if not isinstance(d, Mapping) or "first_diff" not in d:
-            continue
+def replay_rows(rep: Mapping, last: int = 100) -> list[list[str]]:
+    """One line for the replay and one per branch: where it leaves the record, how far it trained (a branch
+    stops at its first non-finite loss), its mean loss over the window's first and last `last` steps, and the
+    last mean's difference from the record's."""
+    by = {r.name: r for r in sub.ALL_ROWS}
+    sm = replay_summary(rep, last)
+    rows = [["replay (no change)", "none: bit-exact" if sm["equal"] else "DIFFERS",
+             str(len(rep["replay"]["losses"])), f"{sm['record_first']:.4f}", f"{sm['record_last']:.4f}", "0"]]
+    for name, e in sm["branches"].items():
         label = by[name].label if name in by else name
-        rows.append([f"{name}: {label}", "never" if d["first_diff"] is None else str(d["first_diff"]),
-                     str(len(d["losses"])), tail(d["losses"])])
+        where = "never" if e["first_diff"] is None else str(e["first_diff"])
+        if "nonfinite_step" in e:
+            rows.append([f"{name}: {label}", where, str(e["steps"]), "—", f"non-finite at step {e['nonfinite_step']}",
+                         "—"])
+        else:
+            rows.append([f"{name}: {label}", where, str(e["steps"]), f"{e['first']:.4f}", f"{e['last_mean']:.4f}",
+                         f"{e['diff']:+.4f}"])
     return rows
 
 
-def replay_figure(rep: Mapping, smooth: int = 20):
-    """Training loss of the replay and of each branch from the checkpoint (running mean over `smooth` steps)."""
+def replay_figure(rep: Mapping, smooth: int = 20, departure: tuple[int, int] | None = None):
+    """Top: training loss of the replay (= the recorded run) and of each branch from the checkpoint (running mean
+    over `smooth` steps). Bottom: each branch's difference from the record (same running mean). Grey: the
+    interval between the held-out evaluations where A's loss leaves C's (`departure`), when given."""
     import matplotlib.pyplot as plt
 
+    br = _branches(rep)
     step = int(rep["step"])
-    fig, ax = plt.subplots(figsize=(7.0, 3.4))
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(7.5, 5.6), sharex=True, height_ratios=(3, 2))
     kern = np.ones(smooth) / smooth
-    series = [("replay (= the recorded run)", rep["replay"]["losses"])] + [
-        (n, d["losses"]) for n, d in rep.items() if isinstance(d, Mapping) and "first_diff" in d]
-    for name, losses in series:
-        x = np.asarray(losses, dtype=np.float64)
-        if len(x) < smooth or not np.isfinite(x).all():
+    base = np.asarray(rep["replay"]["losses"], dtype=np.float64)
+    yb = np.convolve(base, kern, mode="valid")
+    xs = step + smooth - 1 + np.arange(len(yb))
+    ax0.plot(xs, yb, lw=2.2, color="k", label="replay (= the recorded run)")
+    for name, d in br.items():
+        x = np.asarray(d["losses"], dtype=np.float64)
+        if len(x) != len(base) or not np.isfinite(x).all():
             continue
         y = np.convolve(x, kern, mode="valid")
-        ax.plot(step + smooth - 1 + np.arange(len(y)), y, lw=2.0 if name.startswith("replay") else 1.0,
-                color="k" if name.startswith("replay") else None, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"training loss (mean of {smooth})")
-    ax.legend(fontsize=7, ncol=2)
+        line, = ax0.plot(xs, y, lw=1.0, label=name)
+        ax1.plot(xs, y - yb, lw=1.0, color=line.get_color())
+    ax1.axhline(0, color="k", lw=1.2)
+    for ax in (ax0, ax1):
+        if departure:
+            ax.axvspan(*departure, color="0.9", lw=0, zorder=0)
+    ax0.set_ylabel(f"training loss (mean of {smooth})")
+    ax1.set_ylabel("branch − record")
+    ax1.set_xlabel("step")
+    ax0.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
+
+
+def heldout(have: Mapping, steps, lr: float = 3.2e-2, seed: int = 0) -> dict[str, list[float | None]]:
+    """lr_sweep's held-out losses of A and C at (lr, seed) at the given evaluation steps (None where not
+    evaluated; a missing run raises KeyError)."""
+    out = {}
+    for v in ("A", "C"):
+        r = have[sub.Point(v, lr, seed).key]
+        at = dict(zip(list(r["val_step"]), list(r["val_loss"])))
+        out[v] = [float(at[s]) if s in at else None for s in steps]
+    return out
 
 
 # -- why the FP32-score rows broke: a BF16 max (or stored m) under FP32 scores -------------------------------------

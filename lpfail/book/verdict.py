@@ -656,6 +656,24 @@ def judge_through_delta(res: Mapping) -> Verdict:
                    "The lr_sweep proxy's final held-out loss stands in for the paper's loss explosion; 3 seeds.")
 
 
+def _accumulation_evidence(acc: Mapping | None) -> str:
+    """C2's evidence beside its rule (the rule does not read it): the coherence ratio ρ_K of Eq. 2's δ-term
+    accumulated over K real steps of A (`lpfail.book.gradient_report.coherence_summary`), its range over
+    policies and heads at the last K, the unbiased band, and the heads outside that band. "" without it."""
+    if not acc:
+        return ""
+    from lpfail.book.gradient_report import coherence_summary
+
+    s = coherence_summary(acc, reps=1000)
+    rk = [x for d in s.values() for x in d["rho_k"]]
+    band = [b for d in s.values() for b in d["null_k"]]
+    out = [f"{n} head {h}" for n, d in s.items() for h, o in enumerate(d["outside"]) if o]
+    return (f" Accumulated over {acc['k']} consecutive steps of A's run (layer {acc['layer']}; "
+            f"{', '.join(s)}), the coherence ratio ρ_K = ‖E_K‖ / RMS‖Σ ±t_k‖ is {min(rk):.2f} to {max(rk):.2f} "
+            f"(unbiased signs: {min(band):.2f} to {max(band):.2f}); outside that band: "
+            f"{', '.join(out) if out else 'none'}.")
+
+
 def judge_gradient_error(res: Mapping) -> Verdict:
     """C2. Contradicted when Eq. 1–2 do not match autograd on our tensors (the derivation would be wrong).
     With GPU records of a real A run (``res["gpu"]``): reproduced when the checks pass, the median cosine of the
@@ -689,6 +707,7 @@ def judge_gradient_error(res: Mapping) -> Verdict:
         plain = (f"On A's GPU checkpoints{on}: checks {'pass' if ok else 'FAIL'}{err}; median cosine of the "
                  f"rank-one terms {cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked "
                  f"step: {pos}.")
+        plain += _accumulation_evidence(res.get("accumulation"))
     return Verdict("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
                          "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
                    v, f"{cpu} {plain} See {{doc}}`03_gradient_error`; {_prov(res)}.",

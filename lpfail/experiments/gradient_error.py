@@ -217,7 +217,8 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
     (`lpfail.gradient_error.delta_term`, per head) to a running sum E_K, on the *same* tensors, so that only
     the arithmetic of δ differs. Beside it, `n_signs` sums of the same terms with random signs (seeded): what
     the same terms give when their signs carry no bias (∝ √K). Returns per policy the norms ‖E_K‖ per head and
-    K, the sign-randomized RMS norms, Σ Δδ per step and head, and the fitted exponents (log‖E‖ vs log K after
+    K, the sign-randomized RMS norms (and each sign draw's norm, "norm_signs_each": K × n_signs × H), Σ Δδ per
+    step and head, and the fitted exponents (log‖E‖ vs log K after
     the first tenth): ≈ 1 when biased, ≈ ½ when not."""
     from lpfail.train import _rows, checkpoint_path, load_batch_record, load_config, load_tokens, read_log, \
         split_validation, train, window_config
@@ -241,7 +242,7 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
     g = torch.Generator().manual_seed(0)
     acc: dict = {n: None for n in policies}
     signed: dict = {n: None for n in policies}
-    out = {n: {"norm": [], "norm_signs": [], "sum_dd": []} for n in policies}
+    out = {n: {"norm": [], "norm_signs": [], "norm_signs_each": [], "sum_dd": []} for n in policies}
     amp = (torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
            if cfg.autocast == "bf16" else torch.autocast(device_type="cpu", enabled=False))
 
@@ -259,8 +260,9 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
             st = signs.view(-1, 1, 1, 1) * t
             signed[name] = st if signed[name] is None else signed[name] + st
             out[name]["norm"].append([float(v) for v in acc[name].flatten(1).norm(dim=1)])
-            out[name]["norm_signs"].append([float(v) for v in signed[name].flatten(2).norm(dim=2).pow(2)
-                                            .mean(0).sqrt()])
+            each = signed[name].flatten(2).norm(dim=2)                                   # (n_signs, H)
+            out[name]["norm_signs"].append([float(v) for v in each.pow(2).mean(0).sqrt()])
+            out[name]["norm_signs_each"].append(each.tolist())  # for the spread of ρ under random signs
             out[name]["sum_dd"].append(r["sum_dd"])
 
 
