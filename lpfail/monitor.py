@@ -129,7 +129,9 @@ def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: 
     Few passes over the (H, Tq, Tk) scores, each exact: the BF16 row maximum is the BF16 rounding of the FP32
     row maximum (rounding is monotone), entries equal to a finite maximum are finite, and a row whose maximum
     is finite has an allowed key; so one FP32 `amax` over the rows serves both statistics, and the maximum
-    over the finite entries (the max logit) needs one more pass only to drop NaN and +∞ entries."""
+    over the finite entries (the max logit) needs one more pass only to drop NaN and +∞ entries. A scale α
+    that is a power of two multiplies q instead of the scores: the same FP32 numbers (scaling by 2^j is
+    exact), except for products in FP32's subnormal range (below ≈ 1e-38, far from any logit that matters)."""
     q = call.q.detach()
     k, _ = call.kv_for_heads()
     k = k.detach()
@@ -150,10 +152,15 @@ def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: 
         banned = None if allowed is None else ~allowed
     max_logit = tied = None
     rows = 0
+    alpha = call.alpha
+    pow2 = alpha > 0 and math.frexp(alpha)[0] == 0.5  # 1/√64 = 2⁻³: GPT-2's head size
     with _no_autocast(q.device):
         for b in range(nb):
-            s = q[b].float() @ k[b].float().transpose(-1, -2)                 # (H, Tq, Tk) FP32
-            s.mul_(call.alpha)
+            if pow2:  # α = 2^j scales exactly: folded into q, one pass over the scores fewer
+                s = (q[b].float() * alpha) @ k[b].float().transpose(-1, -2)   # (H, Tq, Tk) FP32
+            else:
+                s = q[b].float() @ k[b].float().transpose(-1, -2)
+                s.mul_(alpha)
             if banned is not None:
                 bn = banned if banned.dim() == 2 else \
                     torch.broadcast_to(banned, (q.shape[0], nh, tq, tk))[b]
