@@ -462,15 +462,17 @@ def test_sampled_step_cost_does_not_grow_with_the_layers():
 
 
 def test_lambda_max_on_gpt2_shaped_weights():
-    # all 144 heads of GPT-2 small in one batch, as on a sampled step; 1e-6 relative against LAPACK / SVD
+    # GPT-2-small heads (64 × 768; 2 layers of 12, to keep the test quick on a CPU) in one batch, as on a
+    # sampled step; 1e-6 relative against an SVD
     from lpfail.monitor import _qk_norms_device
     g = torch.Generator().manual_seed(4)
-    wq = torch.randn(12, 12, 64, 768, generator=g) * 0.02
-    wk = torch.randn(12, 12, 64, 768, generator=g) * 0.02
-    wq[0, 0, 1] = wq[0, 0, 0] * 1.0000001 + 1e-9               # nearly tied top singular values
+    wq = torch.randn(2, 12, 64, 768, generator=g) * 0.02
+    wk = torch.randn(2, 12, 64, 768, generator=g) * 0.02
+    wq[0, 0, 1] = wq[0, 0, 0] * 1.0000001 + 1e-9               # a nearly repeated row: one dominant σ
     dev, host = _qk_norms_device(wq, wk, host_linalg=False), _qk_norms_device(wq, wk, host_linalg=True)
-    ref_q = torch.linalg.matrix_norm(wq.double(), ord=2)
-    ref_qk = torch.linalg.svdvals(wq.double().transpose(-1, -2) @ wk.double())[..., 0]
+    ref_q = torch.linalg.svdvals(wq.double())[..., 0]
+    r_q, r_k = (torch.linalg.qr(w.double().transpose(-1, -2))[1] for w in (wq, wk))  # Wᵀ = Q R (thin)
+    ref_qk = torch.linalg.svdvals(r_q @ r_k.transpose(-1, -2))[..., 0]  # W_Qᵀ W_K = Q_q (R_q R_kᵀ) Q_kᵀ
     for got in (dev, host):
         assert torch.allclose(got[0], ref_q, rtol=1e-6, atol=0) and torch.allclose(got[1], ref_qk, rtol=1e-6, atol=0)
 
@@ -509,3 +511,17 @@ def test_layers_of_different_shapes_are_batched_per_shape():
         assert len(rec["wq"][i]) == layout[i]
         ent = spectral_entropy((wq - before[i]).transpose(-1, -2))
         assert np.allclose(rec["update_entropy"][i], ent, rtol=1e-12)
+
+
+def test_lambda_max_near_tied_top_eigenvalues():
+    # the squarings converge slowest when λ₂ is just below λ₁: 16 squarings (before 2026-12-01 12:00) were
+    # off by ≈ 6e-6 at a relative gap of 1e-5; the default must stay within 1e-6 for every gap
+    from lpfail.monitor import _lambda_max
+    g = torch.Generator().manual_seed(6)
+    n = 64
+    for gap in (1e-3, 1e-4, 3e-5, 1e-5, 3e-6, 1e-6, 3e-7):
+        q, _ = torch.linalg.qr(torch.randn(20, n, n, generator=g, dtype=torch.float64))
+        lam = torch.rand(20, n, generator=g, dtype=torch.float64) * 0.9
+        lam[:, 0], lam[:, 1] = 2.0, 2.0 * (1 - gap)
+        m = q @ torch.diag_embed(lam) @ q.transpose(-1, -2)
+        assert torch.allclose(_lambda_max(m), torch.full((20,), 2.0, dtype=torch.float64), rtol=1e-6, atol=0), gap
