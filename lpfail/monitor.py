@@ -29,9 +29,12 @@ autocast off, draws no random numbers and passes every SDPA call through unchang
 checks bit-identical losses, also under autocast). Its cost is confined to sampled steps: the interceptor
 mode is entered by a forward pre-hook of the model on sampled steps only and left by its forward hook, so an
 unsampled step runs no monitor code but two hook calls; on a sampled step the logit statistics stay on the
-device until `step()`; the norms come from hs × hs Gram matrices on the device (batched matmuls, no SVD),
-and the update's spectral entropy, every `window` steps, from the eigenvalues of those Gram matrices taken
-on the host in float64. On a sampled step where neither source yields anything it raises
+device until `step()`; the norms come from hs × hs Gram matrices on the device (batched matmuls, no SVD;
+all layers in one batch), and the update's spectral entropy, every `window` steps, from the eigenvalues of
+those Gram matrices taken on the host in float64. A sampled step costs a number of device operations that
+does not grow with the depth, beyond ≈ 20 per attention call in the forward, and one copy to the host
+(tools/monitor_op_count.py counts them; GPT-2 small: ≈ 350 ops and 1 copy, against ≈ 2 400 and 36 before
+2026-12-01 12:00, whose sampled steps cost ≈ 70-90 ms on an H200). On a sampled step where neither source yields anything it raises
 `MonitorError`, naming what it looked for, instead of monitoring nothing.
 
 Thresholds (`Thresholds`) turn statistics into alerts: a warning (`MonitorWarning`, through ``warnings``),

@@ -525,3 +525,34 @@ def test_lambda_max_near_tied_top_eigenvalues():
         lam[:, 0], lam[:, 1] = 2.0, 2.0 * (1 - gap)
         m = q @ torch.diag_embed(lam) @ q.transpose(-1, -2)
         assert torch.allclose(_lambda_max(m), torch.full((20,), 2.0, dtype=torch.float64), rtol=1e-6, atol=0), gap
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_records_agree_with_the_host_linear_algebra():
+    # the accelerator path (squarings, one copy) against LAPACK on a CPU copy of the same weights; the
+    # logit statistics against the same computation on the CPU
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=128, n_layer=3, n_head=4, n_embd=64)).cuda()
+    idx = torch.randint(0, 128, (2, 65), device="cuda")
+    calls = []
+    with Monitor(model, every=1, window=1) as mon, warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorWarning)
+        model(idx[:, :-1], idx[:, 1:])
+        mon.step()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 1e-3)
+        orig = mon._on_sdpa
+        mon._on_sdpa = lambda call, original: (calls.append(call), orig(call, original))[1]
+        model(idx[:, :-1], idx[:, 1:])
+        rec = mon.step()
+    from lpfail.monitor import qk_norms
+    for i, src in enumerate(mon.qk):
+        wq, wk = (w.cpu() for w in src.get())
+        n_q, n_qk = qk_norms(wq, wk)
+        assert np.allclose(rec["wq"][i], n_q, rtol=1e-6, atol=0) and np.allclose(rec["wqk"][i], n_qk, rtol=1e-6)
+    assert all(math.isfinite(v) for row in rec["update_entropy"] for v in row)
+    for i, call in enumerate(calls):
+        cpu = parse_call(0, (call.q.cpu(), call.k.cpu(), call.v.cpu()), {"is_causal": call.is_causal})
+        mx, _, rows = attention_logit_stats(cpu)
+        assert np.allclose(rec["max_logit"][i], mx, rtol=1e-5) and rec["rows"][i] == rows
