@@ -556,3 +556,31 @@ def test_on_cuda_the_records_agree_with_the_host_linear_algebra():
         cpu = parse_call(0, (call.q.cpu(), call.k.cpu(), call.v.cpu()), {"is_causal": call.is_causal})
         mx, _, rows = attention_logit_stats(cpu)
         assert np.allclose(rec["max_logit"][i], mx, rtol=1e-5) and rec["rows"][i] == rows
+
+
+class MaskedSDPA(PackedSDPA):
+    """SDPA with an explicit boolean mask (causal, and the first two queries see nothing but key 0)."""
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (x @ self.w).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask[:2, :] = False
+        mask[:2, 0] = True
+        mask[5] = False                                         # query 5: no allowed key, not a row
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.nan_to_num().transpose(1, 2).reshape(B, T, C)
+
+
+def test_an_explicit_mask_is_not_read_during_the_forward():
+    # the rows of an explicit mask are counted on the device and read with everything else in step()
+    torch.manual_seed(0)
+    model = Toy(MaskedSDPA)
+    idx = torch.randint(0, 32, (2, 12))
+    with Monitor(model, every=1, window=1) as mon, torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorWarning)
+        with _HostReads() as reads:
+            model(idx, idx)
+        rec = mon.step()
+    assert reads.n == 0 and rec["rows"] == [11, 11] and all(isinstance(r, int) for r in rec["rows"])
