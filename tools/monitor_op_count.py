@@ -15,7 +15,6 @@ import argparse
 import collections
 import importlib
 import json
-import sys
 import warnings
 
 import torch
