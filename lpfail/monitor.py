@@ -29,9 +29,12 @@ autocast off, draws no random numbers and passes every SDPA call through unchang
 checks bit-identical losses, also under autocast). Its cost is confined to sampled steps: the interceptor
 mode is entered by a forward pre-hook of the model on sampled steps only and left by its forward hook, so an
 unsampled step runs no monitor code but two hook calls; on a sampled step the logit statistics stay on the
-device until `step()`; the norms come from hs × hs Gram matrices on the device (batched matmuls, no SVD),
-and the update's spectral entropy, every `window` steps, from the eigenvalues of those Gram matrices taken
-on the host in float64. On a sampled step where neither source yields anything it raises
+device until `step()`; the norms come from hs × hs Gram matrices on the device (batched matmuls, no SVD;
+all layers in one batch), and the update's spectral entropy, every `window` steps, from the eigenvalues of
+those Gram matrices taken on the host in float64. A sampled step costs a number of device operations that
+does not grow with the depth, beyond ≈ 20 per attention call in the forward, and one copy to the host
+(tools/monitor_op_count.py counts them; GPT-2 small: ≈ 350 ops and 1 copy, against ≈ 2 400 and 36 before
+2026-12-01 12:00, whose sampled steps cost ≈ 70-90 ms on an H200). On a sampled step where neither source yields anything it raises
 `MonitorError`, naming what it looked for, instead of monitoring nothing.
 
 Thresholds (`Thresholds`) turn statistics into alerts: a warning (`MonitorWarning`, through ``warnings``),
@@ -44,7 +47,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -118,9 +123,18 @@ def _no_autocast(device: torch.device):
 
 
 @torch.no_grad()
-def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: int):
-    """(max logit per head, tied rows per head) as tensors on the call's device, and the rows per head (int):
-    nothing is copied to the host, so the forward does not wait for the device."""
+def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: int,
+                        masks: dict | None = None):
+    """(max logit per head, tied rows per head) as float64 tensors on the call's device, and the rows per head
+    (an int, or a 0-d device tensor when an explicit mask decides them): nothing is copied to the host, so the
+    forward does not wait for the device. `masks` caches the causal mask between calls (key: shape, device).
+
+    Few passes over the (H, Tq, Tk) scores, each exact: the BF16 row maximum is the BF16 rounding of the FP32
+    row maximum (rounding is monotone), entries equal to a finite maximum are finite, and a row whose maximum
+    is finite has an allowed key; so one FP32 `amax` over the rows serves both statistics, and the maximum
+    over the finite entries (the max logit) needs one more pass only to drop NaN and +∞ entries. A scale α
+    that is a power of two multiplies q instead of the scores: the same FP32 numbers (scaling by 2^j is
+    exact), except for products in FP32's subnormal range (below ≈ 1e-38, far from any logit that matters)."""
     q = call.q.detach()
     k, _ = call.kv_for_heads()
     k = k.detach()
@@ -128,38 +142,57 @@ def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: 
         raise MonitorError(f"expected 4-D (batch, heads, seq, head_dim) q in scaled_dot_product_attention, got "
                            f"shape {tuple(q.shape)}")
     nb = min(sample_batch, q.shape[0])
-    allowed = call.allowed()
-    nh = q.shape[1]
-    max_logit = torch.full((nh,), -math.inf, dtype=torch.float64, device=q.device)
-    tied = torch.zeros(nh, dtype=torch.int64, device=q.device)
+    nh, tq, tk = q.shape[1], q.shape[-2], k.shape[-2]
+    if call.attn_mask is None and call.is_causal:  # the common case: one cached (Tq, Tk) mask
+        key = (tq, tk, q.device)
+        banned = masks.get(key) if masks is not None else None
+        if banned is None:
+            banned = torch.ones(tq, tk, dtype=torch.bool, device=q.device).triu_(1)
+            if masks is not None:
+                masks[key] = banned
+    else:
+        allowed = call.allowed()
+        banned = None if allowed is None else ~allowed
+    max_logit = tied = None
     rows = 0
+    alpha = call.alpha
+    pow2 = alpha > 0 and math.frexp(alpha)[0] == 0.5  # 1/√64 = 2⁻³: GPT-2's head size
     with _no_autocast(q.device):
         for b in range(nb):
-            s = (q[b].float() @ k[b].float().transpose(-1, -2)) * call.alpha  # (H, Tq, Tk) FP32
-            if allowed is not None:
-                a = allowed if allowed.dim() == 2 else allowed.expand(q.shape[0], nh, *s.shape[-2:])[b]
-                a = torch.broadcast_to(a, s.shape)
-                s = s.masked_fill(~a, -math.inf)
-            live = torch.isfinite(s).any(dim=-1)                              # (H, Tq) rows with a key
-            sr = s.to(score_dtype)                                            # cast: the scores' dtype
-            row_max = sr.amax(dim=-1, keepdim=True)                           # (H, Tq, 1)
-            n_at_max = ((sr == row_max) & torch.isfinite(sr)).sum(dim=-1)    # (H, Tq)
-            tied += ((n_at_max >= 2) & live).sum(dim=-1)
-            mx = s.masked_fill(~torch.isfinite(s), -math.inf).amax(dim=(-1, -2)).double()
-            max_logit = torch.maximum(max_logit, mx)
-            rows += _live_rows(call, b)
-    return max_logit, tied, rows
+            if pow2:  # α = 2^j scales exactly: folded into q, one pass over the scores fewer
+                s = (q[b].float() * alpha) @ k[b].float().transpose(-1, -2)   # (H, Tq, Tk) FP32
+            else:
+                s = q[b].float() @ k[b].float().transpose(-1, -2)
+                s.mul_(alpha)
+            if banned is not None:
+                bn = banned if banned.dim() == 2 else \
+                    torch.broadcast_to(banned, (q.shape[0], nh, tq, tk))[b]
+                s.masked_fill_(bn, -math.inf)
+            row_max = s.amax(dim=-1, keepdim=True)                            # (H, Tq, 1), NaN if any NaN
+            rm = row_max.to(score_dtype)                                      # = max of the rounded row
+            n_at_max = (s.to(score_dtype) == rm).sum(dim=-1)                  # (H, Tq)
+            n_at_max.masked_fill_(~torch.isfinite(rm[..., 0]), 0)
+            t = (n_at_max >= 2).sum(dim=-1)
+            mx = s.nan_to_num_(nan=-math.inf, posinf=-math.inf, neginf=-math.inf).amax(dim=(-1, -2)).double()
+            max_logit = mx if max_logit is None else torch.maximum(max_logit, mx)
+            tied = t if tied is None else tied + t
+            rows = rows + _live_rows(call, b)
+    if max_logit is None:  # an empty batch
+        max_logit = torch.full((nh,), -math.inf, dtype=torch.float64, device=q.device)
+        tied = torch.zeros(nh, dtype=torch.int64, device=q.device)
+    return max_logit, tied.double(), rows
 
 
 def _live_rows(call: SDPACall, b: int) -> int:
-    """Query rows of sequence b (head 0) with at least one allowed key, from the mask alone (computed on the
-    host when the mask is only causal, so that no device value has to be read during the forward)."""
+    """Query rows of sequence b (head 0) with at least one allowed key, from the mask alone: an int computed on
+    the host when the mask is only causal, else a 0-d tensor on the mask's device (never read during the
+    forward)."""
     tq, tk = call.q.shape[-2], call.k.shape[-2]
     if call.attn_mask is None:
         return tq if tk > 0 else 0  # no mask, or causal (top-left: every row sees key 0)
     a = call.allowed()
     a = a if a.dim() == 2 else torch.broadcast_to(a, (*call.q.shape[:2], tq, tk))[b, 0]
-    return int(a.any(dim=-1).sum())
+    return a.any(dim=-1).sum()  # a 0-d tensor on the mask's device, read at step() with everything else
 
 
 @torch.no_grad()
@@ -170,7 +203,7 @@ def attention_logit_stats(call: SDPACall, score_dtype: torch.dtype = torch.bfloa
     tied when ≥ 2 allowed keys attain its maximum after S is rounded to `score_dtype`; rows with no allowed
     key are skipped."""
     mx, tied, rows = _logit_stats_device(call, score_dtype, sample_batch)
-    return mx.cpu().numpy(), tied.cpu().numpy(), rows
+    return mx.cpu().numpy(), tied.cpu().numpy().astype(np.int64), int(rows)
 
 
 def _gram(w: torch.Tensor) -> torch.Tensor:
@@ -181,11 +214,25 @@ def _gram(w: torch.Tensor) -> torch.Tensor:
         return x @ x.transpose(-1, -2) if x.shape[-2] <= x.shape[-1] else x.transpose(-1, -2) @ x
 
 
+_EIGVALSH_CHUNK = 16  # matrices per host thread in `_sq_singular_values`
+
+
 def _sq_singular_values(gram: torch.Tensor) -> torch.Tensor:
     """σ_i² (ascending, clipped at 0) from Gram matrices, on the host in float64 (LAPACK): the monitor's
     linear algebra never runs a device SVD (on 2026-12-01 a CUDA SVD of 144 matrices of 768 × 768 per
     sampled step made those steps about 14 s long on GPT-2 small)."""
-    return torch.linalg.eigvalsh(gram.detach().to("cpu", torch.float64)).clamp_min(0.0)
+    g = gram.detach()
+    g = g if g.device.type == "cpu" and g.dtype == torch.float64 else g.to("cpu", torch.float64)
+    flat = g.reshape(-1, *g.shape[-2:])
+    workers = min(len(flat) // _EIGVALSH_CHUNK, os.cpu_count() or 1, 16)
+    if workers <= 1:
+        return torch.linalg.eigvalsh(g).clamp_min(0.0)
+    # torch's batched eigvalsh runs the matrices one after another (≈ 0.2 ms each for 64 × 64: ≈ 30 ms for
+    # GPT-2 small's 144 heads); LAPACK releases the GIL, so threads share the batch. Same LAPACK call per
+    # matrix: the same values as one batched call.
+    with ThreadPoolExecutor(workers) as ex:
+        parts = list(ex.map(torch.linalg.eigvalsh, flat.chunk(workers)))
+    return torch.cat(parts).reshape(*g.shape[:-1]).clamp_min(0.0)
 
 
 @torch.no_grad()
@@ -193,7 +240,13 @@ def spectral_entropy(dw: torch.Tensor) -> np.ndarray:
     """Normalised spectral entropy of each matrix in `dw` (…, m, n): p_i = σ_i² / Σσ_j², −Σ p log p / log r,
     r = min(m, n); NaN for a zero matrix (no update) or r = 1. σ_i² are the eigenvalues of the r × r Gram
     matrix (float64, on the host)."""
-    e = _sq_singular_values(_gram(dw))                                        # (…, r)
+    return _entropy_from_gram(_gram(dw))
+
+
+def _entropy_from_gram(gram: torch.Tensor) -> np.ndarray:
+    """`spectral_entropy` from the (…, r, r) Gram matrices of the updates (any device; eigenvalues on the
+    host)."""
+    e = _sq_singular_values(gram)                                             # (…, r)
     r = e.shape[-1]
     tot = e.sum(dim=-1, keepdim=True)
     p = e / torch.where(tot > 0, tot, torch.ones_like(tot))
@@ -283,44 +336,68 @@ def find_qk(model: nn.Module, n_head: int | None = None) -> list[QKWeights]:
 
 
 @torch.no_grad()
-def _lambda_max(m: torch.Tensor, squarings: int = 16) -> torch.Tensor:
+def _lambda_max(m: torch.Tensor, squarings: int = 20) -> torch.Tensor:
     """The largest eigenvalue of each matrix in m (…, n, n), float64, whose eigenvalues are real and ≥ 0 (a
     Gram matrix, or a product of two): m is squared `squarings` times (normalised each time), which leaves
     ≈ the projector on the top eigenvector (components of the others shrink like (λ₂/λ₁)^(2^squarings)), and
     λ₁ = ‖m x‖ / ‖x‖ for its largest column x. Batched matmuls only, on m's device: no eigensolver, no SVD,
-    no copy to the host."""
-    scale = torch.linalg.matrix_norm(m).clamp_min(torch.finfo(m.dtype).tiny)[..., None, None]
-    a = m / scale
+    no copy to the host. The error is largest when λ₂ is just below λ₁ (the relative gap near 1/2^squarings)
+    and vanishes when the gap is large or zero: measured on 64 × 64 matrices, ≤ 6e-6 relative with 16
+    squarings (gap 1e-5), ≤ 2.1e-7 with 20 (gap 1e-6) — hence 20 (tests/test_monitor.py).
+    About 4 ops a squaring whatever the batch, so callers batch all their matrices into one call (on a
+    GPU each op is a kernel launch: the count, not the FLOPs, is the cost)."""
+    tiny = torch.finfo(m.dtype).tiny
+    scale = torch.linalg.vector_norm(m, dim=(-2, -1), keepdim=True)
+    a = m / scale.clamp_min(tiny)
     for _ in range(squarings):
         a = a @ a
-        a = a / torch.linalg.matrix_norm(a).clamp_min(torch.finfo(m.dtype).tiny)[..., None, None]
+        a = a / torch.linalg.vector_norm(a, dim=(-2, -1), keepdim=True).clamp_min_(tiny)
     cols = a.norm(dim=-2)                                                     # (…, n)
     x = torch.gather(a, -1, cols.argmax(dim=-1)[..., None, None].expand(*a.shape[:-1], 1))  # (…, n, 1)
-    lam = (m @ x).norm(dim=(-2, -1)) / x.norm(dim=(-2, -1)).clamp_min(torch.finfo(m.dtype).tiny)
-    return torch.where(scale[..., 0, 0] > torch.finfo(m.dtype).tiny, lam, torch.zeros_like(lam))
+    lam = (m @ x).norm(dim=(-2, -1)) / x.norm(dim=(-2, -1)).clamp_min(tiny)
+    return lam.masked_fill_(scale[..., 0, 0] <= tiny, 0.0)
+
+
+def _host_linalg(device: torch.device) -> bool:
+    """Whether the Q/K norms are taken by LAPACK (on a CPU: quicker there than the squarings, and exact) or by
+    `_lambda_max` (on an accelerator: no device eigensolver, and nothing read back but the result)."""
+    return device.type == "cpu"
 
 
 @torch.no_grad()
-def qk_norms(wq: torch.Tensor, wk: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Per head ‖W_Q^h‖₂ and ‖W_Q^hᵀ W_K^h‖₂ (the C × C bilinear form x W_Q^hᵀ W_K^h yᵀ whose entries are the raw
-    logits), wq (H, hs, C), wk (Hkv, hs, C). Both from hs × hs Gram matrices G_Q = W_Q W_Qᵀ, G_K = W_K W_Kᵀ in
-    float64 on the weights' device: ‖W_Q‖₂² = λ_max(G_Q) and ‖W_Qᵀ W_K‖₂² = λ_max(G_Q G_K) (the nonzero
-    eigenvalues of W_Kᵀ G_Q W_K): on a CPU by LAPACK's eigh, on an accelerator by `_lambda_max` (batched
-    matmuls; no device eigensolver or SVD); no C × C matrix, one small copy to the host."""
-    h, hk = wq.shape[0], wk.shape[0]
-    wk = wk.repeat_interleave(h // hk, dim=0) if hk != h else wk
+def _qk_norms_device(wq: torch.Tensor, wk: torch.Tensor, host_linalg: bool | None = None) -> torch.Tensor:
+    """(2, …, H) float64 on the weights' device: ‖W_Q^h‖₂ and ‖W_Q^hᵀ W_K^h‖₂ for wq (…, H, hs, C), wk
+    (…, Hkv, hs, C) — any leading dims, so all layers of a model go in one call. No copy to the host.
+    `host_linalg` None: LAPACK on a CPU, `_lambda_max` elsewhere (see `qk_norms`)."""
+    h, hk = wq.shape[-3], wk.shape[-3]
+    if hk != h:
+        if h % hk:
+            raise MonitorError(f"query heads ({h}) must be a multiple of key heads ({hk})")
+        wk = wk.repeat_interleave(h // hk, dim=-3)
+    if host_linalg is None:
+        host_linalg = _host_linalg(wq.device)
     with _no_autocast(wq.device):
         q, k = wq.detach().double(), wk.detach().double()
-        gq = q @ q.transpose(-1, -2)                                          # (H, hs, hs)
+        gq = q @ q.transpose(-1, -2)                                          # (…, H, hs, hs)
         gk = k @ k.transpose(-1, -2)
-        if gq.device.type == "cpu":  # LAPACK is quicker than the squarings for small matrices on a CPU
+        if host_linalg:
             lam, u = torch.linalg.eigh(gq)
             root = (u * lam.clamp_min(0.0).sqrt()[..., None, :]) @ u.transpose(-1, -2)  # G_Q^½
             m = root @ gk @ root                                               # same spectrum as G_Q G_K
             both = torch.stack([lam[..., -1], torch.linalg.eigvalsh((m + m.transpose(-1, -2)) / 2)[..., -1]])
         else:
-            both = torch.stack([_lambda_max(gq), _lambda_max(gq @ gk)])
-        both = both.clamp_min(0.0).sqrt().cpu()
+            both = _lambda_max(torch.stack([gq, gq @ gk]))                    # one batch: G_Q and G_Q G_K
+        return both.clamp_min(0.0).sqrt()
+
+
+@torch.no_grad()
+def qk_norms(wq: torch.Tensor, wk: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per head ‖W_Q^h‖₂ and ‖W_Q^hᵀ W_K^h‖₂ (the C × C bilinear form x W_Q^hᵀ W_K^h yᵀ whose entries are the raw
+    logits), wq (…, H, hs, C), wk (…, Hkv, hs, C). Both from hs × hs Gram matrices G_Q = W_Q W_Qᵀ, G_K = W_K W_Kᵀ
+    in float64 on the weights' device: ‖W_Q‖₂² = λ_max(G_Q) and ‖W_Qᵀ W_K‖₂² = λ_max(G_Q G_K) (the nonzero
+    eigenvalues of W_Kᵀ G_Q W_K): on a CPU by LAPACK's eigh, on an accelerator by `_lambda_max` (batched
+    matmuls; no device eigensolver or SVD); no C × C matrix, one small copy to the host."""
+    both = _qk_norms_device(wq, wk).cpu()
     return both[0].numpy(), both[1].numpy()
 
 
@@ -366,7 +443,9 @@ class Monitor:
         self._active, self._depth, self._forwards = False, 0, 0
         self._calls: dict[int, dict] = {}
         self._above: set[tuple[str, int, int]] = set()
-        self._snapshot: list[torch.Tensor] | None = None
+        self._snapshot: list[tuple[list[int], torch.Tensor]] | None = None  # per group: wq (n, H, hs, C)
+        self._masks: dict = {}  # causal masks by (Tq, Tk, device), reused across sampled steps
+        self._host_linalg: bool | None = None  # None: LAPACK for weights on a CPU (see _host_linalg)
         self._snapshot_step: int | None = None
 
     # -- attaching --------------------------------------------------------------------------------------
@@ -421,20 +500,35 @@ class Monitor:
     def _on_sdpa(self, call: SDPACall, original):
         out = original()  # the model's own result, computed exactly as without the monitor
         if self.sampling:  # statistics stay on the device until step(): the forward never waits for them
-            mx, tied, rows = _logit_stats_device(call, self.score_dtype, self.sample_batch)
+            mx, tied, rows = _logit_stats_device(call, self.score_dtype, self.sample_batch, self._masks)
             acc = self._calls.get(call.index)
             if acc is None:
                 self._calls[call.index] = {"max": mx, "tied": tied, "rows": rows}
             else:
                 acc["max"] = torch.maximum(acc["max"], mx)
                 acc["tied"] = acc["tied"] + tied
-                acc["rows"] += rows
+                acc["rows"] = acc["rows"] + rows
         return out
+
+    def _weight_groups(self) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+        """The Q/K weights of all layers, stacked: (layer indices, wq (n, H, hs, C), wk (n, Hkv, hs, C)) per
+        group of layers with the same shapes and devices (one group for the usual uniform stack), so that
+        the norms and the update Gram matrices of all layers take one batched call each."""
+        groups: dict[tuple, list[int]] = {}
+        ws = [src.get() for src in self.qk]
+        for i, (wq, wk) in enumerate(ws):
+            groups.setdefault((tuple(wq.shape), tuple(wk.shape), wq.device, wk.device), []).append(i)
+        return [(ix, torch.stack([ws[i][0] for i in ix]), torch.stack([ws[i][1] for i in ix]))
+                for ix in groups.values()]
 
     # -- one step -----------------------------------------------------------------------------------------
     def step(self, **extra) -> dict | None:
         """End a training step. On a sampled step: compute the record, check thresholds, write JSONL and
-        return the record; otherwise return None. `extra` (e.g. loss=…) is stored in the record as is."""
+        return the record; otherwise return None. `extra` (e.g. loss=…) is stored in the record as is.
+
+        All device work of a sampled step is batched: the norms of all layers in one call, the Gram matrices
+        of all updates in one, and everything that goes to the host (logit statistics, norms, Gram matrices)
+        in one copy per device; the host then does the eigenvalues of the update entropy."""
         if self._hooks is None:
             raise MonitorError("Monitor.step() called while not attached: use `with Monitor(model) as mon:` or "
                                "mon.attach()")
@@ -444,28 +538,51 @@ class Monitor:
         if step % self.every:
             return None
         rec: dict = {"kind": "record", "step": step, **{k: _plain(v) for k, v in extra.items()}}
-        if self._calls:
-            idx = sorted(self._calls)
-            rec["max_logit"] = [self._calls[i]["max"].cpu().numpy().tolist() for i in idx]
-            rec["tied_frac"] = [(self._calls[i]["tied"].cpu().numpy() / max(self._calls[i]["rows"], 1)).tolist()
-                                for i in idx]
-            rec["rows"] = [self._calls[i]["rows"] for i in idx]
-        self._calls = {}
+        calls, self._calls = self._calls, {}
+        idx = sorted(calls)
+        host = _ToHost()
+        h_max = [host.add(calls[i]["max"]) for i in idx]
+        h_tied = [host.add(calls[i]["tied"]) for i in idx]
+        h_rows = [host.add(calls[i]["rows"]) if isinstance(calls[i]["rows"], torch.Tensor) else calls[i]["rows"]
+                  for i in idx]
         if forwards == 0:
             rec["warning"] = ("no forward of the monitored module ran through its __call__ during this step, so "
                               "its attention calls were not examined (call model(...), not model.forward(...))")
+        window = False
         if self.qk:
-            ws = [src.get() for src in self.qk]
-            norms = [qk_norms(wq, wk) for wq, wk in ws]
+            groups = self._weight_groups()
+            h_norms = [host.add(_qk_norms_device(wq, wk, self._host_linalg)) for _, wq, wk in groups]
+            window = self._snapshot is None or step - self._snapshot_step >= self.window
+            h_gram = []
+            if window and self._snapshot is not None:
+                for (ix, wq, _), (old_ix, old) in zip(groups, self._snapshot):
+                    if ix != old_ix or wq.shape != old.shape:
+                        raise MonitorError("the Q/K projections changed shape since the last weight snapshot")
+                    h_gram.append(host.add(_gram((wq.float() - old).transpose(-1, -2))))  # (n, H, hs, hs)
+        host.fetch()  # the one copy (per device) of this step: waits for the device once
+        if idx:
+            rec["max_logit"] = [host.get(h).tolist() for h in h_max]
+            rows = [r if isinstance(r, int) else int(host.get(r)) for r in h_rows]
+            rec["tied_frac"] = [(host.get(h) / max(r, 1)).tolist() for h, r in zip(h_tied, rows)]
+            rec["rows"] = rows
+        if self.qk:
+            n = len(self.qk)
+            wqn, wqkn, ent = [None] * n, [None] * n, [None] * n
+            for (ix, _, _), h in zip(groups, h_norms):
+                both = host.get(h)                                            # (2, n, H)
+                for j, i in enumerate(ix):
+                    wqn[i], wqkn[i] = both[0, j].tolist(), both[1, j].tolist()
             rec["layers"] = [src.name for src in self.qk]
-            rec["wq"] = [n[0].tolist() for n in norms]
-            rec["wqk"] = [n[1].tolist() for n in norms]
-            if self._snapshot is None or step - self._snapshot_step >= self.window:
-                if self._snapshot is not None:
-                    rec["update_entropy"] = [spectral_entropy((wq.float() - old).transpose(-1, -2)).tolist()
-                                             for (wq, _), old in zip(ws, self._snapshot)]
+            rec["wq"], rec["wqk"] = wqn, wqkn
+            if window:
+                if h_gram:
+                    for (ix, _, _), h in zip(groups, h_gram):
+                        e = _entropy_from_gram(torch.from_numpy(host.get(h)))
+                        for j, i in enumerate(ix):
+                            ent[i] = e[j].tolist()
+                    rec["update_entropy"] = ent
                     rec["update_window"] = [self._snapshot_step, step]
-                self._snapshot = [wq.float().clone() for wq, _ in ws]
+                self._snapshot = [(ix, wq.float()) for ix, wq, _ in groups]  # stacked: a copy, not a view
                 self._snapshot_step = step
         if "max_logit" not in rec and not self.qk:
             raise MonitorError(
@@ -507,6 +624,32 @@ class Monitor:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(obj, allow_nan=True) + "\n")
+
+
+class _ToHost:
+    """Device tensors gathered during a sampled step and copied to the host together: one `.cpu()` per device
+    (each copy makes the host wait for the device's queue, so one wait instead of one per statistic)."""
+
+    def __init__(self):
+        self._parts: dict[torch.device, list[torch.Tensor]] = {}
+        self._host: dict[torch.device, list[np.ndarray]] | None = None
+
+    def add(self, t: torch.Tensor) -> tuple:
+        parts = self._parts.setdefault(t.device, [])
+        parts.append(t.detach())
+        return t.device, len(parts) - 1
+
+    def fetch(self) -> None:
+        self._host = {}
+        for dev, parts in self._parts.items():
+            flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts]).cpu().numpy()
+            sizes = np.cumsum([t.numel() for t in parts])[:-1]
+            self._host[dev] = [a.reshape(t.shape) for a, t in zip(np.split(flat, sizes), parts)]
+
+    def get(self, handle: tuple) -> np.ndarray:
+        """float64, on the host (after `fetch`)."""
+        dev, i = handle
+        return self._host[dev][i]
 
 
 def _plain(v):

@@ -9,6 +9,8 @@ with `Monitor(model)` at its defaults (every=10, window=50), without again — a
   non-deterministic kernel makes two plain runs differ; 2026-12-01's run compared only plain vs monitored and
   could not tell the two causes apart), plain vs monitored is the monitor's effect. With --deterministic
   (the default) torch.use_deterministic_algorithms(True) is set, so the floor should be 0;
+* where a sampled step's extra time goes (`breakdown`: the parts timed one by one on extra steps after the
+  timed ones, synchronised around each), in "sampled_step_breakdown_s";
 * median step times (unsampled steps: the hot path) and mean step times over whole intervals of `every`
   steps (what a run pays, sampled steps included), the overheads in percent against the mean of the two plain
   runs, and the mean extra time of a sampled step.
@@ -78,6 +80,73 @@ def run_all(steps: int, device: str, cfg: GPTConfig, batch: int):
     return runs
 
 
+def breakdown(run: Run, reps: int = 5) -> dict:
+    """Where a sampled step's extra time goes, on `reps` extra steps of the monitored run after the timed ones
+    (not counted in the overheads; the losses and records above are already taken). The device is
+    synchronised around each part, so the parts are device + host time each, one after another (a real step
+    overlaps some of them). Median seconds of:
+
+    forward_plain / forward_sampled   a forward of the training batch (autocast, with grad, no backward)
+                                      outside / inside a sampled step: their difference is the logit statistics
+                                      and the interceptor mode
+    weights      stacking all layers' W_Q, W_K (`Monitor._weight_groups`)
+    qk_norms     ‖W_Q‖₂ and ‖W_Qᵀ W_K‖₂ of all heads on the device (`_qk_norms_device`, accelerator path)
+    update_gram  the Gram matrices of all updates ΔW_Q on the device (`_gram`)
+    to_host      the one copy of a sampled step (statistics + norms + update Grams)
+    entropy_host the eigenvalues and entropies on the host (`_entropy_from_gram`)
+    step_norms / step_window   a whole `Monitor.step()` after a sampled forward, without / with the update
+                               entropy (what the overhead above pays per sampled / window step, less the
+                               forward's part)"""
+    import lpfail.monitor as M
+
+    mon, model = run.mon, run.model
+    cuda = run.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def timed(f):
+        sync()
+        t0 = time.perf_counter()
+        r = f()
+        sync()
+        return time.perf_counter() - t0, r
+
+    idx = torch.randint(0, run.cfg.vocab_size, (run.batch, run.cfg.block_size + 1), device=run.device,
+                        generator=run.g)
+
+    def fwd():
+        with torch.autocast(run.device, dtype=torch.bfloat16, enabled=cuda):
+            return model(idx[:, :-1], idx[:, 1:])[1]
+
+    parts: dict[str, list[float]] = {}
+    add = lambda k, v: parts.setdefault(k, []).append(v)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorWarning)
+        for rep in range(reps + 1):  # rep 0: warm-up, not kept
+            keep = (lambda k, v: add(k, v)) if rep else (lambda k, v: None)
+            mon._step = mon.every * 10 ** 6 + 1  # an unsampled step
+            keep("forward_plain", timed(fwd)[0])
+            mon.step()
+            for name, window in (("step_norms", False), ("step_window", True)):
+                mon._step = mon.every * 10 ** 6 * (rep + 2)  # a sampled step
+                mon._snapshot_step = mon._step - (mon.window if window else mon.every)
+                t, _ = timed(fwd)
+                if not window:
+                    keep("forward_sampled", t)
+                keep(name, timed(mon.step)[0])
+            groups = timed(mon._weight_groups)
+            keep("weights", groups[0])
+            keep("qk_norms", timed(lambda: [M._qk_norms_device(wq, wk, False) for _, wq, wk in groups[1]])[0])
+            snap = dict((tuple(ix), old) for ix, old in mon._snapshot)
+            t, grams = timed(lambda: [M._gram((wq.float() - snap[tuple(ix)] * 0.999).transpose(-1, -2))
+                                      for ix, wq, _ in groups[1]])
+            keep("update_gram", t)
+            t, host = timed(lambda: [g.cpu() for g in grams])
+            keep("to_host", t)
+            keep("entropy_host", timed(lambda: [M._entropy_from_gram(g) for g in host])[0])
+            model.zero_grad(set_to_none=True)
+    return {k: statistics.median(v) for k, v in parts.items()}
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -105,6 +174,11 @@ def main(argv=None) -> dict:
                                           if "deterministic" in str(w.message)})
     (plain1, loss1), (mon_t, loss_m), (plain2, loss2) = ((r.times, r.losses) for r in (p1, m, p2))
     n_rec = len(m.mon.records)
+    m.mon.attach()  # run_all detached it
+    try:
+        out["sampled_step_breakdown_s"] = breakdown(m)
+    finally:
+        m.mon.detach()
     steps = range(SKIP, args.steps)
     unsampled = [i for i in steps if i % EVERY]
     sampled = [i for i in steps if i % EVERY == 0]
