@@ -19,6 +19,7 @@
 #   official    tools/gpu_official_check.sh (carry .official)                      → official.tgz
 #   prod        tools/gpu_prod_kernels.sh all                                      → prod.tgz
 #   overhead    tools/gpu_prod_kernels.sh overhead (the monitor's overhead; on an idle GPU) → prod.tgz
+#   prod-tests  tools/gpu_prod_kernels.sh tests (the gpu-marked tests of prod_kernels, monitor, substitute, cures) → prod.tgz
 #   robust-cost python tools/gpu_robust_cost.py                                    → robust.tgz
 #   host        python3 tools/gpu_overhead.py (issue 13's host time per call of a tiny problem; on an idle GPU,
 #               so first or after the waits)                                       → kernels.tgz (overhead.json)
@@ -41,7 +42,7 @@ exec > >(tee "$FINAL_OUT/batch.log") 2>&1
 for step in "$@"; do
     case "$step" in
         sub-*) group=sub;; fix-*) group=fix;; cures-*) group=cures;; compiled-*) group=compiled;; kernels|trust|host) group=kernels;;
-        official) group=official;; prod|overhead) group=prod;; robust-cost) group=robust;;
+        official) group=official;; prod|overhead|prod-tests) group=prod;; robust-cost) group=robust;;
         *) echo "unknown step: $step" >&2; exit 2;;
     esac
     export OUT="$STAGE/$group"; mkdir -p "$OUT"
@@ -71,6 +72,7 @@ for step in "$@"; do
                   (exit $rc);;   # the step's status is the check's, not the copy's
         prod) timeout "$avail" bash tools/gpu_prod_kernels.sh all;;
         overhead) timeout "$avail" bash tools/gpu_prod_kernels.sh overhead;;
+        prod-tests) timeout "$avail" bash tools/gpu_prod_kernels.sh tests;;
         robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT";;   # robust_cost.{json,npz}
         host) timeout "$avail" python3 tools/gpu_overhead.py "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt" \
                   | tail -n 60;;
