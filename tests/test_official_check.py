@@ -345,3 +345,52 @@ def test_preset_confirmed_needs_every_output_on_every_case():
     nan[0, 0] = np.nan
     res["agree_nofix_compiled"] = np.stack([good, nan])
     assert not oc.preset_confirmed(res)[0]
+
+
+# -- masked_carry: the compiled fixed code's update of a fully masked key tile ---------------------------------
+def _masked_case():
+    """Row 0 sees keys 0, 1 only (key tile 1 fully masked for it), row 1 sees all four; row 0's scores are
+    negative and not BF16-exact, so the fix's m' = 0 on the masked tile gives a = exp(m0) ≠ 1 there."""
+    s = torch.tensor([[[-1.2345678, -2.3456789, 0.5, 0.25],
+                       [0.3141592, -0.2718281, 0.1414213, 0.1732050]]])
+    v = torch.tensor([[[0.1234567, -1.7654321], [0.9876543, 0.4567891],
+                       [-0.3333333, 0.6666667], [0.7777777, -0.1111111]]]).bfloat16()
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True]])
+    return s, v, mask
+
+
+def test_masked_carry_rounds_the_state_of_the_fully_masked_tile_only():
+    s, v, mask = _masked_case()
+    base = PAPER_BF16_COMPILED_OFFICIAL_FIX.replace(block_q=2, block_k=2, masked_carry=None, l_div=None,
+                                                    l_div_last=None)
+    ref = attn.forward_from_scores(s, v, base, mask=mask)
+    res = attn.forward_from_scores(s, v, base.replace(masked_carry="bf16"), mask=mask)
+    assert torch.equal(res.m, ref.m) and res.m[0, 0, 0] == 0.0        # m itself: the fix's m' = 0, FP32
+    # row 0: a = exp(bf16(m0) − 0) times bf16(ℓ0), and Ō·a rounded to BF16
+    m0 = torch.tensor(-1.2345678)
+    l0 = torch.exp(s[0, 0, :2] - m0).sum()
+    a = torch.exp(m0.bfloat16().float())
+    assert res.l[0, 0, 0] == a * l0.bfloat16().float() + 1e-10
+    assert ref.l[0, 0, 0] != res.l[0, 0, 0]
+    assert not torch.equal(res.o_unnorm[0, 0], ref.o_unnorm[0, 0])
+    assert (res.o_unnorm[0, 0] == res.o_unnorm[0, 0].bfloat16().float()).all()  # Ō·a + 0 in BF16
+    # row 1 sees a key of tile 1: untouched
+    assert torch.equal(res.l[0, 1], ref.l[0, 1]) and torch.equal(res.o_unnorm[0, 1], ref.o_unnorm[0, 1])
+    assert torch.equal(res.o[0, 1], ref.o[0, 1])
+
+
+def test_masked_carry_validates_and_round_trips():
+    p = PAPER_BF16_OFFICIAL_FIX.replace(masked_carry="bf16")
+    assert "masked_carry=bf16" in str(p) and Precision.parse(str(p)) == p
+    assert "masked_carry" not in str(PAPER_BF16_OFFICIAL_FIX) and "masked_carry" not in str(PAPER_BF16_COMPILED)
+    assert Precision.parse(str(p).replace("masked_carry=bf16", "masked_carry=none")) == PAPER_BF16_OFFICIAL_FIX
+    with pytest.raises(ValueError, match="masked_carry='bf16' needs masked_ties=True"):
+        PAPER_BF16_COMPILED.replace(masked_carry="bf16")
+    with pytest.raises(ValueError, match="Precision.masked_carry must be None"):
+        PAPER_BF16_OFFICIAL_FIX.replace(masked_carry="bfloat16")
+
+
+def test_kernels_refuse_masked_carry():
+    kernels = pytest.importorskip("kernels")
+    with pytest.raises(ValueError, match="masked_carry='bf16'.*not implemented in the Triton kernels"):
+        kernels.kernel_policy(PAPER_BF16_OFFICIAL_FIX.replace(matmul="fp32", masked_carry="bf16"))
