@@ -513,12 +513,15 @@ PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e
 PAPER_BF16_COMPILED = dataclasses.replace(PAPER_BF16, scores="fp32", exp_in="fp32", acc="fp32",
                                           delta_prod="fp32", l_store="bf16", m_rescale="bf16", l_div_last="bf16")
 #: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds,
-#: except two roundings that the fix's extra operations move: in its Triton code for the H200 (torch 2.11) every
-#: query tile divides by the stored BF16 ℓ (l_div; the unfixed code's first tile holds the FP32 one) and the
-#: rescale factor reads the FP32 maxima (m_rescale back to m_acc = acc; the unfixed code reads BF16 buffers).
+#: with two differences read from its Triton code for the H200 (torch 2.11): the rescale factor of the visible key
+#: tiles reads the FP32 maxima (m_rescale back to m_acc = acc; the unfixed code reads BF16 buffers), and the update
+#: of a key tile fully masked for the row — under the fix its masked scores tie, so m' = 0 and the row's maximum
+#: can move — reads m and ℓ from the official code's BF16 row buffers and stores Ō·a in BF16 (masked_carry). The
+#: division is the unfixed code's (l_div_last): the first query tile divides by its FP32 ℓ, which after that
+#: update is a·bf16(ℓ₀) + 1e-10 (notes/official_check.md).
 PAPER_BF16_COMPILED_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16_COMPILED, fix=DynamicMax(2.0, 1e-3),
-                                                       l_clamp=1e-10, masked_ties=True, l_div="bf16",
-                                                       l_div_last=None, m_rescale=None)
+                                                       l_clamp=1e-10, masked_ties=True, m_rescale=None,
+                                                       masked_carry="bf16")
 #: PAPER_BF16 with the robust fix (`BoundedMax` with its defaults: β = 2, ε = 1e-3, shifts in [0.5, 64]): the
 #: paper's code with Algorithm 3 made finite at every logit scale; no clamp, masked entries never tie.
 PAPER_BF16_ROBUST_FIX = dataclasses.replace(PAPER_BF16, fix=BoundedMax())

@@ -42,11 +42,13 @@ def test_compiled_preset_differs_from_paper_in_exactly_the_skipped_roundings():
     assert diff == {"scores", "exp_in", "acc", "delta_prod", "l_store", "m_rescale", "l_div_last"}
     assert PAPER_BF16_COMPILED.l_store == "bf16" and PAPER_BF16_COMPILED.acc == "fp32"
     assert PAPER_BF16_COMPILED.m_acc is None and PAPER_BF16_COMPILED.dtype("m_acc") == torch.float32
-    # with STABLE=1 inductor's kernels divide every query tile by the stored BF16 ℓ and rescale with the FP32
-    # maxima (the fix moves the kernel boundaries)
+    # with STABLE=1 inductor's kernels rescale the visible tiles with the FP32 maxima and compute the update of
+    # the fully masked key tile (where the fix's m' = 0 moves the maximum) from the BF16 row buffers; the
+    # division is the unfixed code's (the first query tile's FP32 ℓ, the last tile's stored BF16 ℓ)
     official = dataclasses.replace(PAPER_BF16_COMPILED, fix=PAPER_BF16_OFFICIAL_FIX.fix, l_clamp=1e-10, masked_ties=True,
-                                   l_div="bf16", l_div_last=None, m_rescale=None)
+                                   m_rescale=None, masked_carry="bf16")
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX == official
+    assert PAPER_BF16_COMPILED_OFFICIAL_FIX.l_div_last == "bf16" and PAPER_BF16_COMPILED_OFFICIAL_FIX.l_div is None
     assert PAPER_BF16_COMPILED.name == "PAPER_BF16_COMPILED"
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX.name == "PAPER_BF16_COMPILED_OFFICIAL_FIX"
 
@@ -394,3 +396,28 @@ def test_kernels_refuse_masked_carry():
     kernels = pytest.importorskip("kernels")
     with pytest.raises(ValueError, match="masked_carry='bf16'.*not implemented in the Triton kernels"):
         kernels.kernel_policy(PAPER_BF16_OFFICIAL_FIX.replace(matmul="fp32", masked_carry="bf16"))
+
+
+def test_masked_carry_changes_the_first_query_tile_of_the_official_fix_only():
+    """On a causal 2 × 2-tile case the knob touches only the first query tile (its second key tile is fully
+    masked), and only rows where that tile moves the maximum or where ℓ₀'s BF16 rounding survives the division."""
+    q, k, v, do = _qkv(t=1024, d=128, scale=4.0)
+    new = oc.run_policy(PAPER_BF16_COMPILED_OFFICIAL_FIX, q, k, v, do)
+    old = oc.run_policy(PAPER_BF16_COMPILED_OFFICIAL_FIX.replace(masked_carry=None), q, k, v, do)
+    tiles = oc.tile_agreement(new, old, 2)
+    assert (tiles[:, 1] == 100.0).all()                      # the last query tile: bit for bit
+    assert (tiles[:, 0] < 100.0).any()                       # the first: the knob changes bits there
+    # without the fix nothing is fully masked-and-visited: the unfixed preset is untouched by construction
+    assert PAPER_BF16_COMPILED.masked_carry is None and not PAPER_BF16_COMPILED.masked_ties
+
+
+def test_table_or_pending_says_pending_for_a_stale_result(tmp_path, monkeypatch):
+    from lpfail import results
+    from lpfail.book import official_report
+
+    def stale(name):
+        raise results.ResultStale("stale")
+
+    monkeypatch.setattr(results, "load", stale)
+    text = official_report.table_or_pending()
+    assert "earlier set of policies" in text and "pending" in text
