@@ -62,6 +62,10 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     L    = log(ℓ) + m   in `exp`                     ℓ and m first rounded to `l_store` (default `acc`)
 
   m_acc (default `acc`) is the dtype of the running maximum m alone: r_m and m_new are rounded to it.
+  masked_carry (default None: nothing extra), only with masked_ties: in the update of a key tile that is fully
+  masked for a row, that row's m_old and m_new are rounded to it before a, its ℓ_old before a·ℓ + ℓ_j, and its
+  Ō·a after the product (to nearest even) — the compiled official fixed code computes that update, where the
+  fix's m' = 0 can move the maximum, from its BF16 row buffers (PAPER_BF16_COMPILED_OFFICIAL_FIX).
   o_acc, l_div, l_store, m_acc, m_rescale and l_div_last exist for PAPER_BF16_COMPILED: the official code under
   torch.compile keeps S, m, ℓ and Ō in FP32 registers across tiles while the row maxima that the rescale
   factors read and its stored ℓ and m (what L reads) are BF16 buffers, and it divides by the FP32 or the
