@@ -150,6 +150,11 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
     if getattr(policy, "ds_rowsum", False):
         raise ValueError("kernels: Precision.ds_rowsum=True (the dS row-sum correction) is not implemented in the "
                          "Triton kernels; run it with the reference, lpfail.attention(q, k, v, policy)")
+    if getattr(policy, "masked_carry", None) is not None:
+        raise ValueError(f"kernels: Precision.masked_carry={policy.masked_carry!r} (the compiled official fixed "
+                         "code's rounding of the running state in a fully masked key tile) is not implemented in "
+                         "the Triton kernels, which skip fully masked tiles; use lpfail.attention for "
+                         "PAPER_BF16_COMPILED_OFFICIAL_FIX")
     if getattr(policy, "masked_ties", False):
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "

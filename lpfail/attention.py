@@ -62,6 +62,10 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
     L    = log(ℓ) + m   in `exp`                     ℓ and m first rounded to `l_store` (default `acc`)
 
   m_acc (default `acc`) is the dtype of the running maximum m alone: r_m and m_new are rounded to it.
+  masked_carry (default None: nothing extra), only with masked_ties: in the update of a key tile that is fully
+  masked for a row, that row's m_old and m_new are rounded to it before a, its ℓ_old before a·ℓ + ℓ_j, and its
+  Ō·a after the product (to nearest even) — the compiled official fixed code computes that update, where the
+  fix's m' = 0 can move the maximum, from its BF16 row buffers (PAPER_BF16_COMPILED_OFFICIAL_FIX).
   o_acc, l_div, l_store, m_acc, m_rescale and l_div_last exist for PAPER_BF16_COMPILED: the official code under
   torch.compile keeps S, m, ℓ and Ō in FP32 registers across tiles while the row maxima that the rescale
   factors read and its stored ℓ and m (what L reads) are BF16 buffers, and it divides by the FP32 or the
@@ -166,6 +170,7 @@ from lpfail.precision import (
     PAPER_BF16,
     PAPER_BF16_OFFICIAL_FIX,
     SAFE_SHIFT,
+    DTYPES,
     BoundedMax,
     DynamicMax,
     Precision,
@@ -355,6 +360,12 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         if allowed is not None:
             s = s.masked_fill(~allowed, mask_value)
         m_old = m[..., r0:, :]                          # (…, R, 1)
+        l_old = l[..., r0:, :]                          # (…, R, 1)
+        carry = None                                    # masked_carry: rows for which this tile is fully masked
+        if policy.masked_carry is not None and allowed is not None:
+            dead = ~allowed.any(dim=-1, keepdim=True)   # (…, R, 1) bool
+            if bool(dead.any()):
+                carry = (dead, DTYPES[policy.masked_carry])
 
         # -- block maximum, and Algorithm 3's dynamic maximum (chapter 5, Fix) -------------------------
         r_m = s.amax(dim=-1, keepdim=True)              # (…, R, 1) in `scores`
@@ -397,12 +408,21 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         m_rs = policy.dtype("m_rescale")                           # `m_acc` unless m_rescale is set
         op = _op(m_dt, exp_in, m_rs)
         # cast: m_old, m_new to `m_rescale`, m_old − m_new to `exp_in`
-        d_m = (m_old.to(m_rs).to(op) - m_sub.to(m_rs).to(op)).to(exp_in)
+        m_o, m_n = m_old.to(m_rs), m_sub.to(m_rs)
+        if carry is not None:                                      # cast: m_old, m_new to `masked_carry` there
+            m_o = torch.where(carry[0], m_o.to(carry[1]).to(m_rs), m_o)
+            m_n = torch.where(carry[0], m_n.to(carry[1]).to(m_rs), m_n)
+        d_m = (m_o.to(op) - m_n.to(op)).to(exp_in)
         a = torch.exp(d_m.to(exp_dt))                              # cast: exp runs in `exp`; (…, R, 1)
+        if carry is not None:                                      # cast: ℓ_old to `masked_carry` there
+            l_old = torch.where(carry[0], l_old.to(carry[1]).to(l_old.dtype), l_old)
         op = _op(acc, exp_dt)
-        l_new = (a.to(op) * l[..., r0:, :].to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
+        l_new = (a.to(op) * l_old.to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
         op = _op(o_acc, exp_dt, pv_out)
-        o_scaled = _round(o[..., r0:, :].to(op) * a.to(op), o_acc, policy)  # cast: Ō·a to `o_acc`
+        o_prod = o[..., r0:, :].to(op) * a.to(op)
+        o_scaled = _round(o_prod, o_acc, policy)                   # cast: Ō·a to `o_acc`
+        if carry is not None:                                      # cast: Ō·a to `masked_carry` there (rne)
+            o_scaled = torch.where(carry[0], o_prod.to(carry[1]).to(o_acc), o_scaled)
         o_new = _round(o_scaled.to(op) + pv.to(op), o_acc, policy)  # cast: Ō·a + P̄V to `o_acc`
 
         o[..., r0:, :] = o_new

@@ -73,6 +73,12 @@ l_div_last  None (= `l_div`), or the dtype ℓ is rounded to        None    None
             before O = Ō / ℓ in the last query tile (`block_q`)
             alone: where inductor's kernels divide the last
             tile by the stored BF16 ℓ and earlier tiles by FP32
+masked_     None, or the dtype that the update of a key tile fully None    None    None
+carry       masked for a row rounds that row's running state to
+            (needs masked_ties): m_old and m_new before the
+            rescale factor a, ℓ_old before a·ℓ + ℓ_j, and Ō·a;
+            the compiled official fixed code does that step in
+            separate kernels that read the BF16 row buffers
 =========== ====================================================== ======= ======= =====
 
 Two knobs were added for the cures of chapter 6 (experiment `cures`), both off in every preset and shown in
@@ -97,7 +103,12 @@ in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), 
 "rne" policies, and with them every stored result's config hash, are those from before the knob existed.
 o_acc, l_div, l_store, m_acc, m_rescale and l_div_last (None by default, shown in the string only when set, like
 ``rounding``) describe what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16;
-see `lpfail.experiments.official_check` and notes/official_check.md).
+see `lpfail.experiments.official_check` and notes/official_check.md). masked_carry (None by default, shown only
+when set) describes the compiled official *fixed* code (PAPER_BF16_COMPILED_OFFICIAL_FIX): under the fix a key
+tile fully masked for a row still moves that row's maximum (its masked scores tie, r_m < 0, so m' = 0), and
+inductor computes that update from the BF16 buffers the official code copies m and ℓ into (row_maxes.copy_,
+row_sums.copy_) and stores Ō·a in the BF16 output buffer before P̄V is added; unlike the other compiled knobs it
+does not fall back to `acc` (None: no extra rounding).
 """
 from __future__ import annotations
 
@@ -118,7 +129,8 @@ _ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc", "m_rescale", "l_div_last") 
 _FALLBACK = {"m_rescale": "m_acc", "l_div_last": "l_div"}
 #: Knobs added after the first stored results, with their defaults: a policy's string names one only when it
 #: differs from its default, so the strings (cache keys) of every earlier policy stay as they were.
-_SET_ONLY = (("rounding", "rne"), *((name, None) for name in _ACC_FIELDS), ("ds_rowsum", False))
+_SET_ONLY = (("rounding", "rne"), *((name, None) for name in _ACC_FIELDS), ("ds_rowsum", False),
+             ("masked_carry", None))
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
@@ -251,6 +263,8 @@ class Precision:
     l_div_last: str | None = None
     # added with experiment `cures` (chapter 6):
     ds_rowsum: bool = False
+    # added after replaying the compiled official fixed code's first query tile (issue 16):
+    masked_carry: str | None = None
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -277,6 +291,14 @@ class Precision:
             if value is not None and value not in DTYPES:
                 raise ValueError(f"Precision.{name} must be None (the `{_FALLBACK.get(name, 'acc')}` dtype) or one "
                                  f"of {sorted(DTYPES)} (got {value!r})")
+        if self.masked_carry is not None:
+            if self.masked_carry not in DTYPES:
+                raise ValueError(f"Precision.masked_carry must be None (no extra rounding) or one of {sorted(DTYPES)} "
+                                 f"(got {self.masked_carry!r})")
+            if not self.masked_ties:
+                raise ValueError(f"Precision.masked_carry={self.masked_carry!r} needs masked_ties=True: it rounds "
+                                 "the running state in the update of a key tile that is fully masked for the row, "
+                                 "and without masked_ties such tiles are skipped (the setting would do nothing)")
         if not isinstance(self.ds_rowsum, bool):
             raise ValueError(f"Precision.ds_rowsum must be True or False (got {self.ds_rowsum!r})")
         if self.rounding not in ROUNDINGS:
@@ -388,7 +410,7 @@ class Precision:
                 changes["fix"] = _parse_fix(value)
             elif key == "l_clamp":
                 changes["l_clamp"] = None if value == "none" else _parse_float(value, key)
-            elif key in _ACC_FIELDS:
+            elif key in _ACC_FIELDS or key == "masked_carry":
                 changes[key] = None if value == "none" else value
             elif key in ("masked_ties", "ds_rowsum"):
                 if value not in ("true", "false"):
@@ -491,12 +513,15 @@ PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e
 PAPER_BF16_COMPILED = dataclasses.replace(PAPER_BF16, scores="fp32", exp_in="fp32", acc="fp32",
                                           delta_prod="fp32", l_store="bf16", m_rescale="bf16", l_div_last="bf16")
 #: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds,
-#: except two roundings that the fix's extra operations move: in its Triton code for the H200 (torch 2.11) every
-#: query tile divides by the stored BF16 ℓ (l_div; the unfixed code's first tile holds the FP32 one) and the
-#: rescale factor reads the FP32 maxima (m_rescale back to m_acc = acc; the unfixed code reads BF16 buffers).
+#: with two differences read from its Triton code for the H200 (torch 2.11): the rescale factor of the visible key
+#: tiles reads the FP32 maxima (m_rescale back to m_acc = acc; the unfixed code reads BF16 buffers), and the update
+#: of a key tile fully masked for the row — under the fix its masked scores tie, so m' = 0 and the row's maximum
+#: can move — reads m and ℓ from the official code's BF16 row buffers and stores Ō·a in BF16 (masked_carry). The
+#: division is the unfixed code's (l_div_last): the first query tile divides by its FP32 ℓ, which after that
+#: update is a·bf16(ℓ₀) + 1e-10 (notes/official_check.md).
 PAPER_BF16_COMPILED_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16_COMPILED, fix=DynamicMax(2.0, 1e-3),
-                                                       l_clamp=1e-10, masked_ties=True, l_div="bf16",
-                                                       l_div_last=None, m_rescale=None)
+                                                       l_clamp=1e-10, masked_ties=True, m_rescale=None,
+                                                       masked_carry="bf16")
 #: PAPER_BF16 with the robust fix (`BoundedMax` with its defaults: β = 2, ε = 1e-3, shifts in [0.5, 64]): the
 #: paper's code with Algorithm 3 made finite at every logit scale; no clamp, masked entries never tie.
 PAPER_BF16_ROBUST_FIX = dataclasses.replace(PAPER_BF16, fix=BoundedMax())

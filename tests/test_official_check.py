@@ -42,11 +42,13 @@ def test_compiled_preset_differs_from_paper_in_exactly_the_skipped_roundings():
     assert diff == {"scores", "exp_in", "acc", "delta_prod", "l_store", "m_rescale", "l_div_last"}
     assert PAPER_BF16_COMPILED.l_store == "bf16" and PAPER_BF16_COMPILED.acc == "fp32"
     assert PAPER_BF16_COMPILED.m_acc is None and PAPER_BF16_COMPILED.dtype("m_acc") == torch.float32
-    # with STABLE=1 inductor's kernels divide every query tile by the stored BF16 ℓ and rescale with the FP32
-    # maxima (the fix moves the kernel boundaries)
+    # with STABLE=1 inductor's kernels rescale the visible tiles with the FP32 maxima and compute the update of
+    # the fully masked key tile (where the fix's m' = 0 moves the maximum) from the BF16 row buffers; the
+    # division is the unfixed code's (the first query tile's FP32 ℓ, the last tile's stored BF16 ℓ)
     official = dataclasses.replace(PAPER_BF16_COMPILED, fix=PAPER_BF16_OFFICIAL_FIX.fix, l_clamp=1e-10, masked_ties=True,
-                                   l_div="bf16", l_div_last=None, m_rescale=None)
+                                   m_rescale=None, masked_carry="bf16")
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX == official
+    assert PAPER_BF16_COMPILED_OFFICIAL_FIX.l_div_last == "bf16" and PAPER_BF16_COMPILED_OFFICIAL_FIX.l_div is None
     assert PAPER_BF16_COMPILED.name == "PAPER_BF16_COMPILED"
     assert PAPER_BF16_COMPILED_OFFICIAL_FIX.name == "PAPER_BF16_COMPILED_OFFICIAL_FIX"
 
@@ -345,3 +347,77 @@ def test_preset_confirmed_needs_every_output_on_every_case():
     nan[0, 0] = np.nan
     res["agree_nofix_compiled"] = np.stack([good, nan])
     assert not oc.preset_confirmed(res)[0]
+
+
+# -- masked_carry: the compiled fixed code's update of a fully masked key tile ---------------------------------
+def _masked_case():
+    """Row 0 sees keys 0, 1 only (key tile 1 fully masked for it), row 1 sees all four; row 0's scores are
+    negative and not BF16-exact, so the fix's m' = 0 on the masked tile gives a = exp(m0) ≠ 1 there."""
+    s = torch.tensor([[[-1.2345678, -2.3456789, 0.5, 0.25],
+                       [0.3141592, -0.2718281, 0.1414213, 0.1732050]]])
+    v = torch.tensor([[[0.1234567, -1.7654321], [0.9876543, 0.4567891],
+                       [-0.3333333, 0.6666667], [0.7777777, -0.1111111]]]).bfloat16()
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True]])
+    return s, v, mask
+
+
+def test_masked_carry_rounds_the_state_of_the_fully_masked_tile_only():
+    s, v, mask = _masked_case()
+    base = PAPER_BF16_COMPILED_OFFICIAL_FIX.replace(block_q=2, block_k=2, masked_carry=None, l_div=None,
+                                                    l_div_last=None)
+    ref = attn.forward_from_scores(s, v, base, mask=mask)
+    res = attn.forward_from_scores(s, v, base.replace(masked_carry="bf16"), mask=mask)
+    assert torch.equal(res.m, ref.m) and res.m[0, 0, 0] == 0.0        # m itself: the fix's m' = 0, FP32
+    # row 0: a = exp(bf16(m0) − 0) times bf16(ℓ0), and Ō·a rounded to BF16
+    m0 = torch.tensor(-1.2345678)
+    l0 = torch.exp(s[0, 0, :2] - m0).sum()
+    a = torch.exp(m0.bfloat16().float())
+    assert res.l[0, 0, 0] == a * l0.bfloat16().float() + 1e-10
+    assert ref.l[0, 0, 0] != res.l[0, 0, 0]
+    assert not torch.equal(res.o_unnorm[0, 0], ref.o_unnorm[0, 0])
+    assert (res.o_unnorm[0, 0] == res.o_unnorm[0, 0].bfloat16().float()).all()  # Ō·a + 0 in BF16
+    # row 1 sees a key of tile 1: untouched
+    assert torch.equal(res.l[0, 1], ref.l[0, 1]) and torch.equal(res.o_unnorm[0, 1], ref.o_unnorm[0, 1])
+    assert torch.equal(res.o[0, 1], ref.o[0, 1])
+
+
+def test_masked_carry_validates_and_round_trips():
+    p = PAPER_BF16_OFFICIAL_FIX.replace(masked_carry="bf16")
+    assert "masked_carry=bf16" in str(p) and Precision.parse(str(p)) == p
+    assert "masked_carry" not in str(PAPER_BF16_OFFICIAL_FIX) and "masked_carry" not in str(PAPER_BF16_COMPILED)
+    assert Precision.parse(str(p).replace("masked_carry=bf16", "masked_carry=none")) == PAPER_BF16_OFFICIAL_FIX
+    with pytest.raises(ValueError, match="masked_carry='bf16' needs masked_ties=True"):
+        PAPER_BF16_COMPILED.replace(masked_carry="bf16")
+    with pytest.raises(ValueError, match="Precision.masked_carry must be None"):
+        PAPER_BF16_OFFICIAL_FIX.replace(masked_carry="bfloat16")
+
+
+def test_kernels_refuse_masked_carry():
+    kernels = pytest.importorskip("kernels")
+    with pytest.raises(ValueError, match="masked_carry='bf16'.*not implemented in the Triton kernels"):
+        kernels.kernel_policy(PAPER_BF16_OFFICIAL_FIX.replace(matmul="fp32", masked_carry="bf16"))
+
+
+def test_masked_carry_changes_the_first_query_tile_of_the_official_fix_only():
+    """On a causal 2 × 2-tile case the knob touches only the first query tile (its second key tile is fully
+    masked), and only rows where that tile moves the maximum or where ℓ₀'s BF16 rounding survives the division."""
+    q, k, v, do = _qkv(t=1024, d=128, scale=4.0)
+    new = oc.run_policy(PAPER_BF16_COMPILED_OFFICIAL_FIX, q, k, v, do)
+    old = oc.run_policy(PAPER_BF16_COMPILED_OFFICIAL_FIX.replace(masked_carry=None), q, k, v, do)
+    tiles = oc.tile_agreement(new, old, 2)
+    assert (tiles[:, 1] == 100.0).all()                      # the last query tile: bit for bit
+    assert (tiles[:, 0] < 100.0).any()                       # the first: the knob changes bits there
+    # without the fix nothing is fully masked-and-visited: the unfixed preset is untouched by construction
+    assert PAPER_BF16_COMPILED.masked_carry is None and not PAPER_BF16_COMPILED.masked_ties
+
+
+def test_table_or_pending_says_pending_for_a_stale_result(tmp_path, monkeypatch):
+    from lpfail import results
+    from lpfail.book import official_report
+
+    def stale(name):
+        raise results.ResultStale("stale")
+
+    monkeypatch.setattr(results, "load", stale)
+    text = official_report.table_or_pending()
+    assert "earlier set of policies" in text and "pending" in text

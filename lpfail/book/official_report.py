@@ -19,8 +19,9 @@ WHY = {
     "m_rescale": "the rescale factor a = exp(m_old − m_new) reads the row maxima from BF16 buffers that an "
                  "earlier kernel wrote",
     "l_div_last": "the last query tile divides by the stored BF16 ℓ, earlier ones by the FP32 ℓ they hold "
-                  "(where the kernel boundaries fall; with STABLE=1 every tile divides by the BF16 ℓ and the "
-                  "rescale factor reads FP32 maxima)",
+                  "(where the kernel boundaries fall; with STABLE=1 the rescale factor reads FP32 maxima)",
+    "masked_carry": "with STABLE=1 the fully masked key tile moves the maximum (m' = 0); that update reads m and "
+                    "ℓ from the BF16 row buffers and stores Ō·a in BF16",
     "l_div": "O = Ō / ℓ divides by the stored BF16 ℓ in every query tile",
 }
 
@@ -52,6 +53,9 @@ def table_or_pending() -> str:
     except results.ResultMissing:
         return ("official_check: no stored result yet. It needs a GPU and the official code "
                 "(tools/gpu_official_check.sh, one device call); the table is pending that run.")
+    except results.ResultStale:
+        return ("official_check: the stored result was measured for an earlier set of policies (its config "
+                "changed since); the table is pending its re-run on a GPU (tools/gpu_official_check.sh).")
     return res.provenance + "\n" + table(res)
 
 

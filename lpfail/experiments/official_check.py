@@ -292,10 +292,13 @@ class OfficialCheckConfig:
                        "PAPER_BF16_COMPILED,m_acc=bf16", "PAPER_BF16_COMPILED,l_store=none",
                        "PAPER_BF16_COMPILED,scores=bf16", "PAPER_BF16_COMPILED,delta_prod=bf16",
                        "PAPER_BF16_COMPILED,o_acc=bf16")
-    #: ... and with it (against STABLE=1): the fix's preset divides every tile by the BF16 ℓ and rescales with the
-    #: FP32 maxima; the variants put back the unfixed code's division and its BF16 maxima in the rescale factor
+    #: ... and with it (against STABLE=1): the fix's preset rescales with the FP32 maxima and rounds the running m,
+    #: ℓ and Ō·a to BF16 in the update of the fully masked key tile (masked_carry); the variants drop that rounding
+    #: (masked_carry=none), put back the preset of before it (every tile divides by the BF16 ℓ), and put back the
+    #: unfixed code's BF16 maxima in the rescale factor
     fix_policies: tuple = ("PAPER_BF16_OFFICIAL_FIX", "PAPER_BF16_COMPILED_OFFICIAL_FIX",
-                           "PAPER_BF16_COMPILED_OFFICIAL_FIX,l_div=fp32,l_div_last=bf16",
+                           "PAPER_BF16_COMPILED_OFFICIAL_FIX,masked_carry=none",
+                           "PAPER_BF16_COMPILED_OFFICIAL_FIX,masked_carry=none,l_div=bf16,l_div_last=none",
                            "PAPER_BF16_COMPILED_OFFICIAL_FIX,m_rescale=bf16")
     modes: tuple = MODES
     emulate_shapes: tuple = (0,)          # indices of the shapes on which "compiled_emulate" runs (a control)
