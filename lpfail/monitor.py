@@ -1,7 +1,7 @@
 """A training monitor for the failure this book studies, for any PyTorch model. Explained in chapter 7.
 
     from lpfail.monitor import Monitor, Thresholds
-    mon = Monitor(model, every=10, window=50, path="run.jsonl")
+    mon = Monitor(model, path="run.jsonl")      # every=100, window=100: the defaults
     with mon:                                   # attaches; detaches on exit
         for step in range(steps):
             loss = model(x, y)[1]; loss.backward(); opt.step(); opt.zero_grad()
@@ -406,7 +406,12 @@ class Monitor:
     """See the module docstring. Arguments:
 
     model         any nn.Module
-    every         sample every `every`-th step (steps counted by `step()`, starting at 0)
+    every         sample every `every`-th step (steps counted by `step()`, starting at 0). Default 100: on an
+                  H200 (2026-12-01, GPT-2 small, tools/gpu_monitor_overhead.py) a sampled step costs tens of
+                  milliseconds (the logit statistics in the forward, the norms, the update's eigenvalues on the
+                  host every `window`), which at every=10 came to a mean overhead of several percent; the
+                  logit alert was evaluated on chapter 1's runs at this resolution (their diagnostics every
+                  100 steps). Smaller values watch more closely and cost proportionally more.
     window        steps between the weight snapshots whose difference is ΔW (a multiple of `every`)
     path          JSONL file to append records and alerts to (None: keep them in `records` only)
     thresholds    a `Thresholds`
@@ -417,7 +422,7 @@ class Monitor:
     qk            None (use `find_qk`), or a function model → list[QKWeights]
     """
 
-    def __init__(self, model: nn.Module, every: int = 10, window: int = 50, path: str | Path | None = None,
+    def __init__(self, model: nn.Module, every: int = 100, window: int = 100, path: str | Path | None = None,
                  thresholds: Thresholds = Thresholds(), callback: Callable[[Alert], None] | None = None,
                  score_dtype: torch.dtype = torch.bfloat16, sample_batch: int = 1, n_head: int | None = None,
                  qk: Callable[[nn.Module], list[QKWeights]] | None = None):

@@ -3,7 +3,7 @@ losses bit-identical with and without it).
 
 Trains lpfail's GPT (on the GPU: GPT-2 small, 12 × 12 × 768, context 1024, SDPA attention, BF16 autocast, fused
 AdamW; with --cpu: a small GPT on the CPU) on random tokens three times in alternation — without the monitor,
-with `Monitor(model)` at its defaults (every=10, window=50), without again — and writes:
+with `Monitor(model)` at its defaults (or --every / --window), without again — and writes:
 
 * the losses of all three runs and whether they are equal bit for bit: plain vs plain is the noise floor (a
   non-deterministic kernel makes two plain runs differ; 2026-12-01's run compared only plain vs monitored and
@@ -15,7 +15,8 @@ with `Monitor(model)` at its defaults (every=10, window=50), without again — a
   steps (what a run pays, sampled steps included), the overheads in percent against the mean of the two plain
   runs, and the mean extra time of a sampled step.
 
-Usage: python tools/gpu_monitor_overhead.py OUT.json [--steps N] [--cpu] [--no-deterministic]
+Usage: python tools/gpu_monitor_overhead.py OUT.json [--steps N] [--every E --window W] [--cpu] [--no-deterministic]
+(N − 10 should be a multiple of E, so that the means cover whole intervals.)
 (GPU: CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment, for deterministic cuBLAS).
 """
 import argparse
@@ -30,8 +31,11 @@ import torch
 from lpfail.model import GPT, GPTConfig
 from lpfail.monitor import Monitor, MonitorWarning
 
-EVERY = 10
-SKIP = 10  # warm-up steps left out (a multiple of EVERY, so the means cover whole intervals)
+import inspect
+
+_DEFAULTS = inspect.signature(Monitor.__init__).parameters
+EVERY, WINDOW = _DEFAULTS["every"].default, _DEFAULTS["window"].default   # set by main() from --every/--window
+SKIP = 10  # warm-up steps left out (the means then cover the steps SKIP..N-1)
 
 
 class Run:
@@ -44,7 +48,7 @@ class Run:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=6e-4,
                                      **({"fused": True} if device == "cuda" else {}))
         self.g = torch.Generator(device=device).manual_seed(0)
-        self.mon = Monitor(self.model, every=EVERY).attach() if monitored else None
+        self.mon = Monitor(self.model, every=EVERY, window=WINDOW).attach() if monitored else None
         self.times, self.losses = [], []
 
     def step(self):
@@ -148,12 +152,18 @@ def breakdown(run: Run, reps: int = 5) -> dict:
 
 
 def main(argv=None) -> dict:
+    global EVERY, WINDOW
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=210)
+    ap.add_argument("--steps", type=int, default=None, help="default: 10 + 20 intervals of --every")
+    ap.add_argument("--every", type=int, default=EVERY, help="the monitor's sampling interval (default: its own)")
+    ap.add_argument("--window", type=int, default=None, help="the monitor's window (default: its own, or --every)")
     ap.add_argument("--cpu", action="store_true", help="a small GPT on the CPU instead of GPT-2 small on CUDA")
     ap.add_argument("--no-deterministic", dest="deterministic", action="store_false")
     args = ap.parse_args(argv)
+    EVERY = args.every
+    WINDOW = args.window or (WINDOW if WINDOW % EVERY == 0 else EVERY)
+    args.steps = args.steps or SKIP + 20 * EVERY
     device = "cpu" if args.cpu else "cuda"
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -164,7 +174,10 @@ def main(argv=None) -> dict:
         cfg = GPTConfig(block_size=128, vocab_size=512, n_layer=4, n_head=4, n_embd=128)
         batch, name, dev_name = 4, "small GPT 4 × 4 × 128, context 128, SDPA, FP32", "CPU"
     out = {"device": dev_name, "torch": torch.__version__, "steps": args.steps, "batch": batch, "model": name,
-           "monitor": f"Monitor(model) defaults (every={EVERY}, window=50)", "deterministic": args.deterministic,
+           "monitor": f"Monitor(model, every={EVERY}, window={WINDOW})"
+                      + (" (its defaults)" if (EVERY, WINDOW) == (_DEFAULTS["every"].default,
+                                                                 _DEFAULTS["window"].default) else ""),
+           "every": EVERY, "window": WINDOW, "deterministic": args.deterministic,
            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "git": os.environ.get("LPFAIL_GIT")}
     with warnings.catch_warnings(record=True) as caught:  # ops without a deterministic implementation

@@ -34,7 +34,8 @@ print({k: float(res[k]) for k in res if k.startswith('match_') and float(res[k])
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = overhead ]; then
   # deterministic kernels (and cuBLAS workspace), so that plain vs plain is equal and plain vs monitored
-  # measures the monitor alone; 210 steps = 20 sampled steps after the warm-up (≈ 3 × 6 s of GPU time)
+  # measures the monitor alone; 610 steps = 6 sampled steps at the default every=100 (≈ 3 × 21 s of GPU time);
+  # OVERHEAD_ARGS="--steps 210 --every 10 --window 50" measures the old interval
   CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 300 python3 tools/gpu_monitor_overhead.py "$OUT/monitor_overhead.json" \
-      --steps 210 2>&1 | tail -30
+      ${OVERHEAD_ARGS:---steps 610} 2>&1 | tail -30
 fi
