@@ -55,3 +55,26 @@ def test_overhead_lines_say_missed_and_name_the_missing_floor():
     text = " ".join(" ".join(overhead_lines(new, {"when": "2026-12-01"})).split())
     assert "target ≤ 2 %: met" in text and "2026-12-02" in text and "git abcdef123456" in text
     assert "noise floor): True" in text and "+0.3 %" in text
+
+
+def test_overhead_loader_and_breakdown(tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    from lpfail.book import diagnose as dg
+
+    monkeypatch.setenv("LPFAIL_RESULTS_DIR", str(tmp_path))
+    assert dg.load_overhead() is None
+    p = tmp_path / dg.OVERHEAD_FILE
+    p.parent.mkdir(parents=True)
+    p.write_text("{")
+    with pytest.raises(ValueError, match="corrupt"):
+        dg.load_overhead()
+    p.write_text(json.dumps({"sampled_step_breakdown_s": {"forward_sampled": 0.0324, "forward_plain": 0.0199,
+                                                           "qk_norms": 0.0038, "entropy_host": 0.0196}}))
+    lines = dg.breakdown_lines(dg.load_overhead())
+    text = " ".join(" ".join(lines).split())
+    assert "forward 32.4 ms sampled vs 19.9 ms plain" in text and "norms 3.8 ms" in text
+    assert "copy to host" not in text and all(len(x) <= 76 for x in "\n".join(lines).splitlines())
+    assert dg.breakdown_lines({}) == []

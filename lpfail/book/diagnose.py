@@ -139,11 +139,36 @@ def overhead_lines(res: dict, provenance: dict | None = None) -> list[str]:
     return [wrap(x) for x in lines]
 
 
-def load_overhead() -> dict | None:
-    """The stored measurement (results/kernels_gpu/monitor_overhead.json), or None."""
+#: The same measurement at the interval that was the default until 2026-12-01 (every=10, window=50).
+OVERHEAD_EVERY10_FILE = "kernels_gpu/monitor_overhead_every10.json"
+
+
+def load_overhead(name: str = OVERHEAD_FILE) -> dict | None:
+    """A stored measurement (default: results/kernels_gpu/monitor_overhead.json, the monitor at its default
+    interval), or None when there is none; ValueError when the file is not valid JSON."""
     import json
 
     from lpfail import results
 
-    p = results.results_dir() / OVERHEAD_FILE
-    return json.loads(p.read_text()) if p.exists() else None
+    p = results.results_dir() / name
+    if not p.exists():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name} is corrupt: {e}") from None
+
+
+def breakdown_lines(res: dict) -> list[str]:
+    """Where a sampled step's extra time went (`sampled_step_breakdown_s`, medians, synchronised around each
+    part), in ms, as plain-text lines (≤ 76 characters); [] for a measurement without a breakdown."""
+    from lpfail.book.text import wrap
+
+    b = res.get("sampled_step_breakdown_s")
+    if not b:
+        return []
+    ms = lambda k: f"{1e3 * b[k]:.1f} ms"  # noqa: E731
+    parts = [f"forward {ms('forward_sampled')} sampled vs {ms('forward_plain')} plain"]
+    parts += [f"{label} {ms(k)}" for k, label in (("qk_norms", "norms"), ("to_host", "copy to host"),
+                                                  ("entropy_host", "update eigenvalues (host)")) if k in b]
+    return [wrap("a sampled step's parts: " + "; ".join(parts))]
