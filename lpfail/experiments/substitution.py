@@ -583,32 +583,33 @@ def amendment_missing_text(c: AmendmentConfig, have: dict, missing: list[Point])
               "results/substitution_parts/, then collect again")
 
 
+def amendment_data(c: AmendmentConfig, directory: Path | None = None) -> dict:
+    """The amendment's result from the parts (its runs and lr_sweep's baselines): its analysis and the part
+    files used; raises lr_sweep.SweepIncomplete while any of its runs (or of A, C) is missing."""
+    have, missing = stored_for(c, directory)
+    if missing:
+        raise lr_sweep.SweepIncomplete(amendment_missing_text(c, have, missing))
+    _, metas = load_parts(directory)
+    return {"analysis": analyse_amendment(c, have), "parts": lr_sweep.used_parts(metas, have), "complete": True}
+
+
 @results.experiment("substitution_amendment", config=AmendmentConfig, gpu=True,
                     description="Chapter 2's amendment (2026-12-01): the FP32-score rows with m and L in FP32 (GPU)")
 def substitution_amendment(c: AmendmentConfig) -> dict:
     """Run the amendment's missing points (on a GPU), then its stored result from the parts; raises
     lr_sweep.SweepIncomplete while points are still missing."""
-    have, missing = stored_for(c)
+    _, missing = stored_for(c)
     if missing:
         run_points(SubstitutionConfig(check_baseline=False), missing)
-        have, missing = stored_for(c)
-    if missing:
-        raise lr_sweep.SweepIncomplete(amendment_missing_text(c, have, missing))
-    _, metas = load_parts()
-    used = lr_sweep.used_parts(metas, have)
-    return {"analysis": analyse_amendment(c, have), "parts": used, "complete": True}
+    return amendment_data(c)
 
 
 def store_amendment_from_parts(c: AmendmentConfig | None = None, directory: Path | None = None) -> results.Result:
     """Store the amendment's result from the parts (its runs and lr_sweep's baselines), on any machine; raises
     lr_sweep.SweepIncomplete, writing nothing, while any of its runs (or of A, C) is missing."""
     c = c or AmendmentConfig()
-    have, missing = stored_for(c, directory)
-    if missing:
-        raise lr_sweep.SweepIncomplete(amendment_missing_text(c, have, missing))
-    _, metas = load_parts(directory)
-    used = lr_sweep.used_parts(metas, have)
-    data = {"analysis": analyse_amendment(c, have), "parts": used, "complete": True}
+    data = amendment_data(c, directory)
+    used = data["parts"]
     return results.save("substitution_amendment", c, data, 0.0, directory,
                         provenance=lr_sweep.parts_provenance(used, none="lr_sweep's runs only"))
 
