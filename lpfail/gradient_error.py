@@ -217,6 +217,13 @@ def delta_term(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch
     with Δδ = δ under `policy` (from its own forward's O) − the exact δ, and Σ Δδ. The same arithmetic as
     `derivation_check`'s δ-term, cheap enough for every step of a window (`accumulation_run`).
     Returns {"term": (H, D, C) float64, "sum_dd": [H floats]}."""
+    return delta_terms(x, w_q, w_k, w_v, do, {"policy": policy}, n_head, qkv, input_dtype)["policy"]
+
+
+def delta_terms(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor, do: torch.Tensor,
+                policies: dict, n_head: int = 1, qkv: tuple | None = None, input_dtype=torch.bfloat16) -> dict:
+    """`delta_term` for several policies (name → Precision) on the same tensors: the exact softmax, PK and the
+    exact δ are computed once and shared; {name: {"term", "sum_dd"}}."""
     if x.dim() != 3 or do.dim() != 4:
         raise ValueError(f"x must be (B, T, C) and do (B, H, T, D); got {tuple(x.shape)}, {tuple(do.shape)}")
     b, t, c = x.shape
@@ -231,14 +238,18 @@ def delta_term(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch
         q_in, k_in, v_in = (a.detach() for a in qkv)
         input_dtype = q_in.dtype
     do_in = do.detach().to(input_dtype)
-    fwd = flash_forward(q_in, k_in, v_in, policy)
-    d_lp = delta_lp(do_in, fwd.o, policy).double()
     q64, k64, v64 = q_in.double(), k_in.double(), v_in.double()
     mask = _causal(t, x.device)
     p64 = torch.softmax((q64 @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf), dim=-1)
-    dd = d_lp - (do_in.double() * (p64 @ v64)).sum(-1, keepdim=True)                   # (B, H, T, 1)
-    term = alpha * torch.einsum("bht,bhtd,btc->hdc", dd[..., 0], p64 @ k64, x64)
-    return {"term": term, "sum_dd": [float(v) for v in dd.sum(dim=(0, 2, 3))]}
+    d_hp = (do_in.double() * (p64 @ v64)).sum(-1, keepdim=True)                      # (B, H, T, 1) exact δ
+    pk = p64 @ k64
+    out = {}
+    for name, policy in policies.items():
+        fwd = flash_forward(q_in, k_in, v_in, policy)
+        dd = delta_lp(do_in, fwd.o, policy).double() - d_hp                          # (B, H, T, 1)
+        term = alpha * torch.einsum("bht,bhtd,btc->hdc", dd[..., 0], pk, x64)
+        out[name] = {"term": term, "sum_dd": [float(v) for v in dd.sum(dim=(0, 2, 3))]}
+    return out
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -360,9 +371,19 @@ def coherence_exponent(rho) -> list[float]:
     r = np.asarray(rho, dtype=np.float64)
     if r.ndim != 2 or r.shape[0] < 10 or not (r > 0).all():
         raise ValueError(f"coherence_exponent: need a (K ≥ 10, H) array of positive ratios (got {r.shape})")
-    ks = np.arange(1, r.shape[0] + 1)
-    tail = slice(max(1, r.shape[0] // 10), None)
-    return [float(np.polyfit(np.log(ks[tail]), np.log(r[tail, h]), 1)[0]) for h in range(r.shape[1])]
+    return tail_slopes(r)
+
+
+def tail_slopes(y) -> list[float]:
+    """Per column of y (K, H), all > 0: the slope of log y_K against log K, fitted after the first tenth of the
+    K values (the growth exponent; `coherence_exponent`, `accumulation_run`)."""
+    import numpy as np
+
+    y = np.asarray(y, dtype=np.float64)
+    ks = np.arange(1, y.shape[0] + 1)
+    tail = slice(max(1, y.shape[0] // 10), None)
+    lx = np.log(ks[tail])
+    return [float(np.polyfit(lx, np.log(y[tail, h]), 1)[0]) for h in range(y.shape[1])]
 
 
 def term_sizes(norm_signs):

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from lpfail import results
-from lpfail.gradient_error import TOL, capture_layer, delta_term, derivation_check, synthetic_inputs
+from lpfail.gradient_error import TOL, capture_layer, delta_terms, derivation_check, synthetic_inputs, \
+    tail_slopes
 from lpfail.precision import Precision
 
 _SCALARS = ("eq1_rel_err", "eq2_rel_err", "eq3_rel_err", "eq3_cos_mean", "share_cos", "share_norm", "sum_dd",
@@ -214,7 +215,7 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
     (bit for bit the run: `lpfail.train.train` with replay and resume), and after each update captures layer
     `layer` on the first `rows` sequences of the next step's batch. For each policy (name → Precision string;
     default `ACC_POLICIES`: A, A with the official fix, A with stochastic rounding, D) it adds Eq. 2's δ-term
-    (`lpfail.gradient_error.delta_term`, per head) to a running sum E_K, on the *same* tensors, so that only
+    (`lpfail.gradient_error.delta_terms`, per head) to a running sum E_K, on the *same* tensors, so that only
     the arithmetic of δ differs. Beside it, `n_signs` sums of the same terms with random signs (seeded): what
     the same terms give when their signs carry no bias (∝ √K). Returns per policy the norms ‖E_K‖ per head and
     K, the sign-randomized RMS norms (and each sign draw's norm, "norm_signs_each": K × n_signs × H), Σ Δδ per
@@ -252,9 +253,10 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
         with amp:
             cap = capture_layer(model, x.to(device), y.to(device), layer)
         signs = torch.randint(0, 2, (n_signs,), generator=g).double() * 2 - 1
-        for name, pol in policies.items():
-            r = delta_term(cap["x"], cap["w_q"], cap["w_k"], cap["w_v"], cap["do"], pol, n_head=cap["n_head"],
-                           qkv=cap["qkv"])                                  # on the run's device, in float64
+        terms = delta_terms(cap["x"], cap["w_q"], cap["w_k"], cap["w_v"], cap["do"], policies,
+                            n_head=cap["n_head"], qkv=cap["qkv"])           # on the run's device, in float64
+        for name in policies:
+            r = terms[name]
             t = r["term"].cpu()                                                             # (H, D, C)
             acc[name] = t.clone() if acc[name] is None else acc[name] + t
             st = signs.view(-1, 1, 1, 1) * t
@@ -278,14 +280,9 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
         log("accumulation: the window's losses differ from the recorded run's (not on A's trajectory)")
     for name in policies:
         n = np.asarray(out[name]["norm"])                                                   # (K, H)
-        ks = np.arange(1, len(n) + 1)
-        tail = slice(max(1, len(n) // 10), None)
-        lx = np.log(ks[tail])
-        out[name]["exponent"] = [float(np.polyfit(lx, np.log(np.maximum(n[tail, h], 1e-300)), 1)[0])
-                                 for h in range(n.shape[1])] if len(n) > 2 else []
         ns = np.asarray(out[name]["norm_signs"])
-        out[name]["exponent_signs"] = [float(np.polyfit(lx, np.log(np.maximum(ns[tail, h], 1e-300)), 1)[0])
-                                       for h in range(ns.shape[1])] if len(ns) > 2 else []
+        out[name]["exponent"] = tail_slopes(np.maximum(n, 1e-300)) if len(n) > 2 else []
+        out[name]["exponent_signs"] = tail_slopes(np.maximum(ns, 1e-300)) if len(ns) > 2 else []
         log(f"accumulation {name}: exponent per head {np.round(out[name]['exponent'], 2).tolist()} "
             f"(random signs {np.round(out[name]['exponent_signs'], 2).tolist()})")
     return {"step": int(step), "k": int(k), "layer": int(layer), "rows": int(rows), "status": res.status,
