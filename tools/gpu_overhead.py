@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import kernels
+from lpfail import results
 from lpfail.precision import FA2_BF16
 
 SHAPE = (1, 1, 128, 64)
@@ -44,15 +44,6 @@ def per_call_us(fn, calls=CALLS, warmup=50, repeats=REPEATS):
         torch.cuda.synchronize()
         out.append(1e6 * (time.perf_counter() - t0) / calls)
     return round(statistics.median(out), 2)
-
-
-def _commit():
-    if os.environ.get("LPFAIL_GIT"):
-        return os.environ["LPFAIL_GIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def _fwd_bwd(attn, q, k, v, do):
@@ -83,7 +74,7 @@ def main(path):
     res = {"what": "host time per call of a tiny problem (issue 13, target <= 40 us): wall time per call of "
                    f"{CALLS} back-to-back calls, median of {REPEATS}",
            "device": torch.cuda.get_device_name(), "when_utc": datetime.datetime.now(datetime.timezone.utc)
-           .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": _commit(), "torch": torch.__version__,
+           .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": results._git(), "torch": torch.__version__,
            "triton": triton.__version__, "shape": list(SHAPE), "dtype": "bf16", "causal": True, "calls": CALLS,
            "repeats": REPEATS, "unit": "us"}
     os.environ[kernels.DIRECT_ENV] = "1"        # the direct launch (the default)

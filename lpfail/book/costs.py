@@ -104,19 +104,23 @@ def html_table(header: Sequence[str], rows: Sequence[Sequence], caption: str | N
     return "".join(out) + "</table>"
 
 
+def _small_lines(texts) -> str:
+    """Plain-text lines, escaped, one <div> each, in small type that wraps at the column's edge."""
+    lines = "".join(f"<div>{html.escape(t)}</div>" for t in texts)
+    return f"<div class='lpfail-provenance' style='font-size:0.8em;color:#555;overflow-wrap:anywhere'>{lines}</div>"
+
+
 def provenance_html(*results_) -> str:
     """Where and when each result was computed (``Result.provenance``), one short line each, in small type that
     wraps at the column's edge (a printed line would have to be scrolled sideways)."""
-    lines = "".join(f"<div>{html.escape(r.provenance)}</div>" for r in results_)
-    return f"<div class='lpfail-provenance' style='font-size:0.8em;color:#555;overflow-wrap:anywhere'>{lines}</div>"
+    return _small_lines(r.provenance for r in results_)
 
 
 def parts_html(parts) -> str:
     """The part files a result was assembled from (``{"file", "device", "created", "git"}`` each), one short
     line each, in the same small wrapping type as `provenance_html`."""
-    lines = "".join("<div>" + html.escape(f"part {m['file']}: {m['device']}, {m['created']}, "
-                                          f"git {str(m['git'])[:12]}") + "</div>" for m in parts)
-    return f"<div class='lpfail-provenance' style='font-size:0.8em;color:#555;overflow-wrap:anywhere'>{lines}</div>"
+    return _small_lines(f"part {m['file']}: {m['device']}, {m['created']}, git {str(m['git'])[:12]}"
+                        for m in parts)
 
 
 # -- what each GPU experiment costs -----------------------------------------------------------------------
