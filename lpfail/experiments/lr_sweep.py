@@ -580,6 +580,10 @@ def run_and_analyse(c: LRSweepConfig, name: str, key: str, analyse) -> dict:
     """The body of an experiment that adds variants to this grid: run its missing points (only the new variants
     when this grid's parts are there), assemble them, and store ``analyse(result)`` under ``key``."""
     have, metas = run_missing(c, name)
+    return _assemble_analysed(c, have, metas, key, analyse)
+
+
+def _assemble_analysed(c: LRSweepConfig, have: dict, metas: list[dict], key: str, analyse) -> dict:
     out = assemble(c, have, metas)
     out[key] = analyse(out)
     return out
@@ -609,8 +613,7 @@ def extra_variants_main(argv, name: str, c: LRSweepConfig, new: tuple[str, ...],
               f"`python -m lpfail.experiments.{name} drive` on a GPU machine", file=sys.stderr)
         return 1
     used = used_parts(metas, have)
-    data = assemble(c, have, used)
-    data[key] = analyse(data)
+    data = _assemble_analysed(c, have, used, key, analyse)
     print(results.save(name, c, data, 0.0, provenance=parts_provenance(used)).provenance)
     return 0
 
