@@ -34,21 +34,22 @@ from lpfail.monitor import Monitor, MonitorWarning
 import inspect
 
 _DEFAULTS = inspect.signature(Monitor.__init__).parameters
-EVERY, WINDOW = _DEFAULTS["every"].default, _DEFAULTS["window"].default   # set by main() from --every/--window
+EVERY, WINDOW = _DEFAULTS["every"].default, _DEFAULTS["window"].default   # the monitor's defaults
 SKIP = 10  # warm-up steps left out (the means then cover the steps SKIP..N-1)
 
 
 class Run:
     """One training run (its own model, optimizer and token stream), advanced a step at a time."""
 
-    def __init__(self, monitored: bool, device: str, cfg: GPTConfig, batch: int):
+    def __init__(self, monitored: bool, device: str, cfg: GPTConfig, batch: int, every: int = EVERY,
+                 window: int = WINDOW):
         torch.manual_seed(0)
         self.device, self.cfg, self.batch = device, cfg, batch
         self.model = GPT(cfg).to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=6e-4,
                                      **({"fused": True} if device == "cuda" else {}))
         self.g = torch.Generator(device=device).manual_seed(0)
-        self.mon = Monitor(self.model, every=EVERY, window=WINDOW).attach() if monitored else None
+        self.mon = Monitor(self.model, every=every, window=window).attach() if monitored else None
         self.times, self.losses = [], []
 
     def step(self):
@@ -71,10 +72,10 @@ class Run:
         self.losses.append(loss.item())
 
 
-def run_all(steps: int, device: str, cfg: GPTConfig, batch: int):
+def run_all(steps: int, device: str, cfg: GPTConfig, batch: int, every: int = EVERY, window: int = WINDOW):
     """plain, monitored, plain again — interleaved step by step, so that a machine whose speed drifts (a
     shared CPU, a GPU's clocks) slows all three alike. The monitor's hooks sit on its own model only."""
-    runs = [Run(False, device, cfg, batch), Run(True, device, cfg, batch), Run(False, device, cfg, batch)]
+    runs = [Run(monitored, device, cfg, batch, every, window) for monitored in (False, True, False)]
     try:
         for _ in range(steps):
             for r in runs:
@@ -152,7 +153,6 @@ def breakdown(run: Run, reps: int = 5) -> dict:
 
 
 def main(argv=None) -> dict:
-    global EVERY, WINDOW
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--steps", type=int, default=None, help="default: 10 + 20 intervals of --every")
@@ -161,9 +161,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--cpu", action="store_true", help="a small GPT on the CPU instead of GPT-2 small on CUDA")
     ap.add_argument("--no-deterministic", dest="deterministic", action="store_false")
     args = ap.parse_args(argv)
-    EVERY = args.every
-    WINDOW = args.window or (WINDOW if WINDOW % EVERY == 0 else EVERY)
-    args.steps = args.steps or SKIP + 20 * EVERY
+    every = args.every
+    window = args.window or (WINDOW if WINDOW % every == 0 else every)
+    args.steps = args.steps or SKIP + 20 * every
     device = "cpu" if args.cpu else "cuda"
     if args.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -174,15 +174,14 @@ def main(argv=None) -> dict:
         cfg = GPTConfig(block_size=128, vocab_size=512, n_layer=4, n_head=4, n_embd=128)
         batch, name, dev_name = 4, "small GPT 4 × 4 × 128, context 128, SDPA, FP32", "CPU"
     out = {"device": dev_name, "torch": torch.__version__, "steps": args.steps, "batch": batch, "model": name,
-           "monitor": f"Monitor(model, every={EVERY}, window={WINDOW})"
-                      + (" (its defaults)" if (EVERY, WINDOW) == (_DEFAULTS["every"].default,
-                                                                 _DEFAULTS["window"].default) else ""),
-           "every": EVERY, "window": WINDOW, "deterministic": args.deterministic,
+           "monitor": f"Monitor(model, every={every}, window={window})"
+                      + (" (its defaults)" if (every, window) == (EVERY, WINDOW) else ""),
+           "every": every, "window": window, "deterministic": args.deterministic,
            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "git": os.environ.get("LPFAIL_GIT")}
     with warnings.catch_warnings(record=True) as caught:  # ops without a deterministic implementation
         warnings.simplefilter("always")
-        p1, m, p2 = run_all(args.steps, device, cfg, batch)
+        p1, m, p2 = run_all(args.steps, device, cfg, batch, every, window)
     out["nondeterministic_ops"] = sorted({str(w.message)[:160] for w in caught
                                           if "deterministic" in str(w.message)})
     (plain1, loss1), (mon_t, loss_m), (plain2, loss2) = ((r.times, r.losses) for r in (p1, m, p2))
@@ -193,8 +192,8 @@ def main(argv=None) -> dict:
     finally:
         m.mon.detach()
     steps = range(SKIP, args.steps)
-    unsampled = [i for i in steps if i % EVERY]
-    sampled = [i for i in steps if i % EVERY == 0]
+    unsampled = [i for i in steps if i % every]
+    sampled = [i for i in steps if i % every == 0]
     med = lambda t, ix: statistics.median(t[i] for i in ix)  # noqa: E731
     mean = lambda t, ix: sum(t[i] for i in ix) / len(ix)  # noqa: E731
     base_med = (med(plain1, unsampled) + med(plain2, unsampled)) / 2
