@@ -1,4 +1,5 @@
-"""Command line: ``python -m lpfail list | run NAME [--set key=value ...] | show NAME | bench kernels | train``.
+"""Command line: ``python -m lpfail list | run NAME [--set key=value ...] | show NAME | bench kernels | train |
+sweep NAME status|plan|checks|drive|collect`` (the last: `lpfail.sweep.cli`).
 
 ``python -m lpfail train [--preset tiny|probe|gpt2-small|gpt2-medium] [--set key=value ...]`` trains (see
 `lpfail.train`); under ``torchrun --nproc_per_node=N`` it runs data-parallel on N GPUs."""
@@ -113,6 +114,11 @@ def _cmd_train(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sweep"]:  # grids of training runs: their own command line
+        from lpfail.sweep.cli import main as sweep_main
+
+        return sweep_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m lpfail", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="list the registered experiments and the state of their stored results")
@@ -141,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--prepare-data", action="store_true", help="download and tokenize OpenWebText first")
     p_train.add_argument("--print-config", action="store_true", help="print the config and exit")
     p_train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sub.add_parser("sweep", help="a grid of training runs: `sweep NAME status|plan|checks|drive|collect` "
+                                 "(`sweep list` names the grids)")
     args = parser.parse_args(argv)
     handler = {"list": _cmd_list, "run": _cmd_run, "show": _cmd_show, "bench": _cmd_bench,
                "train": _cmd_train}[args.cmd]

@@ -35,14 +35,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-#: Modules that register experiments when imported. `registry()` imports them on first use.
-EXPERIMENT_MODULES = ("lpfail.experiments.rounding", "kernels.bench", "lpfail.experiments.train_ddp",
-                      "lpfail.experiments.train_speed", "lpfail.experiments.symptom", "lpfail.experiments.fix_rows",
-                      "lpfail.experiments.lr_sweep", "lpfail.experiments.official_check",
-                      "lpfail.experiments.prod_kernels", "lpfail.experiments.cures",
-                      "lpfail.experiments.fix_sweep", "lpfail.experiments.fix_training",
-                      "lpfail.experiments.compiled_sweep", "lpfail.experiments.substitution",
-                      "lpfail.experiments.gradient_error")
+#: Packages whose modules register experiments. `registry()` walks them on first use and imports every module
+#: whose source registers one (``experiment(`` as a decorator): a new experiment module needs no entry here.
+EXPERIMENT_PACKAGES = ("lpfail.experiments", "kernels")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,16 +97,34 @@ def experiment(name: str, config: type, gpu: bool = False, description: str | No
     return register
 
 
+def experiment_modules() -> list[str]:
+    """The modules of `EXPERIMENT_PACKAGES` that register an experiment, found by a walk of the packages (each
+    module's source is read, not imported, to decide)."""
+    import pkgutil
+    import re
+
+    out = []
+    for pkg_name in EXPERIMENT_PACKAGES:
+        try:
+            pkg = importlib.import_module(pkg_name)
+        except ModuleNotFoundError as e:
+            if e.name != pkg_name:
+                raise
+            continue
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+            path = Path(info.module_finder.path) / f"{info.name}.py"
+            if not info.ispkg and path.is_file() and re.search(r"^@(results\.)?experiment\(", path.read_text(),
+                                                                re.MULTILINE):
+                out.append(f"{pkg_name}.{info.name}")
+    return out
+
+
 def registry() -> dict[str, Experiment]:
-    """All registered experiments (importing the modules that define them)."""
+    """All registered experiments (importing the modules that define them, found by `experiment_modules`)."""
     global _IMPORTED
     if not _IMPORTED:
-        for mod in EXPERIMENT_MODULES:
-            try:
-                importlib.import_module(mod)
-            except ModuleNotFoundError as e:
-                if e.name != mod:  # a real missing dependency inside the module: surface it
-                    raise
+        for mod in experiment_modules():
+            importlib.import_module(mod)
         _IMPORTED = True
     return dict(_REGISTRY)
 

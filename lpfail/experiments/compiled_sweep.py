@@ -13,7 +13,7 @@ C      ``reference(FP32)``                            the control (lr_sweep's ru
 A_comp ``reference(PAPER_BF16_COMPILED)``             the official code under torch.compile (18 new runs)
 ====== ============================================== ===================================================
 
-The runs are lr_sweep runs (`lr_sweep.VARIANTS`, the same part files, keyed by a hash of their TrainConfig). The
+The runs are lr_sweep runs (`lpfail.experiments.variants`, the same part files, keyed by a hash of their TrainConfig). The
 preset is read by name when a run starts: run this only after `official_check` on a GPU has confirmed the preset
 (≥ 99.9 % bit agreement with the compiled official code); a run of an earlier preset has another TrainConfig hash
 only if the preset's string changed, so check `PAPER_BF16_COMPILED`'s string against the one in the stored runs.
@@ -23,8 +23,8 @@ What was known then: lr_sweep's S(A) − S(C) = +0.083 with a CI above 0 at the 
 arithmetic's tied-row output bias on chapter 4's rows equal to the eager one within its CI (issue 16's probe),
 no training run of it.
 
-``python -m lpfail.experiments.compiled_sweep status | checks | drive --budget S | collect``; on the GPU
-``tools/gpu_batch.sh compiled-start compiled-wait``.
+``python -m lpfail sweep compiled_sweep status | plan | checks | drive [--budget S] [--quick] | collect``; on a GPU
+machine ``tools/gpu.sh compiled_sweep start``.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ import numpy as np
 
 from lpfail import results
 from lpfail.experiments import lr_sweep as L
+from lpfail.experiments.variants import VARIANTS
+from lpfail.sweep import register, run_experiment
+from lpfail.sweep.stats import interval, judge, sensitivity_draws
 
 PREREGISTERED_ON = "2026-12-01"
 NEW = ("A_comp",)
@@ -63,36 +66,64 @@ def judge_compiled(res: dict) -> dict:
     for v in ("A", "C", "A_comp"):
         if v not in variants:
             raise ValueError(f"judge_compiled: variant {v!r} missing from the result (has {variants})")
-    S, _ = L.sensitivity_draws(res)
+    S, _ = sensitivity_draws(res)
 
     def diff(x, y):
-        ci = L.interval(S[x][1] - S[y][1])
+        ci = interval(S[x][1] - S[y][1])
         return {"point": S[x][0] - S[y][0], "ci": list(ci)}
 
     symptom = diff("A_comp", "C")
-    symptom["verdict"] = L.judge(*symptom["ci"], "above")
+    symptom["verdict"] = judge(*symptom["ci"], "above")
     eager = diff("A_comp", "A")
     lo, hi = eager["ci"]
     eager["verdict"] = "yes" if lo <= 0 <= hi else ("higher" if lo > 0 else "lower")
     status = np.asarray(res["small_status"])
     return {"preregistered_on": PREREGISTERED_ON, "rule": COMPILED_RULE, "hypotheses": dict(COMPILED_HYPOTHESES),
-            "S": {v: {"S": S[v][0], "ci": list(L.interval(S[v][1]))} for v in variants},
+            "S": {v: {"S": S[v][0], "ci": list(interval(S[v][1]))} for v in variants},
             "symptom": symptom, "same_as_eager": eager, "gap_A_C": diff("A", "C"),
             "nonfinite": {v: int(status[variants.index(v)].sum()) for v in variants},
-            "preset": L.VARIANTS["A_comp"].attention}
+            "preset": VARIANTS["A_comp"].attention}
+
+
+class CompiledGrid(L.LRGrid):
+    """lr_sweep's grid with A_comp; the quick profile's headline is S(A_comp) − S(C)."""
+
+    quick_variants = ("A_comp", "C")
+    quick_label = "S(A_comp) − S(C) at the smaller size, one seed"
+
+    def headline(self, have: dict, seed: int) -> float:
+        return self.seed_sensitivity(have, "A_comp", seed) - self.seed_sensitivity(have, "C", seed)
+
+    def ready(self) -> str:
+        """Runs of A_comp start only once `official_check` (on a GPU) confirms PAPER_BF16_COMPILED."""
+        from lpfail.experiments.official_check import preset_confirmed
+
+        try:
+            ok, why = preset_confirmed(results.load("official_check"))
+        except results.ResultError as e:
+            return f"no usable official_check result ({e})"
+        return "" if ok else f"official_check does not confirm the preset: {why}"
+
+
+@register("compiled_sweep")
+def compiled_sweep_grid(config: CompiledSweepConfig | None = None) -> CompiledGrid:
+    return CompiledGrid(config or CompiledSweepConfig(), "compiled_sweep", "compiled_analysis", judge_compiled,
+                        new=NEW)
 
 
 @results.experiment("compiled_sweep", config=CompiledSweepConfig, gpu=True,
                     description="PAPER_BF16_COMPILED beside A and C on lr_sweep's grid, smaller size (ch. 1; GPU)")
 def compiled_sweep(c: CompiledSweepConfig) -> dict:
     """Run the missing points (only A_comp when lr_sweep's parts are there), assemble, judge."""
-    return L.run_and_analyse(c, "compiled_sweep", "compiled_analysis", judge_compiled)
+    return run_experiment(compiled_sweep_grid(c))
 
 
 def main(argv=None) -> int:
-    """``status | checks | drive --budget S | collect`` (`lr_sweep.extra_variants_main`)."""
-    return L.extra_variants_main(argv, "compiled_sweep", CompiledSweepConfig(), NEW, "compiled_analysis",
-                                 judge_compiled)
+    """``python -m lpfail.experiments.compiled_sweep CMD`` is ``python -m lpfail sweep compiled_sweep CMD``."""
+    from lpfail.sweep.cli import main as sweep_main
+
+    return sweep_main(["compiled_sweep", *(argv if argv is not None else __import__("sys").argv[1:])])
+
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

@@ -56,6 +56,9 @@ import numpy as np
 
 from lpfail import results
 from lpfail.experiments import lr_sweep as ls
+from lpfail.experiments.variants import VARIANTS, check as check_variants
+from lpfail.sweep import lookup, register, run_experiment
+from lpfail.sweep.stats import bootstrap_seed_indices, effective_loss, interval, judge, sensitivities
 
 PREREGISTERED_ON = "2026-12-01"
 BASELINE, CONTROL = "A", "C"
@@ -95,9 +98,7 @@ class CuresConfig:
     variants: tuple[str, ...] = REUSED + NEW
 
     def __post_init__(self):
-        unknown = [v for v in self.variants if v not in ls.VARIANTS]
-        if unknown:
-            raise ValueError(f"CuresConfig: unknown variant(s) {unknown}; variants: {list(ls.VARIANTS)}")
+        check_variants(self.variants, "CuresConfig")
         if BASELINE not in self.variants or CONTROL not in self.variants:
             raise ValueError(f"CuresConfig.variants must include {BASELINE} and {CONTROL}")
 
@@ -107,61 +108,72 @@ class CuresConfig:
         return ls.LRSweepConfig(variants=tuple(self.variants), large_variants=())
 
 
-def plan_summary(cfg: CuresConfig | None = None) -> dict:
-    """How many runs the grid has, how many are stored (reused), and which are missing, per variant."""
-    cfg = cfg or CuresConfig()
-    runs, _ = ls.load_parts()
-    have, missing = ls.stored_for(cfg.sweep(), runs)
-    per = {v: {"stored": sum(k.split("/")[1] == v for k in have), "missing": sum(p.variant == v for p in missing)}
-           for v in cfg.variants}
-    return {"planned": len(have) + len(missing), "stored": len(have), "missing": len(missing), "per_variant": per}
+class CuresGrid(ls.LRGrid):
+    """lr_sweep's grid with the cures (smaller size only), analysed by this experiment's rule; the quick
+    profile's headline is production arithmetic's (D) half-gap statistic."""
+
+    quick_variants = ("A", "C", "D")
+    quick_label = "(S(D) − S(C)) − ½·(S(A) − S(C)) at the smaller size, one seed"
+
+    def __init__(self, cfg: CuresConfig):
+        super().__init__(cfg.sweep(), "cures", "cures_analysis", analyse, new=NEW, lr_analysis=False,
+                         experiment_config=cfg)
+
+    def result(self, have: dict, parts: list[dict]) -> dict:
+        out = super().result(have, parts)
+        out["preregistered_on"] = PREREGISTERED_ON
+        return out
+
+    def headline(self, have: dict, seed: int) -> float:
+        s = {v: self.seed_sensitivity(have, v, seed) for v in self.quick_variants}
+        return s["D"] - s["C"] - 0.5 * (s["A"] - s["C"])
 
 
-def grid_status(cfg: CuresConfig | None = None, runs: dict | None = None) -> dict:
+@register("cures")
+def cures_grid(config: CuresConfig | None = None) -> CuresGrid:
+    return CuresGrid(config or CuresConfig())
+
+
+def grid_status(cfg: CuresConfig | None = None, directory=None) -> dict:
     """Which points of the cures grid are stored: per variant the stored and planned run counts, whether the
     variant is complete, and for an incomplete one the learning rates with missing runs ({lr: [seeds]}).
     ``complete`` is True when the whole grid is stored; ``judgeable`` lists the variants whose verdicts the
     pre-registered rule can give now (see `partial_analysis`)."""
     cfg = cfg or CuresConfig()
-    if runs is None:
-        runs, _ = ls.load_parts()
-    have, missing = ls.stored_for(cfg.sweep(), runs)
+    lk = lookup(cures_grid(cfg), directory)
     per = {}
     for v in cfg.variants:
-        miss = [p for p in missing if p.variant == v]
+        miss = [r for r in lk.missing if r.group == v]
         lrs: dict[float, list[int]] = {}
-        for p in miss:
-            lrs.setdefault(float(p.lr), []).append(int(p.seed))
-        stored = sum(k.split("/")[1] == v for k in have)
+        for r in miss:
+            lrs.setdefault(float(r.config.lr), []).append(int(r.seed))
+        stored = sum(r.group == v and r.id in lk.have for r in lk.runs)
         per[v] = {"stored": stored, "planned": stored + len(miss), "complete": not miss,
                   "missing_lrs": {lr: sorted(s) for lr, s in sorted(lrs.items())}}
     base_ok = per[BASELINE]["complete"] and per[CONTROL]["complete"]
-    return {"planned": len(have) + len(missing), "stored": len(have), "complete": not missing,
-            "per_variant": per,
+    return {"planned": len(lk.runs), "stored": len(lk.have), "complete": lk.complete, "per_variant": per,
             "judgeable": [v for v in cfg.variants if base_ok and per[v]["complete"]],
             "not_judged": [v for v in cfg.variants if not (base_ok and per[v]["complete"])]}
 
 
-def partial_analysis(cfg: CuresConfig | None = None) -> dict:
+def partial_analysis(cfg: CuresConfig | None = None, directory=None) -> dict:
     """The pre-registered analysis for the *complete* variants of a partly stored grid, and the grid's status.
 
     Why this is the pre-registered verdict and not a peek: the rule (`RULE`) is defined per cure — S(c) and its
-    bootstrap draws use only cure c's 6 × 3 runs (`ls.sensitivities` works variant by variant), and the
-    resamples of the seeds (`ls.bootstrap_seed_indices`) depend only on the number of seeds — so a complete
+    bootstrap draws use only cure c's 6 × 3 runs (`sensitivities` works variant by variant), and the
+    resamples of the seeds (`bootstrap_seed_indices`) depend only on the number of seeds — so a complete
     cure's K1/K2 verdict, compared with complete A and C, is exactly the one the whole grid will give; the
     runs still missing cannot change it. An incomplete variant gets no S and no verdict. Returns
     {"status": grid_status, "analysis": analyse(...) over the judgeable variants, or None when A or C is
     incomplete}."""
     cfg = cfg or CuresConfig()
-    runs, metas = ls.load_parts()
-    status = grid_status(cfg, runs)
+    status = grid_status(cfg, directory)
     judged = tuple(status["judgeable"])
     if not judged:
         return {"status": status, "analysis": None, "parts": []}
     sub = CuresConfig(variants=judged)
-    have, _ = ls.stored_for(sub.sweep(), runs)
-    used = ls.used_parts(metas, have)
-    out = ls.assemble(sub.sweep(), have, used, analysed=False)
+    lk = lookup(cures_grid(sub), directory)
+    out = ls.assemble(sub.sweep(), lk.have, lk.parts, analysed=False)
     return {"status": status, "analysis": analyse(out), "parts": out["parts"]}
 
 
@@ -195,29 +207,29 @@ def analyse(res) -> dict:
     """The cures table from an assembled lr_sweep-style result of the cures grid (`ls.assemble`): per variant
     S with CI, S(c) − S(A) and the K1/K2 verdicts with CIs, the fraction of the gap closed, relative throughput."""
     variants = [str(v) for v in np.asarray(res["small_variants"])]
-    eff = ls.effective_loss(res["small_val_final"], res["small_val_init"])           # (V, L, S)
-    idx = ls.bootstrap_seed_indices(eff.shape[-1])
-    point, boot = ls.sensitivities(eff, idx)
+    eff = effective_loss(res["small_val_final"], res["small_val_init"])           # (V, L, S)
+    idx = bootstrap_seed_indices(eff.shape[-1])
+    point, boot = sensitivities(eff, idx)
     tps = np.asarray(res["small_tokens_per_s"], dtype=np.float64)                    # (V, L, S)
     i_a, i_c = variants.index(BASELINE), variants.index(CONTROL)
     gap_p, gap_d = point[i_a] - point[i_c], boot[i_a] - boot[i_c]
-    gap_ci = ls.interval(gap_d)
-    has_gap = ls.judge(*gap_ci, "above") == "supported"
+    gap_ci = interval(gap_d)
+    has_gap = judge(*gap_ci, "above") == "supported"
     rows = {}
     for i, v in enumerate(variants):
-        row = {"label": ls.VARIANTS[v].label, "where": WHERE.get(v, "?"), "S": float(point[i]),
-               "ci": list(ls.interval(boot[i])),
+        row = {"label": VARIANTS[v].label, "where": WHERE.get(v, "?"), "S": float(point[i]),
+               "ci": list(interval(boot[i])),
                "throughput_vs_A": float(np.nanmedian(tps[i]) / np.nanmedian(tps[i_a]))}
         if v in CURES:
             d1 = boot[i] - boot[i_a]
-            k1 = {"point": float(point[i] - point[i_a]), "ci": list(ls.interval(d1))}
-            k1["verdict"] = ls.judge(*k1["ci"], "below")
+            k1 = {"point": float(point[i] - point[i_a]), "ci": list(interval(d1))}
+            k1["verdict"] = judge(*k1["ci"], "below")
             d2 = boot[i] - boot[i_c] - 0.5 * gap_d
-            k2 = {"point": float(point[i] - point[i_c] - 0.5 * gap_p), "ci": list(ls.interval(d2))}
-            k2["verdict"] = ls.judge(*k2["ci"], "below") if has_gap else "no gap to close"
+            k2 = {"point": float(point[i] - point[i_c] - 0.5 * gap_p), "ci": list(interval(d2))}
+            k2["verdict"] = judge(*k2["ci"], "below") if has_gap else "no gap to close"
             frac = (boot[i_a] - boot[i]) / np.where(gap_d > 0, gap_d, np.nan)
             row.update(K1=k1, K2=k2, gap_closed=float((point[i_a] - point[i]) / gap_p) if gap_p > 0 else None,
-                       gap_closed_ci=list(ls.interval(frac[np.isfinite(frac)])) if np.isfinite(frac).any() else None)
+                       gap_closed_ci=list(interval(frac[np.isfinite(frac)])) if np.isfinite(frac).any() else None)
         rows[v] = row
     return {"preregistered_on": PREREGISTERED_ON, "rule": RULE, "hypotheses": dict(HYPOTHESES),
             "predictions": dict(PREDICTIONS), "gap": {"point": float(gap_p), "ci": list(gap_ci)}, "cures": rows}
@@ -226,51 +238,15 @@ def analyse(res) -> dict:
 @results.experiment("cures", config=CuresConfig, gpu=True,
                     description="every cure of A on the LR-sensitivity proxy, reusing lr_sweep's runs (ch. 6; GPU)")
 def cures(cfg: CuresConfig) -> dict:
-    """Run the missing points of the cures grid (lr_sweep's driver), then assemble and analyse."""
-    have, metas = ls.run_missing(cfg.sweep(), "cures", "python -m lpfail run cures` (or `tools/gpu_cures.sh")
-    return assemble(cfg, have, metas)
-
-
-def assemble(cfg: CuresConfig, have: dict, metas: list[dict]) -> dict:
-    """lr_sweep's arrays for these runs (``metas``: the parts that hold them), with this experiment's analysis."""
-    out = ls.assemble(cfg.sweep(), have, metas, analysed=False)  # lr_sweep's H1–H4 are that experiment's
-    out["cures_analysis"] = analyse(out)
-    out["preregistered_on"] = PREREGISTERED_ON
-    return out
+    """Run the missing points of the cures grid, then assemble and analyse."""
+    return run_experiment(cures_grid(cfg))
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.cures",
-                                 description="the cures experiment: status, graph checks, drive, collect")
-    ap.add_argument("command", choices=("status", "checks", "drive", "collect"))
-    ap.add_argument("--budget", type=float, default=None)
-    ap.add_argument("--root", default=None)
-    args = ap.parse_args(argv)
-    cfg = CuresConfig()
-    c = cfg.sweep()
-    root = Path(args.root or os.environ.get("LPFAIL_LR_SWEEP_ROOT", ls.DEFAULT_ROOT))
-    if args.command == "status":
-        print(json.dumps(plan_summary(cfg), indent=1))
-        return 0
-    if args.command in ("checks", "drive"):  # checks: captured == uncaptured for the new variants
-        rc = ls.sweep_command(args.command, c, root, args.budget, "cures", NEW, log=lambda m: print(m, flush=True))
-        if args.command == "drive":
-            print(json.dumps(plan_summary(cfg)), flush=True)
-        return rc
-    runs, metas = ls.load_parts()
-    have, missing = ls.stored_for(c, runs)
-    if missing:  # nothing is written: a stored "cures" result is always the whole pre-registered grid
-        print(f"error: the cures grid is incomplete ({len(missing)} of {len(have) + len(missing)} runs missing); "
-              "nothing stored. Run the missing points on a GPU machine (tools/gpu_cures.sh); chapter 6 shows the "
-              "complete variants' verdicts meanwhile (cures.partial_analysis).\n"
-              + status_text(grid_status(cfg, runs)), file=sys.stderr)
-        return 1
-    used = ls.used_parts(metas, have)
-    res = results.save("cures", cfg, assemble(cfg, have, used), 0.0, provenance=ls.parts_provenance(used))
-    print(res.provenance)
-    return 0
+    """``python -m lpfail.experiments.cures CMD`` is ``python -m lpfail sweep cures CMD``."""
+    from lpfail.sweep.cli import main as sweep_main
 
-
+    return sweep_main(["cures", *(argv if argv is not None else sys.argv[1:])])
 
 
 # -- what a CPU can show now: each cure's effect on one attention call's gradient error --------------------------

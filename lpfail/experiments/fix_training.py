@@ -18,8 +18,9 @@ The rule (`FIX_RULE`, `judge_fixes`) was fixed in code on `PREREGISTERED_ON`, be
 runs were stored (and their sensitivity seen: 0.566 against A 0.595 and C 0.512) before this rule was written,
 so for B the rule is applied, not pre-registered.
 
-``python -m lpfail.experiments.fix_training status | drive --budget S | collect`` (the GPU script is
-``tools/gpu_fix_training.sh``); ``python -m lpfail run fix_training`` runs what is missing and stores the result.
+``python -m lpfail sweep fix_training status | plan | checks | drive [--budget S] [--quick] | collect`` (on a GPU
+machine ``tools/gpu.sh fix_training start``); ``python -m lpfail run fix_training`` runs what is missing and stores
+the result.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ import numpy as np
 
 from lpfail import results
 from lpfail.experiments import lr_sweep as L
+from lpfail.sweep import register, run_experiment
+from lpfail.sweep.stats import interval, judge, sensitivity_draws
 
 PREREGISTERED_ON = "2026-12-01"
 FIXES = ("B", "Bp", "R")
@@ -56,12 +59,12 @@ class FixTrainingConfig(L.LRSweepConfig):
 
 def judge_fixes(res: dict) -> dict:
     """The pre-registered analysis of a fix_training result (the arrays `lr_sweep.assemble` builds)."""
-    d, variants = L.sensitivity_draws(res)
+    d, variants = sensitivity_draws(res)
     out = {"preregistered_on": PREREGISTERED_ON, "rule": FIX_RULE, "hypotheses": dict(FIX_HYPOTHESES),
-           "S": {v: {"S": d[v][0], "ci": list(L.interval(d[v][1]))} for v in variants}}
+           "S": {v: {"S": d[v][0], "ci": list(interval(d[v][1]))} for v in variants}}
     gap_p, gap_d = d["A"][0] - d["C"][0], d["A"][1] - d["C"][1]
-    gap_ci = L.interval(gap_d)
-    out["gap"] = {"point": gap_p, "ci": list(gap_ci), "verdict": L.judge(*gap_ci, "above")}
+    gap_ci = interval(gap_d)
+    out["gap"] = {"point": gap_p, "ci": list(gap_ci), "verdict": judge(*gap_ci, "above")}
     status = np.asarray(res["small_status"])
     lrs = np.asarray(res["lrs"], dtype=np.float64)
     per = {}
@@ -69,12 +72,12 @@ def judge_fixes(res: dict) -> dict:
         if x not in d:
             continue
         half_p = d[x][0] - d["C"][0] - 0.5 * gap_p
-        half_ci = L.interval(d[x][1] - d["C"][1] - 0.5 * gap_d)
-        all_ci = L.interval(d[x][1] - d["C"][1])
-        word = L.judge(*half_ci, "below") if out["gap"]["verdict"] == "supported" else "no gap to close"
+        half_ci = interval(d[x][1] - d["C"][1] - 0.5 * gap_d)
+        all_ci = interval(d[x][1] - d["C"][1])
+        word = judge(*half_ci, "below") if out["gap"]["verdict"] == "supported" else "no gap to close"
         per[x] = {"closes_half": {"point": half_p, "ci": list(half_ci), "verdict": word},
                   "closes_all": {"point": d[x][0] - d["C"][0], "ci": list(all_ci),
-                                 "verdict": L.judge(*all_ci, "below")},
+                                 "verdict": judge(*all_ci, "below")},
                   "finite": [{"lr": float(lr), "nonfinite": int(status[variants.index(x), j].sum()),
                               "A_nonfinite": int(status[variants.index("A"), j].sum())}
                              for j, lr in enumerate(lrs)]}
@@ -83,17 +86,35 @@ def judge_fixes(res: dict) -> dict:
     return out
 
 
+class FixGrid(L.LRGrid):
+    """lr_sweep's grid with the fix variants; the quick profile's headline is B's half-gap statistic."""
+
+    quick_variants = ("A", "C", "B")
+    quick_label = "(S(B) − S(C)) − ½·(S(A) − S(C)) at the smaller size, one seed"
+
+    def headline(self, have: dict, seed: int) -> float:
+        s = {v: self.seed_sensitivity(have, v, seed) for v in self.quick_variants}
+        return s["B"] - s["C"] - 0.5 * (s["A"] - s["C"])
+
+
+@register("fix_training")
+def fix_training_grid(config: FixTrainingConfig | None = None) -> FixGrid:
+    return FixGrid(config or FixTrainingConfig(), "fix_training", "fix_analysis", judge_fixes, new=("Bp", "R"))
+
+
 @results.experiment("fix_training", config=FixTrainingConfig, gpu=True,
                     description="Fix-b: B, B′ and the robust fix on lr_sweep's grid, smaller size (ch. 5; GPU)")
 def fix_training(c: FixTrainingConfig) -> dict:
     """Run the missing points (only Bp and R when lr_sweep's parts are there), assemble, judge."""
-    return L.run_and_analyse(c, "fix_training", "fix_analysis", judge_fixes)
+    return run_experiment(fix_training_grid(c))
 
 
 def main(argv=None) -> int:
-    """``status | checks | drive --budget S | collect`` (`lr_sweep.extra_variants_main`)."""
-    return L.extra_variants_main(argv, "fix_training", FixTrainingConfig(), ("Bp", "R"), "fix_analysis",
-                                 judge_fixes)
+    """``python -m lpfail.experiments.fix_training CMD`` is ``python -m lpfail sweep fix_training CMD``."""
+    from lpfail.sweep.cli import main as sweep_main
+
+    return sweep_main(["fix_training", *(argv if argv is not None else __import__("sys").argv[1:])])
+
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

@@ -65,7 +65,9 @@ from pathlib import Path
 import numpy as np
 
 from lpfail import results
-from lpfail.experiments import driver, lr_sweep
+from lpfail.experiments import lr_sweep
+from lpfail.sweep import GridBase, Run, Store, lookup, register, run_experiment
+from lpfail.sweep.stats import bootstrap_seed_indices, effective_loss, interval, judge
 from lpfail.precision import FA2_BF16, PAPER_BF16, Precision
 
 # -- the pre-registration ----------------------------------------------------------------------------------
@@ -335,131 +337,94 @@ def train_config(c: SubstitutionConfig | AmendmentConfig, p: Point, out_dir: str
                                overrides=(f"{layer}/{','.join(map(str, chosen))}:reference(PAPER_BF16)",))
 
 
-run_hash = lr_sweep.run_hash
+# -- the grid ---------------------------------------------------------------------------------------------------
+STORE = Store("substitution_parts", "lpfail.substitution.part", "python -m lpfail sweep substitution drive")
+CHECK_KEY = "check/A/lr0.032/s0"
 
 
-# -- parts ----------------------------------------------------------------------------------------------------------
-PARTS_DIR = "substitution_parts"
-PART_FORMAT = "lpfail.substitution.part"
+def grid_runs(c: SubstitutionConfig | AmendmentConfig, baselines: bool = True, lr_sweep_result=None) -> list[Run]:
+    """The framework's view of the points: A and C are lr_sweep's own runs (its store, its keys), the rows
+    this experiment's. Head rows need the stored lr_sweep result (`head_choice`)."""
+    out = []
+    if lr_sweep_result is None and any(r.kind.startswith("heads") for r in c.row_objects()):
+        lr_sweep_result = results.load("lr_sweep")
+    base_c = lr_sweep.LRSweepConfig()
+    for p in plan(c, baselines):
+        if p.row in ("A", "C"):
+            out.append(dataclasses.replace(lr_sweep.grid_run(base_c, p.baseline()), name=p.key))
+        else:
+            out.append(Run(p.key, STORE, train_config(c, p, "", lr_sweep_result), group=p.row, seed=p.seed,
+                           checkpoint_every=base_c.checkpoint_every))
+    return out
 
 
-class Part(lr_sweep.Part):
-    """lr_sweep's part file, in ``substitution_parts/`` with its own format tag."""
+class SubstitutionGrid(GridBase):
+    """The substitution grid (`SubstitutionConfig`), or the amendment's (`AmendmentConfig`): the rows, their
+    baselines A and C from lr_sweep, and (the grid's first run) A rerun at (3.2e-2, seed 0) under `CHECK_KEY`,
+    which the analysis compares with lr_sweep's stored run bit for bit."""
 
-    def __init__(self, directory: Path | None = None):  # noqa: D107
-        super().__init__(directory, PARTS_DIR, PART_FORMAT)
+    store = STORE
+    check_groups = ("delta_dPP", "score_path", "heads_top")
+    no_parts = "lr_sweep's runs only"
+
+    def __init__(self, config: SubstitutionConfig | AmendmentConfig, lr_sweep_result=None):
+        self.config = config
+        self.amendment = isinstance(config, AmendmentConfig)
+        self.name = "substitution_amendment" if self.amendment else "substitution"
+        self._lsr = lr_sweep_result
+        self.curve_points = lr_sweep.LRSweepConfig().curve_points
+        if self.amendment:
+            self.check_groups = tuple(config.rows)
+
+    def runs(self) -> list[Run]:
+        out = grid_runs(self.config, lr_sweep_result=self._lsr)
+        if not self.amendment and self.config.check_baseline:
+            a = next(r for r in out if r.id == Point("A", LRS[-1], SEEDS[0]).key)
+            out.insert(0, dataclasses.replace(a, key=CHECK_KEY, store=STORE, group="check", name=""))
+        return out
+
+    def result(self, have: dict, parts: list[dict]) -> dict:
+        rows = {k: v for k, v in have.items() if k != CHECK_KEY}
+        if self.amendment:
+            return {"analysis": analyse_amendment(self.config, rows), "parts": parts, "complete": True}
+        return {"analysis": analyse(self.config, rows, have.get(CHECK_KEY)), "parts": parts, "complete": True}
+
+    def quick(self):
+        """One seed of the row that closes the gap at 1.6e-2 (δ = rowsum(dP ∘ P)), with A and C, for the grid;
+        the amendment's first row at 3.2e-2 for the amendment."""
+        from lpfail.sweep.quick import Quick
+
+        row, lr = (self.config.rows[0], LRS[-1]) if self.amendment else ("delta_dPP", LRS[0])
+        seed = self.config.seeds[0]
+        by_id = {r.id: r for r in grid_runs(self.config, lr_sweep_result=self._lsr)}
+        runs = [by_id[Point(n, lr, seed).key] for n in ("A", "C", row)]
+
+        def headline(have: dict, s: int) -> float:
+            l_row, l_a, l_c = final_losses(self.config, have, [row, "A", "C"], lr)[:, list(self.config.seeds).index(s)]
+            return float((l_row - l_c) - 0.5 * (l_a - l_c))
+
+        return Quick(runs, headline, f"(L_{row} − L_C) − ½·(L_A − L_C) at lr {lr:g}, one seed", seed,
+                     tuple(self.config.seeds))
 
 
-def load_parts(directory: Path | None = None) -> tuple[dict[str, dict], list[dict]]:
-    """({point key: run summary}, [provenance per part]) of this experiment's part files (corrupt → error)."""
-    return lr_sweep.load_parts(directory, PARTS_DIR, PART_FORMAT, "python -m lpfail.experiments.substitution drive")
+@register("substitution")
+def substitution_grid(config: SubstitutionConfig | None = None) -> SubstitutionGrid:
+    return SubstitutionGrid(config or SubstitutionConfig())
+
+
+@register("substitution_amendment")
+def amendment_grid(config: AmendmentConfig | None = None) -> SubstitutionGrid:
+    return SubstitutionGrid(config or AmendmentConfig())
 
 
 def stored_for(c: SubstitutionConfig | AmendmentConfig, directory: Path | None = None, lr_sweep_result=None,
                baselines: bool = True) -> tuple[dict[str, dict], list[Point]]:
-    """({key: summary} stored for this grid's (or the amendment's) TrainConfigs, [missing points]). A and C are
-    looked up among lr_sweep's parts (same TrainConfig hash = the same run), the rows among this experiment's;
-    ``baselines=False`` leaves A and C out (the amendment's own count)."""
-    own, _ = load_parts(directory)
-    base, _ = lr_sweep.load_parts(directory)
-    have, missing = {}, []
-    for p in plan(c, baselines):
-        r = base.get(p.baseline().key) if p.row in ("A", "C") else own.get(p.key)
-        if r is not None and r.get("run_hash") == run_hash(train_config(c, p, "", lr_sweep_result)):
-            have[p.key] = r
-        else:
-            missing.append(p)
-    return have, missing
-
-
-# -- running ----------------------------------------------------------------------------------------------------------
-DEFAULT_ROOT = "/tmp/lpfail_substitution"
-CHECK_KEY = "check/A/lr0.032/s0"
-
-
-def run_points(c: SubstitutionConfig, points: list[Point], root=None, budget_s: float = 900.0,
-               directory: Path | None = None, parallel: int | None = None, log=print) -> dict[str, dict]:
-    """Train `points` as subprocesses (lr_sweep's driver settings: 12 per GPU, deterministic, captured), each
-    finished run summarised at once into a new part. With ``c.check_baseline`` a rerun of A (3.2e-2, seed 0)
-    starts first, stored under `CHECK_KEY`: `analyse` compares it with lr_sweep's stored run bit for bit."""
-    root = Path(root or os.environ.get("LPFAIL_SUBSTITUTION_ROOT", DEFAULT_ROOT))
-    gpus = driver.gpu_ids()
-    parallel = parallel or lr_sweep._parallel(gpus)
-    lsr = results.load("lr_sweep") if any(p.row.startswith("heads") for p in points) else None
-    # rows whose captured steps did not reproduce the uncaptured ones (graph_checks) run uncaptured: the same
-    # arithmetic, slower ("*" = every row)
-    uncaptured = {v.strip() for v in os.environ.get("LPFAIL_SUBSTITUTION_UNCAPTURED", "").split(",") if v.strip()}
-    if "*" in uncaptured:
-        uncaptured = {p.row for p in points} | {"A"}
-    todo = [(CHECK_KEY, Point("A", LRS[-1], SEEDS[0]))] if c.check_baseline else []
-    todo += [(p.key, p) for p in points]
-    specs, by_name = [], {}
-    for key, p in todo:
-        name = key.replace("/", "_")
-        tc = train_config(c, p, str(root / name), lsr)
-        specs.append(driver.RunSpec(name, tc, variant=p.row, seed=p.seed,
-                                    env={"LPFAIL_NO_CAPTURE": "1"} if p.row in uncaptured else None))
-        by_name[name] = (key, tc)
-    part = Part(directory)
-    curve_points = lr_sweep.LRSweepConfig().curve_points
-
-    def on_finish(name: str, st: dict):
-        key, tc = by_name[name]
-        if st["state"] == "done":
-            part.add(lr_sweep.summarize_run(tc.out_dir, tc, key, curve_points))
-            for ck in Path(tc.out_dir).glob("ckpt_*.pt"):
-                ck.unlink(missing_ok=True)
-
-    log(f"substitution: {len(specs)} runs, {parallel} at a time on GPUs {gpus or 'none'}, budget {budget_s:.0f} s, "
-        f"root {root}, part {part.path.name}")
-    try:
-        status = driver.sweep(specs, parallel, budget_s, cont=True, env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
-                              log=log, gpus=gpus, on_finish=on_finish, control=root / "control.json")
-        for name, st in status.items():  # runs finished before this call (their summaries were not stored)
-            key, tc = by_name[name]
-            if st["state"] == "done" and key not in part.runs:
-                part.add(lr_sweep.summarize_run(tc.out_dir, tc, key, curve_points))
-    finally:
-        if part.runs:
-            part.write()
-        else:
-            part.path.unlink(missing_ok=True)
-    return part.runs
-
-
-def graph_checks(root, rows=("delta_dPP", "score_path", "heads_top"), steps: int = 30, log=print) -> dict:
-    """Before the grid trusts CUDA graphs for its new code paths (δ from dP ∘ P, split m/ℓ, mixed per-head
-    policies): each row trained `steps` steps captured and uncaptured (LPFAIL_NO_CAPTURE=1) in parallel
-    processes must give bit-identical losses and gradient norms. Returns {"equal": {row: bool}, "ok": bool}."""
-    import subprocess
-
-    from lpfail.train import read_log
-
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    c = SubstitutionConfig()
-    lsr = results.load("lr_sweep") if any(r.startswith("heads") for r in rows) else None
-    jobs = {}
-    for row in rows:
-        for mode, env in (("graph", {}), ("eager", {"LPFAIL_NO_CAPTURE": "1"})):
-            d = root / f"{row}_{mode}"
-            d.mkdir(parents=True, exist_ok=True)
-            tc = dataclasses.replace(train_config(c, Point(row, LRS[-1], SEEDS[0]), str(d), lsr), max_steps=steps,
-                                     warmup=steps // 4, val_every=0, diag_every=0, checkpoint_every=0)
-            (d / "train_config.json").write_text(json.dumps(tc.to_dict()))
-            cmd = [sys.executable, "-m", "lpfail", "train", "--config", str(d / "train_config.json"), "--no-progress"]
-            full_env = {**os.environ, "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8", **env}
-            jobs[(row, mode)] = subprocess.Popen(cmd, stdout=open(d / "stdout.txt", "w"), stderr=subprocess.STDOUT,
-                                                 env=full_env)
-    rcs = {f"{r}_{m}": j.wait() for (r, m), j in jobs.items()}
-    out = {"rc": rcs, "equal": {}, "steps": steps}
-    for row in rows:
-        g, e = read_log(root / f"{row}_graph"), read_log(root / f"{row}_eager")
-        out["equal"][row] = bool(len(g["loss"]) == steps and np.array_equal(g["loss"], e["loss"])
-                                 and np.array_equal(g["grad_norm"], e["grad_norm"]))
-        log(f"substitution graph check {row}: captured == uncaptured: {out['equal'][row]}")
-    out["ok"] = all(out["equal"].values())
-    return out
+    """({key: summary} stored for this grid's (or the amendment's) points, [missing points]); A and C are
+    lr_sweep's runs; ``baselines=False`` leaves them out (the amendment's own count)."""
+    pts = {p.key: p for p in plan(c, baselines)}
+    lk = lookup(SubstitutionGrid(c, lr_sweep_result), directory,
+                runs=grid_runs(c, baselines, lr_sweep_result))
+    return lk.have, [pts[r.id] for r in lk.missing]
 
 
 # -- the analysis -------------------------------------------------------------------------------------------------------
@@ -475,7 +440,7 @@ def final_losses(c: SubstitutionConfig, have: dict[str, dict], names: list[str],
             vs, vl = np.asarray(r["val_step"]), np.asarray(r["val_loss"], dtype=np.float64)
             init = vl[vs == 0][0] if (vs == 0).any() else np.nan
             fin = vl[vs == max_steps][0] if (r["status"] == "completed" and (vs == max_steps).any()) else np.nan
-            out[i, k] = float(lr_sweep.effective_loss(fin, init))
+            out[i, k] = float(effective_loss(fin, init))
     return out
 
 
@@ -487,17 +452,17 @@ def judge_row(l_row: np.ndarray, l_a: np.ndarray, l_c: np.ndarray, idx: np.ndarr
     if np.isnan(np.concatenate([l_row, l_a, l_c])).any():
         return {"verdict": "not measured (runs missing)", "point": None, "ci": None}
     if idx is None:
-        idx = lr_sweep.bootstrap_seed_indices(len(l_row))
+        idx = bootstrap_seed_indices(len(l_row))
     gap_d = (l_a - l_c)[idx].mean(axis=-1)
     stat_d = ((l_row - l_c) - 0.5 * (l_a - l_c))[idx].mean(axis=-1)
-    gap = {"point": float((l_a - l_c).mean()), "ci": list(lr_sweep.interval(gap_d))}
+    gap = {"point": float((l_a - l_c).mean()), "ci": list(interval(gap_d))}
     point = float(((l_row - l_c) - 0.5 * (l_a - l_c)).mean())
-    ci = list(lr_sweep.interval(stat_d))
+    ci = list(interval(stat_d))
     if not gap["ci"][0] > 0:
         verdict = "no gap to close"
     else:
         verdict = {"supported": "closes the gap", "refuted": "does not close it",
-                   "inconclusive": "inconclusive"}[lr_sweep.judge(*ci, "below")]
+                   "inconclusive": "inconclusive"}[judge(*ci, "below")]
     frac = float((l_a.mean() - l_row.mean()) / (l_a.mean() - l_c.mean())) if l_a.mean() != l_c.mean() else None
     return {"verdict": verdict, "point": point, "ci": ci, "gap": gap, "fraction_closed": frac,
             "loss": float(l_row.mean()), "loss_sd": float(l_row.std(ddof=1)) if len(l_row) > 1 else 0.0}
@@ -505,7 +470,7 @@ def judge_row(l_row: np.ndarray, l_a: np.ndarray, l_c: np.ndarray, idx: np.ndarr
 
 def analyse(c: SubstitutionConfig, have: dict[str, dict], check: dict | None = None) -> dict:
     """Per row and learning rate, the rule's verdict with its interval; the baseline check."""
-    idx = lr_sweep.bootstrap_seed_indices(len(c.seeds))
+    idx = bootstrap_seed_indices(len(c.seeds))
     out = {"preregistered_on": PREREGISTERED_ON, "rule": RULE, "lrs": list(c.lrs), "seeds": list(c.seeds),
            "rows": {}, "same_as_a": dict(SAME_AS_A)}
     for lr in c.lrs:
@@ -527,35 +492,9 @@ def analyse(c: SubstitutionConfig, have: dict[str, dict], check: dict | None = N
 @results.experiment("substitution", config=SubstitutionConfig, gpu=True,
                     description="One cast point at a time from A, at the lr_sweep gap (chapter 2; GPU)")
 def substitution(c: SubstitutionConfig) -> dict:
-    """Run the missing points (on a GPU), then the stored result from the parts; raises lr_sweep.SweepIncomplete
-    while points are still missing."""
-    have, missing = stored_for(c)
-    if missing:
-        own, _ = load_parts()
-        run_points(dataclasses.replace(c, check_baseline=CHECK_KEY not in own), missing)
-        have, missing = stored_for(c)
-    if missing:
-        raise lr_sweep.SweepIncomplete(f"substitution: {len(missing)} of {len(have) + len(missing)} runs are not "
-                                       f"stored (first: {missing[0].key}); run tools/gpu_substitution.sh on a GPU")
-    own, metas = load_parts()
-    return {"analysis": analyse(c, have, own.get(CHECK_KEY)), "parts": metas, "complete": True}
-
-
-def store_from_parts(c: SubstitutionConfig | None = None, directory: Path | None = None) -> results.Result:
-    """Store the result from the parts (this experiment's and lr_sweep's baselines), on any machine; the runs'
-    GPU, git and dates are its provenance."""
-    c = c or SubstitutionConfig()
-    lsr = results.load("lr_sweep", directory=directory) if any(r.kind.startswith("heads")
-                                                               for r in c.row_objects()) else None
-    have, missing = stored_for(c, directory, lsr)
-    if missing:
-        raise lr_sweep.SweepIncomplete(f"substitution: {len(missing)} of {len(have) + len(missing)} runs are not "
-                                       f"stored (first: {missing[0].key}); run tools/gpu_substitution.sh on a GPU")
-    own, metas = load_parts(directory)
-    used = [m for m in metas if any(k in have or k == CHECK_KEY for k in m["keys"])]
-    data = {"analysis": analyse(c, have, own.get(CHECK_KEY)), "parts": used, "complete": True}
-    return results.save("substitution", c, data, 0.0, directory,
-                        provenance=lr_sweep.parts_provenance(used, none="lr_sweep's runs only"))
+    """Run the missing points (on a GPU), then the result from the parts; raises SweepIncomplete while points
+    are still missing."""
+    return run_experiment(SubstitutionGrid(c))
 
 
 # -- the amendment's result ---------------------------------------------------------------------------------------
@@ -572,54 +511,11 @@ def analyse_amendment(c: AmendmentConfig, have: dict[str, dict]) -> dict:
     return out
 
 
-def amendment_missing_text(c: AmendmentConfig, have: dict, missing: list[Point]) -> str:
-    rows_missing = [p for p in missing if p.row not in ("A", "C")]
-    n_rows = len(plan(c, baselines=False))
-    base = [p for p in missing if p.row in ("A", "C")]
-    return (f"substitution amendment ({c.amended_on}): {len(rows_missing)} of its {n_rows} runs are not stored"
-            + (f" (first: {rows_missing[0].key})" if rows_missing else "")
-            + (f", and {len(base)} baseline run(s) of A/C are missing (first: {base[0].key})" if base else "")
-            + "; nothing is stored for it. Run tools/gpu_substitution.sh on a GPU, copy its part files to "
-              "results/substitution_parts/, then collect again")
-
-
-def amendment_data(c: AmendmentConfig, directory: Path | None = None) -> dict:
-    """The amendment's result from the parts (its runs and lr_sweep's baselines): its analysis and the part
-    files used; raises lr_sweep.SweepIncomplete while any of its runs (or of A, C) is missing."""
-    have, missing = stored_for(c, directory)
-    if missing:
-        raise lr_sweep.SweepIncomplete(amendment_missing_text(c, have, missing))
-    _, metas = load_parts(directory)
-    return {"analysis": analyse_amendment(c, have), "parts": lr_sweep.used_parts(metas, have), "complete": True}
-
-
 @results.experiment("substitution_amendment", config=AmendmentConfig, gpu=True,
                     description="Chapter 2's amendment (2026-12-01): the FP32-score rows with m and L in FP32 (GPU)")
 def substitution_amendment(c: AmendmentConfig) -> dict:
-    """Run the amendment's missing points (on a GPU), then its stored result from the parts; raises
-    lr_sweep.SweepIncomplete while points are still missing."""
-    _, missing = stored_for(c)
-    if missing:
-        run_points(SubstitutionConfig(check_baseline=False), missing)
-    return amendment_data(c)
-
-
-def store_amendment_from_parts(c: AmendmentConfig | None = None, directory: Path | None = None) -> results.Result:
-    """Store the amendment's result from the parts (its runs and lr_sweep's baselines), on any machine; raises
-    lr_sweep.SweepIncomplete, writing nothing, while any of its runs (or of A, C) is missing."""
-    c = c or AmendmentConfig()
-    data = amendment_data(c, directory)
-    used = data["parts"]
-    return results.save("substitution_amendment", c, data, 0.0, directory,
-                        provenance=lr_sweep.parts_provenance(used, none="lr_sweep's runs only"))
-
-
-def missing_points(directory: Path | None = None) -> tuple[list[Point], list[Point]]:
-    """(the grid's missing points, the amendment's missing points not among them): what ``drive`` trains."""
-    _, grid = stored_for(SubstitutionConfig(), directory)
-    _, amend = stored_for(AmendmentConfig(), directory)
-    keys = {p.key for p in grid}
-    return grid, [p for p in amend if p.key not in keys]
+    """Run the amendment's missing points (on a GPU), then its result from the parts."""
+    return run_experiment(SubstitutionGrid(c))
 
 
 # -- replay: the paper's own method ---------------------------------------------------------------------------------
@@ -675,107 +571,35 @@ def replay_branch(run_dir, step: int, branches: dict[str, dict], out_root=None, 
 #: The replay's branches (the ``replay`` command's default): the grid's seven rows of the call of 2026-12-01 with
 #: the two broken FP32-score rows replaced by their amendments.
 REPLAY_ROWS = ("l", "scores_l", "score_path_l", "exp_in", "out", "delta_dPP", "obar")
-#: The rows `graph_checks` tries by default (the ``checks`` command).
-CHECK_ROWS = ("delta_dPP", "score_path", "heads_top")
 
 
 # -- command line -------------------------------------------------------------------------------------------------------
-def status_text(c: SubstitutionConfig | None = None, directory: Path | None = None) -> str:
-    """Two lines: the grid's runs (its baselines included) and the amendment's own runs."""
-    c = c or SubstitutionConfig()
-    have, missing = stored_for(c, directory)
-    ac = AmendmentConfig()
-    a_have, a_missing = stored_for(ac, directory, baselines=False)
-    return (f"substitution: {len(have)} of {len(have) + len(missing)} runs stored"
-            + (f"; next missing: {missing[0].key}" if missing else "")
-            + f"\nsubstitution amendment ({ac.amended_on}; rows {', '.join(ac.rows)}): {len(a_have)} of "
-              f"{len(a_have) + len(a_missing)} runs stored" + (f"; next missing: {a_missing[0].key}" if a_missing else ""))
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.substitution")
-    ap.add_argument("command", choices=("status", "missing", "drive", "collect", "plan", "replay", "checks"))
-    ap.add_argument("--budget", type=float, default=900.0, help="drive: seconds before running runs are stopped")
-    ap.add_argument("--root", default=None)
-    ap.add_argument("--run", default=None, help="replay: the recorded run (checkpoints kept)")
-    ap.add_argument("--step", type=int, default=600, help="replay: the checkpoint to replay and branch from")
-    ap.add_argument("--until", type=int, default=None, help="replay: the window's end (default: the run's end)")
-    ap.add_argument("--rows", default=None,
-                    help="replay: the rows to branch with (policy rows; default " + ",".join(REPLAY_ROWS)
-                         + "); checks: the rows to check (default " + ",".join(CHECK_ROWS) + ")")
-    ap.add_argument("--out", default=None, help="replay: the JSON file to write")
+    """``replay --run DIR --out FILE [--step N] [--until N] [--rows a,b]``; any other command is
+    ``python -m lpfail sweep substitution CMD``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["replay"]:
+        from lpfail.sweep.cli import main as sweep_main
+
+        return sweep_main(["substitution", *argv])
+    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.substitution replay")
+    ap.add_argument("command", choices=("replay",))
+    ap.add_argument("--run", required=True, help="the recorded run (checkpoints kept)")
+    ap.add_argument("--step", type=int, default=600, help="the checkpoint to replay and branch from")
+    ap.add_argument("--until", type=int, default=None, help="the window's end (default: the run's end)")
+    ap.add_argument("--rows", default=None, help="the rows to branch with (policy rows; default "
+                                                 + ",".join(REPLAY_ROWS) + ")")
+    ap.add_argument("--out", required=True, help="the JSON file to write")
     args = ap.parse_args(argv)
-    c = SubstitutionConfig()
-    if args.command == "replay":
-        if not (args.run and args.out):
-            ap.error("replay needs --run and --out")
-        names = args.rows.split(",") if args.rows else list(REPLAY_ROWS)
-        branches = {n: {"attention": f"reference({row_policy(row_by_name(n)).name})"} for n in names}
-        t0 = time.time()
-        res = replay_branch(args.run, args.step, branches, max_steps=args.until)
-        res["wall_s"] = round(time.time() - t0, 1)
-        Path(args.out).write_text(json.dumps(res) + "\n")
-        print(f"replay from step {args.step}: bit-exact {res['replay']['equal']}; first differing step per row: "
-              + ", ".join(f"{n} {res[n]['first_diff']}" for n in branches) + f" ({res['wall_s']} s)")
-        return 0
-    if args.command == "checks":
-        root = Path(args.root or os.environ.get("LPFAIL_SUBSTITUTION_ROOT", DEFAULT_ROOT))
-        out = graph_checks(root / "checks", rows=tuple(args.rows.split(",")) if args.rows else CHECK_ROWS)
-        (root / "checks.json").write_text(json.dumps(out, indent=1) + "\n")
-        return 0 if out["ok"] else 1
-    if args.command == "plan":
-        lsr = results.load("lr_sweep")
-        for p in plan(c):
-            tc = train_config(c, p, "", lsr)
-            print(p.key, tc.attention, ";".join(tc.overrides))
-        return 0
-    if args.command == "status":
-        print(status_text(c))
-        return 0
-    if args.command == "missing":  # one key a line: what `drive` would train (the grid's first)
-        grid, amend = missing_points()
-        for p in grid + amend:
-            print(p.key)
-        return 0
-    if args.command == "drive":
-        grid, amend = missing_points()
-        own, _ = load_parts()
-        if CHECK_KEY in own:
-            c = dataclasses.replace(c, check_baseline=False)
-        print(f"substitution drive: {len(grid) + len(amend)} runs missing (grid {len(grid)}, amendment "
-              f"{len(amend)})", flush=True)
-        root = Path(args.root or os.environ.get("LPFAIL_SUBSTITUTION_ROOT", DEFAULT_ROOT))
-        run_points(c, grid + amend, root=root / "runs", budget_s=args.budget)
-        print(status_text(c), flush=True)
-        return 0
-    return collect()
-
-
-def collect(directory: Path | None = None, out=print, err=None) -> int:
-    """``collect``: the grid, then the amendment, each stored from the parts only when complete. A fresh stored
-    grid is left as it is (its rows as they were measured). Returns 0 when both are stored, else 1 (with the
-    reason on stderr; nothing half-done is written)."""
-    err = err or (lambda m: print(m, file=sys.stderr))
-    rc = 0
-    state = results.status("substitution", directory)
-    if state == "fresh":
-        out("substitution: the stored grid is fresh; left as it is")
-    else:
-        try:
-            out(store_from_parts(SubstitutionConfig(), directory).provenance)
-        except results.ResultError as e:
-            err(f"error: {e}")
-            rc = 1
-    try:
-        res = store_amendment_from_parts(AmendmentConfig(), directory)
-    except lr_sweep.SweepIncomplete as e:
-        err(f"error: {e}")
-        return 1
-    except results.ResultError as e:
-        err(f"error: substitution amendment: {e}")
-        return 1
-    out(f"substitution amendment: stored; {res.provenance}")
-    return rc
+    names = args.rows.split(",") if args.rows else list(REPLAY_ROWS)
+    branches = {n: {"attention": f"reference({row_policy(row_by_name(n)).name})"} for n in names}
+    t0 = time.time()
+    res = replay_branch(args.run, args.step, branches, max_steps=args.until)
+    res["wall_s"] = round(time.time() - t0, 1)
+    Path(args.out).write_text(json.dumps(res) + "\n")
+    print(f"replay from step {args.step}: bit-exact {res['replay']['equal']}; first differing step per row: "
+          + ", ".join(f"{n} {res[n]['first_diff']}" for n in branches) + f" ({res['wall_s']} s)")
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

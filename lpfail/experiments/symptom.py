@@ -56,7 +56,7 @@ import numpy as np
 
 from lpfail import results
 # the driver's names stay available here (S.sweep, S.RunSpec ...)
-from lpfail.experiments.driver import (  # noqa: F401
+from lpfail.sweep.driver import (  # noqa: F401
     bins as _bins,
     RunSpec, _last_record, _last_step, _stop, _terminated, default_parallel, gpu_ids, latest_checkpoint,
     run_state, sweep)

@@ -8,7 +8,8 @@ steer a running sweep from outside.
 * `gpu_ids()`, `default_parallel(gpus)` — where and how many at a time ($LPFAIL_SYMPTOM_PARALLEL).
 * `sweep(specs, parallel, budget_s, ...)` — the driver itself.
 
-Used by chapter 1's search (`lpfail.experiments.symptom`); nothing here knows about its variants or criterion.
+Used by every grid of `lpfail.sweep` (and chapter 1's search, `lpfail.experiments.symptom`); nothing here knows
+about an experiment's variants, points or criterion.
 """
 from __future__ import annotations
 
@@ -151,115 +152,134 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
                  failed or stopped, also when the sweep itself is stopped), e.g. to drive a progress bar.
     Returns {name: {"state": done|stopped|failed|pending, "returncode", "resumed_from", "wall_s"}}.
     Per run, stdout and stderr go to <dir>/stdout.txt (appended across calls)."""
-    t0 = time.monotonic()
-    deadline = t0 + budget_s
-    env = {**os.environ, **(env or {})}
-    env.setdefault("OMP_NUM_THREADS", "1")  # N processes share the CPU cores
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    status: dict[str, dict] = {}
-    queue: list[RunSpec] = []
-    for s in specs:
-        state = run_state(s)
-        if state == "done":
-            status[s.name] = {"state": "done", "returncode": 0, "resumed_from": None, "wall_s": 0.0}
-        else:
-            if state == "partial" and not cont or state == "new":
-                shutil.rmtree(s.dir, ignore_errors=True)
-            queue.append(s)
-            status[s.name] = {"state": "pending", "returncode": None, "resumed_from": None, "wall_s": 0.0}
-    running: dict[str, tuple[subprocess.Popen, RunSpec, float, object]] = {}
+    s = _Sweep(specs, parallel, budget_s, cont, env, min_start_s, log, gpus, control, on_finish)
     old_term = None
     if threading.current_thread() is threading.main_thread():  # `timeout` sends SIGTERM: stop the runs too
         old_term = signal.signal(signal.SIGTERM, _terminated)
-    seen_mtime = None
+    try:
+        while s.queue or s.running:
+            s.steer()
+            s.start_what_fits()
+            if not s.running:
+                break  # the rest cannot start within the budget
+            time.sleep(poll_s)
+            s.reap()
+    finally:
+        s.stop_all()
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    return s.status
 
-    def steer():
-        nonlocal deadline, parallel, seen_mtime
+
+class _Sweep:
+    """The state of one `sweep`: the queue, the running processes, each run's status, the deadline."""
+
+    def __init__(self, specs, parallel, budget_s, cont, env, min_start_s, log, gpus, control, on_finish):
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + budget_s
+        self.parallel, self.cont, self.min_start_s, self.log = parallel, cont, min_start_s, log
+        self.gpus, self.control, self.on_finish = gpus, control, on_finish
+        self.env = {**os.environ, **(env or {})}
+        self.env.setdefault("OMP_NUM_THREADS", "1")  # N processes share the CPU cores
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.status: dict[str, dict] = {}
+        self.queue: list[RunSpec] = []
+        self.running: dict[str, tuple] = {}
+        self._seen_mtime = None
+        for spec in specs:
+            state = run_state(spec)
+            if state == "done":
+                self.status[spec.name] = {"state": "done", "returncode": 0, "resumed_from": None, "wall_s": 0.0}
+                continue
+            if state == "partial" and not cont or state == "new":
+                shutil.rmtree(spec.dir, ignore_errors=True)
+            self.queue.append(spec)
+            self.status[spec.name] = {"state": "pending", "returncode": None, "resumed_from": None, "wall_s": 0.0}
+
+    def steer(self):
+        """Read the control file (when it changed): bring the deadline forward, change `parallel`."""
+        if self.control is None:
+            return
         try:
-            m = control.stat().st_mtime
-            if m == seen_mtime:
+            m = self.control.stat().st_mtime
+            if m == self._seen_mtime:
                 return
-            seen_mtime = m
-            ctl = json.loads(control.read_text())
+            self._seen_mtime = m
+            ctl = json.loads(self.control.read_text())
         except (OSError, ValueError, AttributeError):
             return
         if "stop_at" in ctl:
             new_deadline = time.monotonic() + float(ctl["stop_at"]) - time.time()
-            if new_deadline < deadline:
-                deadline = new_deadline
-                log(f"sweep: control: deadline brought forward to {deadline - t0:.0f} s")
+            if new_deadline < self.deadline:
+                self.deadline = new_deadline
+                self.log(f"sweep: control: deadline brought forward to {self.deadline - self.t0:.0f} s")
         if "parallel" in ctl and int(ctl["parallel"]) >= 1:
-            parallel = int(ctl["parallel"])
-            log(f"sweep: control: {parallel} at a time")
+            self.parallel = int(ctl["parallel"])
+            self.log(f"sweep: control: {self.parallel} at a time")
 
-    try:
-        while queue or running:
-            if control is not None:
-                steer()
-            now = time.monotonic()
-            while queue and len(running) < parallel and deadline - now > min_start_s:
-                s = queue.pop(0)
-                s.dir.mkdir(parents=True, exist_ok=True)
-                cfg_path = s.dir / "train_config.json"
-                cfg_path.write_text(json.dumps(s.cfg.to_dict(), indent=1) + "\n")
-                cmd = [sys.executable, "-m", "lpfail", "train", "--config", str(cfg_path), "--no-progress"]
-                ck = latest_checkpoint(s.dir) if cont else None
-                if ck is not None:
-                    cmd += ["--resume", str(ck)]
-                    status[s.name]["resumed_from"] = int(ck.stem.split("_")[1])
-                out = open(s.dir / "stdout.txt", "a")
-                out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
-                out.flush()
-                penv, where = {**env, **(s.env or {})}, ""
-                if gpus:
-                    load = {g: 0 for g in gpus}
-                    for _p, _s, _t, _o, g in running.values():
-                        load[g] = load.get(g, 0) + 1
-                    g = min(gpus, key=lambda x: load.get(x, 0))
-                    penv, where = {**penv, "CUDA_VISIBLE_DEVICES": g}, f" on GPU {g}"
-                else:
-                    g = ""
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=penv, start_new_session=True)
-                running[s.name] = (proc, s, now, out, g)
-                log(f"sweep: start {s.name}{where}" + (f" (from step {status[s.name]['resumed_from']})" if ck else ""))
-            if not running:
-                break  # the rest cannot start within the budget
-            time.sleep(poll_s)
-            now = time.monotonic()
-            for name in list(running):
-                proc, s, started, out, _g = running[name]
-                rc = proc.poll()
-                stop = False
-                if rc is None and s.interrupt_at_step is not None and _last_step(s.dir) >= s.interrupt_at_step:
-                    stop = True
-                if rc is None and now >= deadline:
-                    stop = True
-                if stop:
-                    _stop(proc)
-                    rc = proc.returncode
-                    state = "stopped"
-                elif rc is None:
-                    continue
-                else:
-                    state = "done" if rc == 0 and run_state(s) == "done" else "failed"
-                out.close()
-                status[name].update(state=state, returncode=rc, wall_s=round(time.monotonic() - started, 2))
-                del running[name]
-                log(f"sweep: {name} {state} (rc {rc}) at step {_last_step(s.dir)} after "
-                    f"{status[name]['wall_s']:.0f} s")
-                if on_finish is not None:
-                    on_finish(name, dict(status[name]))
-    finally:
-        for name, (proc, s, started, out, _g) in running.items():
+    def _gpu(self) -> str:
+        """The GPU with the fewest running processes ("" without GPUs)."""
+        if not self.gpus:
+            return ""
+        load = {g: 0 for g in self.gpus}
+        for *_rest, g in self.running.values():
+            load[g] = load.get(g, 0) + 1
+        return min(self.gpus, key=lambda x: load.get(x, 0))
+
+    def start_what_fits(self):
+        now = time.monotonic()
+        while self.queue and len(self.running) < self.parallel and self.deadline - now > self.min_start_s:
+            spec = self.queue.pop(0)
+            spec.dir.mkdir(parents=True, exist_ok=True)
+            cfg_path = spec.dir / "train_config.json"
+            cfg_path.write_text(json.dumps(spec.cfg.to_dict(), indent=1) + "\n")
+            cmd = [sys.executable, "-m", "lpfail", "train", "--config", str(cfg_path), "--no-progress"]
+            ck = latest_checkpoint(spec.dir) if self.cont else None
+            if ck is not None:
+                cmd += ["--resume", str(ck)]
+                self.status[spec.name]["resumed_from"] = int(ck.stem.split("_")[1])
+            out = open(spec.dir / "stdout.txt", "a")
+            out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+            out.flush()
+            g = self._gpu()
+            penv = {**self.env, **(spec.env or {}), **({"CUDA_VISIBLE_DEVICES": g} if g else {})}
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=penv, start_new_session=True)
+            self.running[spec.name] = (proc, spec, now, out, g)
+            self.log(f"sweep: start {spec.name}" + (f" on GPU {g}" if g else "")
+                     + (f" (from step {self.status[spec.name]['resumed_from']})" if ck else ""))
+
+    def reap(self):
+        """Stop the runs past their interrupt step or the deadline; record every run that has ended."""
+        now = time.monotonic()
+        for name in list(self.running):
+            proc, spec, started, out, _g = self.running[name]
+            rc = proc.poll()
+            stop = rc is None and (now >= self.deadline or (spec.interrupt_at_step is not None
+                                                            and _last_step(spec.dir) >= spec.interrupt_at_step))
+            if stop:
+                _stop(proc)
+                rc, state = proc.returncode, "stopped"
+            elif rc is None:
+                continue
+            else:
+                state = "done" if rc == 0 and run_state(spec) == "done" else "failed"
+            out.close()
+            self.status[name].update(state=state, returncode=rc, wall_s=round(time.monotonic() - started, 2))
+            del self.running[name]
+            self.log(f"sweep: {name} {state} (rc {rc}) at step {_last_step(spec.dir)} after "
+                     f"{self.status[name]['wall_s']:.0f} s")
+            if self.on_finish is not None:
+                self.on_finish(name, dict(self.status[name]))
+
+    def stop_all(self):
+        for name, (proc, _spec, _started, out, _g) in self.running.items():
             _stop(proc)
             out.close()
-            status[name].update(state="stopped", returncode=proc.returncode)
-        if on_finish is not None:
-            for name in running:
-                on_finish(name, dict(status[name]))
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
-    return status
+            self.status[name].update(state="stopped", returncode=proc.returncode)
+        if self.on_finish is not None:
+            for name in self.running:
+                self.on_finish(name, dict(self.status[name]))
+        self.running.clear()
 
 
 def _terminated(signum, frame):

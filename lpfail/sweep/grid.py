@@ -1,0 +1,163 @@
+"""The `Grid` protocol: what an experiment hands to the framework, and the framework's view of its runs.
+
+A grid is a list of `Run`s — each a point key, the `Store` its summary lives in, the `TrainConfig` the driver
+trains (everything but its directory), a *group* (the variant or row: what the checks and the uncaptured list
+name) and a seed — plus a function that turns the stored summaries into the experiment's result. The framework
+never imports an experiment: experiments build grids and `register` them; `get` finds them by name after
+`lpfail.results.registry()` has imported every experiment module.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, runtime_checkable
+
+from lpfail import results
+from lpfail.sweep.store import Store, run_hash, used_parts
+
+
+class SweepIncomplete(results.ResultError):
+    """Some runs of a grid are not stored yet: the finished ones are kept in parts."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a grid. ``key`` is its key in ``store``; ``name`` the grid's own key for it (what the
+    grid's analysis looks it up by: default ``key``; e.g. substitution's baseline "A/lr0.032/s0" is lr_sweep's
+    run "small/A/lr0.032/s0"). ``config``: the `TrainConfig` the driver trains, with ``out_dir`` left empty (and
+    so no checkpoints: `at` gives it a directory and ``checkpoint_every``)."""
+
+    key: str
+    store: Store
+    config: object
+    group: str = ""
+    seed: int = 0
+    name: str = ""
+    checkpoint_every: int = 0  # set with the run's directory (a TrainConfig without one writes no checkpoints)
+
+    @property
+    def id(self) -> str:
+        return self.name or self.key
+
+    @property
+    def hash(self) -> str:
+        return run_hash(self.config)
+
+    def at(self, out_dir) -> object:
+        """The run's TrainConfig writing into ``out_dir`` (with its checkpoints, where it has them)."""
+        ck = {"checkpoint_every": self.checkpoint_every} if self.checkpoint_every else {}
+        return dataclasses.replace(self.config, out_dir=str(out_dir), **ck)
+
+
+@runtime_checkable
+class Grid(Protocol):
+    """What an experiment hands to the framework (see `GridBase` for the optional parts' defaults)."""
+
+    name: str  # the registered experiment (its stored result is results/<name>.{json,npz})
+    config: object  # the experiment's frozen config (the stored result's config hash)
+    store: Store  # where this grid's own runs are written
+
+    def runs(self) -> list[Run]:
+        """Every run the result needs, in the order the driver starts them (a cut-off call keeps the first)."""
+
+    def result(self, have: dict[str, dict], parts: list[dict]) -> dict:
+        """The stored result's data from the summaries (keyed by `Run.id`) and the parts that hold them."""
+
+
+class GridBase:
+    """Defaults for a grid's optional parts; an experiment's grid subclasses it and sets what differs."""
+
+    curve_points: int = 100  # the stored curves' length (`store.summarize_run`)
+    check_groups: tuple[str, ...] = ()  # groups whose captured step `checks` compares with the uncaptured one
+    partial_ok: bool = False  # `collect --partial` may store the grid with runs missing (marked incomplete)
+    no_parts: str = ""  # the device named in the provenance of a result built from no part of its own
+    description: str = ""  # one line for `status`
+
+    def summarize(self, run_dir, tc, key: str) -> dict:
+        from lpfail.sweep.store import summarize_run
+
+        return summarize_run(run_dir, tc, key, self.curve_points)
+
+    def quick(self):
+        """The grid's quick profile (`lpfail.sweep.quick.Quick`), or None."""
+        return None
+
+    def ready(self) -> str:
+        """Why the grid may not be trained now ("" when it may): e.g. a preset a GPU check must confirm first.
+        `drive` refuses, starting nothing, while this says why."""
+        return ""
+
+    def checks(self, root: Path, log=print) -> dict:
+        from lpfail.sweep.run import graph_checks
+
+        return graph_checks(self, root, log=log)
+
+
+@dataclass
+class Lookup:
+    """Which runs of a grid are stored: ``have`` {run id: summary}, ``missing`` [Run], ``parts`` (the
+    provenance of every part that holds one of them, all stores together)."""
+
+    have: dict[str, dict]
+    missing: list[Run]
+    parts: list[dict]
+    runs: list[Run]
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+    def missing_text(self, name: str, again: str) -> str:
+        n = len(self.have) + len(self.missing)
+        if not self.have:
+            return f"{name}: none of the {n} runs is stored yet; run `{again}` on a GPU machine"
+        return (f"{name}: {len(self.missing)} of {n} runs are not stored yet (first: {self.missing[0].key}); "
+                f"run `{again}` on a GPU machine")
+
+
+def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = None) -> Lookup:
+    """The grid's runs found in their stores (a run counts when its key and its TrainConfig hash match)."""
+    runs = grid.runs() if runs is None else runs
+    stores = {r.store.folder: r.store for r in runs} | {grid.store.folder: grid.store}
+    loaded = {f: s.load(directory) for f, s in stores.items()}
+    have, missing, keys = {}, [], {f: set() for f in stores}
+    for r in runs:
+        s = loaded[r.store.folder][0].get(r.key)
+        if s is not None and s.get("run_hash") == r.hash:
+            have[r.id] = s
+            keys[r.store.folder].add(r.key)
+        else:
+            missing.append(r)
+    parts = [m for f in stores for m in used_parts(loaded[f][1], keys[f])]
+    return Lookup(have, missing, parts, runs)
+
+
+# -- the registry of grids ---------------------------------------------------------------------------------------
+GRIDS: dict[str, Callable[..., Grid]] = {}
+
+
+def register(name: str):
+    """Register ``factory(config=None) -> Grid`` as the grid of experiment ``name`` (the experiment module
+    does this at import; `python -m lpfail sweep NAME` finds it)."""
+
+    def deco(factory):
+        if name in GRIDS and GRIDS[name].__qualname__ != factory.__qualname__:
+            raise ValueError(f"grid {name!r} is registered twice")
+        GRIDS[name] = factory
+        return factory
+
+    return deco
+
+
+def get(name: str, config=None) -> Grid:
+    """The grid of experiment ``name`` (its default config unless ``config`` is given)."""
+    results.registry()  # imports every experiment module, which registers its grid
+    if name not in GRIDS:
+        raise results.UnknownExperiment(f"no grid experiment named {name!r}; grids: {sorted(GRIDS)}")
+    return GRIDS[name](config)
+
+
+def names() -> list[str]:
+    results.registry()
+    return sorted(GRIDS)

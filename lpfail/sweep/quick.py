@@ -1,0 +1,112 @@
+"""Quick profiles: a chapter's headline reproduced on one GPU in minutes.
+
+A grid's quick profile (`Quick`, returned by its ``quick()``) is a subset of its runs fixed in code — one seed
+of the points its headline needs — and the headline as a statistic of one seed's runs. `run_quick` trains the
+subset afresh (in a scratch store, so the stored runs cannot stand in for it), computes the headline, and sets
+it beside the stored full grid: the mean over the stored seeds and the interval one new seed is expected to
+fall in, computed from the stored seeds (a t prediction interval, mean ± t_{0.975, n−1} · sd · √(1 + 1/n)).
+On the card that made the stored runs, a quick run reproduces its stored seed bit for bit; on another card the
+arithmetic's order may differ, and the prediction interval says how far that may move the headline.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from lpfail import results
+from lpfail.sweep.grid import Grid, Run, lookup
+
+# two-sided 97.5 % quantiles of Student's t by degrees of freedom (the prediction interval's factor)
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 29: 2.045}
+
+
+def t975(df: int) -> float:
+    """Student's t 97.5 % quantile for ``df`` degrees of freedom (tabulated; the next smaller tabulated df
+    above 15, which errs wide)."""
+    if df < 1:
+        raise ValueError(f"t975: need at least 1 degree of freedom (got {df})")
+    return _T975.get(df) or _T975[max(k for k in _T975 if k <= df)]
+
+
+@dataclass
+class Quick:
+    """A grid's quick profile: ``runs`` (the subset, fixed in code, all of ``seed``), ``statistic(have, seed)``
+    (the headline from the summaries of one seed's runs, keyed by `Run.id`; NaN when a run is missing),
+    ``label`` (the headline in words) and ``seeds`` (the stored seeds the comparison uses)."""
+
+    runs: list[Run]
+    statistic: Callable[[dict[str, dict], int], float]
+    label: str
+    seed: int
+    seeds: tuple[int, ...]
+
+
+def prediction(values: list[float]) -> dict:
+    """Mean, sd and the 95 % prediction interval of one new value, from ``values`` (the stored seeds')."""
+    x = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
+    if x.size < 2:
+        return {"n": int(x.size), "mean": float(x.mean()) if x.size else None, "sd": None, "interval": None}
+    sd = float(x.std(ddof=1))
+    half = t975(x.size - 1) * sd * math.sqrt(1 + 1 / x.size)
+    return {"n": int(x.size), "mean": float(x.mean()), "sd": sd, "interval": [float(x.mean() - half),
+                                                                             float(x.mean() + half)]}
+
+
+def compare(grid: Grid, q: Quick, quick_have: dict[str, dict], directory: Path | None = None) -> dict:
+    """The quick headline beside the stored grid's: its value, the stored seeds' values and mean, the interval
+    one seed is expected in, whether it falls inside, and whether the quick runs equal the stored ones bit for
+    bit (same held-out losses)."""
+    value = float(q.statistic(quick_have, q.seed))
+    stored = lookup(grid, directory).have
+    per_seed = {int(s): float(q.statistic(stored, s)) for s in q.seeds}
+    pred = prediction(list(per_seed.values()))
+    inside = pred["interval"] is not None and pred["interval"][0] <= value <= pred["interval"][1]
+    same = [stored.get(r.id, {}).get("val_loss") == s["val_loss"] for r in q.runs
+            for s in [quick_have.get(r.id)] if s is not None]
+    return {"headline": q.label, "value": value, "stored_per_seed": per_seed, "stored": pred,
+            "inside": bool(inside), "bit_identical_runs": int(sum(same)), "runs": len(q.runs)}
+
+
+def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, log=print) -> dict:
+    """Train the quick subset afresh under ``root`` (its own scratch results folder), then `compare`."""
+    from lpfail.sweep.run import drive
+
+    q = grid.quick()
+    if q is None:
+        raise ValueError(f"{grid.name}: no quick profile")
+    scratch = Path(root) / "quick_results"
+    t0 = time.perf_counter()
+    drive(grid, q.runs, root=Path(root) / "quick_runs", budget_s=budget_s, directory=scratch, log=log)
+    wall = time.perf_counter() - t0
+    have = lookup(grid, scratch, runs=q.runs).have
+    out = {"name": grid.name, "wall_s": round(wall, 1), "complete": len(have) == len(q.runs),
+           **compare(grid, q, have)}
+    out.update(device=results._device(), git=results._git(), versions=results._versions(),
+               created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    return out
+
+
+def text(rec: dict) -> str:
+    """The quick profile's outcome in two lines."""
+    st = rec["stored"]
+    iv = st.get("interval")
+    where = (f"inside the interval one seed is expected in, [{iv[0]:+.3f}, {iv[1]:+.3f}]" if rec["inside"]
+             else f"OUTSIDE the interval one seed is expected in, [{iv[0]:+.3f}, {iv[1]:+.3f}]" if iv
+             else "no interval (fewer than 2 stored seeds)")
+    mean = f"{st['mean']:+.3f}" if st.get("mean") is not None else "none stored"
+    return (f"{rec['name']} quick: {rec['headline']} = {rec['value']:+.3f} on this machine ({rec['runs']} runs, "
+            f"{rec['wall_s']:.0f} s); the stored grid's mean over {st['n']} seeds {mean}\n"
+            f"  {where}; {rec['bit_identical_runs']} of {rec['runs']} runs bit-identical to the stored ones")
+
+
+def save(rec: dict, path: Path):
+    """Write a quick record (``results/quick_NAME.json``) atomically."""
+    results._atomic_write(Path(path), (json.dumps(rec, indent=1) + "\n").encode())

@@ -1,0 +1,257 @@
+"""Running a grid: `drive` (the missing runs as subprocesses, each stored in a part as it finishes), `checks`
+(captured == uncaptured, continued == uninterrupted), `collect` (the stored result from the parts, on any
+machine) and `run_experiment` (the body of a registered grid experiment).
+
+Scheduling is not part of any config (a run's numbers do not depend on it): ``LPFAIL_SWEEP_ROOT`` (where the
+runs write; default /tmp/lpfail_sweep/<name>), ``LPFAIL_SWEEP_BUDGET_S`` (default 3,600 s),
+``LPFAIL_SWEEP_PARALLEL`` (default 12 processes per GPU, 2 without one) and ``LPFAIL_SWEEP_UNCAPTURED``
+(groups whose steps run without CUDA-graph capture, "*" for all: the same arithmetic, slower — set from the
+checks when a captured step did not reproduce the uncaptured one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lpfail import results
+from lpfail.sweep import driver
+from lpfail.sweep.grid import Grid, Lookup, Run, SweepIncomplete, lookup
+from lpfail.sweep.store import Part, parts_provenance
+
+DEFAULT_BUDGET_S = 3600.0
+CUBLAS = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}  # deterministic cuBLAS in every run
+
+
+def default_root(grid: Grid) -> Path:
+    return Path(os.environ.get("LPFAIL_SWEEP_ROOT") or f"/tmp/lpfail_sweep/{grid.name}")
+
+
+def parallel_default(gpus: list[str]) -> int:
+    env = os.environ.get("LPFAIL_SWEEP_PARALLEL", "").strip()
+    if env:
+        if int(env) < 1:
+            raise ValueError(f"LPFAIL_SWEEP_PARALLEL must be >= 1 (got {env!r})")
+        return int(env)
+    return 12 * len(gpus) if gpus else 2
+
+
+def uncaptured_groups() -> set[str]:
+    return {v.strip() for v in os.environ.get("LPFAIL_SWEEP_UNCAPTURED", "").split(",") if v.strip()}
+
+
+def run_dir_name(run: Run) -> str:
+    return f"{run.store.folder.removesuffix('_parts')}_{run.key.replace('/', '_')}"
+
+
+class _Writer:
+    """The part files one `drive` writes (one per store it writes to), and the progress bar."""
+
+    def __init__(self, grid: Grid, directory, total: int):
+        from tqdm.auto import tqdm
+
+        self.grid, self.directory, self.parts = grid, directory, {}
+        self.bar = tqdm(total=total, desc=grid.name, unit="run", disable=None)
+
+    def add(self, run: Run, tc):
+        part = self.parts.get(run.store.folder)
+        if part is None:
+            part = self.parts[run.store.folder] = Part(run.store, self.directory)
+        part.add(self.grid.summarize(tc.out_dir, tc, run.key))
+        for ck in Path(tc.out_dir).glob("ckpt_*.pt"):
+            ck.unlink(missing_ok=True)
+        self.bar.update(1)
+        self.bar.set_postfix(stored=sum(len(p.runs) for p in self.parts.values()), refresh=False)
+
+    def has(self, run: Run) -> bool:
+        p = self.parts.get(run.store.folder)
+        return p is not None and run.key in p.runs
+
+    def close(self):
+        self.bar.close()
+        for p in self.parts.values():
+            p.close()
+
+    def stored(self) -> dict[str, dict]:
+        return {k: s for p in self.parts.values() for k, s in p.runs.items()}
+
+
+def drive(grid: Grid, runs: list[Run] | None = None, root=None, budget_s: float | None = None,
+          directory: Path | None = None, parallel: int | None = None, log=print) -> dict[str, dict]:
+    """Train ``runs`` (default: the grid's missing ones), N processes at a time, until done or ``budget_s`` has
+    passed; every finished run is summarised into a part of its store at once, and its checkpoints deleted
+    (a cut-off run keeps its checkpoints and continues from them in the next call). Returns {key: summary}."""
+    runs = lookup(grid, directory).missing if runs is None else runs
+    root = Path(root) if root is not None else default_root(grid)
+    budget_s = float(budget_s if budget_s is not None else os.environ.get("LPFAIL_SWEEP_BUDGET_S",
+                                                                          DEFAULT_BUDGET_S))
+    gpus = driver.gpu_ids()
+    parallel = parallel or parallel_default(gpus)
+    uncaptured = uncaptured_groups()
+    specs, by_name = [], {}
+    for r in runs:
+        name = run_dir_name(r)
+        tc = r.at(root / name)
+        env = {"LPFAIL_NO_CAPTURE": "1"} if ("*" in uncaptured or r.group in uncaptured) else None
+        specs.append(driver.RunSpec(name, tc, variant=r.group, seed=r.seed, env=env))
+        by_name[name] = (r, tc)
+    writer = _Writer(grid, directory, len(specs))
+
+    def on_finish(name: str, st: dict):
+        if st["state"] == "done":
+            writer.add(*by_name[name])
+
+    log(f"{grid.name}: {len(specs)} runs, {parallel} at a time on GPUs {gpus or 'none'}, budget {budget_s:.0f} s, "
+        f"root {root}, uncaptured: {sorted(uncaptured) or 'none'}")
+    try:
+        status = driver.sweep(specs, parallel, budget_s, cont=True, env=CUBLAS, log=log, gpus=gpus,
+                              on_finish=on_finish, control=root / "control.json")
+        for name, st in status.items():  # runs finished before this call (their summaries were not stored)
+            r, tc = by_name[name]
+            if st["state"] == "done" and not writer.has(r):
+                writer.add(r, tc)
+    finally:
+        writer.close()
+    failed = [n for n, st in status.items() if st["state"] == "failed"]
+    if failed:
+        log(f"{grid.name}: {len(failed)} runs failed (not non-finite: crashed): {failed[:5]}; see their stdout.txt")
+    return writer.stored()
+
+
+# -- the checks before trusting the fast path (GPU) ----------------------------------------------------------------
+def _train_process(tc, env=None, resume=None) -> subprocess.Popen:
+    d = Path(tc.out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "train_config.json").write_text(json.dumps(tc.to_dict()))
+    cmd = [sys.executable, "-m", "lpfail", "train", "--config", str(d / "train_config.json"), "--no-progress"]
+    if resume:
+        cmd += ["--resume", str(resume)]
+    full = {**os.environ, "OMP_NUM_THREADS": "1", **CUBLAS, **(env or {})}
+    return subprocess.Popen(cmd, stdout=open(d / "stdout.txt", "w"), stderr=subprocess.STDOUT, env=full)
+
+
+def _same(a: dict, b: dict, steps: int) -> bool:
+    return bool(len(a["loss"]) == steps and np.array_equal(a["loss"], b["loss"])
+                and np.array_equal(a["grad_norm"], b["grad_norm"]))
+
+
+def graph_checks(grid: Grid, root, groups: tuple[str, ...] | None = None, steps: int = 30, log=print) -> dict:
+    """Before a grid trusts CUDA graphs: the first run of each group, trained ``steps`` steps captured and
+    uncaptured (LPFAIL_NO_CAPTURE=1), must give bit-identical losses and gradient norms (same kernels in the same
+    order, the same random draws), and a captured run stopped at steps/2 and continued from its checkpoint in a
+    new process must give the uninterrupted run's numbers. All runs at once, one process each. Returns
+    {"equal": {group: bool}, "resume_equal": bool, "tokens_per_s": {...}, "ok": bool}."""
+    from lpfail.train import read_log
+
+    root = Path(root)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    groups = tuple(groups if groups is not None else grid.check_groups)
+    first = {}
+    for r in grid.runs():
+        first.setdefault(r.group, r)
+    unknown = [g for g in groups if g not in first]
+    if unknown or not groups:
+        raise ValueError(f"{grid.name} checks: no runs of group(s) {unknown or 'none given'}; groups: {sorted(first)}")
+    short = dict(max_steps=steps, warmup=steps // 4, val_every=0, diag_every=steps // 2,
+                 checkpoint_every=steps // 2, keep_checkpoints=0)
+    t0 = time.monotonic()
+    jobs = {f"{g}_{mode}": _train_process(dataclasses.replace(first[g].at(root / f"{g}_{mode}"), **short), env)
+            for g in groups for mode, env in (("graph", {}), ("eager", {"LPFAIL_NO_CAPTURE": "1"}))}
+    rcs = {n: j.wait() for n, j in jobs.items()}
+    whole = root / f"{groups[0]}_graph"
+    cont = dataclasses.replace(first[groups[0]].at(root / "continued"), **short)
+    rcs["continued"] = _train_process(cont, resume=whole / f"ckpt_{steps // 2:07d}.pt").wait()
+    out = {"rc": rcs, "equal": {}, "tokens_per_s": {}, "steps": steps, "wall_s": round(time.monotonic() - t0, 1)}
+    for g in groups:
+        a, b = read_log(root / f"{g}_graph"), read_log(root / f"{g}_eager")
+        out["equal"][g] = _same(a, b, steps)
+        out["tokens_per_s"][g] = {m: float(np.nanmedian(x["tokens_per_s"][5:])) if len(x["loss"]) > 5 else None
+                                  for m, x in (("graph", a), ("eager", b))}
+        log(f"{grid.name} graph check {g}: captured == uncaptured: {out['equal'][g]}; tokens/s "
+            f"{out['tokens_per_s'][g]} (rc {rcs[g + '_graph']}, {rcs[g + '_eager']})")
+    out["resume_equal"] = _same(read_log(whole), read_log(root / "continued"), steps)
+    out["ok"] = bool(all(out["equal"].values()) and out["resume_equal"])
+    log(f"{grid.name} graph check: continued from step {steps // 2} == uninterrupted: {out['resume_equal']}; "
+        f"ok {out['ok']}")
+    return out
+
+
+def uncaptured_from_checks(chk: dict) -> str:
+    """The LPFAIL_SWEEP_UNCAPTURED value the checks call for: every group ("*") when the continue check
+    failed, else the groups whose captured step differed ("" when none)."""
+    if not chk.get("resume_equal", True):
+        return "*"
+    return ",".join(g for g, ok in chk.get("equal", {}).items() if not ok)
+
+
+# -- storing ------------------------------------------------------------------------------------------------------
+def again_command(grid: Grid) -> str:
+    return f"python -m lpfail sweep {grid.name} drive"
+
+
+def collect(grid: Grid, directory: Path | None = None, partial: bool = False) -> results.Result | None:
+    """Store the grid's result from the parts alone, on any machine (the runs' GPU, git and dates are its
+    provenance; the collecting machine's are ``collected_*``). Refuses, writing nothing, while runs are missing
+    — unless ``partial`` and the grid allows it (`GridBase.partial_ok`): then the result is marked incomplete.
+    Returns None (and writes nothing) when the stored result is fresh and built from the same parts."""
+    lk = lookup(grid, directory)
+    if not lk.have or (lk.missing and not (partial and grid.partial_ok)):
+        raise SweepIncomplete(lk.missing_text(grid.name, again_command(grid)))
+    if unchanged(grid, lk, directory):
+        return None
+    data = grid.result(lk.have, lk.parts)
+    return results.save(grid.name, grid.config, data, 0.0, directory,
+                        provenance=parts_provenance(lk.parts, none=getattr(grid, "no_parts", "")))
+
+
+def unchanged(grid: Grid, lk: Lookup, directory: Path | None = None) -> bool:
+    """Whether the stored result is fresh and was built from exactly the part files ``lk`` would use."""
+    if results.status(grid.name, directory) != "fresh":
+        return False
+    stored = results.load(grid.name, grid.config, directory=directory)
+    files = sorted(p.get("file", "") for p in (stored.get("parts") or []))
+    return bool(files) and files == sorted(p["file"] for p in lk.parts) and (
+        bool(stored.get("complete", True)) == lk.complete)
+
+
+def run_experiment(grid: Grid) -> dict:
+    """The body of a registered grid experiment (``python -m lpfail run NAME``): train the missing runs, then
+    the result from the parts; raises `SweepIncomplete` while runs are still missing."""
+    lk = lookup(grid)
+    if lk.missing:
+        drive(grid, lk.missing)
+        lk = lookup(grid)
+    if lk.missing:
+        raise SweepIncomplete(lk.missing_text(grid.name, f"python -m lpfail run {grid.name}"))
+    return grid.result(lk.have, lk.parts)
+
+
+# -- what is stored ------------------------------------------------------------------------------------------------
+def status(grid: Grid, directory: Path | None = None) -> dict:
+    """Runs stored and planned, per group, and the parts that hold them."""
+    lk = lookup(grid, directory)
+    per: dict[str, list[int]] = {}
+    for r in lk.runs:
+        n = per.setdefault(r.group, [0, 0])
+        n[0] += r.id in lk.have
+        n[1] += 1
+    return {"name": grid.name, "stored": len(lk.have), "planned": len(lk.runs), "per_group": per,
+            "missing": [r.key for r in lk.missing], "parts": lk.parts}
+
+
+def status_text(grid: Grid, directory: Path | None = None) -> str:
+    st = status(grid, directory)
+    groups = ", ".join(f"{g} {a}/{b}" for g, (a, b) in st["per_group"].items())
+    parts = ", ".join(f"{m['file']} ({m['runs']} runs, {m['device']}, {str(m['created'])[:16]})" for m in st["parts"])
+    head = f"{st['name']}: {st['stored']} of {st['planned']} runs stored"
+    if st["missing"]:
+        head += f"; next missing: {st['missing'][0]}"
+    return f"{head}\n  by group: {groups}\n  parts: {parts or 'none'}"

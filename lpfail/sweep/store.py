@@ -1,0 +1,169 @@
+"""The run store: every finished run of a grid, summarised into *part* files that merge across machines.
+
+A part file (``results/<folder>/part-<UTC time>-<pid>.json``) holds the runs one call of the driver finished,
+keyed by the run's point key, with the provenance of that call (git commit, device, versions, host, date, wall
+time). A call writes a new part and never touches another, so parts copied back from several GPU calls simply
+sit side by side; `Store.load` merges them (the first part that holds a key wins). A run is *stored* for a grid
+when a part holds its key **and** the hash of its TrainConfig (`run_hash`): a changed setting orphans the old
+runs instead of silently reusing them.
+
+`summarize_run` is what a part keeps of one run (≈ 5 kB as JSON): held-out losses, the curves binned to
+``curve_points``, the diagnostics, status and speed.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lpfail import results
+from lpfail.sweep.driver import bins
+
+
+def run_hash(tc) -> str:
+    """A hash of a run's TrainConfig that ignores where it writes and fields left at their defaults (so a
+    field added to TrainConfig later does not orphan the stored runs)."""
+    from lpfail.train import TrainConfig
+
+    default = TrainConfig().to_dict()
+    where = ("out_dir", "device", "checkpoint_every", "keep_checkpoints")  # where and how often: not what
+    d = {k: v for k, v in tc.to_dict().items() if k not in where and v != default.get(k)}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Store:
+    """A folder of part files under the results cache, and the tag its parts carry (``format``)."""
+
+    folder: str  # e.g. "lr_sweep_parts"
+    fmt: str  # e.g. "lpfail.lr_sweep.part"
+    rerun: str = ""  # the command that reruns a corrupt part's runs (named in the error)
+
+    def path(self, directory: Path | None = None) -> Path:
+        return (Path(directory) if directory is not None else results.results_dir()) / self.folder
+
+    def part(self, directory: Path | None = None) -> "Part":
+        """A new, empty part file of this store (written on the first `Part.add`)."""
+        return Part(self, directory)
+
+    def load(self, directory: Path | None = None) -> tuple[dict[str, dict], list[dict]]:
+        """({point key: run summary}, [provenance of each part that holds at least one of them]) from every part
+        file of this store. A corrupt or foreign file is an error (named, with the rerun command), never
+        skipped."""
+        runs, metas = {}, []
+        d = self.path(directory)
+        for path in sorted(d.glob("part-*.json")) if d.is_dir() else []:
+            try:
+                part = json.loads(path.read_text())
+                if part.get("format") != self.fmt or not isinstance(part.get("runs"), dict):
+                    raise ValueError(f"format {part.get('format')!r}")
+            except (ValueError, UnicodeDecodeError) as e:
+                raise results.ResultCorrupt(
+                    f"{self.folder.removesuffix('_parts')} part {path} is corrupt ({e}); delete it and rerun the "
+                    f"runs it held with `{self.rerun or 'python -m lpfail sweep NAME drive'}`") from None
+            new = {k: r for k, r in part["runs"].items() if k not in runs}
+            runs.update(new)
+            if new:
+                metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host")}
+                             | {"file": path.name, "runs": len(new), "keys": sorted(new)})
+        return runs, metas
+
+
+class Part:
+    """One part file: the runs one call of the driver finished, with the provenance of that call."""
+
+    def __init__(self, store: Store, directory: Path | None = None):
+        created = _dt.datetime.now(_dt.timezone.utc)
+        self.meta = {"format": store.fmt, "version": 1, "git": results._git(), "device": results._device(),
+                     "versions": results._versions(), "host": platform.node(),
+                     "created": created.isoformat(timespec="seconds"), "wall_s": 0.0}
+        self.runs: dict[str, dict] = {}
+        d = store.path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.path = d / f"part-{created.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
+        self._t0 = time.perf_counter()
+
+    def add(self, summary: dict):
+        self.runs[summary["key"]] = summary
+        self.write()
+
+    def write(self):
+        self.meta["wall_s"] = round(time.perf_counter() - self._t0, 1)
+        payload = json.dumps({**self.meta, "runs": self.runs}, allow_nan=True) + "\n"
+        results._atomic_write(self.path, payload.encode())
+
+    def close(self):
+        """Write what it holds, or remove the file when it holds nothing."""
+        if self.runs:
+            self.write()
+        else:
+            self.path.unlink(missing_ok=True)
+
+
+def used_parts(metas: list[dict], have) -> list[dict]:
+    """The part files' metadata (`Store.load`) of the parts that hold at least one of the runs ``have`` (keys)."""
+    return [m for m in metas if any(k in have for k in m["keys"])]
+
+
+def parts_provenance(used: list[dict], none: str = "") -> dict:
+    """A result's provenance from the parts that hold its runs: their GPUs, the latest date, every commit, the
+    drivers' summed wall time, and the collecting machine (``none``: the device named when no part is used,
+    e.g. a result made only of another experiment's runs)."""
+    devices = sorted({m["device"] for m in used}) or ([none] if none else [])
+    return {"device": " + ".join(devices), "created": max((m["created"] for m in used), default=""),
+            "git": " ".join(sorted({str(m["git"])[:12] for m in used})),
+            "runs_wall_s": float(sum(m["wall_s"] for m in used)), "runs_gpus": devices,
+            "collected_on": results._device(),
+            "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "collected_git": results._git()}
+
+
+# -- one run's summary -----------------------------------------------------------------------------------------
+def _geometric_mean(x: np.ndarray) -> float:
+    return float(np.exp(np.mean(np.log(np.maximum(x, 1e-30)))))
+
+
+def _nan_list(a) -> list:
+    return np.asarray(a, dtype=np.float64).tolist()
+
+
+def summarize_run(run_dir, tc, key: str, curve_points: int) -> dict:
+    """What a part keeps of one run (small: ~5 kB as JSON)."""
+    from lpfail.train import read_diag, read_log, read_status, read_val
+
+    run_dir = Path(run_dir)
+    st = read_status(run_dir)
+    log, diag, val = read_log(run_dir), read_diag(run_dir), read_val(run_dir)
+    loss, gn = log["loss"], log["grad_norm"]
+    finite = loss[np.isfinite(loss)]
+    out = {
+        "key": key, "run_hash": run_hash(tc), "status": st["status"], "steps": int(st["steps"]),
+        "nonfinite_step": st.get("nonfinite_step"), "wall_s": float(st.get("wall_s") or 0.0),
+        "tokens_per_s": float(np.nanmedian(log["tokens_per_s"][1:])) if len(loss) > 1 else float("nan"),
+        "val_step": val["step"].tolist(), "val_loss": _nan_list(val["val_loss"]),
+        "final_train_loss": float(finite[-100:].mean()) if finite.size else float("nan"),
+        "loss_curve": _nan_list(bins(loss, tc.max_steps, curve_points, np.mean)),
+        "gnorm_curve": _nan_list(bins(gn, tc.max_steps, curve_points, _geometric_mean)),
+        "gnorm_max_curve": _nan_list(bins(gn, tc.max_steps, curve_points, np.max)),
+        "gnorm_max": float(np.nanmax(gn)) if np.isfinite(gn).any() else float("nan"),
+        "diag_step": diag["step"].tolist(),
+    }
+    for k in ("max_logit", "tied_frac", "wq", "wqk"):
+        out[k] = _nan_list(diag[k]) if k in diag else []
+    return out
+
+
+def final_val(r: dict, max_steps: int) -> tuple[float, float]:
+    """(held-out loss at step 0, at ``max_steps``) of a run summary; the final one is NaN unless the run
+    completed and was evaluated there (a non-finite run has no final loss)."""
+    vs, vl = np.asarray(r["val_step"]), np.asarray(r["val_loss"], dtype=np.float64)
+    init = float(vl[vs == 0][0]) if (vs == 0).any() else float("nan")
+    ok = r["status"] == "completed" and (vs == max_steps).any()
+    return init, float(vl[vs == max_steps][0]) if ok else float("nan")
