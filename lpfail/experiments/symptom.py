@@ -20,25 +20,21 @@ D    ``FA2_BF16``                     what production kernels compute (FP32 scor
 The pieces, usable separately:
 
 * `failed(losses, warmup)` — the pre-registered criterion; `outcome(...)` applies it to a run directory.
-* `plan(c, root)` — one `RunSpec` (a `TrainConfig` and a directory) per (variant, seed).
-* `sweep(specs, parallel, budget_s, ...)` — the driver (`lpfail.experiments.driver`, its names imported
-  here): N subprocesses at a time on one GPU, a wall-clock budget after which running processes are stopped
-  (SIGTERM: everything up to the last checkpoint is kept), and ``cont=True`` to continue incomplete runs from
-  their newest checkpoint in a later call (the GPU machine keeps /tmp between consecutive calls while it
-  stays warm).
 * `checks(c, root)` — before trusting the driver: (1) each Triton variant against the reference for
   ``check_steps`` steps (step-0 loss must be bit-identical for A and B′, whose forward the kernel emulates
   bit for bit; close for C and D); (2) a run stopped by the driver and continued from its checkpoint in a
-  new process gives exactly the losses of an uninterrupted run.
-* `collect(c, specs)` — loss and gradient-norm curves (full and downsampled), max logit, tied-max fraction,
-  spectral norms, and the per-seed outcome table.
-* `run_symptom(c, root, budget_s)` — all of the above; the registered experiment ``symptom`` calls it with
-  ``LPFAIL_SYMPTOM_ROOT`` (default /tmp/lpfail_symptom) and ``LPFAIL_SYMPTOM_BUDGET_S`` (default 450 s).
-  Scheduling (root, budget, continuation) is not part of the config: the result depends only on the config.
+  new process gives exactly the losses of an uninterrupted run. Stored beside the runs (`checks_path`): they
+  decide which variants run on the kernel (`impl_for`), and so the runs' TrainConfigs.
+* `SymptomGrid` — the `lpfail.sweep` grid of one configuration (variant × seed); `SymptomSweepGrid` the
+  neighbouring configurations (`SymptomSweepConfig`). Each run's summary (`summarize`: the outcome, the
+  per-step loss and gradient norm, the diagnostics) goes into the run store ``results/symptom_parts/``;
+  `collect` turns the summaries into the result's arrays and the per-seed outcome table.
+* `migrate` — the store built from the runs archive of the GPU call of 2026-11-29 (``results/symptom_runs.tgz``),
+  with that call's provenance.
 
-``python -m lpfail.experiments.symptom sweep [--continue] [--budget S] [--set key=value ...]`` runs the
-driver without storing anything; ``python -m lpfail run symptom`` runs (or continues) it and stores the
-result; ``tools/gpu_symptom.sh`` wraps both for a GPU call. Plan and numbers: notes/symptom.md.
+``python -m lpfail sweep symptom status | plan | checks | drive [--budget S] [--quick] | collect`` (and
+``symptom_sweep``); ``python -m lpfail run symptom`` runs what is missing and stores the result. Plan and
+numbers: notes/symptom.md.
 """
 from __future__ import annotations
 
@@ -55,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from lpfail import results
+from lpfail.sweep import GridBase, Run, Store, register, run_experiment
 # the driver's names stay available here (S.sweep, S.RunSpec ...)
 from lpfail.sweep.driver import (  # noqa: F401
     bins as _bins,
@@ -306,18 +303,6 @@ def impl_for(c: SymptomConfig, variant: str, chk: dict) -> str:
     return "triton" if chk["kernel"].get(variant, {}).get("trusted") else "reference"
 
 
-def plan(c: SymptomConfig, root, chk: dict) -> list[RunSpec]:
-    """One run per (variant, seed), in the order seed-major (so the first N started cover every variant)."""
-    root = Path(root)
-    specs = []
-    for seed in c.seeds:
-        for v in c.variants:
-            impl = impl_for(c, v, chk)
-            specs.append(RunSpec(f"{v}_s{seed}", train_config(c, v, seed, impl, str(root / "runs" / f"{v}_s{seed}")),
-                                 variant=v, seed=seed))
-    return specs
-
-
 # -- collecting ----------------------------------------------------------------------------------------
 def crash_note(run_dir) -> str | None:
     """The ``error: ...`` line that the run's last process ended with (its stdout.txt), or None."""
@@ -394,136 +379,216 @@ def _strip_curves(d):
     return d
 
 
-def collect(c: SymptomConfig, specs: list[RunSpec], chk: dict | None = None) -> dict:
-    """Arrays over (variant, seed, ...) from the run directories, and the outcome table."""
+def _f32(x) -> list:
+    """A float32 series as the shortest decimals that round back to it (lossless for the logs' float32 losses and
+    gradient norms; NaN and inf kept)."""
+    return [float(str(np.float32(v))) if np.isfinite(v) else float(v) for v in np.asarray(x, dtype=np.float64)]
+
+
+def summarize(run_dir, tc, key: str) -> dict:
+    """What the run store keeps of one run of the search: the criterion's outcome, the per-step loss and
+    gradient norm (the criterion reads every step), the median throughput and the diagnostics."""
+    from lpfail.sweep import run_hash
     from lpfail.train import read_diag, read_log
 
+    lg = read_log(run_dir)
+    o = outcome(run_dir, tc.warmup)
+    n = len(lg["loss"])
+    d = read_diag(run_dir)
+    diag = {"step": d["step"].tolist(), "spectral": {k: v.tolist() for k, v in d["spectral"].items()}}
+    diag.update({k: d[k].tolist() for k in ("max_logit", "tied_frac", "wq", "wqk") if k in d})
+    return {"key": key, "run_hash": run_hash(tc), "attention": tc.attention,
+            "failed": bool(o["failed"]), "fail_step": o["fail_step"], "final_loss": float(o["final_loss"]),
+            "status": o["status"], "steps": int(o["steps"]), "note": o["note"],
+            "loss": _f32(lg["loss"]), "grad_norm": _f32(lg["grad_norm"]),
+            "tokens_per_s": float(np.nanmedian(lg["tokens_per_s"][1:n])) if n > 1 else float("nan"), "diag": diag}
+
+
+def _diag_into(out: dict, i: int, j: int, d: dict, diag_steps: np.ndarray, names: list[str]):
+    """One run's diagnostics into the (variant, seed, diag step, ...) arrays of `collect`."""
+    n_diag = len(diag_steps)
+    steps = np.asarray(d["step"], dtype=np.int64)
+    if not len(steps) or not n_diag:
+        return
+    idx = np.searchsorted(diag_steps, steps)
+    keep = (idx < n_diag) & (diag_steps[np.minimum(idx, n_diag - 1)] == steps)
+    idx, sel = idx[keep], np.nonzero(keep)[0]
+    if "max_logit" in d:
+        out["max_logit"][i, j, idx] = np.asarray(d["max_logit"], dtype=np.float64)[sel]
+        out["tied_frac"][i, j, idx] = np.asarray(d["tied_frac"], dtype=np.float64)[sel]
+    out["wq"][i, j, idx] = np.asarray(d["wq"], dtype=np.float64)[sel]
+    out["wqk"][i, j, idx] = np.asarray(d["wqk"], dtype=np.float64)[sel]
+    for kk, name in enumerate(names):
+        out["spectral"][i, j, idx, kk] = np.asarray(d["spectral"][name], dtype=np.float64)[sel]
+
+
+def _arrays(c: SymptomConfig, n_diag: int) -> dict:
     V, S, N = len(c.variants), len(c.seeds), c.max_steps
-    by = {(s.variant, s.seed): s for s in specs}
-    full = lambda: np.full((V, S, N), np.nan, dtype=np.float32)  # noqa: E731
-    loss, gnorm = full(), full()
+    P = math.ceil(N / max(1, math.ceil(N / c.curve_points)))
+    return {"loss": np.full((V, S, N), np.nan, dtype=np.float32), "grad_norm": np.full((V, S, N), np.nan,
+                                                                                        dtype=np.float32),
+            "loss_curve": np.full((V, S, P), np.nan), "grad_norm_curve": np.full((V, S, P), np.nan),
+            "grad_norm_curve_max": np.full((V, S, P), np.nan),
+            "max_logit": np.full((V, S, n_diag, c.n_layer), np.nan),
+            "tied_frac": np.full((V, S, n_diag, c.n_layer), np.nan),
+            "wq": np.full((V, S, n_diag, c.n_layer, c.n_head), np.nan),
+            "wqk": np.full((V, S, n_diag, c.n_layer, c.n_head), np.nan),
+            "failed": np.zeros((V, S), dtype=bool), "fail_step": np.full((V, S), -1, dtype=np.int64),
+            "final_loss": np.full((V, S), np.nan), "steps": np.zeros((V, S), dtype=np.int64),
+            "tokens_per_s": np.full((V, S), np.nan)}
+
+
+def collect(c: SymptomConfig, runs: dict, chk: dict | None = None) -> dict:
+    """Arrays over (variant, seed, ...) from the stored run summaries (``runs``: {(variant, seed): summary}),
+    and the outcome table."""
+    V, S, N = len(c.variants), len(c.seeds), c.max_steps
     b = max(1, math.ceil(N / c.curve_points))
-    P = math.ceil(N / b)
-    loss_curve, gn_curve, gn_curve_max = (np.full((V, S, P), np.nan) for _ in range(3))
-    n_diag = len(range(0, N, c.diag_every)) if c.diag_every else 0
     diag_steps = np.arange(0, N, c.diag_every) if c.diag_every else np.zeros(0, dtype=np.int64)
-    max_logit = np.full((V, S, n_diag, c.n_layer), np.nan)
-    tied = np.full((V, S, n_diag, c.n_layer), np.nan)
-    wq = np.full((V, S, n_diag, c.n_layer, c.n_head), np.nan)
-    wqk = np.full((V, S, n_diag, c.n_layer, c.n_head), np.nan)
-    spectral_names: list[str] = []
-    spectral = None
-    failed_ = np.zeros((V, S), dtype=bool)
-    fail_step = np.full((V, S), -1, dtype=np.int64)
-    final = np.full((V, S), np.nan)
-    steps = np.zeros((V, S), dtype=np.int64)
-    tps = np.full((V, S), np.nan)
+    out = _arrays(c, len(diag_steps))
+    first = next((r for r in runs.values() if r["diag"]["step"]), None)
+    names = sorted(first["diag"]["spectral"]) if first else []
+    out["spectral"] = np.full((V, S, len(diag_steps), len(names)), np.nan) if first else np.zeros((V, S, len(diag_steps), 0))
     status = [["missing"] * S for _ in range(V)]
-    notes = [[""] * S for _ in range(V)]
-    impls = [[""] * S for _ in range(V)]
+    notes, impls = [[""] * S for _ in range(V)], [[""] * S for _ in range(V)]
     for i, v in enumerate(c.variants):
         for j, seed in enumerate(c.seeds):
-            s = by.get((v, seed))
-            if s is None or not (s.dir / "log.jsonl").is_file():
+            r = runs.get((v, seed))
+            if r is None:
                 continue
-            impls[i][j] = s.cfg.attention
-            o = outcome(s.dir, c.warmup)
-            lg = read_log(s.dir)
-            n = min(N, len(lg["loss"]))
-            loss[i, j, :n], gnorm[i, j, :n] = lg["loss"][:n], lg["grad_norm"][:n]
-            loss_curve[i, j] = _bins(lg["loss"][:n], N, c.curve_points)[:P] if n else np.nan
-            gn_curve[i, j] = _bins(lg["grad_norm"][:n], N, c.curve_points)[:P] if n else np.nan
-            gn_curve_max[i, j] = _bins(lg["grad_norm"][:n], N, c.curve_points, np.max)[:P] if n else np.nan
-            failed_[i, j], fail_step[i, j] = o["failed"], (o["fail_step"] if o["fail_step"] is not None else -1)
-            final[i, j], steps[i, j] = o["final_loss"], o["steps"]
-            status[i][j] = o["status"] if not (o["status"] == "running") else "incomplete"
-            notes[i][j] = o["note"]
+            impls[i][j], notes[i][j] = r["attention"], r["note"]
+            loss, gn = (np.asarray(r[k], dtype=np.float64).astype(np.float32).astype(np.float64)  # `_f32`'s values
+                        for k in ("loss", "grad_norm"))
+            n = min(N, len(loss))
+            out["loss"][i, j, :n], out["grad_norm"][i, j, :n] = loss[:n], gn[:n]
+            if n:
+                P = out["loss_curve"].shape[-1]
+                out["loss_curve"][i, j] = _bins(loss[:n], N, c.curve_points)[:P]
+                out["grad_norm_curve"][i, j] = _bins(gn[:n], N, c.curve_points)[:P]
+                out["grad_norm_curve_max"][i, j] = _bins(gn[:n], N, c.curve_points, np.max)[:P]
+            out["failed"][i, j], out["fail_step"][i, j] = r["failed"], (r["fail_step"] if r["fail_step"] is not None
+                                                                        else -1)
+            out["final_loss"][i, j], out["steps"][i, j] = r["final_loss"], r["steps"]
+            status[i][j] = r["status"] if r["status"] != "running" else "incomplete"
             if n > 1:
-                tps[i, j] = float(np.nanmedian(lg["tokens_per_s"][1:n]))
-            d = read_diag(s.dir)
-            if len(d["step"]) and n_diag:
-                idx = np.searchsorted(diag_steps, d["step"])
-                keep = (idx < n_diag) & (diag_steps[np.minimum(idx, n_diag - 1)] == d["step"])
-                idx, sel = idx[keep], np.nonzero(keep)[0]
-                if "max_logit" in d:
-                    max_logit[i, j, idx], tied[i, j, idx] = d["max_logit"][sel], d["tied_frac"][sel]
-                wq[i, j, idx], wqk[i, j, idx] = d["wq"][sel], d["wqk"][sel]
-                if spectral is None:
-                    spectral_names = sorted(d["spectral"])
-                    spectral = np.full((V, S, n_diag, len(spectral_names)), np.nan)
-                for kk, name in enumerate(spectral_names):
-                    spectral[i, j, idx, kk] = d["spectral"][name][sel]
-    table = outcome_table(c.variants, c.seeds, failed_, fail_step, final, status, steps)
-    complete = all(status[i][j] in ("completed", "nonfinite") for i in range(V) for j in range(S))
-    out = {
-        "variants": np.array(list(c.variants)), "variant_labels": np.array([VARIANTS[v].label for v in c.variants]),
-        "seeds": np.array(c.seeds, dtype=np.int64), "loss": loss, "grad_norm": gnorm,
-        "curve_steps": (np.arange(P) * b + (b - 1) / 2.0), "loss_curve": loss_curve, "grad_norm_curve": gn_curve,
-        "grad_norm_curve_max": gn_curve_max, "diag_steps": diag_steps, "max_logit": max_logit,
-        "tied_frac": tied, "wq": wq, "wqk": wqk,
-        "spectral": spectral if spectral is not None else np.zeros((V, S, n_diag, 0)),
-        "spectral_names": np.array(spectral_names, dtype=str), "failed": failed_, "fail_step": fail_step,
-        "final_loss": final, "steps": steps, "tokens_per_s": tps, "status": np.array(status, dtype=str),
-        "notes": np.array(notes, dtype=str),
-        "attention": np.array(impls, dtype=str),
-        "outcome_table": table, "complete": complete,
-        "criterion": f"fails at the first non-finite loss or gradient norm, or when a {WINDOW}-step mean loss "
-                     f"after warm-up exceeds the run's best {WINDOW}-step mean by more than {RISE:.0%} "
-                     f"(fixed {CRITERION_FIXED_ON}, lpfail.symptom.failed)",
-        "n_failed": {v: int(failed_[i].sum()) for i, v in enumerate(c.variants)},
-    }
+                out["tokens_per_s"][i, j] = r["tokens_per_s"]
+            _diag_into(out, i, j, r["diag"], diag_steps, names)
+    return _finish(c, out, status, notes, impls, b, diag_steps, names, chk)
+
+
+def _finish(c, out, status, notes, impls, b, diag_steps, names, chk) -> dict:
+    V, S = len(c.variants), len(c.seeds)
+    table = outcome_table(c.variants, c.seeds, out["failed"], out["fail_step"], out["final_loss"], status, out["steps"])
+    P = out["loss_curve"].shape[-1]
+    res = {"variants": np.array(list(c.variants)), "variant_labels": np.array([VARIANTS[v].label for v in c.variants]),
+           "seeds": np.array(c.seeds, dtype=np.int64), "loss": out["loss"], "grad_norm": out["grad_norm"],
+           "curve_steps": (np.arange(P) * b + (b - 1) / 2.0), "loss_curve": out["loss_curve"],
+           "grad_norm_curve": out["grad_norm_curve"], "grad_norm_curve_max": out["grad_norm_curve_max"],
+           "diag_steps": diag_steps, "max_logit": out["max_logit"], "tied_frac": out["tied_frac"], "wq": out["wq"],
+           "wqk": out["wqk"], "spectral": out["spectral"], "spectral_names": np.array(names, dtype=str),
+           "failed": out["failed"], "fail_step": out["fail_step"], "final_loss": out["final_loss"],
+           "steps": out["steps"], "tokens_per_s": out["tokens_per_s"], "status": np.array(status, dtype=str),
+           "notes": np.array(notes, dtype=str), "attention": np.array(impls, dtype=str),
+           "outcome_table": table,
+           "complete": all(status[i][j] in ("completed", "nonfinite") for i in range(V) for j in range(S)),
+           "criterion": f"fails at the first non-finite loss or gradient norm, or when a {WINDOW}-step mean loss "
+                        f"after warm-up exceeds the run's best {WINDOW}-step mean by more than {RISE:.0%} "
+                        f"(fixed {CRITERION_FIXED_ON}, lpfail.symptom.failed)",
+           "n_failed": {v: int(out["failed"][i].sum()) for i, v in enumerate(c.variants)}}
     if chk is not None:
-        out["checks"] = json.dumps(_strip_curves(chk))
-        out["kernel_trusted"] = {v: bool(d["trusted"]) for v, d in chk.get("kernel", {}).items()}
-        out["continue_equal"] = bool(chk.get("continue", {}).get("equal", False))
-    return out
+        res["checks"] = json.dumps(_strip_curves(chk))
+        res["kernel_trusted"] = {v: bool(d["trusted"]) for v, d in chk.get("kernel", {}).items()}
+        res["continue_equal"] = bool(chk.get("continue", {}).get("equal", False))
+    return res
 
 
-# -- the experiment ------------------------------------------------------------------------------------
-DEFAULT_ROOT = "/tmp/lpfail_symptom"
-DEFAULT_BUDGET_S = 450.0
+# -- the grid: the search's runs in the run store --------------------------------------------------------------
+STORE = Store("symptom_parts", "lpfail.symptom.part", "python -m lpfail sweep symptom drive")
 
 
-def symptom_root(c: SymptomConfig, root=None) -> Path:
-    """<LPFAIL_SYMPTOM_ROOT or /tmp/lpfail_symptom>/<config hash>: one directory per configuration."""
-    base = Path(root or os.environ.get("LPFAIL_SYMPTOM_ROOT") or DEFAULT_ROOT)
-    return base / results.config_hash(c)
+def run_key(c: SymptomConfig, variant: str, seed: int) -> str:
+    """A run's key: its configuration's hash, variant and seed (the search's configurations share one store)."""
+    return f"{results.config_hash(c)}/{variant}_s{seed}"
 
 
-def run_symptom(c: SymptomConfig, root=None, budget_s: float | None = None, cont: bool = True,
-                log=print) -> dict:
-    """Checks (once per root), then the sweep within `budget_s` (continuing what an earlier call left), then
-    `collect`. With budget_s = 0 nothing is trained: only collected."""
-    t0 = time.monotonic()
-    if budget_s is None:
-        budget_s = float(os.environ.get("LPFAIL_SYMPTOM_BUDGET_S", DEFAULT_BUDGET_S))
-    root = symptom_root(c, root)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "symptom_config.json").write_text(json.dumps(results.config_dict(c), indent=1) + "\n")
-    chk = json.loads((root / "checks.json").read_text()) if (root / "checks.json").is_file() else None
-    if chk is None and budget_s > 0:
-        chk = checks(c, root, log=log)
-    chk = chk or {"cuda": _use_cuda(), "kernel": {}}
-    specs = plan(c, root, chk)
-    st = {}
-    left = budget_s - (time.monotonic() - t0)
-    if left > 0:
-        gpus = gpu_ids() if chk.get("cuda") else []
-        st = sweep(specs, default_parallel(gpus), left, cont=cont, env=_env(c), log=log, gpus=gpus)
-    out = collect(c, specs, chk)
-    out["driver"] = json.dumps(st)
-    out["root"] = str(root)
-    (root / "outcome_table.md").write_text(out["outcome_table"])
-    log(out["outcome_table"])
-    return out
+def checks_path(c: SymptomConfig, directory=None) -> Path:
+    """Where a configuration's checks live: beside its runs' parts (they decide which runs use the kernel)."""
+    return STORE.path(directory) / f"checks-{results.config_hash(c)}.json"
+
+
+def stored_checks(c: SymptomConfig, directory=None) -> dict | None:
+    p = checks_path(c, directory)
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _shareable(c: SymptomConfig, base: SymptomConfig, chk: dict) -> bool:
+    """Whether ``base``'s checks hold for ``c``: the same model shape (the checks compare the kernel with the
+    reference and a continued run with an uninterrupted one; neither depends on lr or warm-up)."""
+    shape = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "micro_batch", "data", "tokenizer",
+             "optimizer")
+    if any(getattr(c, k) != getattr(base, k) for k in shape):
+        return False
+    return not (chk.get("cuda") and any(VARIANTS[v].kernel and v not in chk.get("kernel", {}) for v in c.variants))
+
+
+class SymptomGrid(GridBase):
+    """The runs of one configuration of the search (variant × seed); their TrainConfigs depend on the checks
+    (which variants may run on the Triton kernel), stored beside the parts."""
+
+    store = STORE
+    partial_ok = True
+
+    def __init__(self, config: SymptomConfig, chk: dict | None = None, name: str = "symptom"):
+        self.config, self.name, self._chk = config, name, chk
+
+    def chk(self) -> dict:
+        return self._chk or stored_checks(self.config) or {"cuda": False, "kernel": {}}
+
+    def runs(self) -> list[Run]:
+        c, chk = self.config, self.chk()
+        return [Run(run_key(c, v, seed), STORE, train_config(c, v, seed, impl_for(c, v, chk), "", checkpoint_every=0),
+                    group=v, seed=seed, checkpoint_every=c.checkpoint_every) for seed in c.seeds for v in c.variants]
+
+    def summarize(self, run_dir, tc, key: str) -> dict:
+        return summarize(run_dir, tc, key)
+
+    def result(self, have: dict, parts: list[dict]) -> dict:
+        by = {(r.group, r.seed): have[r.id] for r in self.runs() if r.id in have}
+        return collect(self.config, by, self.chk())
+
+    def checks(self, root: Path, log=print) -> dict:
+        """The search's own checks (`checks`: kernel vs reference, stop and continue), stored beside the parts."""
+        chk = checks(self.config, root, log=log)
+        path = checks_path(self.config)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        results._atomic_write(path, (json.dumps(chk, indent=1) + "\n").encode())
+        return {**chk, "ok": bool(chk["continue"]["equal"]), "resume_equal": bool(chk["continue"]["equal"])}
+
+    def quick(self):
+        """The default configuration's A and C, seed 0: A − C in final loss (`final_loss`, the criterion's)."""
+        from lpfail.sweep.quick import Quick
+
+        seed = self.config.seeds[0]
+        runs = [r for r in self.runs() if r.seed == seed and r.group in ("A", "C")]
+
+        def headline(have: dict, s: int) -> float:
+            a, c = (have.get(run_key(self.config, v, s)) for v in ("A", "C"))
+            return float(a["final_loss"] - c["final_loss"]) if a and c else float("nan")
+
+        return Quick(runs, headline, "final loss of A − C (the search's default configuration), one seed", seed,
+                     tuple(self.config.seeds))
+
+
+@register("symptom")
+def symptom_grid(config: SymptomConfig | None = None) -> SymptomGrid:
+    return SymptomGrid(config or SymptomConfig())
 
 
 @results.experiment("symptom", config=SymptomConfig, gpu=True,
                     description="the search for a small-scale BF16 flash-attention loss explosion (chapter 1)")
 def symptom(c: SymptomConfig) -> dict:
     """Variants A, B, B′, C, D of one small GPT on identical batches and init, several seeds, judged by the
-    pre-registered criterion; continues from checkpoints left by earlier calls (LPFAIL_SYMPTOM_ROOT)."""
-    return run_symptom(c)
+    pre-registered criterion (`python -m lpfail sweep symptom checks` first, on the GPU)."""
+    return run_experiment(symptom_grid(c))
 
 
 # -- neighbouring configurations (the search around the default) -----------------------------------------
@@ -569,83 +634,49 @@ def point_config(sc: SymptomSweepConfig, k: int) -> SymptomConfig:
     return dataclasses.replace(c, variants=variants, seeds=tuple(sc.seeds))
 
 
-def _shared_checks(c: SymptomConfig, root: Path, source: Path, log=print) -> dict | None:
-    """Use the default configuration's checks for a neighbouring one with the same model shape (the checks
-    compare the kernel with the reference and a continued run with an uninterrupted one: neither depends on
-    lr or warm-up). Written to <root>/checks.json with ``shared_from``; None when they cannot be shared."""
-    src = source / "checks.json"
-    if not src.is_file():
-        return None
-    base = json.loads((source / "symptom_config.json").read_text())
-    shape = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "micro_batch", "data", "tokenizer",
-             "optimizer")
-    mine = results.config_dict(c)
-    if any(base.get(k) != mine.get(k) for k in shape):
-        return None
-    chk = json.loads(src.read_text())
-    if any(v in VARIANTS and VARIANTS[v].kernel and v not in chk.get("kernel", {}) for v in c.variants) \
-            and chk.get("cuda"):
-        return None
-    chk["shared_from"] = str(source)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "checks.json").write_text(json.dumps(chk, indent=1) + "\n")
-    log(f"checks for {root.name}: shared from {source.name} (same model, data and batch shape)")
-    return chk
+class SymptomSweepGrid(GridBase):
+    """The search's neighbouring configurations, each a `SymptomGrid` (checks shared from the default
+    configuration where the model shape is the same), stored with a ``p{k}_`` prefix per point."""
+
+    store = STORE
+    partial_ok = True
+    name = "symptom_sweep"
+
+    def __init__(self, config: SymptomSweepConfig):
+        self.config = config
+        base = SymptomConfig()
+        base_chk = stored_checks(base)
+        self.points = []
+        for c in sweep_configs(config):
+            chk = stored_checks(c)
+            if chk is None and base_chk is not None and _shareable(c, base, base_chk):
+                chk = {**base_chk, "shared_from": results.config_hash(base)}
+            self.points.append(SymptomGrid(c, chk, name="symptom_sweep"))
+
+    def runs(self) -> list[Run]:
+        return [r for g in self.points for r in g.runs()]
+
+    def summarize(self, run_dir, tc, key: str) -> dict:
+        return summarize(run_dir, tc, key)
+
+    def result(self, have: dict, parts: list[dict]) -> dict:
+        out: dict = {"points": np.array(self.config.points, dtype=str)}
+        completes = []
+        for k, g in enumerate(self.points):
+            d = g.result(have, parts)
+            out.update({f"p{k}_{key}": value for key, value in d.items()})
+            completes.append(bool(d["complete"]))
+        out["point_complete"] = np.array(completes)
+        out["complete"] = all(completes)
+        return out
+
+    def checks(self, root: Path, log=print) -> dict:
+        return self.points[0].checks(root, log=log)
 
 
-def drive(configs: list[SymptomConfig], budget_s: float, root=None, log=print) -> dict:
-    """The whole search in one driver: the checks of the first configuration (shared with the others where
-    the model shape is the same, else their own), then one sweep over every run of every configuration, in
-    the order given (so the first configuration's runs start first), until all are done or `budget_s` has
-    passed (<base>/control.json can bring that forward or change the number of processes: `sweep`).
-    Nothing is collected or stored here: `python -m lpfail run symptom` and `... run symptom_sweep`
-    (with LPFAIL_SYMPTOM_BUDGET_S=0) collect what the driver left. Writes <base>/drive.json when it ends."""
-    t0 = time.monotonic()
-    base = Path(root or os.environ.get("LPFAIL_SYMPTOM_ROOT") or DEFAULT_ROOT)
-    roots = [symptom_root(c, base) for c in configs]
-    chks = []
-    for i, (c, r) in enumerate(zip(configs, roots)):
-        r.mkdir(parents=True, exist_ok=True)
-        (r / "symptom_config.json").write_text(json.dumps(results.config_dict(c), indent=1) + "\n")
-        chk = json.loads((r / "checks.json").read_text()) if (r / "checks.json").is_file() else None
-        if chk is None and i > 0:
-            chk = _shared_checks(c, r, roots[0], log=log)
-        if chk is None:
-            chk = checks(c, r, log=log)
-        chks.append(chk)
-    specs = [dataclasses.replace(s, name=f"c{i}_{s.name}")  # names unique across the configurations
-             for i, (c, r, chk) in enumerate(zip(configs, roots, chks)) for s in plan(c, r, chk)]
-    gpus = gpu_ids() if chks[0].get("cuda") else []
-    env = _env(configs[0])
-    if any(_env(c) != env for c in configs):
-        raise ValueError("drive: the configurations must agree on `autotune`")
-    left = budget_s - (time.monotonic() - t0)
-    st = sweep(specs, default_parallel(gpus), left, cont=True, env=env, log=log, gpus=gpus,
-               control=base / "control.json") if left > 0 else {}
-    rec = {"roots": [str(r) for r in roots], "runs": st, "wall_s": round(time.monotonic() - t0, 2),
-           "budget_s": budget_s, "gpus": gpus, "ended": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (base / "drive.json").write_text(json.dumps(rec, indent=1) + "\n")
-    return rec
-
-
-def progress(base) -> str:
-    """One line per run under <base>/<config hash>/runs/: its last logged step, loss and status."""
-    from lpfail.train import read_status
-
-    lines = []
-    for cfg_path in sorted(Path(base).glob("*/symptom_config.json")):
-        conf = json.loads(cfg_path.read_text())
-        lines.append(f"{cfg_path.parent.name}: lr {conf.get('lr')} warmup {conf.get('warmup')}")
-        for run in sorted((cfg_path.parent / "runs").glob("*")):
-            rec = _last_record(run) or {}
-            step = int(rec.get("step", -1))
-            loss = float(rec["loss"]) if rec.get("loss") is not None else float("nan")
-            try:
-                st = read_status(run)["status"]
-            except (OSError, ValueError, KeyError):
-                st = "-"
-            lines.append(f"  {run.name:8s} step {step:5d} loss {loss:8.4f} {st}")
-    return "\n".join(lines)
+@register("symptom_sweep")
+def symptom_sweep_grid(config: SymptomSweepConfig | None = None) -> SymptomSweepGrid:
+    return SymptomSweepGrid(config or SymptomSweepConfig())
 
 
 def sweep_configs(sc: SymptomSweepConfig) -> list[SymptomConfig]:
@@ -655,128 +686,83 @@ def sweep_configs(sc: SymptomSweepConfig) -> list[SymptomConfig]:
 @results.experiment("symptom_sweep", config=SymptomSweepConfig, gpu=True,
                     description="chapter 1's search around the default configuration (lr, warm-up)")
 def symptom_sweep(sc: SymptomSweepConfig) -> dict:
-    """Each point's `collect` (after a sweep within LPFAIL_SYMPTOM_BUDGET_S, continuing what earlier calls
-    left), stored with a ``p{k}_`` prefix per point (variants and seeds included), plus ``points``,
-    ``point_complete`` and ``complete``."""
-    out: dict = {"points": np.array(sc.points, dtype=str)}
-    completes = []
-    for k, c in enumerate(sweep_configs(sc)):
-        d = run_symptom(c)
-        for key, value in d.items():
-            out[f"p{k}_{key}"] = value
-        completes.append(bool(d["complete"]))
-    out["point_complete"] = np.array(completes)
-    out["complete"] = all(completes)
-    return out
+    """Each point's result, stored with a ``p{k}_`` prefix per point (variants and seeds included), plus
+    ``points``, ``point_complete`` and ``complete``."""
+    return run_experiment(symptom_sweep_grid(sc))
 
 
-def recollect(archive, gpu_results, directory=None, log=print) -> dict:
-    """Collect `symptom` and `symptom_sweep` again, here, from the runs' logs (``archive``: the
-    symptom_runs.tgz that a GPU call brought back, or an unpacked copy of it) and store both.
-
-    For results whose runs are finished but whose collection code changed after the GPU machine went away:
-    the collection is a pure function of the logs. ``gpu_results``: the directory holding the JSON files that
-    the GPU call stored itself (their provenance is carried over: ``device``, ``git`` and ``versions`` are the
-    runs'; ``collected_*`` say where, when and by which code this collection ran; ``runs_archive`` names the
-    archive and its sha256). Returns {name: Result}."""
+def migrate(archive, gpu_results, directory=None, log=print) -> Path:
+    """The run store from a runs archive of the driver's run directories (``symptom_runs.tgz``, as the GPU call
+    of 2026-11-29 brought it back) — one part holding every run's summary, with the provenance of the GPU call
+    that made the runs (``gpu_results``: the folder of that call's own symptom.json / symptom_sweep.json) — and
+    each configuration's checks, from those stored results. Writes nothing when a part of this archive exists.
+    Returns the part's path."""
     import hashlib
     import tarfile
     import tempfile
 
+    from lpfail.sweep import Part
+    from lpfail.train import TrainConfig
+
     archive, gpu_results = Path(archive), Path(gpu_results)
-    tmp = None
-    if archive.is_file():
-        tmp = tempfile.TemporaryDirectory(prefix="lpfail_recollect_")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    for old in sorted(STORE.path(directory).glob("part-*.json")):
+        if json.loads(old.read_text()).get("migrated_from", {}).get("sha256") == digest:
+            log(f"symptom migrate: {old.name} already holds {archive.name}")
+            return old
+    gmeta = json.loads((gpu_results / "symptom.json").read_text())
+    with tempfile.TemporaryDirectory(prefix="lpfail_migrate_") as tmp:
         with tarfile.open(archive) as tf:
-            tf.extractall(tmp.name, filter="data")
-        runs = Path(tmp.name)
-        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    else:
-        runs, digest = archive, None
-    drive_rec = json.loads((runs / "drive.json").read_text()) if (runs / "drive.json").is_file() else {}
-    stored = {}
-    old_env = {k: os.environ.get(k) for k in ("LPFAIL_SYMPTOM_ROOT", "LPFAIL_SYMPTOM_BUDGET_S")}
-    try:
-        os.environ["LPFAIL_SYMPTOM_ROOT"], os.environ["LPFAIL_SYMPTOM_BUDGET_S"] = str(runs), "0"
-        for name in ("symptom", "symptom_sweep"):
-            gmeta = json.loads((gpu_results / f"{name}.json").read_text())
-            exp = results.get(name)
-            cfg = exp.default_config()
-            if gmeta["config_hash"] != results.config_hash(cfg):
-                raise results.ResultStale(f"{gpu_results / (name + '.json')} is for config {gmeta['config_hash']}, "
-                                          f"the default now hashes to {results.config_hash(cfg)}")
-            t0 = time.perf_counter()
-            data = exp.fn(cfg)
-            prov = {"device": gmeta["device"], "git": gmeta["git"], "versions": gmeta["versions"],
-                    "created": gmeta["created"], "runs_wall_s": drive_rec.get("wall_s"),
-                    "runs_gpus": drive_rec.get("gpus"), "runs_ended": drive_rec.get("ended"),
-                    "collected_on": results._device(), "collected_git": results._git(),
-                    "collected_versions": results._versions(),
-                    "collected": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-                    "runs_archive": {"path": archive.name, "sha256": digest}}
-            stored[name] = results.save(name, cfg, data, time.perf_counter() - t0, directory, provenance=prov)
-            log(f"{name}: recollected from {archive} (runs on {gmeta['device']}, git {gmeta['git'][:12]})")
-    finally:
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if tmp is not None:
-            tmp.cleanup()
-    return stored
+            tf.extractall(tmp, filter="data")
+        drive_rec = json.loads((Path(tmp) / "drive.json").read_text())
+        part = Part(STORE, directory)
+        part.meta.update(device=gmeta["device"], git=gmeta["git"], versions=gmeta["versions"],
+                         created=gmeta["created"], host="the GPU call of 2026-11-29 (migrated)",
+                         migrated_from={"archive": archive.name, "sha256": digest, "git": results._git(),
+                                        "runs_gpus": drive_rec.get("gpus"), "runs_ended": drive_rec.get("ended")})
+        part.path = part.path.with_name(f"part-{gmeta['created'][:19].replace('-', '').replace(':', '')}-0.json")
+        for conf_path in sorted(Path(tmp).glob("*/symptom_config.json")):
+            c = results.typed_config(results.get("symptom"), {k: (",".join(map(str, v)) if isinstance(v, list)
+                                                                   else str(v))
+                                                               for k, v in json.loads(conf_path.read_text()).items()
+                                                               if k != "__type__"})
+            for run_dir in sorted((conf_path.parent / "runs").iterdir()):
+                v, seed = run_dir.name.rsplit("_s", 1)
+                tc = TrainConfig.from_dict(json.loads((run_dir / "train_config.json").read_text()))
+                part.runs[run_key(c, v, int(seed))] = summarize(run_dir, tc, run_key(c, v, int(seed)))
+        part.meta["wall_s"] = float(drive_rec.get("wall_s") or 0.0)  # the GPU call's (Part.write would put ours)
+        results._atomic_write(part.path, (json.dumps({**part.meta, "runs": part.runs}, allow_nan=True) + "\n").encode())
+    _migrate_checks(gpu_results, directory)
+    log(f"symptom migrate: {len(part.runs)} runs from {archive.name} into {part.path}")
+    return part.path
+
+
+def _migrate_checks(gpu_results: Path, directory=None):
+    """Each configuration's checks (as its stored result holds them) into the store's checks files."""
+    sym = results.load("symptom", directory=directory)
+    pairs = [(SymptomConfig(), sym["checks"])]
+    sw = results.load("symptom_sweep", directory=directory)
+    pairs += [(c, sw[f"p{k}_checks"]) for k, c in enumerate(sweep_configs(SymptomSweepConfig()))]
+    for c, text in pairs:
+        path = checks_path(c, directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        results._atomic_write(path, (json.dumps(json.loads(text), indent=1) + "\n").encode())
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.symptom", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("cmd", choices=["sweep", "collect", "plan", "drive", "progress", "recollect"],
-                    help="drive: the default configuration and the symptom_sweep points in one driver "
-                         "(checks, then every run, until done or --budget; nothing stored)")
-    ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a SymptomConfig field")
-    ap.add_argument("--continue", dest="cont", action="store_true",
-                    help="continue incomplete runs from their checkpoints (default: start them afresh)")
-    ap.add_argument("--budget", type=float, default=None, help="seconds (default $LPFAIL_SYMPTOM_BUDGET_S or 450)")
-    ap.add_argument("--root", default=None, help="runs directory (default $LPFAIL_SYMPTOM_ROOT or /tmp/lpfail_symptom)")
-    ap.add_argument("--summary", default=None, help="also write the collected arrays here (.npz) with a .json")
-    ap.add_argument("--archive", default=None, help="recollect: the runs archive (symptom_runs.tgz)")
-    ap.add_argument("--gpu-results", default=None, help="recollect: directory of the GPU call's symptom*.json")
+    """``migrate --archive TGZ --gpu-results DIR``; any other command is ``python -m lpfail sweep symptom CMD``
+    (``... sweep symptom_sweep CMD`` for the neighbouring configurations)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["migrate"]:
+        from lpfail.sweep.cli import main as sweep_main
+
+        return sweep_main(["symptom", *argv])
+    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.symptom migrate")
+    ap.add_argument("command", choices=("migrate",))
+    ap.add_argument("--archive", required=True, help="the runs archive (symptom_runs.tgz)")
+    ap.add_argument("--gpu-results", required=True, help="directory of the GPU call's symptom*.json")
     args = ap.parse_args(argv)
-    sets = {}
-    for p in args.set or []:
-        k, _, v = p.partition("=")
-        sets[k.strip()] = v.strip()
-    c = results.typed_config(results.get("symptom"), sets)
-    if args.cmd == "recollect":
-        if not (args.archive and args.gpu_results):
-            ap.error("recollect needs --archive (symptom_runs.tgz) and --gpu-results (the GPU call's JSON files)")
-        recollect(args.archive, args.gpu_results)
-        return 0
-    if args.cmd == "progress":
-        base = Path(args.root or os.environ.get("LPFAIL_SYMPTOM_ROOT") or DEFAULT_ROOT)
-        print(progress(base))
-        return 0
-    if args.cmd == "drive":
-        budget = args.budget if args.budget is not None else float(
-            os.environ.get("LPFAIL_SYMPTOM_BUDGET_S", DEFAULT_BUDGET_S))
-        rec = drive([c] + sweep_configs(SymptomSweepConfig()), budget, args.root)
-        print(json.dumps({k: rec[k] for k in ("wall_s", "budget_s", "gpus", "ended")}))
-        return 0
-    root = symptom_root(c, args.root)
-    if args.cmd == "plan":
-        chk = json.loads((root / "checks.json").read_text()) if (root / "checks.json").is_file() else {}
-        for s in plan(c, root, chk):
-            print(s.name, s.cfg.attention, s.dir, run_state(s))
-        return 0
-    out = run_symptom(c, args.root, 0.0 if args.cmd == "collect" else args.budget, cont=args.cont)
-    if args.summary:
-        arrays, scalars = results._split("symptom", out)
-        path = Path(args.summary)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez_compressed(path, **arrays)
-        path.with_suffix(".json").write_text(json.dumps({"config": results.config_dict(c),
-                                                         "config_hash": results.config_hash(c),
-                                                         "scalars": scalars}, indent=1) + "\n")
+    migrate(args.archive, args.gpu_results)
     return 0
 
 
