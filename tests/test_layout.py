@@ -1,5 +1,6 @@
-"""The library's layout: the core never imports the experiments or the book's modules, and the old module names
-(``lpfail.symptom``, ``lpfail.plots`` ...) still import, as the very modules at their new places."""
+"""The library's layout: the core never imports the experiments or the book's modules, the old module names
+(``lpfail.symptom``, ``lpfail.plots`` ...) fail with an error naming the new place, and the registry finds every
+experiment module by itself."""
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import lpfail
 
 REPO = Path(__file__).resolve().parent.parent
 CORE = ("lpfail", "lpfail.bf16", "lpfail.precision", "lpfail.attention", "lpfail.model", "lpfail.data",
-        "lpfail.train", "lpfail.optim", "lpfail.results", "lpfail.cli")
+        "lpfail.train", "lpfail.optim", "lpfail.results", "lpfail.cli", "lpfail.sweep", "lpfail.sweep.cli")
 
 
 def _py(code: str) -> str:
@@ -28,25 +29,10 @@ def test_core_imports_no_experiment_and_no_book_module(mod):
     assert json.loads(out.strip().splitlines()[-1]) == []
 
 
-def test_old_names_are_the_new_modules():
-    checks = "; ".join(
-        f"import {old}; import {new}; assert sys.modules[{old!r}] is sys.modules[{new!r}], {old!r}; "
-        f"assert sys.modules[{new!r}].__name__ == {new!r} and sys.modules[{new!r}].__spec__.name == {new!r}"
-        for old, new in lpfail.MOVED.items())
-    _py("import sys; " + checks + "\n"
-        "import lpfail\n"
-        "from lpfail import symptom, plots, fixrows\n"
-        "import lpfail.experiments.symptom as S, lpfail.experiments.fix_rows as F, lpfail.book.plots as P\n"
-        "assert symptom is S and lpfail.symptom is S and plots is P and fixrows is F\n"
-        "assert S.sweep.__module__ == 'lpfail.experiments.driver' and S.RunSpec is S.sweep.__globals__['RunSpec']\n")
-
-
-def test_old_names_resolve_lazily_as_attributes():
-    _py("import sys, lpfail\n"
-        "assert 'lpfail.experiments.rounding' not in sys.modules\n"
-        "r = lpfail.rounding\n"
-        "assert r is sys.modules['lpfail.experiments.rounding'] is sys.modules['lpfail.rounding']\n"
-        "try:\n    lpfail.no_such_module\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n")
+@pytest.mark.parametrize("old", sorted(lpfail.MOVED))
+def test_old_names_fail_naming_the_new_place(old):
+    with pytest.raises(ModuleNotFoundError, match=f"{old} has moved: import {lpfail.MOVED[old]} instead"):
+        __import__(old)
 
 
 def test_registry_imports_the_experiment_modules():
@@ -58,8 +44,31 @@ def test_registry_imports_the_experiment_modules():
         assert m in mods
 
 
-def test_old_module_name_runs_as_main():
-    proc = subprocess.run([sys.executable, "-m", "lpfail.symptom", "--help"], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0 and "python -m lpfail.experiments.symptom" in proc.stdout, proc.stderr[-2000:]
+def test_registry_finds_a_new_experiment_module_without_a_list(tmp_path, monkeypatch):
+    from lpfail import results
 
+    pkg = tmp_path / "lpfail_extra_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "new_exp.py").write_text(
+        "from dataclasses import dataclass\nfrom lpfail import results\n\n@dataclass(frozen=True)\n"
+        "class Cfg:\n    x: int = 1\n\n@results.experiment('brand_new', config=Cfg)\ndef f(c):\n    return {}\n")
+    (pkg / "helper.py").write_text("raise RuntimeError('a module that registers nothing is never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(results, "EXPERIMENT_PACKAGES", (*results.EXPERIMENT_PACKAGES, "lpfail_extra_pkg"))
+    monkeypatch.setattr(results, "_IMPORTED", False)
+    assert "lpfail_extra_pkg.new_exp" in results.experiment_modules()
+    assert "lpfail_extra_pkg.helper" not in results.experiment_modules()
+    assert "brand_new" in results.registry()
+    results._REGISTRY.pop("brand_new")
+
+
+def test_every_grid_has_a_command_line_status():
+    out = _py("from lpfail import sweep; print(sweep.names())")
+    names = eval(out.strip().splitlines()[-1])
+    assert {"symptom", "symptom_sweep", "lr_sweep", "substitution", "substitution_amendment", "fix_training",
+            "cures", "compiled_sweep"} <= set(names)
+    for name in ("lr_sweep", "substitution"):
+        proc = subprocess.run([sys.executable, "-m", "lpfail", "sweep", name, "status"], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and f"{name}: " in proc.stdout and "runs stored" in proc.stdout, proc.stderr

@@ -1,5 +1,6 @@
-"""The lr_sweep experiment (chapter 1): the pre-registered statistics on fabricated curves, the grid, the parts
-that merge across calls, and a tiny sweep end to end on the CPU."""
+"""The lr_sweep experiment (chapter 1): the pre-registered analysis on fabricated curves, the grid and its
+config, the descriptive comparison with the control, and the report's tables (the framework it runs on, with a
+tiny sweep end to end, is tests/test_sweep.py)."""
 import json
 from pathlib import Path
 
@@ -8,36 +9,9 @@ import pytest
 
 from lpfail import results
 from lpfail.experiments import lr_sweep as L
+from lpfail.sweep import stats
 
 LRS = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)
-
-
-def test_sensitivity_is_mean_minus_min():
-    curve = np.array([3.0, 2.0, 1.5, 1.6, 2.5, 5.0])
-    assert L.sensitivity(curve) == pytest.approx(curve.mean() - 1.5)
-    assert L.sensitivity(np.full(6, 2.0)) == 0.0
-
-
-def test_effective_loss_caps_at_init_and_counts_nonfinite_as_init():
-    final = np.array([1.0, 7.0, np.nan, np.inf])
-    init = np.array([5.5, 5.5, 5.5, 5.4])
-    assert L.effective_loss(final, init).tolist() == [1.0, 5.5, 5.5, 5.4]
-
-
-def test_judge():
-    assert L.judge(0.1, 0.2, "above") == "supported"
-    assert L.judge(-0.2, -0.1, "above") == "refuted"
-    assert L.judge(-0.1, 0.1, "above") == "inconclusive"
-    assert L.judge(-0.2, -0.1, "below") == "supported"
-    assert L.judge(0.1, 0.2, "below") == "refuted"
-    with pytest.raises(ValueError, match="side"):
-        L.judge(0, 1, "left")
-
-
-def test_lr_exceeding():
-    lrs = np.array(LRS)
-    assert L.lr_exceeding([3, 2, 1.5, 1.6, 1.66, 5], lrs) == pytest.approx(1.6e-2)  # 1.66 > 1.65
-    assert np.isnan(L.lr_exceeding([3, 2, 1.5, 1.6, 1.6, 1.6], lrs))
 
 
 def _fake(gaps: dict, n_seeds=3, noise=0.01, seed=0, large_gap=None):
@@ -102,15 +76,6 @@ def test_nonfinite_runs_count_as_init_loss():
     assert a["verdicts"]["H1"]["verdict"] == "supported"
 
 
-def test_bootstrap_is_paired_and_fixed():
-    i1, i2 = L.bootstrap_seed_indices(3), L.bootstrap_seed_indices(3)
-    assert np.array_equal(i1, i2) and i1.shape == (L.N_BOOTSTRAP, 3)
-    # identical variants: every paired draw of the difference is exactly 0
-    x = np.random.default_rng(1).normal(2, 0.1, size=(1, 6, 3))
-    _, d = L.sensitivities(np.concatenate([x, x]), i1)
-    assert np.array_equal(d[0], d[1])
-
-
 def test_default_grid_and_plan():
     c = L.LRSweepConfig()
     pts = L.plan(c)
@@ -136,64 +101,6 @@ def test_config_validation(bad, match):
         L.LRSweepConfig(**bad)
 
 
-def test_run_hash_ignores_where_not_what():
-    c = L.LRSweepConfig()
-    p = L.plan(c)[0]
-    h = L.run_hash(L.train_config(c, p, ""))
-    assert L.run_hash(L.train_config(c, p, "/somewhere/else")) == h
-    assert L.run_hash(L.train_config(c, L.Point(p.size, p.variant, 2e-3, p.seed), "")) != h
-
-
-TINY = dict(lrs=(1e-3, 1e-2), seeds=(0,), variants=("A", "C"), large_variants=(), small=(1, 2, 32),
-            block_size=16, batch_size=4, max_steps=6, warmup=2, val_rows=4, val_every=3, diag_every=3,
-            curve_points=3, checkpoint_every=3)
-
-
-def test_tiny_sweep_end_to_end(tmp_path):
-    c = L.LRSweepConfig(**TINY)
-    runs = L.run_points(c, L.plan(c), root=tmp_path / "root", directory=tmp_path, parallel=2, budget_s=600,
-                        log=lambda *_: None)
-    assert len(runs) == 4 and all(r["status"] == "completed" for r in runs.values())
-    stored, _ = L.load_parts(tmp_path)
-    have, missing = L.stored_for(c, stored)
-    assert not missing and len(have) == 4  # a second call would run nothing
-    assert not list((tmp_path / "root").rglob("ckpt_*.pt"))  # finished runs leave no checkpoints behind
-    res = L.store_from_parts(c, directory=tmp_path)
-    assert "collected from their logs" in res.provenance
-    again = results.load("lr_sweep", c, directory=tmp_path)
-    assert again["small_val_final"].shape == (2, 2, 1) and np.isfinite(again["small_val_final"]).all()
-    assert (again["small_val_final"] < again["small_val_init"]).all()  # 6 steps of training help a little
-    assert again["small_max_logit"].shape == (2, 2, 1, 2, 1)
-    # a grid with more points than stored: refused whole, stored marked incomplete with --partial
-    bigger = L.LRSweepConfig(**{**TINY, "variants": ("A", "C", "C_qk")})
-    with pytest.raises(L.SweepIncomplete, match="2 of 6 runs are not stored"):
-        L.store_from_parts(bigger, directory=tmp_path)
-    part = L.store_from_parts(bigger, directory=tmp_path, partial=True)
-    assert part["complete"] is False and part["runs_stored"] == 4 and part["runs_planned"] == 6
-    assert part["small_stored"][:2].all() and not part["small_stored"][2].any()
-    a = part["analysis"]
-    assert set(a["sizes"]["small"]) == {"A", "C"} and a["incomplete"]["small"]["C_qk"] == {"stored": 0, "runs": 2}
-    assert a["verdicts"]["H3"]["verdict"] == "not measured (runs missing)"
-    # a changed setting orphans the stored runs instead of silently reusing them
-    _, missing = L.stored_for(L.LRSweepConfig(**{**TINY, "max_steps": 9}), stored)
-    assert len(missing) == 4
-    # a corrupt part is an error that names it
-    bad = tmp_path / L.PARTS_DIR / "part-0-bad.json"
-    bad.write_text("{not json")
-    with pytest.raises(results.ResultCorrupt, match="part-0-bad"):
-        L.load_parts(tmp_path)
-
-
-def test_incomplete_sweep_says_how_many(tmp_path):
-    c = L.LRSweepConfig(**TINY)
-    with pytest.raises(L.SweepIncomplete, match="none of the 4 runs"):
-        L.store_from_parts(c, directory=tmp_path)
-    part = L.Part(tmp_path)
-    part.add({"key": L.plan(c)[0].key, "run_hash": "stale"})
-    stored, metas = L.load_parts(tmp_path)
-    assert len(metas) == 1 and L.stored_for(c, stored)[1][0].key == L.plan(c)[0].key
-
-
 def test_validation_split_is_never_trained_on():
     from lpfail.train import TrainConfig, split_validation, validation_offsets
 
@@ -208,21 +115,14 @@ def test_validation_split_is_never_trained_on():
     assert split_validation(toks, TrainConfig())[1] is None
 
 
-def test_part_file_is_json_with_provenance(tmp_path):
-    part = L.Part(tmp_path)
-    part.add({"key": "k", "run_hash": "h", "x": float("nan")})
-    d = json.loads(part.path.read_text())
-    assert d["format"] == L.PART_FORMAT and {"git", "device", "created", "versions"} <= set(d)
-
-
 def test_versus_control_shares_of_the_gap():
     # D as good as C, B halfway, A_sr as bad as A: shares ≈ 1, ½, 0 of the A − C gap
     res = _fake({"A": 0.6, "C": 0.0, "D": 0.0, "B": 0.3, "A_sr": 0.6}, noise=0.002)
     rows = {r["variant"]: r for r in L.versus_control(res)}
     assert set(rows) == {"D", "B", "A_sr"}
     assert rows["D"]["closed"]["point"] == pytest.approx(1, abs=0.05)
-    eff = L.effective_loss(res["small_val_final"], res["small_val_init"]).mean(axis=-1)
-    S = dict(zip(res["small_variants"], L.sensitivity(eff)))
+    eff = stats.effective_loss(res["small_val_final"], res["small_val_init"]).mean(axis=-1)
+    S = dict(zip(res["small_variants"], stats.sensitivity(eff)))
     assert rows["B"]["closed"]["point"] == pytest.approx(1 - (S["B"] - S["C"]) / (S["A"] - S["C"]))
     assert 0.2 < rows["B"]["closed"]["point"] < 0.8
     assert rows["A_sr"]["closed"]["point"] == pytest.approx(0, abs=0.05)
@@ -265,12 +165,3 @@ def test_report_tables_from_parts_and_logs(tmp_path):
         LR.closure_table(_fake({"A": 0.6, "C": 0.0}), "small", ("D",))
 
 
-def test_parts_provenance_and_sweep_command():
-    used = [{"device": "NVIDIA H200", "created": "2026-12-01T03:55", "git": "048e3378a0dce71f", "wall_s": 10.0},
-            {"device": "NVIDIA H200", "created": "2026-12-01T05:23", "git": "5112e531be604454", "wall_s": 5.5}]
-    p = L.parts_provenance(used)
-    assert p["device"] == "NVIDIA H200" and p["created"] == "2026-12-01T05:23" and p["runs_wall_s"] == 15.5
-    assert p["git"] == "048e3378a0dc 5112e531be60" and {"collected_on", "collected_at", "collected_git"} <= set(p)
-    assert L.parts_provenance([], none="lr_sweep's runs only")["device"] == "lr_sweep's runs only"
-    with pytest.raises(ValueError, match="unknown command"):
-        L.sweep_command("collect", L.LRSweepConfig(**TINY), Path("/nonexistent"), None, "x")

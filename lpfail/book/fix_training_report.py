@@ -154,10 +154,13 @@ def part_lines(directory=None) -> list[str]:
     ``collect`` does)."""
     from lpfail.experiments.fix_training import FixTrainingConfig
 
-    runs, metas = L.load_parts(directory)
-    have, _ = L.stored_for(FixTrainingConfig(), runs)
+    from lpfail import sweep
+    from lpfail.experiments.fix_training import fix_training_grid
+
+    lk = sweep.lookup(fix_training_grid(FixTrainingConfig()), directory)
+    have = lk.have
     out = []
-    for m in metas:
+    for m in lk.parts:
         used = [k for k in m["keys"] if k in have]
         if not used:
             continue

@@ -322,10 +322,11 @@ def calls_rows(directory=None, grid: bool = True) -> list[dict]:
 
     from lpfail import results
 
-    runs, metas = L.load_parts(directory)
+    from lpfail import sweep
+
+    runs, metas = L.STORE.load(directory)
     if grid:  # only the parts that hold runs of lr_sweep's own grid (cures and fix_training share the folder)
-        have, _ = L.stored_for(L.LRSweepConfig(), runs)
-        metas = L.used_parts(metas, have)
+        metas = sweep.lookup(L.lr_sweep_grid(), directory).parts
     logs = Path(directory if directory is not None else results.results_dir()) / "lr_sweep_gpu"
     texts = [f.read_text() for f in sorted(logs.glob("drive*.log"))] if logs.is_dir() else []
     out = []
@@ -429,10 +430,11 @@ def compiled_section() -> str:
     try:
         res = results.load("compiled_sweep")
     except results.ResultMissing:
-        runs, _ = L.load_parts()
-        have, missing = L.stored_for(CS.CompiledSweepConfig(), runs)
-        return (f"**Pending.** {len(missing)} of the {len(have) + len(missing)} runs are not yet measured (variants "
-                f"{', '.join(sorted({p.variant for p in missing}))}). They run once `official_check` "
+        from lpfail import sweep
+
+        lk = sweep.lookup(CS.compiled_sweep_grid())
+        return (f"**Pending.** {len(lk.missing)} of the {len(lk.runs)} runs are not yet measured (variants "
+                f"{', '.join(sorted({r.group for r in lk.missing}))}). They run once `official_check` "
                 "has confirmed the preset on a GPU (chapter 4). The rule is fixed (pre-registered "
                 f"{CS.PREREGISTERED_ON}): *{CS.COMPILED_RULE}*")
     a = res["compiled_analysis"]

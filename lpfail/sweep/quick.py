@@ -75,8 +75,9 @@ def compare(grid: Grid, q: Quick, quick_have: dict[str, dict], directory: Path |
             "inside": bool(inside), "bit_identical_runs": int(sum(same)), "runs": len(q.runs)}
 
 
-def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, log=print) -> dict:
-    """Train the quick subset afresh under ``root`` (its own scratch results folder), then `compare`."""
+def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, directory: Path | None = None, log=print) -> dict:
+    """Train the quick subset afresh under ``root`` (its own scratch results folder), then `compare` it with the
+    grid stored in ``directory`` (default: the results cache)."""
     from lpfail.sweep.run import drive
 
     q = grid.quick()
@@ -88,7 +89,7 @@ def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, log=print) -> dic
     wall = time.perf_counter() - t0
     have = lookup(grid, scratch, runs=q.runs).have
     out = {"name": grid.name, "wall_s": round(wall, 1), "complete": len(have) == len(q.runs),
-           **compare(grid, q, have)}
+           **compare(grid, q, have, directory)}
     out.update(device=results._device(), git=results._git(), versions=results._versions(),
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     return out

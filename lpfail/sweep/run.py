@@ -214,9 +214,12 @@ def collect(grid: Grid, directory: Path | None = None, partial: bool = False) ->
 
 def unchanged(grid: Grid, lk: Lookup, directory: Path | None = None) -> bool:
     """Whether the stored result is fresh and was built from exactly the part files ``lk`` would use."""
-    if results.status(grid.name, directory) != "fresh":
+    if os.environ.get("LPFAIL_RECOMPUTE") == "1":
         return False
-    stored = results.load(grid.name, grid.config, directory=directory)
+    try:
+        stored = results.load(grid.name, grid.config, directory=directory)
+    except results.ResultError:  # missing, stale (another config) or corrupt: store it anew
+        return False
     files = sorted(p.get("file", "") for p in (stored.get("parts") or []))
     return bool(files) and files == sorted(p["file"] for p in lk.parts) and (
         bool(stored.get("complete", True)) == lk.complete)
