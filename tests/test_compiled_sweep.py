@@ -6,7 +6,9 @@ import pytest
 
 from lpfail import precision as P
 from lpfail.experiments import compiled_sweep as CS
+from lpfail import sweep
 from lpfail.experiments import lr_sweep as L
+from lpfail.experiments.variants import VARIANTS
 
 
 def fake(gap=0.08, comp=0.08, twin=None):
@@ -54,14 +56,14 @@ def test_reuses_lr_sweep_runs_and_spells_the_preset_out():
     c, s = CS.CompiledSweepConfig(), L.LRSweepConfig()
     for v in ("A", "C"):
         p = L.Point("small", v, 3.2e-2, 2)
-        assert L.run_hash(L.train_config(c, p, "")) == L.run_hash(L.train_config(s, p, ""))
+        assert sweep.run_hash(L.train_config(c, p, "")) == sweep.run_hash(L.train_config(s, p, ""))
     assert {p.variant for p in L.plan(c)} == {"A", "C", "A_comp"} and {p.size for p in L.plan(c)} == {"small"}
     assert len(L.plan(c)) == 3 * 6 * 3
     from lpfail.train import parse_spec
-    assert parse_spec(L.VARIANTS["A_comp"].attention).policy == P.PAPER_BF16_COMPILED
+    assert parse_spec(VARIANTS["A_comp"].attention).policy == P.PAPER_BF16_COMPILED
     tc = L.train_config(c, L.Point("small", "A_comp", 3.2e-2, 0), "")
     changed = dataclasses.replace(tc, attention=f"reference({dataclasses.replace(P.PAPER_BF16_COMPILED, l_div='bf16')})")
-    assert L.run_hash(changed) != L.run_hash(tc)
+    assert sweep.run_hash(changed) != sweep.run_hash(tc)
 
 
 def test_status_names_the_missing_variant(capsys):
@@ -72,9 +74,7 @@ def test_status_names_the_missing_variant(capsys):
 
 def test_collect_refuses_a_missing_grid(capsys):
     """Until A_comp's runs exist, collect stores nothing and says what to run."""
-    runs, _ = L.load_parts()
-    _, missing = L.stored_for(CS.CompiledSweepConfig(), runs)
-    if not missing:
+    if sweep.lookup(CS.compiled_sweep_grid()).complete:
         pytest.skip("A_comp's runs are stored: nothing missing to refuse")
     assert CS.main(["collect"]) == 1
     assert "compiled_sweep drive" in capsys.readouterr().err
@@ -88,8 +88,7 @@ def test_chapter_section_pending_then_table(monkeypatch):
         raise results.ResultMissing(name)
 
     monkeypatch.setattr(results, "load", missing)
-    runs, _ = L.load_parts()
-    if not L.stored_for(CS.CompiledSweepConfig(), runs)[1]:
+    if sweep.lookup(CS.compiled_sweep_grid()).complete:
         pytest.skip("A_comp's runs are stored")
     text = LR.compiled_section()
     assert text.startswith("**Pending.** 18 of the 54 runs") and "A_comp" in text and CS.PREREGISTERED_ON in text

@@ -159,12 +159,12 @@ def test_softcap_bounds_the_logits_and_is_off_by_default():
 
 def test_new_fields_leave_stored_lr_sweep_runs_found():
     """run_hash drops fields at their defaults: every stored lr_sweep run is still found for the grid."""
+    from lpfail import sweep
     from lpfail.experiments import lr_sweep as ls
 
-    runs, _ = ls.load_parts()
+    runs, _ = ls.STORE.load()
     if not runs:
         pytest.skip("no stored lr_sweep parts in this checkout")
-    c = ls.LRSweepConfig()
-    have, _ = ls.stored_for(c, runs)
-    stored = {p.key for p in ls.plan(c)} & set(runs)
-    assert stored and set(have) == stored  # every stored run of the grid is still recognised
+    lk = sweep.lookup(ls.lr_sweep_grid())
+    stored = {r.id for r in lk.runs} & set(runs)
+    assert stored and set(lk.have) == stored  # every stored run of the grid is still recognised

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from lpfail.experiments import cures as cu
+from lpfail import sweep
 from lpfail.experiments import lr_sweep as ls
 
 
@@ -16,12 +17,12 @@ def test_grid_is_lr_sweeps_and_reuses_its_runs():
     assert c.large_variants == () and {p.size for p in ls.plan(c)} == {"small"}
     # a reused variant's run is the very lr_sweep run (same key, same TrainConfig hash)
     p = ls.Point("small", "A", base.lrs[0], 0)
-    assert ls.run_hash(ls.train_config(c, p, "")) == ls.run_hash(ls.train_config(base, p, ""))
-    s = cu.plan_summary(cfg)
+    assert sweep.run_hash(ls.train_config(c, p, "")) == sweep.run_hash(ls.train_config(base, p, ""))
+    s = cu.grid_status(cfg)
     assert s["planned"] == len(cfg.variants) * len(base.lrs) * len(base.seeds)
     for v in cu.NEW:  # stored or not, each new variant has its 6 × 3 points
-        assert s["per_variant"][v]["stored"] + s["per_variant"][v]["missing"] == 18
-    if ls.load_parts()[0]:
+        assert s["per_variant"][v]["planned"] == 18
+    if ls.STORE.load()[0]:
         assert s["per_variant"]["A"]["stored"] == 18  # lr_sweep's A runs are found, not rerun
 
 
@@ -33,7 +34,7 @@ def test_new_variants_train_configs():
     assert tc["A_res"].attention_table()[0][2].policy.delta == "dO.O_res"
     assert tc["A_ds"].attention_table()[0][2].policy.ds_rowsum is True
     assert tc["Bp"].attention_table()[0][2].policy.fix is not None
-    assert len({ls.run_hash(t) for t in tc.values()}) == len(tc)
+    assert len({sweep.run_hash(t) for t in tc.values()}) == len(tc)
 
 
 def test_config_validation():
@@ -83,16 +84,21 @@ def test_gradient_errors_rank_the_policies():
     assert out["res"]["dq"] < out["A"]["dq"] and out["res"]["dv"] == out["A"]["dv"]
 
 
-def _runs_without(drop):
-    """A fabricated store of the whole cures grid (only what `stored_for` reads), minus the points `drop`
-    selects."""
-    c = cu.CuresConfig().sweep()
-    return {p.key: {"run_hash": ls.run_hash(ls.train_config(c, p, ""))} for p in ls.plan(c) if not drop(p)}
+def _store_without(directory, drop):
+    """A fabricated store of the whole cures grid (only what `lookup` reads) in ``directory``, minus the runs
+    ``drop`` selects."""
+    part = ls.STORE.part(directory)
+    for r in cu.cures_grid().runs():
+        if not drop(r):
+            part.runs[r.key] = {"key": r.key, "run_hash": r.hash}
+    part.write()
+    return directory
 
 
-def test_grid_status_names_the_missing_runs():
-    runs = _runs_without(lambda p: (p.variant == "A_z" and p.seed == 2) or (p.variant == "A_cap" and p.lr == 1e-3))
-    st = cu.grid_status(runs=runs)
+def test_grid_status_names_the_missing_runs(tmp_path):
+    d = _store_without(tmp_path / "a", lambda r: (r.group == "A_z" and r.seed == 2)
+                       or (r.group == "A_cap" and r.config.lr == 1e-3))
+    st = cu.grid_status(directory=d)
     assert not st["complete"] and st["planned"] - st["stored"] == 6 + 3
     assert st["per_variant"]["A_z"]["missing_lrs"] == {lr: [2] for lr in ls.LRSweepConfig().lrs}
     assert st["per_variant"]["A_cap"]["missing_lrs"] == {1e-3: [0, 1, 2]}
@@ -100,7 +106,8 @@ def test_grid_status_names_the_missing_runs():
     text = cu.status_text(st)
     assert "A_z: 12/18 stored; missing seed 2 at all 6 LRs" in text and "A_cap: 15/18 stored; missing lr 0.001: seed 0, 1, 2" in text
     # without a complete baseline nothing can be judged
-    st = cu.grid_status(runs=_runs_without(lambda p: p.variant == "C" and p.seed == 0 and p.lr == 1e-3))
+    d = _store_without(tmp_path / "b", lambda r: r.group == "C" and r.seed == 0 and r.config.lr == 1e-3)
+    st = cu.grid_status(directory=d)
     assert st["judgeable"] == [] and "Bp" in st["not_judged"]
 
 
@@ -116,13 +123,14 @@ def test_a_complete_cures_verdict_does_not_depend_on_the_others():
     assert a["cures"]["Bp"] == b["cures"]["Bp"] and a["gap"] == b["gap"]
 
 
-def test_collect_refuses_an_incomplete_grid(monkeypatch, capsys):
-    runs = _runs_without(lambda p: p.variant == "A_hp" and p.seed == 2)
-    monkeypatch.setattr(ls, "load_parts", lambda *a, **k: (runs, []))
+def test_collect_refuses_an_incomplete_grid(tmp_path, monkeypatch):
+    from lpfail.sweep import SweepIncomplete, collect
+
+    d = _store_without(tmp_path, lambda r: r.group == "A_hp" and r.seed == 2)
     monkeypatch.setattr(cu.results, "save", lambda *a, **k: pytest.fail("collect wrote a partial result"))
-    assert cu.main(["collect"]) == 1
-    err = capsys.readouterr().err
-    assert "incomplete (6 of 252 runs missing); nothing stored" in err and "A_hp: 12/18 stored" in err
+    with pytest.raises(SweepIncomplete, match=r"6 of 252 runs are not stored yet \(missing per group: A_hp 6;.*"
+                                              r"nothing stored"):
+        collect(cu.cures_grid(), d, partial=True)
 
 
 def test_chapter_table_judges_complete_cures_and_lists_the_missing_runs():

@@ -112,10 +112,11 @@ def test_fix_training_reports_nonfinite_runs_and_pending():
 def test_fix_training_reuses_lr_sweep_runs():
     """A, C and B of fix_training are lr_sweep's runs: same TrainConfig hash, so they are never run twice."""
     from lpfail.experiments import lr_sweep as L
+    from lpfail.sweep import run_hash
     c, s = FT.FixTrainingConfig(), L.LRSweepConfig()
     for v in ("A", "C", "B"):
         p = L.Point("small", v, 1.6e-2, 1)
-        assert L.run_hash(L.train_config(c, p, "")) == L.run_hash(L.train_config(s, p, ""))
+        assert run_hash(L.train_config(c, p, "")) == run_hash(L.train_config(s, p, ""))
     assert {p.variant for p in L.plan(c)} == {"A", "C", "B", "Bp", "R"} and {p.size for p in L.plan(c)} == {"small"}
 
 
@@ -172,7 +173,7 @@ def test_fix_training_per_lr_classes():
 
 def test_fix_training_report_refuses_a_partial_store():
     from lpfail.book import fix_training_report as R
-    from lpfail.experiments.lr_sweep import SweepIncomplete
+    from lpfail.sweep import SweepIncomplete
 
     d = _with_runs(fake_training())
     d["small_stored"][4, 0, 0] = False

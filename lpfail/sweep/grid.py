@@ -112,8 +112,12 @@ class Lookup:
         n = len(self.have) + len(self.missing)
         if not self.have:
             return f"{name}: none of the {n} runs is stored yet; run `{again}` on a GPU machine"
-        return (f"{name}: {len(self.missing)} of {n} runs are not stored yet (first: {self.missing[0].key}); "
-                f"run `{again}` on a GPU machine")
+        per: dict[str, int] = {}
+        for r in self.missing:
+            per[r.group] = per.get(r.group, 0) + 1
+        return (f"{name}: {len(self.missing)} of {n} runs are not stored yet (missing per group: "
+                + ", ".join(f"{g} {k}" for g, k in per.items()) + f"; first: {self.missing[0].key}); nothing "
+                f"stored. Run `{again}` on a GPU machine")
 
 
 def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = None) -> Lookup:
