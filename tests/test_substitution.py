@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from lpfail.attention import attention, flash_forward
+from lpfail import sweep
 from lpfail.experiments import lr_sweep, substitution as sub
+from lpfail.sweep import stats
 from lpfail.precision import FA2_BF16, FP32, PAPER_BF16, PRESETS, Precision
 from lpfail.train import TrainConfig, train
 
@@ -109,14 +111,14 @@ def test_baselines_are_lr_sweeps_runs():
             p = sub.Point("A", lr, s)
             assert sub.train_config(c, p, "") == lr_sweep.train_config(lr_sweep.LRSweepConfig(), p.baseline(), "")
     # the stored lr_sweep parts hold these runs under the same hash, so they are reused, not rerun
-    runs, _ = lr_sweep.load_parts()
+    runs, _ = lr_sweep.STORE.load()
     if not runs:
         pytest.skip("no lr_sweep parts in results/")
     for b in ("A", "C"):
         for lr in sub.LRS:
             for s in sub.SEEDS:
                 p = sub.Point(b, lr, s)
-                assert runs[p.baseline().key]["run_hash"] == sub.run_hash(sub.train_config(c, p, ""))
+                assert runs[p.baseline().key]["run_hash"] == sweep.run_hash(sub.train_config(c, p, ""))
 
 
 def _fake_lr_sweep():
@@ -147,7 +149,7 @@ def test_row_configs():
     assert sub.head_choice(fake, 3.2e-2, 1) == (0, (0, 3)) and sub.head_choice(fake, 3.2e-2, 2) == (3, (2, 3))
     with pytest.raises(ValueError, match="no run of A"):
         sub.head_choice(fake, 1e-3, 0)
-    assert len({run_hash for run_hash in (sub.run_hash(t) for t in tcs.values())}) == len(tcs)
+    assert len({run_hash for run_hash in (sweep.run_hash(t) for t in tcs.values())}) == len(tcs)
 
 
 def test_plan_size_and_order():
@@ -194,13 +196,13 @@ def test_analyse_and_parts_on_fabricated_runs(tmp_path):
     assert out["rows"]["l"]["by_lr"]["0.032"]["verdict"] == "closes the gap"
     assert out["rows"]["obar"]["by_lr"]["0.032"]["verdict"] in ("does not close it", "inconclusive")
     assert out["baseline_reproduced"] is True and out["preregistered_on"] == "2026-12-01"
-    part = sub.Part(tmp_path)
+    part = sub.STORE.part(tmp_path)
     part.add({"key": "m/lr0.032/s0", "run_hash": "h"})
-    runs, metas = sub.load_parts(tmp_path)
+    runs, metas = sub.STORE.load(tmp_path)
     assert runs == {"m/lr0.032/s0": {"key": "m/lr0.032/s0", "run_hash": "h"}} and metas[0]["runs"] == 1
     (tmp_path / "substitution_parts" / "part-bad.json").write_text("{")
     with pytest.raises(Exception, match="corrupt"):
-        sub.load_parts(tmp_path)
+        sub.STORE.load(tmp_path)
 
 
 # -- replay and branch -------------------------------------------------------------------------------------------
@@ -243,27 +245,29 @@ def test_store_from_parts_needs_every_point_and_stores_the_verdicts(tmp_path, mo
     rng = np.random.default_rng(1)
 
     def summ(p, final):
-        return {"key": p.key, "run_hash": sub.run_hash(sub.train_config(c, p, "")), "status": "completed",
+        return {"key": p.key, "run_hash": sweep.run_hash(sub.train_config(c, p, "")), "status": "completed",
                 "val_step": [0, 1000], "val_loss": [5.5, final], "loss_curve": [1.0]}
     base = {}
     for s in c.seeds:
         for b, mu in (("A", 3.3), ("C", 2.9)):
             p = sub.Point(b, 3.2e-2, s)
             base[p.baseline().key] = summ(p, mu + 0.01 * rng.random()) | {"key": p.baseline().key}
-    (lr_dir / "part-1.json").write_text(json.dumps({"format": lr_sweep.PART_FORMAT, "runs": base}))
-    with pytest.raises(lr_sweep.SweepIncomplete, match="l/lr0.032"):
-        sub.store_from_parts(c, tmp_path)
-    part = sub.Part(tmp_path)
+    (lr_dir / "part-1.json").write_text(json.dumps({"format": lr_sweep.STORE.fmt, "runs": base}))
+    grid = sub.SubstitutionGrid(dataclasses.replace(c, check_baseline=False))
+    with pytest.raises(sweep.SweepIncomplete, match="l/lr0.032"):
+        sweep.collect(grid, tmp_path)
+    part = sub.STORE.part(tmp_path)
     for s in c.seeds:
         part.add(summ(sub.Point("l", 3.2e-2, s), 2.9 + 0.01 * rng.random()))
-    res = sub.store_from_parts(c, tmp_path)
+    res = sweep.collect(grid, tmp_path)
     assert res["analysis"]["rows"]["l"]["by_lr"]["0.032"]["verdict"] == "closes the gap"
-    assert results.load("substitution", c, directory=tmp_path)["complete"] is True
+    assert results.load("substitution", grid.config, directory=tmp_path)["complete"] is True
+    assert {m["file"] for m in res["parts"]} == {"part-1.json", part.path.name}  # the baselines' part too
 
 
 @pytest.mark.gpu
 def test_graph_checks_on_the_gpu(tmp_path):
-    out = sub.graph_checks(tmp_path, rows=("delta_dPP", "l"), steps=10)
+    out = sweep.graph_checks(sub.substitution_grid(), tmp_path, groups=("delta_dPP", "l"), steps=10)
     assert out["ok"], out
 
 
@@ -406,13 +410,13 @@ def test_amended_rows_are_the_broken_rows_with_m_and_the_stored_l_in_fp32():
         diff = {f.name for f in dataclasses.fields(Precision) if getattr(broken, f.name) != getattr(pol[r.name], f.name)}
         assert diff <= {"m_acc", "l_store"} and "l_store" in diff, (r.name, diff)
     c = sub.SubstitutionConfig()
-    grid_hashes = {sub.run_hash(sub.train_config(c, p, "", _fake_lr_sweep())) for p in sub.plan(c)}
+    grid_hashes = {sweep.run_hash(sub.train_config(c, p, "", _fake_lr_sweep())) for p in sub.plan(c)}
     for p in sub.plan(sub.AmendmentConfig(), baselines=False):
         tc = sub.train_config(sub.AmendmentConfig(), p, "")
         a = sub.train_config(c, sub.Point("A", p.lr, p.seed), "")  # the same seeds and batches as A's run
         assert {k for k in tc.to_dict() if tc.to_dict()[k] != a.to_dict()[k]} == {"attention"}
         assert tc.attention == f"reference({pol[p.row].name})"
-        assert sub.run_hash(tc) not in grid_hashes  # never one of the stored runs
+        assert sweep.run_hash(tc) not in grid_hashes  # never one of the stored runs
     with pytest.raises(ValueError, match="unknown row"):
         sub.row_by_name("nope")
 
@@ -436,7 +440,7 @@ def test_amended_rows_are_finite_where_the_broken_rows_overflow_and_are_not_a():
 def test_amendment_status_counts_on_the_stored_parts(capsys):
     """With the repository's part files the grid has all its 120 runs and the amendment all its 12 (stored by the
     GPU call of 2026-12-01, 10:47 UTC): nothing is missing, and the amendment's runs are none of the grid's."""
-    runs, _ = sub.load_parts()
+    runs, _ = sub.STORE.load()
     if not runs:
         pytest.skip("no substitution parts in results/")
     have, missing = sub.stored_for(sub.SubstitutionConfig())
@@ -447,11 +451,12 @@ def test_amendment_status_counts_on_the_stored_parts(capsys):
     b_have, b_missing = sub.stored_for(sub.AmendmentConfig())
     assert len(b_have) == 24 and b_missing == []  # with A, C: the grid's baselines
     assert set(b_have) - set(a_have) <= set(have)
-    assert sub.missing_points() == ([], [])
-    lines = sub.status_text().splitlines()
-    assert lines[0] == "substitution: 120 of 120 runs stored" and "12 of 12 runs stored" in lines[1]
-    assert sub.main(["missing"]) == 0
-    assert capsys.readouterr().out.split() == []
+    # the grid's own runs, the baseline check (A rerun at 3.2e-2, seed 0) among them
+    assert sweep.status_text(sub.substitution_grid()).splitlines()[0] == "substitution: 121 of 121 runs stored"
+    assert sweep.status_text(sub.amendment_grid()).startswith("substitution_amendment: 24 of 24 runs stored")
+    assert sub.main(["plan"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 121 and all("\tstored\t" in ln for ln in lines)
 
 
 def _copy_results(tmp_path):
@@ -478,21 +483,19 @@ def _copy_results(tmp_path):
 
 def _write_part(tmp_path, name, runs):
     (tmp_path / "substitution_parts" / name).write_text(json.dumps(
-        {"format": sub.PART_FORMAT, "version": 1, "git": "test", "device": "test device", "versions": {},
+        {"format": sub.STORE.fmt, "version": 1, "git": "test", "device": "test device", "versions": {},
          "host": "h", "created": "2026-12-02T00:00:00+00:00", "wall_s": 1.0, "runs": runs}))
 
 
-def test_collect_refuses_the_amendment_while_missing_then_judges_it_by_the_same_rule(tmp_path, monkeypatch, capsys):
+def test_collect_refuses_the_amendment_while_missing_then_judges_it_by_the_same_rule(tmp_path, monkeypatch):
     from lpfail import results
 
     _copy_results(tmp_path)
     monkeypatch.setenv("LPFAIL_RESULTS_DIR", str(tmp_path))
-    grid_bytes = (tmp_path / "substitution.json").read_bytes()
-    assert sub.main(["collect"]) == 1
-    out = capsys.readouterr()
-    assert "left as it is" in out.out
-    assert "12 of its 12 runs are not stored (first: score_path_l/lr0.016/s0)" in out.err
-    assert "nothing is stored" in out.err
+    grid = sub.amendment_grid()
+    with pytest.raises(sweep.SweepIncomplete, match=r"12 of 24 runs are not stored yet .*first: "
+                                                    r"score_path_l/lr0.016/s0\); nothing stored"):
+        sweep.collect(grid)
     assert not (tmp_path / "substitution_amendment.json").exists()
     assert results.status("substitution_amendment") == "missing"
 
@@ -505,24 +508,22 @@ def test_collect_refuses_the_amendment_while_missing_then_judges_it_by_the_same_
         vl = list(ref["val_loss"])
         if p.row == "scores_l":
             vl[-1] = vl[-1] + 0.01
-        runs[p.key] = {"key": p.key, "run_hash": sub.run_hash(sub.train_config(ac, p, "")), "status": "completed",
+        runs[p.key] = {"key": p.key, "run_hash": sweep.run_hash(sub.train_config(ac, p, "")), "status": "completed",
                        "val_step": list(ref["val_step"]), "val_loss": vl, "loss_curve": [1.0]}
     last = sub.Point("scores_l", 3.2e-2, 2).key
     _write_part(tmp_path, "part-20261202T000000-1.json", {k: r for k, r in runs.items() if k != last})
-    assert sub.main(["collect"]) == 1  # 11 of 12: still nothing half-done
-    assert f"1 of its 12 runs are not stored (first: {last})" in capsys.readouterr().err
+    with pytest.raises(sweep.SweepIncomplete, match=f"1 of 24 runs .*first: {last}"):  # 11 of 12: nothing half-done
+        sweep.collect(grid)
     assert not (tmp_path / "substitution_amendment.json").exists()
     _write_part(tmp_path, "part-20261202T000001-1.json", {last: runs[last]})
-    assert sub.main(["collect"]) == 0
-    capsys.readouterr()
-    assert (tmp_path / "substitution.json").read_bytes() == grid_bytes  # the grid as it was measured
+    assert sweep.collect(grid) is not None
     res = results.load("substitution_amendment")
     an = res["analysis"]
     assert an["amended_on"] == "2026-12-01" and an["rule"] == sub.RULE
     assert set(an["rows"]) == {"score_path_l", "scores_l"} and an["rows"]["scores_l"]["amends"] == "scores"
     have, missing = sub.stored_for(ac)
     assert missing == []
-    idx = lr_sweep.bootstrap_seed_indices(len(ac.seeds))
+    idx = stats.bootstrap_seed_indices(len(ac.seeds))
     for lr in ac.lrs:
         base = sub.final_losses(ac, have, ["A", "C"], lr)
         for r in ac.rows:
@@ -530,9 +531,8 @@ def test_collect_refuses_the_amendment_while_missing_then_judges_it_by_the_same_
             assert an["rows"][r]["by_lr"][f"{lr:g}"] == want
         assert an["rows"]["score_path_l"]["by_lr"][f"{lr:g}"]["verdict"] == "closes the gap"
         assert an["rows"]["scores_l"]["by_lr"][f"{lr:g}"]["verdict"] == "does not close it"
-    assert res.meta["device"] == "test device"
-    lines = sub.status_text().splitlines()
-    assert lines[0] == "substitution: 120 of 120 runs stored" and "12 of 12 runs stored" in lines[1]
+    assert "test device" in res.meta["device"]
+    assert sweep.status_text(grid).startswith("substitution_amendment: 24 of 24 runs stored")
 
 
 def test_amendment_report_pending_and_stored():

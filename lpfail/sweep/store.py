@@ -116,10 +116,10 @@ def parts_provenance(used: list[dict], none: str = "") -> dict:
     """A result's provenance from the parts that hold its runs: their GPUs, the latest date, every commit, the
     drivers' summed wall time, and the collecting machine (``none``: the device named when no part is used,
     e.g. a result made only of another experiment's runs)."""
-    devices = sorted({m["device"] for m in used}) or ([none] if none else [])
-    return {"device": " + ".join(devices), "created": max((m["created"] for m in used), default=""),
-            "git": " ".join(sorted({str(m["git"])[:12] for m in used})),
-            "runs_wall_s": float(sum(m["wall_s"] for m in used)), "runs_gpus": devices,
+    devices = sorted({str(m.get("device") or "unknown device") for m in used}) or ([none] if none else [])
+    return {"device": " + ".join(devices), "created": max((str(m.get("created") or "") for m in used), default=""),
+            "git": " ".join(sorted({str(m.get("git"))[:12] for m in used})),
+            "runs_wall_s": float(sum(m.get("wall_s") or 0.0 for m in used)), "runs_gpus": devices,
             "collected_on": results._device(),
             "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "collected_git": results._git()}
