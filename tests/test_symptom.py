@@ -1,6 +1,6 @@
-"""lpfail.experiments.symptom on the CPU: the pre-registered failure criterion on synthetic curves, the sweep driver
-(tiny models, 2 variants x 2 seeds as concurrent subprocesses, a wall-clock budget, stop and continue from
-checkpoints with losses equal to an uninterrupted run's), the outcome table, and the pydocs corpus."""
+"""lpfail.experiments.symptom on the CPU: the pre-registered failure criterion on synthetic curves, its grid on the
+sweep framework (tiny models, 2 variants x 2 seeds as concurrent subprocesses, a wall-clock budget, stop and
+continue from checkpoints with losses equal to an uninterrupted run's), the outcome table, and the pydocs corpus."""
 import dataclasses
 import hashlib
 import json
@@ -105,19 +105,25 @@ def test_config_is_registered_and_validated():
     assert S.impl_for(c, "A", {"cuda": True, "kernel": {"A": {"trusted": False}}}) == "reference"
 
 
+def _specs(grid, root, **kw):
+    """The driver's RunSpecs of a grid's runs, in the directories `lpfail.sweep.drive` uses under ``root``."""
+    from lpfail.sweep.run import run_dir_name
+
+    return [S.RunSpec(run_dir_name(r), r.at(Path(root) / run_dir_name(r)), variant=r.group, seed=r.seed, **kw)
+            for r in grid.runs()]
+
+
 def test_driver_budget_stop_continue_and_collect(tmp_path):
+    from lpfail import sweep
+
     c = tiny()
-    root = S.symptom_root(c, tmp_path)
-    chk = S.checks(c, root, log=lambda *a: None)
+    chk = S.checks(c, tmp_path / "checks", log=lambda *a: None)
     assert chk["cuda"] is False and chk["kernel"] == {}
     assert chk["continue"]["exercised"] and chk["continue"]["equal"], chk["continue"]
-    assert (root / "checks.json").is_file()
-
-    specs = S.plan(c, root, chk)
-    assert [s.name for s in specs] == ["A_s0", "C_s0", "A_s1", "C_s1"]
+    grid = S.SymptomGrid(c, chk)
+    specs = _specs(grid, tmp_path / "runs", interrupt_at_step=25)
+    assert [r.group + str(r.seed) for r in grid.runs()] == ["A0", "C0", "A1", "C1"]
     assert specs[0].cfg.attention == "reference(PAPER_BF16)" and specs[1].cfg.attention == "reference(FP32)"
-    for s in specs:
-        s.interrupt_at_step = 25
     finished = []  # on_finish: once per run that leaves the running set, with its status
     st = S.sweep(specs, parallel=4, budget_s=1e9, poll_s=0.1, log=lambda *a: None,
                  on_finish=lambda name, d: finished.append((name, d["state"])))
@@ -125,9 +131,12 @@ def test_driver_budget_stop_continue_and_collect(tmp_path):
     assert sorted(finished) == sorted((s.name, "stopped") for s in specs)
     assert all(S.run_state(s) == "partial" for s in specs)
 
-    out = S.run_symptom(c, tmp_path, budget_s=120, log=lambda *a: None)
-    drv = json.loads(out["driver"])
-    assert all(d["state"] == "done" and d["resumed_from"] >= 20 for d in drv.values()), drv
+    # the framework's driver continues each from its checkpoint and stores its summary in a part
+    sweep.drive(grid, root=tmp_path / "runs", directory=tmp_path, parallel=4, budget_s=120, log=lambda *a: None)
+    assert all("--resume" in (s.dir / "stdout.txt").read_text() for s in specs)
+    lk = sweep.lookup(grid, tmp_path)
+    assert lk.complete
+    out = grid.result(lk.have, lk.parts)
     assert out["complete"] and out["steps"].tolist() == [[60, 60], [60, 60]]
     # continued runs equal an uninterrupted process over the check's 40 steps (A, seed 0, same settings): bit
     # equality is right, every run is a subprocess of this machine with the same config and OMP_NUM_THREADS
@@ -138,31 +147,33 @@ def test_driver_budget_stop_continue_and_collect(tmp_path):
     assert out["spectral"].shape[:3] == (2, 2, 3) and len(out["spectral_names"]) == out["spectral"].shape[3]
     assert out["failed"].shape == (2, 2) and "| variant | seed 0 | seed 1 |" in out["outcome_table"]
     results._split("symptom", out)  # storable
-    # a finished sweep is never rerun; a zero budget only collects
-    again = S.run_symptom(c, tmp_path, budget_s=0, log=lambda *a: None)
-    np.testing.assert_array_equal(again["loss"], out["loss"])
+    # a finished grid is never rerun
+    assert sweep.drive(grid, root=tmp_path / "runs", directory=tmp_path, log=lambda *a: None) == {}
 
     # the budget: with one slot and 2 s, the first run is stopped and the others never start
-    c2 = tiny(max_steps=2000)
-    specs2 = S.plan(c2, S.symptom_root(c2, tmp_path), {"cuda": False})
+    grid2 = S.SymptomGrid(tiny(max_steps=2000), {"cuda": False})
+    specs2 = _specs(grid2, tmp_path / "budget")
     finished2 = []
     st2 = S.sweep(specs2, parallel=1, budget_s=2.0, min_start_s=0, log=lambda *a: None,
                   on_finish=lambda name, d: finished2.append(name))
-    assert st2["A_s0"]["state"] == "stopped" and st2["A_s0"]["wall_s"] < 25
-    assert finished2 == ["A_s0"]  # runs that never started are not reported
-    assert [st2[n]["state"] for n in ("C_s0", "A_s1", "C_s1")] == ["pending"] * 3
+    first, *rest = [s.name for s in specs2]
+    assert st2[first]["state"] == "stopped" and st2[first]["wall_s"] < 25
+    assert finished2 == [first]  # runs that never started are not reported
+    assert [st2[n]["state"] for n in rest] == ["pending"] * 3
     # a control file brings the deadline forward while the sweep runs
     import time as _time
     ctl = tmp_path / "control.json"
     ctl.write_text(json.dumps({"stop_at": _time.time() + 3, "parallel": 2}))
-    specs3 = S.plan(c2, S.symptom_root(c2, tmp_path / "ctl"), {"cuda": False})
+    specs3 = _specs(grid2, tmp_path / "ctl")
     t0 = _time.monotonic()
     st3 = S.sweep(specs3, parallel=1, budget_s=1e9, min_start_s=0, log=lambda *a: None, control=ctl)
     assert _time.monotonic() - t0 < 40
-    assert [st3[n]["state"] for n in ("A_s0", "C_s0")] == ["stopped"] * 2  # 2 at a time, both stopped
+    assert [st3[s.name]["state"] for s in specs3[:2]] == ["stopped"] * 2  # 2 at a time, both stopped
 
 
 def test_sweep_points_validate_and_share_the_default_checks(tmp_path, monkeypatch):
+    from lpfail import sweep
+
     sc = S.SymptomSweepConfig()
     assert results.get("symptom_sweep").config is S.SymptomSweepConfig
     cs = S.sweep_configs(sc)
@@ -182,24 +193,26 @@ def test_sweep_points_validate_and_share_the_default_checks(tmp_path, monkeypatc
     monkeypatch.delenv("LPFAIL_SYMPTOM_PARALLEL")
     assert S.default_parallel(["0", "1"]) == 16 and S.default_parallel([]) == 2
 
-    # drive: the default's checks, shared with a neighbour of the same shape, one sweep over both
-    monkeypatch.setenv("LPFAIL_SYMPTOM_PARALLEL", "4")
+    # the checks are shared between configurations of one model shape, not across shapes
     c0 = tiny(max_steps=30)
     c1 = dataclasses.replace(c0, lr=6e-3)
-    c2 = dataclasses.replace(c0, n_embd=16)  # another shape: its own checks
-    rec = S.drive([c0, c1, c2], budget_s=600, root=tmp_path, log=lambda *a: None)
-    roots = [Path(r) for r in rec["roots"]]
-    assert "shared_from" not in json.loads((roots[0] / "checks.json").read_text())
-    assert json.loads((roots[1] / "checks.json").read_text())["shared_from"] == str(roots[0])
-    assert "shared_from" not in json.loads((roots[2] / "checks.json").read_text())
-    assert all(v["state"] == "done" for v in rec["runs"].values()) and len(rec["runs"]) == 3 * 4
-    assert json.loads((tmp_path / "drive.json").read_text())["roots"] == rec["roots"]
-    outs = [S.run_symptom(c, tmp_path, budget_s=0, log=lambda *a: None) for c in (c0, c1, c2)]
+    c2 = dataclasses.replace(c0, n_embd=16)
+    chk = {"cuda": True, "kernel": {"A": {"trusted": True}, "C": {"trusted": False}}}
+    assert S._shareable(c1, c0, chk) and not S._shareable(c2, c0, chk)
+    assert not S._shareable(dataclasses.replace(c0, variants=("A", "C", "D")), c0, chk)  # D was never checked
+    # every stored neighbour finds its checks beside the migrated parts, the same shape as the default's
+    grid = sweep.get("symptom_sweep")
+    assert [g.chk()["cuda"] for g in grid.points] == [S.stored_checks(d)["cuda"]] * len(grid.points)
+    # same init and batches: step 0's loss is computed before the lr acts, the same arithmetic (same machine)
+    outs = []
+    for c in (c0, c1):
+        g = S.SymptomGrid(c, {"cuda": False})
+        sweep.drive(g, root=tmp_path / "runs", directory=tmp_path, parallel=4, budget_s=600, log=lambda *a: None)
+        lk = sweep.lookup(g, tmp_path)
+        outs.append(g.result(lk.have, lk.parts))
     assert all(o["complete"] for o in outs)
     assert not np.array_equal(outs[0]["loss"][:, :, 5:], outs[1]["loss"][:, :, 5:])  # lr differs
-    # same init and batch: step 0's loss is computed before the lr acts, the same arithmetic (same machine)
     np.testing.assert_array_equal(outs[0]["loss"][:, :, 0], outs[1]["loss"][:, :, 0])
-    assert "A_s1" in S.progress(tmp_path) and "step    29" in S.progress(tmp_path)
 
 
 # -- the corpus -----------------------------------------------------------------------------------------
@@ -255,15 +268,18 @@ def test_save_with_provenance_keeps_the_integrity_fields(tmp_path):
 
 
 def test_stored_symptom_results_match_their_archive():
-    """The committed results were collected from the committed run logs: same sha256, same losses."""
+    """The committed results were collected from the committed run logs: same sha256, same losses; the run store
+    was migrated from that archive."""
     import tarfile
     for name in ("symptom", "symptom_sweep"):
         meta = json.loads((REPO / "results" / f"{name}.json").read_text())
         arc = REPO / "results" / meta["runs_archive"]["path"]
         assert hashlib.sha256(arc.read_bytes()).hexdigest() == meta["runs_archive"]["sha256"]
+    (part,) = sorted((REPO / "results" / "symptom_parts").glob("part-*.json"))
+    assert json.loads(part.read_text())["migrated_from"]["sha256"] == meta["runs_archive"]["sha256"]
     res = results.load("symptom")
     with tarfile.open(REPO / "results" / "symptom_runs.tgz") as tf:
-        root = S.symptom_root(S.SymptomConfig(), "").name
+        root = results.config_hash(S.SymptomConfig())
         f = tf.extractfile(f"./{root}/runs/A_s1/log.jsonl")
         loss = np.array([json.loads(line)["loss"] for line in f.read().decode().splitlines()], dtype=np.float32)
     i = list(res["variants"]).index("A")
