@@ -140,6 +140,10 @@ def test_legacy_pieces_keep_their_contract():
     x = np.random.default_rng(0).normal(size=(4, 6, 3))
     idx = stats.bootstrap_seed_indices(3)
     np.testing.assert_allclose(stats._resample_means(x, idx), x[..., idx].mean(axis=-1), rtol=0, atol=1e-12)
+    point, draws = stats.sensitivities(x, idx)  # (variants, lrs, seeds); leading batch axes give the same numbers
+    p4, d4 = stats.sensitivities(np.stack([x, x]), idx)
+    assert draws.shape == (4, stats.N_BOOTSTRAP) and (p4[1] == point).all() and (d4[0] == draws).all()
+    assert draws[2, 0] == stats.sensitivity(x[2][:, idx[0]].mean(axis=-1))  # resample 0 of variant 2, by hand
 
 
 # -- the Student t distribution -----------------------------------------------------------------------------

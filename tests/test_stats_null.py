@@ -103,6 +103,19 @@ def test_t_test_option_on_null_differences(noise, n):
     check_rule(rates, N_SIMS // 4, f"paired t test, X − Y, {n} seeds")
 
 
+@pytest.mark.parametrize("n", [7, 10])
+def test_t_test_option_at_holm_levels(noise, n):
+    """Holm tests the smallest p at α/m: the t test must hold its level in the tail too (our noise is
+    heavy-tailed, where the t test is conservative: measured ≈ 0.6 α at α = 0.002)."""
+    residuals, _, base_c = noise
+    values = stats.contrast(stats.null_draws(residuals, [base_c, base_c], n, N_SIMS, seed=700 + n), [1, -1])
+    for alpha in (ALPHA / 7, ALPHA / 25):
+        calls = stats.paired_rates(values, 0.0, alpha=alpha, test="t")["call"]
+        se = math.sqrt(alpha * (1 - alpha) / (N_SIMS * calls.size))  # pooled; ≈ 0.0002 at α/7
+        print(f"t test, {n} seeds, α = {alpha:.4f}: pooled false-call rate {calls.mean():.5f}")
+        assert calls.mean() <= alpha + 3 * se, (alpha, calls)
+
+
 def test_the_check_fails_on_todays_bootstrap_rule(noise):
     """The negative control: the same check, fed today's rule (`stats.legacy_rates`: S of the seed-mean
     curves and per-lr means, 10,000 paired resamples, percentile interval), fails — at 3 seeds it calls

@@ -331,8 +331,10 @@ def t_test_p(d) -> dict[str, float]:
         raise ValueError("t_test_p: need at least 2 seeds")
     mean, sd = float(d.mean()), float(d.std(ddof=1))
     t = mean / (sd / math.sqrt(d.size)) if sd > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
-    upper = 1.0 - t_cdf(t, d.size - 1)
-    return {"two-sided": min(1.0, 2.0 * min(upper, 1.0 - upper)), "greater": upper, "less": 1.0 - upper}
+    df = d.size - 1
+    tail = 0.0 if math.isinf(t) else 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|), no cancellation
+    upper = tail if t >= 0 else 1.0 - tail
+    return {"two-sided": min(1.0, 2.0 * tail), "greater": upper, "less": 1.0 - upper if t >= 0 else tail}
 
 
 # -- the exact paired sign-flip test ------------------------------------------------------------
@@ -591,14 +593,14 @@ def paired_rates(values: np.ndarray, truth, n_confirm: int | None = None, alpha:
     n = values.shape[-1]
     conf = values[..., n - (n_confirm or n):]
     if test == "sign-flip":
-        p = sign_flip_p(conf)["two-sided"]
-    else:
+        called = sign_flip_p(conf)["two-sided"] <= alpha
+    else:  # p ≤ α ⇔ |t| ≥ the (1 − α/2) quantile
         t = conf.mean(-1) / (conf.std(-1, ddof=1) / math.sqrt(conf.shape[-1]))
-        p = np.vectorize(lambda x: 2.0 * (1.0 - t_cdf(abs(x), conf.shape[-1] - 1)))(t)
+        called = np.abs(t) >= t_quantile(1.0 - alpha / 2.0, conf.shape[-1] - 1)
     half = t_quantile(0.5 + confidence / 2.0, n - 1) * values.std(-1, ddof=1) / math.sqrt(n)
     mean = values.mean(-1)
     truth = np.asarray(truth, dtype=np.float64)
-    return {"call": (p <= alpha).mean(0), "cover": ((mean - half <= truth) & (truth <= mean + half)).mean(0)}
+    return {"call": called.mean(0), "cover": ((mean - half <= truth) & (truth <= mean + half)).mean(0)}
 
 
 def _resample_means(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
