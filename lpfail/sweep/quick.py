@@ -21,19 +21,14 @@ from typing import Callable
 import numpy as np
 
 from lpfail import results
+from lpfail.sweep import stats
 from lpfail.sweep.grid import Grid, Run, lookup
 
-# two-sided 97.5 % quantiles of Student's t by degrees of freedom (the prediction interval's factor)
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 29: 2.045}
-
-
 def t975(df: int) -> float:
-    """Student's t 97.5 % quantile for ``df`` degrees of freedom (tabulated; the next smaller tabulated df
-    above 15, which errs wide)."""
+    """Student's t 97.5 % quantile for ``df`` degrees of freedom (`lpfail.sweep.stats.t_quantile`)."""
     if df < 1:
         raise ValueError(f"t975: need at least 1 degree of freedom (got {df})")
-    return _T975.get(df) or _T975[max(k for k in _T975 if k <= df)]
+    return float(stats.t_quantile(0.975, df))
 
 
 @dataclass
