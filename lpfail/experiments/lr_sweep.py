@@ -253,60 +253,70 @@ def assemble(c: LRSweepConfig, runs: dict[str, dict], metas: list[dict], analyse
                  "complete": all(p.key in runs for p in planned),
                  "runs_stored": sum(p.key in runs for p in planned), "runs_planned": len(planned),
                  "parts": [{k: m.get(k) for k in ("file", "device", "created", "git", "runs", "wall_s")} for m in metas]}
-    n_diag = -(-c.max_steps // c.diag_every) if c.diag_every else 0
     for size, variants in c.sizes().items():
-        n_layer, n_head, _ = getattr(c, size)
-        V, L, S = len(variants), len(c.lrs), len(c.seeds)
-        arr = {k: np.full((V, L, S), np.nan) for k in ("val_init", "val_final", "final_train_loss", "wall_s",
-                                                       "tokens_per_s", "gnorm_max", "nonfinite_step")}
-        status = np.zeros((V, L, S), dtype=np.int8)
-        stored = np.zeros((V, L, S), dtype=bool)
-        val_curve = np.full((V, L, S, c.max_steps // c.val_every + 1 if c.val_every else 2), np.nan)
-        curves = {k: np.full((V, L, S, c.curve_points), np.nan) for k in ("loss_curve", "gnorm_curve",
-                                                                         "gnorm_max_curve")}
-        diag = {"max_logit": np.full((V, L, S, n_diag, n_layer), np.nan),
-                "tied_frac": np.full((V, L, S, n_diag, n_layer), np.nan),
-                "wq": np.full((V, L, S, n_diag, n_layer, n_head), np.nan),
-                "wqk": np.full((V, L, S, n_diag, n_layer, n_head), np.nan)}
-        for i, v in enumerate(variants):
-            for j, lr in enumerate(c.lrs):
-                for k, seed in enumerate(c.seeds):
-                    r = runs.get(Point(size, v, float(lr), int(seed)).key)
-                    if r is None:
-                        continue
-                    stored[i, j, k] = True
-                    vs, vl = np.asarray(r["val_step"]), np.asarray(r["val_loss"], dtype=np.float64)
-                    arr["val_init"][i, j, k] = vl[vs == 0][0] if (vs == 0).any() else np.nan
-                    ok = r["status"] == "completed" and (vs == c.max_steps).any()
-                    arr["val_final"][i, j, k] = vl[vs == c.max_steps][0] if ok else np.nan
-                    for s_, l_ in zip(vs, vl):
-                        if c.val_every and s_ % c.val_every == 0:
-                            val_curve[i, j, k, s_ // c.val_every] = l_
-                        elif not c.val_every:
-                            val_curve[i, j, k, 0 if s_ == 0 else 1] = l_
-                    status[i, j, k] = _STATUS[r["status"]]
-                    arr["nonfinite_step"][i, j, k] = r["nonfinite_step"] if r["nonfinite_step"] is not None else np.nan
-                    for key in ("final_train_loss", "wall_s", "tokens_per_s", "gnorm_max"):
-                        arr[key][i, j, k] = r[key]
-                    for key in curves:
-                        curves[key][i, j, k] = np.asarray(r[key], dtype=np.float64)
-                    steps = np.asarray(r["diag_step"], dtype=np.int64)
-                    for key, a in diag.items():
-                        vals = np.asarray(r[key], dtype=np.float64)
-                        for t, s_ in enumerate(steps):
-                            if s_ % c.diag_every == 0 and s_ // c.diag_every < n_diag:
-                                a[i, j, k, s_ // c.diag_every] = vals[t]
-        out[f"{size}_variants"] = np.array(variants)
-        out[f"{size}_status"] = status
-        out[f"{size}_stored"] = stored
-        out[f"{size}_val_curve"] = val_curve
-        for key, a in {**arr, **curves, **diag}.items():
-            out[f"{size}_{key}"] = a
+        out.update(assemble_size(c, size, variants, c.lrs, c.seeds, runs))
+    n_diag = -(-c.max_steps // c.diag_every) if c.diag_every else 0
     out["diag_step"] = np.arange(n_diag) * c.diag_every
     out["val_step"] = (np.arange(c.max_steps // c.val_every + 1) * c.val_every if c.val_every
                        else np.array([0, c.max_steps]))
     if analysed:  # an experiment built on these runs with its own hypotheses skips lr_sweep's
         out["analysis"] = analyse(out)
+    return out
+
+
+def _size_arrays(c: LRSweepConfig, size: str, shape: tuple[int, int, int]) -> dict:
+    n_layer, n_head, _ = getattr(c, size)
+    n_diag = -(-c.max_steps // c.diag_every) if c.diag_every else 0
+    full = lambda *tail: np.full((*shape, *tail), np.nan)  # noqa: E731
+    return {"scalars": {k: full() for k in ("val_init", "val_final", "final_train_loss", "wall_s", "tokens_per_s",
+                                           "gnorm_max", "nonfinite_step")},
+            "status": np.zeros(shape, dtype=np.int8), "stored": np.zeros(shape, dtype=bool),
+            "val_curve": full(c.max_steps // c.val_every + 1 if c.val_every else 2),
+            "curves": {k: full(c.curve_points) for k in ("loss_curve", "gnorm_curve", "gnorm_max_curve")},
+            "diag": {"max_logit": full(n_diag, n_layer), "tied_frac": full(n_diag, n_layer),
+                     "wq": full(n_diag, n_layer, n_head), "wqk": full(n_diag, n_layer, n_head)}, "n_diag": n_diag}
+
+
+def _put_run(c: LRSweepConfig, a: dict, ijk: tuple[int, int, int], r: dict):
+    """One run summary into the arrays of `_size_arrays` at (variant, lr, seed) index ``ijk``."""
+    a["stored"][ijk] = True
+    vs, vl = np.asarray(r["val_step"]), np.asarray(r["val_loss"], dtype=np.float64)
+    a["scalars"]["val_init"][ijk] = vl[vs == 0][0] if (vs == 0).any() else np.nan
+    ok = r["status"] == "completed" and (vs == c.max_steps).any()
+    a["scalars"]["val_final"][ijk] = vl[vs == c.max_steps][0] if ok else np.nan
+    for s_, l_ in zip(vs, vl):
+        if c.val_every and s_ % c.val_every == 0:
+            a["val_curve"][(*ijk, s_ // c.val_every)] = l_
+        elif not c.val_every:
+            a["val_curve"][(*ijk, 0 if s_ == 0 else 1)] = l_
+    a["status"][ijk] = _STATUS[r["status"]]
+    a["scalars"]["nonfinite_step"][ijk] = r["nonfinite_step"] if r["nonfinite_step"] is not None else np.nan
+    for key in ("final_train_loss", "wall_s", "tokens_per_s", "gnorm_max"):
+        a["scalars"][key][ijk] = r[key]
+    for key, arr in a["curves"].items():
+        arr[ijk] = np.asarray(r[key], dtype=np.float64)
+    steps = np.asarray(r["diag_step"], dtype=np.int64)
+    for key, arr in a["diag"].items():
+        vals = np.asarray(r[key], dtype=np.float64)
+        for t, s_ in enumerate(steps):
+            if s_ % c.diag_every == 0 and s_ // c.diag_every < a["n_diag"]:
+                arr[(*ijk, s_ // c.diag_every)] = vals[t]
+
+
+def assemble_size(c: LRSweepConfig, size: str, variants, lrs, seeds, runs: dict[str, dict]) -> dict:
+    """One size's (variant, lr, seed[, ...]) arrays, keyed ``{size}_...``, from the run summaries ``runs``
+    (keyed by `Point.key`); a point without a run is NaN and not ``{size}_stored``."""
+    a = _size_arrays(c, size, (len(variants), len(lrs), len(seeds)))
+    for i, v in enumerate(variants):
+        for j, lr in enumerate(lrs):
+            for k, seed in enumerate(seeds):
+                r = runs.get(Point(size, v, float(lr), int(seed)).key)
+                if r is not None:
+                    _put_run(c, a, (i, j, k), r)
+    out = {f"{size}_variants": np.array(variants), f"{size}_status": a["status"], f"{size}_stored": a["stored"],
+           f"{size}_val_curve": a["val_curve"]}
+    for key, arr in {**a["scalars"], **a["curves"], **a["diag"]}.items():
+        out[f"{size}_{key}"] = arr
     return out
 
 

@@ -34,6 +34,10 @@ VARIANTS: dict[str, Variant] = {
                     words="the paper's arithmetic + stochastic rounding"),
     "A_qk": Variant("reference(PAPER_BF16)", True, "A + QK-norm", words="the paper's arithmetic + QK-norm"),
     "C_qk": Variant("reference(FP32)", True, "C + QK-norm", words="FP32 attention + QK-norm"),
+    # the placebo of experiment `confirmation` (issue 23): FP32 attention with FA2's tiles, another summation
+    # order in the online softmax where the precision is high enough not to matter
+    "C_tile": Variant("reference(FP32,block=128x64)", False, "C_tile: FP32 attention, FA2's 128 × 64 tiles (placebo)",
+                      words="FP32 attention with other tiles (placebo)"),
     # the cures of experiment `cures` (chapter 6; lpfail.experiments.cures), never in lr_sweep's grid
     "A_hp": Variant("reference(PAPER_BF16,delta=dO.O_hp)", False, "A + δ from an FP32 O (dO·O_hp)",
                     words="the paper's arithmetic + δ from an FP32 O"),

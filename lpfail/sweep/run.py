@@ -54,17 +54,17 @@ def run_dir_name(run: Run) -> str:
 class _Writer:
     """The part files one `drive` writes (one per store it writes to), and the progress bar."""
 
-    def __init__(self, grid: Grid, directory, total: int):
+    def __init__(self, label: str, directory, total: int):
         from tqdm.auto import tqdm
 
-        self.grid, self.directory, self.parts = grid, directory, {}
-        self.bar = tqdm(total=total, desc=grid.name, unit="run", disable=None)
+        self.directory, self.parts = directory, {}
+        self.bar = tqdm(total=total, desc=label, unit="run", disable=None)
 
-    def add(self, run: Run, tc):
+    def add(self, grid: Grid, run: Run, tc):
         part = self.parts.get(run.store.folder)
         if part is None:
             part = self.parts[run.store.folder] = Part(run.store, self.directory)
-        part.add(self.grid.summarize(tc.out_dir, tc, run.key))
+        part.add(grid.summarize(tc.out_dir, tc, run.key))
         for ck in Path(tc.out_dir).glob("ckpt_*.pt"):
             ck.unlink(missing_ok=True)
         self.bar.update(1)
@@ -90,38 +90,48 @@ def drive(grid: Grid, runs: list[Run] | None = None, root=None, budget_s: float 
     (a cut-off run keeps its checkpoints and continues from them in the next call). Returns {key: summary}."""
     runs = lookup(grid, directory).missing if runs is None else runs
     root = Path(root) if root is not None else default_root(grid)
+    return drive_many([(grid, r) for r in runs], root, budget_s, directory, parallel, log, label=grid.name)
+
+
+def drive_many(todo: list[tuple[Grid, Run]], root: Path, budget_s: float | None = None,
+               directory: Path | None = None, parallel: int | None = None, log=print,
+               label: str = "sweep") -> dict[str, dict]:
+    """`drive` over the runs of several grids at once (one queue keeps the GPU full): ``todo`` is [(grid, run)]
+    in the order to start them; a run listed by two grids (the same store and key) is trained once."""
     budget_s = float(budget_s if budget_s is not None else os.environ.get("LPFAIL_SWEEP_BUDGET_S",
                                                                           DEFAULT_BUDGET_S))
     gpus = driver.gpu_ids()
     parallel = parallel or parallel_default(gpus)
     uncaptured = uncaptured_groups()
     specs, by_name = [], {}
-    for r in runs:
+    for grid, r in todo:
         name = run_dir_name(r)
-        tc = r.at(root / name)
+        if name in by_name:
+            continue
+        tc = r.at(Path(root) / name)
         env = {"LPFAIL_NO_CAPTURE": "1"} if ("*" in uncaptured or r.group in uncaptured) else None
         specs.append(driver.RunSpec(name, tc, variant=r.group, seed=r.seed, env=env))
-        by_name[name] = (r, tc)
-    writer = _Writer(grid, directory, len(specs))
+        by_name[name] = (grid, r, tc)
+    writer = _Writer(label, directory, len(specs))
 
     def on_finish(name: str, st: dict):
         if st["state"] == "done":
             writer.add(*by_name[name])
 
-    log(f"{grid.name}: {len(specs)} runs, {parallel} at a time on GPUs {gpus or 'none'}, budget {budget_s:.0f} s, "
+    log(f"{label}: {len(specs)} runs, {parallel} at a time on GPUs {gpus or 'none'}, budget {budget_s:.0f} s, "
         f"root {root}, uncaptured: {sorted(uncaptured) or 'none'}")
     try:
         status = driver.sweep(specs, parallel, budget_s, cont=True, env=CUBLAS, log=log, gpus=gpus,
-                              on_finish=on_finish, control=root / "control.json")
+                              on_finish=on_finish, control=Path(root) / "control.json")
         for name, st in status.items():  # runs finished before this call (their summaries were not stored)
-            r, tc = by_name[name]
+            grid, r, tc = by_name[name]
             if st["state"] == "done" and not writer.has(r):
-                writer.add(r, tc)
+                writer.add(grid, r, tc)
     finally:
         writer.close()
     failed = [n for n, st in status.items() if st["state"] == "failed"]
     if failed:
-        log(f"{grid.name}: {len(failed)} runs failed (not non-finite: crashed): {failed[:5]}; see their stdout.txt")
+        log(f"{label}: {len(failed)} runs failed (not non-finite: crashed): {failed[:5]}; see their stdout.txt")
     return writer.stored()
 
 

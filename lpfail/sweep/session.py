@@ -1,0 +1,253 @@
+"""A GPU session for grids, across device calls: ``tools/gpu.sh start | wait | collect | quick NAME...``.
+
+A device call lasts at most 10 minutes, but the machine stays up (and keeps /tmp) while calls follow each other.
+So ``start`` launches one driver for the missing runs of every grid named, in its own session, and returns;
+``wait`` reports progress every 60 s until the driver ends or ``--wait`` seconds have passed; ``collect`` packs
+what came out (the new part files, the checks, the driver's log) into ``$OUT/grids.tgz`` for the results cache
+here. ``quick`` runs the grids' quick profiles one after another (on an idle GPU: their times are what a user
+with one GPU sees) and packs their records into ``$OUT/quick.tgz``.
+
+The stored runs are not rerun: ``start`` first copies the repository's results cache (its part files, and the
+results a grid reads, e.g. lr_sweep's for substitution's head rows) into ``$LPFAIL_RESULTS_DIR``
+(default /tmp/lpfail_results), where the drivers look runs up by key and TrainConfig hash. The lists of runs come
+from Python (`lpfail.sweep.grid.get(NAME).runs()`), never from the shell. Where the machine has CUDA MPS, many
+small training processes share the GPU without time-slicing.
+
+Here, afterwards: ``python -m lpfail.sweep.session unpack GRIDS.TGZ`` copies the new parts into ``results/``;
+then ``python -m lpfail sweep NAME collect`` stores each result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from lpfail import results
+
+BASE = Path(os.environ.get("LPFAIL_SESSION_ROOT", "/tmp/lpfail_session"))
+MPS = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/lpfail_mps", "CUDA_MPS_LOG_DIRECTORY": "/tmp/lpfail_mps_log"}
+
+
+def log(msg: str):
+    print(f"[{time.strftime('%H:%M:%S', time.gmtime())}] {msg}", flush=True)
+
+
+def _scratch() -> Path:
+    return Path(os.environ.setdefault("LPFAIL_RESULTS_DIR", "/tmp/lpfail_results"))
+
+
+def seed_cache(repo_results: Path, scratch: Path):
+    """Copy the repository's results cache into the scratch cache (part files and results, not archives); a file
+    already there is kept (another driver of this machine may have written it)."""
+    for src in repo_results.rglob("*"):
+        if src.is_file() and src.suffix in (".json", ".npz") and "gpu_calls" not in src.parts:
+            dst = scratch / src.relative_to(repo_results)
+            if not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
+
+
+def machine_info() -> str:
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,clocks.sm,memory.used,"
+                              "temperature.gpu", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        smi = "no nvidia-smi"
+    import torch
+    import triton
+
+    return f"{smi}; python {sys.version.split()[0]}, torch {torch.__version__}, triton {triton.__version__}"
+
+
+def start_mps():
+    """The CUDA MPS control daemon where the machine has it, checked with one CUDA client (stopped again if
+    that client fails)."""
+    if shutil.which("nvidia-cuda-mps-control") is None:
+        log("no nvidia-cuda-mps-control: processes time-slice the GPU")
+        return
+    os.environ.update(MPS)
+    for d in MPS.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
+    ok = subprocess.run(["nvidia-cuda-mps-control", "-d"], start_new_session=True).returncode == 0
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(float(torch.ones(4, device='cuda').sum()))"],
+                           capture_output=True, text=True, timeout=180)
+    if ok and probe.returncode == 0:
+        log("MPS control daemon started")
+    else:
+        log(f"MPS did not work ({probe.stderr[-300:]}): stopping it")
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True)
+
+
+def _running() -> bool:
+    pid = BASE / "drive.pid"
+    if not pid.is_file():
+        return False
+    try:
+        os.kill(int(pid.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def start(names: list[str], budget_s: float, checks: bool):
+    """Seed the cache, start MPS, run each grid's checks (when asked), then the one driver, detached."""
+    from lpfail.sweep import grid as G
+    from lpfail.sweep import run as R
+
+    BASE.mkdir(parents=True, exist_ok=True)
+    scratch = _scratch()
+    seed_cache(results.REPO_ROOT / "results", scratch)
+    log(machine_info())
+    start_mps()
+    uncaptured = set()
+    for name in names:
+        grid = G.get(name)
+        why = grid.ready() if hasattr(grid, "ready") else ""
+        if why:
+            raise SystemExit(f"{name}: not started: {why}")
+        log(R.status_text(grid).splitlines()[0])
+        if checks:
+            out = grid.checks(BASE / "checks" / name, log=log)
+            (BASE / f"checks-{name}.json").write_text(json.dumps(out, indent=1) + "\n")
+            uncaptured |= set(filter(None, R.uncaptured_from_checks(out).split(",")))
+    env = {**os.environ, "LPFAIL_SWEEP_UNCAPTURED": ",".join(sorted(uncaptured)), "PYTHONUNBUFFERED": "1"}
+    log(f"starting the driver for {', '.join(names)}: budget {budget_s:.0f} s, uncaptured {sorted(uncaptured) or 'none'}")
+    proc = subprocess.Popen([sys.executable, "-m", "lpfail.sweep.session", "_drive", *names, "--budget",
+                             str(budget_s)], stdout=open(BASE / "drive.log", "a"), stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=results.REPO_ROOT)
+    (BASE / "drive.pid").write_text(str(proc.pid))
+
+
+def _drive(names: list[str], budget_s: float):
+    """The detached driver: every named grid's missing runs in one queue, in the order the grids are named."""
+    from lpfail.sweep import grid as G
+    from lpfail.sweep import run as R
+
+    todo = []
+    for name in names:
+        grid = G.get(name)
+        todo += [(grid, r) for r in G.lookup(grid).missing]
+    R.drive_many(todo, BASE / "runs", budget_s, label="+".join(names), log=log)
+    for name in names:
+        log(R.status_text(G.get(name)).splitlines()[0])
+
+
+def progress(names: list[str]) -> str:
+    from lpfail.sweep import grid as G
+    from lpfail.sweep import run as R
+
+    lines = [R.status_text(G.get(n)).splitlines()[0] for n in names]
+    try:
+        lines.append(subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=30).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    tail = (BASE / "drive.log").read_text().splitlines()[-2:] if (BASE / "drive.log").is_file() else []
+    return "\n".join(lines + tail)
+
+
+def wait(names: list[str], wait_s: float):
+    t0, last = time.monotonic(), 0.0
+    if not _running():
+        log("the driver is not running (ended, or this is a fresh machine)")
+    while _running() and time.monotonic() - t0 < wait_s:
+        time.sleep(5)
+        if time.monotonic() - last >= 60:
+            last = time.monotonic()
+            log(progress(names))
+    log("the driver is still running (it continues while the machine stays up)" if _running() else
+        "the driver has ended")
+
+
+def collect(out: Path):
+    """Pack the new part files (those not in the repository's cache), the checks and the log into grids.tgz."""
+    scratch, repo = _scratch(), results.REPO_ROOT / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / "grids.tgz", "w:gz") as tf:
+        n = 0
+        for f in sorted(scratch.glob("*_parts/*.json")):
+            rel = f.relative_to(scratch)
+            if not (repo / rel).is_file() or (repo / rel).read_bytes() != f.read_bytes():
+                tf.add(f, arcname=str(rel))
+                n += 1
+        for f in [*sorted(BASE.glob("checks-*.json")), BASE / "drive.log"]:
+            if f.is_file():
+                tf.add(f, arcname=f"session/{f.name}")
+    log(f"collected {n} new or changed part/checks files into {out / 'grids.tgz'}")
+
+
+def quick(names: list[str], out: Path, budget_s: float):
+    """Each grid's quick profile in turn, on this machine's GPU; records packed into quick.tgz."""
+    from lpfail.sweep import grid as G
+    from lpfail.sweep import quick as Q
+
+    seed_cache(results.REPO_ROOT / "results", _scratch())
+    log(machine_info())
+    recs = BASE / "quick"
+    recs.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        rec = Q.run_quick(G.get(name), BASE / "quick_runs" / name, budget_s=budget_s, log=lambda m: None)
+        Q.save(rec, recs / f"quick_{name}.json")
+        log(Q.text(rec))
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out / "quick.tgz", "w:gz") as tf:
+        for f in sorted(recs.glob("quick_*.json")):
+            tf.add(f, arcname=f.name)
+
+
+def unpack(archive: Path, repo_results: Path | None = None) -> list[str]:
+    """Here, after a call: the new part and checks files of grids.tgz into the results cache (a part already
+    there is never overwritten), quick records as results/quick_NAME.json. Returns the paths written."""
+    repo_results = repo_results or results.REPO_ROOT / "results"
+    written = []
+    with tarfile.open(archive) as tf:
+        for m in tf.getmembers():
+            if not m.isfile() or m.name.startswith("session/"):
+                continue
+            dst = repo_results / m.name
+            if dst.exists() and Path(m.name).name.startswith("part-"):
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(tf.extractfile(m).read())
+            written.append(str(dst))
+    return written
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="tools/gpu.sh", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=("start", "wait", "collect", "quick", "unpack", "_drive"))
+    ap.add_argument("names", nargs="*", help="grids (start, wait, quick, _drive) or the archive (unpack)")
+    ap.add_argument("--budget", type=float, default=1500.0, help="start: the driver's budget in seconds")
+    ap.add_argument("--wait", type=float, default=540.0, help="wait: at most this many seconds")
+    ap.add_argument("--checks", action="store_true", help="start: the grids' checks first")
+    args = ap.parse_args(argv)
+    out = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
+    if args.command == "unpack":
+        for p in unpack(Path(args.names[0])):
+            print(p)
+        return 0
+    if args.command == "_drive":
+        _drive(args.names, args.budget)
+    elif args.command == "start":
+        start(args.names, args.budget, args.checks)
+        wait(args.names, min(args.wait, 10.0))
+    elif args.command == "wait":
+        wait(args.names, args.wait)
+        collect(out)
+    elif args.command == "collect":
+        collect(out)
+    else:
+        quick(args.names, out, args.budget)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
