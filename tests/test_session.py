@@ -1,0 +1,63 @@
+"""The GPU session of grids (`lpfail.sweep.session`, tools/gpu.sh), on the CPU with a tiny grid: the results cache
+seeded into the scratch cache, one detached-style driver over a grid's missing runs, the new parts packed and
+unpacked here without overwriting a stored part, and the quick profiles' records."""
+import json
+import tarfile
+
+import pytest
+
+from lpfail import sweep
+from lpfail.experiments import lr_sweep as L
+from lpfail.sweep import grid as G
+from lpfail.sweep import session
+
+TINY = dict(lrs=(1e-3, 1e-2), seeds=(0,), variants=("A", "C"), large_variants=(), small=(1, 2, 32),
+            block_size=16, batch_size=4, max_steps=6, warmup=2, val_rows=4, val_every=3, diag_every=3,
+            curve_points=3, checkpoint_every=3)
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    repo = tmp_path / "repo_results"
+    (repo / "lr_sweep_parts").mkdir(parents=True)
+    (repo / "lr_sweep.json").write_text("{}")
+    (repo / "runs.tgz").write_bytes(b"not copied")
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv("LPFAIL_RESULTS_DIR", str(scratch))
+    monkeypatch.setattr(session, "BASE", tmp_path / "session")
+    monkeypatch.setattr(session.results, "REPO_ROOT", tmp_path / "fake_repo")
+    (tmp_path / "fake_repo").mkdir()
+    (tmp_path / "fake_repo" / "results").symlink_to(repo)
+    monkeypatch.setitem(G.GRIDS, "tiny_lr", lambda config=None: L.LRGrid(L.LRSweepConfig(**TINY)))
+    return repo, scratch
+
+
+def test_drive_collect_unpack(tiny, tmp_path):
+    repo, scratch = tiny
+    session.seed_cache(repo, scratch)
+    assert (scratch / "lr_sweep.json").is_file() and not (scratch / "runs.tgz").exists()
+    session._drive(["tiny_lr"], budget_s=600)
+    assert sweep.lookup(G.get("tiny_lr"), scratch).complete
+    session.collect(tmp_path / "out")
+    with tarfile.open(tmp_path / "out" / "grids.tgz") as tf:
+        names = tf.getnames()
+    parts = [n for n in names if n.startswith("lr_sweep_parts/part-")]
+    assert len(parts) == 1 and "session/drive.log" not in names  # the in-process driver wrote no log
+    written = session.unpack(tmp_path / "out" / "grids.tgz", repo)
+    assert [p.split("/")[-1] for p in written] == [parts[0].split("/")[-1]]
+    assert sweep.lookup(G.get("tiny_lr"), repo).complete
+    before = (repo / parts[0]).read_bytes()
+    (repo / parts[0]).write_text(json.dumps({"format": "changed here"}))
+    assert session.unpack(tmp_path / "out" / "grids.tgz", repo) == []  # a stored part is never overwritten
+    assert (repo / parts[0]).read_bytes() != before
+
+
+def test_quick_records(tiny, tmp_path):
+    repo, scratch = tiny
+    session.seed_cache(repo, scratch)
+    session._drive(["tiny_lr"], budget_s=600)
+    session.quick(["tiny_lr"], tmp_path / "out", budget_s=600)
+    with tarfile.open(tmp_path / "out" / "quick.tgz") as tf:
+        rec = json.loads(tf.extractfile("quick_tiny_lr.json").read())
+    assert rec["name"] == "lr_sweep" and rec["complete"] and rec["bit_identical_runs"] == 4 and rec["wall_s"] > 0
+    assert session.unpack(tmp_path / "out" / "quick.tgz", repo) == [str(repo / "quick_tiny_lr.json")]
