@@ -641,14 +641,39 @@ def _special(a: _Num, b: _Num, kind: str) -> AddTrace:
 
 
 def _trace(a: _Num, b: _Num, acc: bool) -> AddTrace:
+    """a + b in the paper's four steps (`acc`: `a` is the fp32 accumulator, and the exact sum is rounded to fp32
+    before bf16). Each step appends its rows of bits to `rows` and the AddTrace fields it decides to `fields`."""
     kind = "fp32 acc + bf16" if acc else "bf16 + bf16"
     if not (a.finite and b.finite):
         return _special(a, b, kind)
     W = 7
     exact = a.exact + b.exact
     rows = [_operand_row("a", a), _operand_row("b", b)]
+    fields = dict(a=a.value, b=b.value, a_fmt=a.fmt, b_fmt=b.fmt, kind=kind, exact=exact)
+    big, F, A, S = _align(a, b, W, rows, fields)
+    R = _add_significands(a, b, A, S, F, W, rows, fields)
+    if R == 0:                                        # exact cancellation: +0 (−0 only for −0 + −0)
+        v = -0.0 if a.sign and b.sign else 0.0
+        rb = bits(v)
+        rows.append(("3 normalize", [(" 0." + "0" * W, "kept")], "exact cancellation: the sum is zero"))
+        rows.append(("result", [(rb, "bits")], f"{v!r}, exact, error 0"))
+        return AddTrace(**fields, result=v, error=Fraction(0), result_bits=rb, normalization="zero",
+                        fp32_result=v if acc else None, fp32_bits=bits(v, "fp32") if acc else None,
+                        _rows=tuple(rows))
+    E, shift, sh, kept_pre = _normalize(R, F, big, W, rows, fields)
+    sign = big.sign
+    if acc:                                           # the fp32 accumulator rounds first (23 bits)
+        k32, E32, ovf = _round_fp32(R, F - 23 + shift, E, sign, exact, rows, fields)
+        if ovf:                                       # the accumulator's infinity is the result
+            return AddTrace(**fields, error=math.nan, _rows=tuple(rows))
+        R, E, sh = k32, E32, 23 - W                   # bf16 rounding now reads the fp32 significand
+        kept_pre = R >> sh
+    return _round_bf16(R, sh, E, W, sign, kept_pre, exact, rows, fields)
 
-    # 1. exponent alignment: shift the smaller-magnitude operand right by the exponent gap
+
+def _align(a: _Num, b: _Num, W: int, rows: list, fields: dict):
+    """Step 1, exponent alignment: shift the smaller-magnitude operand right by the exponent gap. Returns (the
+    larger operand, the fraction bits F that hold both exactly, both significands on that scale)."""
     a_big = abs(a.exact) >= abs(b.exact)
     big, small = (a, b) if a_big else (b, a)
     bname, sname = ("a", "b") if a_big else ("b", "a")
@@ -666,8 +691,12 @@ def _trace(a: _Num, b: _Num, acc: bool) -> AddTrace:
         snote = (f"{sname}: shifted right by {d} (exponent {small.exp} → {big.exp}); bits shifted below "
                  f"bf16 precision: {_abbrev(shifted_out) or 'none'}")
     rows.append(("1 align", _sig_segments(S, F, W=W), snote))
+    fields.update(big=bname, exponent_gap=d, shifted_out=shifted_out)
+    return big, F, A, S
 
-    # 2. significand addition (subtraction for mixed signs), exact
+
+def _add_significands(a: _Num, b: _Num, A: int, S: int, F: int, W: int, rows: list, fields: dict) -> int:
+    """Step 2: the aligned significands added (subtracted for mixed signs), exactly: their sum R."""
     subtract = a.sign != b.sign
     R = A - S if subtract else A + S
     carry = R >> (F + 1) != 0
@@ -675,20 +704,13 @@ def _trace(a: _Num, b: _Num, acc: bool) -> AddTrace:
                  f"exact {'difference' if subtract else 'sum'} of the significands"
                  + (", carry into a second integer bit" if carry else "")))
     sum_bits = "".join(t for t, _ in rows[-1][1]).strip()
-    common = dict(a=a.value, b=b.value, a_fmt=a.fmt, b_fmt=b.fmt, kind=kind, exact=exact, big=bname,
-                  exponent_gap=d, shifted_out=shifted_out, operation="subtract" if subtract else "add",
-                  sum_bits=sum_bits)
+    fields.update(operation="subtract" if subtract else "add", sum_bits=sum_bits)
+    return R
 
-    if R == 0:                                        # exact cancellation: +0 (−0 only for −0 + −0)
-        v = -0.0 if a.sign and b.sign else 0.0
-        rb = bits(v)
-        rows.append(("3 normalize", [(" 0." + "0" * W, "kept")], "exact cancellation: the sum is zero"))
-        rows.append(("result", [(rb, "bits")], f"{v!r}, exact, error 0"))
-        return AddTrace(**common, result=v, error=Fraction(0), result_bits=rb, normalization="zero",
-                        fp32_result=v if acc else None, fp32_bits=bits(v, "fp32") if acc else None,
-                        _rows=tuple(rows))
 
-    # 3. normalization: leading one back to the units position (or the subnormal floor)
+def _normalize(R: int, F: int, big: _Num, W: int, rows: list, fields: dict):
+    """Step 3, normalization: the leading one of R back to the units position (or the subnormal floor). Returns
+    (the exponent E, the shift, the number sh of R's bits below the bf16 ulp 2^(E - 7), the kept bits)."""
     top = R.bit_length() - 1
     E = max(big.exp + top - F, EMIN)
     shift = E - big.exp                               # +1 carry, -k cancellation
@@ -704,30 +726,34 @@ def _trace(a: _Num, b: _Num, acc: bool) -> AddTrace:
     rest = format(R & ((1 << sh) - 1), f"0{sh}b") if sh > 0 else ""
     rows.append(("3 normalize", _round_segments(kept_pre, rest, W), nnote))
     normalized_bits = "".join(t for t, _ in rows[-1][1]).strip()
-    sign = big.sign
+    fields.update(normalization=norm, shift=shift, normalized_bits=normalized_bits)
+    return E, shift, sh, kept_pre
 
-    fp32_result = fp32_bits = None
-    if acc:                                           # the fp32 accumulator rounds first (23 bits)
-        k32, E32, g, r, s, _, dec32, _, ovf = _rne(R, F - 23 + shift, E, 23)
-        fp32_result = _value(sign, k32, E32, 23, ovf)
-        fp32_bits = bits(fp32_result, "fp32")
-        if ovf:
-            note = "the fp32 accumulator overflows to infinity"
-            rows.append(("result", [(bits(fp32_result), "bits")], note))
-            return AddTrace(**common, result=fp32_result, error=math.nan, result_bits=bits(fp32_result),
-                            normalization=norm, shift=shift, normalized_bits=normalized_bits,
-                            fp32_result=fp32_result, fp32_bits=fp32_bits, note=note, _rows=tuple(rows))
-        exact32 = Fraction(fp32_result)
-        anote = ("the exact sum fits in fp32: no rounding" if dec32 == "exact" else
-                 f"rounded to 23 fraction bits ({dec32}): fp32 error {_fmt_exact(exact32 - exact)}")
-        split = [(fp32_bits[:18], "bits"), (" ", "sep"), (fp32_bits[18], "guard"), (" ", "sep"),
-                 (fp32_bits[19:], "sticky")]            # the paper's notation: kept, rounding bit, sticky bits
-        rows.append(("3b fp32 acc", split, f"{fp32_result!r}; {anote}"))
-        R, E, sh = k32, E32, 23 - W                   # bf16 rounding now reads the fp32 significand
-        kept_pre = R >> sh
-        rest = format(R & ((1 << sh) - 1), f"0{sh}b")
 
-    # 4. rounding to 7 fraction bits, ties to even
+def _round_fp32(R: int, sh32: int, E: int, sign: int, exact: Fraction, rows: list, fields: dict):
+    """Step 3b (`add_trace_acc` only): the exact sum rounded to the fp32 accumulator's 23 fraction bits, ties to
+    even. Returns (its significand, its exponent, whether it overflowed: then `fields` hold the whole result)."""
+    k32, E32, g, r, s, _, dec32, _, ovf = _rne(R, sh32, E, 23)
+    fp32_result = _value(sign, k32, E32, 23, ovf)
+    fp32_bits = bits(fp32_result, "fp32")
+    fields.update(fp32_result=fp32_result, fp32_bits=fp32_bits)
+    if ovf:
+        note = "the fp32 accumulator overflows to infinity"
+        rows.append(("result", [(bits(fp32_result), "bits")], note))
+        fields.update(result=fp32_result, result_bits=bits(fp32_result), note=note)
+        return k32, E32, ovf
+    exact32 = Fraction(fp32_result)
+    anote = ("the exact sum fits in fp32: no rounding" if dec32 == "exact" else
+             f"rounded to 23 fraction bits ({dec32}): fp32 error {_fmt_exact(exact32 - exact)}")
+    split = [(fp32_bits[:18], "bits"), (" ", "sep"), (fp32_bits[18], "guard"), (" ", "sep"),
+             (fp32_bits[19:], "sticky")]            # the paper's notation: kept, rounding bit, sticky bits
+    rows.append(("3b fp32 acc", split, f"{fp32_result!r}; {anote}"))
+    return k32, E32, ovf
+
+
+def _round_bf16(R: int, sh: int, E: int, W: int, sign: int, kept_pre: int, exact: Fraction, rows: list,
+                fields: dict) -> AddTrace:
+    """Step 4: rounding to 7 fraction bits, ties to even, from the guard, round and sticky bits; the result."""
     kept, E2, g, r, s, rest, decision, direction, ovf = _rne(R, sh, E, W)
     result = _value(sign, kept, E2, W, ovf)
     rb = bits(result)
@@ -752,10 +778,8 @@ def _trace(a: _Num, b: _Num, acc: bool) -> AddTrace:
     error = Fraction(result) - exact if math.isfinite(result) else math.nan
     rows.append(("result", [(rb, "bits")],
                  f"{result!r}; exact {_fmt_exact(exact)}; error {_fmt_exact(error)}" + (f"; {note}" if note else "")))
-    return AddTrace(**common, result=result, error=error, result_bits=rb, normalization=norm, shift=shift,
-                    normalized_bits=normalized_bits, fp32_result=fp32_result, fp32_bits=fp32_bits,
-                    guard=g, round=r, sticky=s, sticky_bits=sticky_bits, decision=decision,
-                    direction=direction, note=note, _rows=tuple(rows))
+    return AddTrace(**fields, result=result, error=error, result_bits=rb, guard=g, round=r, sticky=s,
+                    sticky_bits=sticky_bits, decision=decision, direction=direction, note=note, _rows=tuple(rows))
 
 
 def _scalar(x, name: str) -> float:

@@ -34,6 +34,7 @@ Public surface::
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -84,64 +85,23 @@ def derivation_check(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v:
     the unit mean rank-one term R̄ and the unit δ-term of Eq. 2 projected on fixed random directions (seed 0),
     so that their cosine *across steps* (the paper's Fig. 4) can be computed from stored records (the
     projection keeps cosines to about ±2/√sketch_dim)."""
-    if x.dim() != 3 or do.dim() != 4:
-        raise ValueError(f"x must be (B, T, C) and do (B, H, T, D); got {tuple(x.shape)}, {tuple(do.shape)}")
-    b, t, c = x.shape
-    if c % n_head or tuple(w_q.shape) != (c, c) or w_k.shape != w_q.shape or w_v.shape != w_q.shape:
-        raise ValueError(f"w_q, w_k, w_v must be ({c}, {c}) with n_head ({n_head}) dividing {c}")
-    d = c // n_head
-    if tuple(do.shape) != (b, n_head, t, d):
-        raise ValueError(f"do must be (B, H, T, D) = {(b, n_head, t, d)}; got {tuple(do.shape)}")
+    b, t, c, d = _check_shapes(x, w_q, w_k, w_v, do, n_head)
     alpha = d ** -0.5
     x64, wq64, wk64, wv64 = (a.detach().double() for a in (x, w_q, w_k, w_v))
     mask = _causal(t, x.device)
-
-    # the low-precision forward and backward, as A computes them (q, k, v rounded to the input dtype)
-    if qkv is None:
-        q_in, k_in, v_in = (_heads(x64, w, n_head).to(input_dtype) for w in (wq64, wk64, wv64))
-    else:
-        q_in, k_in, v_in = (a.detach() for a in qkv)
-        if q_in.shape != do.shape or k_in.shape != do.shape or v_in.shape != do.shape:
-            raise ValueError(f"qkv must be three tensors of do's shape {tuple(do.shape)}")
-        input_dtype = q_in.dtype
-    do_in = do.detach().to(input_dtype)  # the dO both sides use (what the attention's backward receives)
-    do64 = do_in.double()
-    fwd = flash_forward(q_in, k_in, v_in, policy)
-    d_lp = delta_lp(do_in, fwd.o, policy).double()                                    # (B, H, T, 1)
-    dq_full, _, _ = flash_backward(q_in, k_in, v_in, fwd.o, fwd.lse, do_in, policy)
-
-    # exact forward from the *same* rounded q, k, v (so that only the arithmetic differs)
-    q64, k64, v64 = q_in.double(), k_in.double(), v_in.double()
-    s64 = (q64 @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf)
-    p64 = torch.softmax(s64, dim=-1)                                                 # (B, H, T, T)
-    o64 = p64 @ v64
-    d_hp = (do64 * o64).sum(-1, keepdim=True)                                        # (B, H, T, 1)
-    dd = (d_lp - d_hp)                                                               # Δδ (B, H, T, 1)
-    pk = p64 @ k64                                                                   # (B, H, T, D)
-
+    f = _forwards(x64, wq64, wk64, wv64, do, policy, n_head, input_dtype, qkv, alpha, mask)
+    dd, pk = f.dd, f.pk
     # autograd: dQ and dW_Q with δ_hp and with δ_lp (through the logsumexp term), as functions of W_Q
-    def grads(with_lp: bool):
-        wq = wq64.clone().requires_grad_()
-        q_lin = _heads(x64, wq, n_head)
-        q = q64 + (q_lin - q_lin.detach())  # the value A's attention saw (rounded), the gradient of X W_Qᵀ
-        q.retain_grad()
-        s = (q @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf)
-        f = (torch.softmax(s, dim=-1) @ v64 * do64).sum()
-        if with_lp:
-            f = f - (dd[..., 0] * torch.logsumexp(s, dim=-1)).sum()
-        f.backward()
-        return q.grad, wq.grad
-
-    dq_hp, dw_hp = grads(False)
-    dq_lp, dw_lp = grads(True)
+    dq_hp, dw_hp = _autograd_grads(x64, wq64, f, alpha, mask, n_head, with_lp=False)
+    dq_lp, dw_lp = _autograd_grads(x64, wq64, f, alpha, mask, n_head, with_lp=True)
     xh = x64.unsqueeze(1)                                                            # (B, 1, T, C)
     out = {k: [] for k in ("eq1_rel_err", "eq2_rel_err", "eq3_rel_err", "eq3_cos_mean", "share_cos",
                            "share_norm", "sum_dd", "frac_dd_pos", "dd_abs_mean", "dw_err_norm", "sum_dd_tied",
                            "sum_dd_untied", "frac_tied", "sketch_rbar", "sketch_dterm")}
-    tied = tied_rows(q_in, k_in, alpha, mask)                                        # (B, H, T) bool
+    tied = tied_rows(f.q_in, f.k_in, alpha, mask)                                    # (B, H, T) bool
     proj = sketch_matrix(d * c, sketch_dim)                                          # (D·C, k)
     g = torch.Generator().manual_seed(seed)
-    dq_full64 = dq_full.double()
+    dq_full64 = f.dq_full.double()
     for h in range(n_head):
         rows = slice(h * d, (h + 1) * d)
         # Eq. 1
@@ -177,9 +137,81 @@ def derivation_check(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v:
         out["sketch_rbar"].append(_sketch(r_bar, proj))
         out["sketch_dterm"].append(_sketch(rhs2, proj))
     out["tol"] = TOL
-    out["max_logit"] = float(s64.masked_fill(~mask, -math.inf).amax())
+    out["max_logit"] = float(f.s64.masked_fill(~mask, -math.inf).amax())
     out["dd"] = dd[..., 0].float()                                                   # (B, H, T) for plots
     return out
+
+
+def _check_shapes(x, w_q, w_k, w_v, do, n_head: int) -> tuple[int, int, int, int]:
+    """(B, T, C, D) of `derivation_check`'s inputs, or a ValueError naming the shape that does not fit."""
+    if x.dim() != 3 or do.dim() != 4:
+        raise ValueError(f"x must be (B, T, C) and do (B, H, T, D); got {tuple(x.shape)}, {tuple(do.shape)}")
+    b, t, c = x.shape
+    if c % n_head or tuple(w_q.shape) != (c, c) or w_k.shape != w_q.shape or w_v.shape != w_q.shape:
+        raise ValueError(f"w_q, w_k, w_v must be ({c}, {c}) with n_head ({n_head}) dividing {c}")
+    d = c // n_head
+    if tuple(do.shape) != (b, n_head, t, d):
+        raise ValueError(f"do must be (B, H, T, D) = {(b, n_head, t, d)}; got {tuple(do.shape)}")
+    return b, t, c, d
+
+
+class _Forwards(NamedTuple):
+    """What `derivation_check` compares: the q, k, v (B, H, T, D) and dO the low-precision attention received,
+    its dQ under the policy, and the exact forward from the same rounded q, k, v."""
+
+    q_in: torch.Tensor
+    k_in: torch.Tensor
+    v_in: torch.Tensor
+    do64: torch.Tensor  # the dO both sides use, in float64
+    dq_full: torch.Tensor  # the policy's whole backward: dQ from A's own forward
+    q64: torch.Tensor
+    k64: torch.Tensor
+    v64: torch.Tensor
+    s64: torch.Tensor  # exact scores (B, H, T, T), causal
+    dd: torch.Tensor  # Δδ = δ_lp − δ_hp (B, H, T, 1)
+    pk: torch.Tensor  # P K (B, H, T, D)
+
+
+def _forwards(x64, wq64, wk64, wv64, do, policy: Precision, n_head: int, input_dtype, qkv, alpha: float,
+              mask) -> _Forwards:
+    """The low-precision forward and backward under `policy`, and the exact forward from the same inputs."""
+    # the low-precision forward and backward, as A computes them (q, k, v rounded to the input dtype)
+    if qkv is None:
+        q_in, k_in, v_in = (_heads(x64, w, n_head).to(input_dtype) for w in (wq64, wk64, wv64))
+    else:
+        q_in, k_in, v_in = (a.detach() for a in qkv)
+        if q_in.shape != do.shape or k_in.shape != do.shape or v_in.shape != do.shape:
+            raise ValueError(f"qkv must be three tensors of do's shape {tuple(do.shape)}")
+        input_dtype = q_in.dtype
+    do_in = do.detach().to(input_dtype)  # the dO both sides use (what the attention's backward receives)
+    do64 = do_in.double()
+    fwd = flash_forward(q_in, k_in, v_in, policy)
+    d_lp = delta_lp(do_in, fwd.o, policy).double()                                    # (B, H, T, 1)
+    dq_full, _, _ = flash_backward(q_in, k_in, v_in, fwd.o, fwd.lse, do_in, policy)
+
+    # exact forward from the *same* rounded q, k, v (so that only the arithmetic differs)
+    q64, k64, v64 = q_in.double(), k_in.double(), v_in.double()
+    s64 = (q64 @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf)
+    p64 = torch.softmax(s64, dim=-1)                                                 # (B, H, T, T)
+    o64 = p64 @ v64
+    d_hp = (do64 * o64).sum(-1, keepdim=True)                                        # (B, H, T, 1)
+    dd = (d_lp - d_hp)                                                               # Δδ (B, H, T, 1)
+    pk = p64 @ k64                                                                   # (B, H, T, D)
+    return _Forwards(q_in, k_in, v_in, do64, dq_full, q64, k64, v64, s64, dd, pk)
+
+
+def _autograd_grads(x64, wq64, f: _Forwards, alpha: float, mask, n_head: int, with_lp: bool):
+    """(dQ, dW_Q) by autograd in float64 with δ_hp, or with δ_lp (`with_lp`: through the logsumexp term)."""
+    wq = wq64.clone().requires_grad_()
+    q_lin = _heads(x64, wq, n_head)
+    q = f.q64 + (q_lin - q_lin.detach())  # the value A's attention saw (rounded), the gradient of X W_Qᵀ
+    q.retain_grad()
+    s = (q @ f.k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf)
+    objective = (torch.softmax(s, dim=-1) @ f.v64 * f.do64).sum()
+    if with_lp:
+        objective = objective - (f.dd[..., 0] * torch.logsumexp(s, dim=-1)).sum()
+    objective.backward()
+    return q.grad, wq.grad
 
 
 def sketch_matrix(n: int, k: int = SKETCH_DIM, seed: int = 0) -> torch.Tensor:

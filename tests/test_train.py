@@ -3,6 +3,7 @@ data-parallel equality (2 gloo processes vs 1), Muon, and the CLI. A tiny model 
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,81 @@ def test_replay_gives_identical_losses(tmp_path):
     np.testing.assert_array_equal(window.arrays()["loss"][-5:], src.losses[5:])
     with pytest.raises(FileNotFoundError, match="ckpt_0000003.pt"):
         run(tiny(), replay=tmp_path / "src", replay_from=3)
+
+
+def _records(res):
+    """Every number a run returns but its timing: the log records (without time_s, tokens_per_s), the
+    diagnostics, the validation losses."""
+    return [{k: v for k, v in r.items() if k not in ("time_s", "tokens_per_s")} for r in res.log], res.diag, res.val
+
+
+def _same_state(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_interrupted_runs_repeat_every_record(tmp_path):
+    """Validation, diagnostics, sparse logging and pruned checkpoints together: a run resumed from its middle
+    checkpoint into a new directory, into its own directory, and as a replayed window gives the uninterrupted
+    run's log, diagnostics and validation losses bit for bit, in memory and in its files, and its final weights,
+    optimizer state and RNG state."""
+    def cfg(**kw):
+        return tiny(**{"max_steps": 12, "diag_every": 3, "val_fraction": 0.1, "val_every": 4, "val_rows": 8,
+                       "log_every": 2, "checkpoint_every": 4, "keep_checkpoints": 2, **kw})
+
+    full = run(cfg(out_dir=str(tmp_path / "a")))
+    assert sorted(p.name for p in (tmp_path / "a").glob("ckpt_*.pt")) == ["ckpt_0000008.pt", "ckpt_0000012.pt"]
+    assert [r["step"] for r in full.log] == [0, 2, 4, 6, 8, 10, 11]  # every log_every-th step and the last
+    assert [r["step"] for r in full.diag] == [0, 3, 6, 9] and [r["step"] for r in full.val] == [0, 4, 8, 12]
+    shutil.copytree(tmp_path / "a", tmp_path / "same")
+    runs = {"new dir": run(cfg(out_dir=str(tmp_path / "b")), resume_from=tmp_path / "a" / "ckpt_0000008.pt"),
+            "same dir": run(cfg(out_dir=str(tmp_path / "same")), resume_from=tmp_path / "same" / "ckpt_0000008.pt"),
+            "window": run(cfg(data_seed=7, out_dir=str(tmp_path / "w")), replay=tmp_path / "a", replay_from=8)}
+    final = torch.load(tmp_path / "a" / "ckpt_0000012.pt", weights_only=True)
+    for name, res in runs.items():
+        d = Path(res.out_dir)
+        assert res.status == "completed" and res.steps == 12, name
+        assert _records(res) == _records(full), name  # steps 0-7 from a's files, 8-11 recomputed
+        for key in ("step", "loss", "grad_norm", "lr"):
+            np.testing.assert_array_equal(read_log(d)[key], read_log(tmp_path / "a")[key], err_msg=name)
+        for f in ("diag.jsonl", "val.jsonl"):
+            assert (d / f).read_text() == (tmp_path / "a" / f).read_text(), (name, f)
+        ck = torch.load(d / "ckpt_0000012.pt", weights_only=True)
+        for key in ("step", "model", "optimizer", "rng_cpu"):
+            assert _same_state(ck[key], final[key]), (name, key)
+    other = run(cfg(lr=1e-2, checkpoint_every=0), resume_from=tmp_path / "a" / "ckpt_0000008.pt")  # can fail
+    assert _records(other)[0][-1] != _records(full)[0][-1]
+
+
+def test_the_package_keeps_every_name_of_the_former_module():
+    """`lpfail.train` was one module: every name it defined still imports from it, as the one definition in its
+    new file."""
+    import importlib
+
+    import lpfail.train as T
+    names = ("AUTOCASTS BatchRecord DEVICES GRAPH_WARMUP OPTIMIZERS PRESETS SCHEDULES STRUCTURAL TrainConfig "
+             "TrainResult _CapturedStep _Dist _NONFINITE_MESSAGE _apply_hparams _atomic_write_text _build_optimizer "
+             "_capture_logits _check_resume _choice _clip _device_lr _diag_arrays _diagnostics _finite _index_list "
+             "_log_arrays _loss _nonfinite_error _numerics _read_jsonl _rows _set_lr _split_overrides _train "
+             "_val_arrays _write_status checkpoint_path config_from_sets cross_entropy is_nonfinite_message "
+             "load_batch_record load_checkpoint load_config load_tokens lr_factor parse_override parse_spec "
+             "read_diag read_log read_status read_val save_checkpoint split_validation train validation_loss "
+             "validation_offsets window_config z_loss_term").split()
+    assert len(names) == 58 and [n for n in names if not hasattr(T, n)] == []
+    homes = {}
+    for part in ("config", "batches", "step", "log", "loop"):
+        mod = importlib.import_module(f"lpfail.train.{part}")
+        for n in names:
+            if n in vars(mod) and getattr(getattr(mod, n), "__module__", mod.__name__) == mod.__name__:
+                homes.setdefault(n, []).append(part)
+    callables = [n for n in names if callable(getattr(T, n))]
+    assert all(len(homes.get(n, [])) == 1 and getattr(T, n) is getattr(
+        importlib.import_module(f"lpfail.train.{homes[n][0]}"), n) for n in callables), homes
 
 
 def test_branches_share_the_prefix(tmp_path):
