@@ -2,63 +2,27 @@
 
 Issue 12. The paper (Sec. 3) found its failing cast point by a chain of substitutions, each a training run on
 the replayed batches of a failing run. Here each substitution is a *row*: A (``reference(PAPER_BF16)``) with
-one change, trained at the two learning rates where the stored `lr_sweep` result shows an A − C gap in
-held-out loss at the smaller size (1.6e-2: +0.10, 3.2e-2: +0.42), with the same three seeds — the same
-initialization and the same batches as lr_sweep's runs of A and C, which serve as the baselines (a point whose
-TrainConfig hashes like a stored lr_sweep run *is* that run; `baseline_points` checks the hash).
+one change, trained at the two learning rates where lr_sweep's stored result shows an A − C gap in held-out loss
+at the smaller size (1.6e-2: +0.10, 3.2e-2: +0.42), with the same three seeds — the same initialization and
+batches as lr_sweep's runs of A and C, which are the baselines (the same TrainConfig hash: the same run).
 
-Rows (`ROWS`, in the order of the paper's Sec. 3, then the cast points the paper did not test):
+Rows (`ROWS`, in the order of the paper's Sec. 3, then the cast points the paper did not test): the tiling
+(FA2's 128 × 64 tiles; one tile per row is A itself at T = 256, `SAME_AS_A`); one layer (PAPER_BF16 in layer ℓ
+only, FP32 in layer ℓ only); δ = rowsum(dP ∘ P), O recomputed in FP32 for δ, O stored in FP32, only Ō = P̄V in
+FP32; PAPER_BF16 only in the two heads with the largest ‖W_Q^h‖ of one layer, and only in the others; and,
+beyond the paper, every cast where A and D (FA2_BF16) differ, one at a time (`a_d_knobs`).
 
-* the tiling: one tile per row is A itself at T = 256 (its 512 × 512 tile already covers the row; the row is
-  kept in the table, not run, see `SAME_AS_A`); FA2's 128 × 64 tiles instead;
-* one layer: PAPER_BF16 in layer ℓ only (the rest FP32), FP32 in layer ℓ only (the rest PAPER_BF16);
-* δ = rowsum(dP ∘ P); O recomputed in FP32 for δ only; O stored in FP32; only Ō = P̄V in FP32 (the product
-  and the accumulator: with one key tile either alone is A, see `SAME_AS_A`);
-* PAPER_BF16 only in the two heads with the largest ‖W_Q^h‖ of one layer (rest FP32), and only in the others;
-* beyond the paper — every cast where A and D (FA2_BF16, which closes the gap fully in lr_sweep) differ, one
-  at a time: QKᵀ and S in FP32; ℓ alone (`acc` with `o_acc` and `m_acc` kept BF16; m alone is A:
-  `SAME_AS_A`); S − m before exp; and the four backward casts dP, the
-  products of δ, dS (also FP32 in neither A nor D: the channel of arXiv 2609.34272), the dQ/dK/dV
-  accumulators; and the forward's whole score path (QKᵀ, S, m, S − m) at once.
-
-The rule (`RULE`, `judge_row`), fixed on 2026-12-01 before any run of this experiment: at each learning rate,
-with L the final held-out loss (non-finite → loss at init) and the bootstrap over seeds paired across rows,
-a row *closes the gap* when the 95 % interval of (L_row − L_C) − ½·(L_A − L_C) lies below 0, *does not close
-it* when the interval lies above 0, else *inconclusive*; when the A − C interval itself does not lie above 0
-at that learning rate the row reads 'no gap to close'. The fraction of the gap closed, (L_A − L_row) /
-(L_A − L_C), is reported beside it (descriptive).
-
-The runs: `plan` lists the points in priority order (a budget cut keeps the most important), `run_points`
-trains the missing ones as subprocesses (`lpfail.experiments.driver`) and stores each finished run's
-summary (`lr_sweep.summarize_run`) in a part file under ``results/substitution_parts/``; ``python -m
-lpfail.experiments.substitution drive|status|collect`` on the GPU machine (tools/gpu_substitution.sh).
-
-`replay_branch` is the paper's own method on a recorded run: replay from a checkpoint (bit for bit), then
-branch with each change.
-
-**Amendment (2026-12-01, `AMENDED_ROWS`), written after the GPU run of the grid and before any run of its rows.**
-Two rows of the grid broke by their own definition: `scores` and `score_path` turned every run non-finite,
-because with FP32 scores the row maximum m rounded to BF16 (`scores`) or the stored L = m + log ℓ for the
-backward (`l_store` = BF16 in `score_path`) can lie up to half a BF16 spacing below the true maximum (32–256
-at our logits of 10⁴–10⁵), and exp overflows FP32 beyond 88 (`lpfail.book.substitution_report.overflow_check`).
-The amendment adds two rows with m and the stored L in FP32 (finite in that check): `score_path_l` and `scores_l`, at both
-learning rates, 3 seeds (12 runs), judged by the same rule (`judge_row`) against the same A and C. Design: the
-amendment is its *own small experiment*, ``substitution_amendment`` (`AmendmentConfig`), on the same part files
-(``results/substitution_parts/``) and the same baselines. `SubstitutionConfig` is untouched, so the stored grid
-(``results/substitution.json``, 120 runs, its hash) stays fresh, and its broken rows stay in its table as they
-were measured; the amendment's verdicts are stored beside it (``results/substitution_amendment.json``) once its
-12 runs are. ``status`` counts both; ``drive`` trains what is missing of both; ``collect`` leaves a fresh
-stored grid as it is, and stores the amendment only when all its runs (and A, C) are there — otherwise it says
-which are missing, writes nothing for it and exits with status 1.
+The rule (`RULE`, `judge_row`) was fixed on 2026-12-01 before any run of this experiment. The amendment of the
+same day (`AMENDED_ROWS`, `AMENDMENT_WHY`; its own experiment ``substitution_amendment``, `AmendmentConfig`) was
+written after the grid's GPU run and before any run of its rows: two FP32-score rows with m and the stored L in
+FP32, judged by the same rule against the same baselines. ``python -m lpfail sweep substitution status | plan |
+checks | drive | collect`` (and ``substitution_amendment``). The paper's own method — replay a recorded run bit
+for bit, then branch with each change — is `lpfail.train.replay.replay_branch` (``... substitution replay``).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,8 +31,11 @@ import numpy as np
 from lpfail import results
 from lpfail.experiments import lr_sweep
 from lpfail.sweep import GridBase, Run, Store, lookup, register, run_experiment
-from lpfail.sweep.stats import bootstrap_seed_indices, effective_loss, interval, judge
+from lpfail.sweep.store import final_val
+from lpfail.sweep.stats import (bootstrap_seed_indices, effective_loss, gap_word, half_gap_seeds, interval, judge,
+                                mean_draws)
 from lpfail.precision import FA2_BF16, PAPER_BF16, Precision
+from lpfail.train.replay import replay_branch  # noqa: F401  (chapter 2 calls it here)
 
 # -- the pre-registration ----------------------------------------------------------------------------------
 #: Fixed on 2026-12-01, before any run of this experiment; the outcomes seen then were lr_sweep's (A, C, D,
@@ -343,8 +310,7 @@ CHECK_KEY = "check/A/lr0.032/s0"
 
 
 def grid_runs(c: SubstitutionConfig | AmendmentConfig, baselines: bool = True, lr_sweep_result=None) -> list[Run]:
-    """The framework's view of the points: A and C are lr_sweep's own runs (its store, its keys), the rows
-    this experiment's. Head rows need the stored lr_sweep result (`head_choice`)."""
+    """The framework's view of the points: A and C are lr_sweep's own runs (its store, its keys), the rows ours."""
     out = []
     if lr_sweep_result is None and any(r.kind.startswith("heads") for r in c.row_objects()):
         lr_sweep_result = results.load("lr_sweep")
@@ -390,13 +356,11 @@ class SubstitutionGrid(GridBase):
         return {"analysis": analyse(self.config, rows, have.get(CHECK_KEY)), "parts": parts, "complete": True}
 
     def quick(self):
-        """One seed of the row that closes the gap at 1.6e-2 (δ = rowsum(dP ∘ P)), with A and C, for the grid;
-        the amendment's first row at 3.2e-2 for the amendment."""
+        """Seed 0 of A, C and δ = rowsum(dP ∘ P) at 1.6e-2 (where it closes the gap); the amendment's first row."""
         from lpfail.sweep.quick import Quick
 
         row, lr = (self.config.rows[0], LRS[-1]) if self.amendment else ("delta_dPP", LRS[0])
-        seed = self.config.seeds[0]
-        by_id = {r.id: r for r in grid_runs(self.config, lr_sweep_result=self._lsr)}
+        seed, by_id = self.config.seeds[0], {r.id: r for r in grid_runs(self.config, lr_sweep_result=self._lsr)}
         runs = [by_id[Point(n, lr, seed).key] for n in ("A", "C", row)]
 
         def headline(have: dict, s: int) -> float:
@@ -419,8 +383,7 @@ def amendment_grid(config: AmendmentConfig | None = None) -> SubstitutionGrid:
 
 def stored_for(c: SubstitutionConfig | AmendmentConfig, directory: Path | None = None, lr_sweep_result=None,
                baselines: bool = True) -> tuple[dict[str, dict], list[Point]]:
-    """({key: summary} stored for this grid's (or the amendment's) points, [missing points]); A and C are
-    lr_sweep's runs; ``baselines=False`` leaves them out (the amendment's own count)."""
+    """({key: summary} stored, [missing points]) of the grid or the amendment (``baselines=False``: without A, C)."""
     pts = {p.key: p for p in plan(c, baselines)}
     lk = lookup(SubstitutionGrid(c, lr_sweep_result), directory,
                 runs=grid_runs(c, baselines, lr_sweep_result))
@@ -430,17 +393,12 @@ def stored_for(c: SubstitutionConfig | AmendmentConfig, directory: Path | None =
 # -- the analysis -------------------------------------------------------------------------------------------------------
 def final_losses(c: SubstitutionConfig, have: dict[str, dict], names: list[str], lr: float) -> np.ndarray:
     """(len(names), seeds) effective final held-out losses (min(L, L_init), non-finite → L_init; NaN if absent)."""
-    max_steps = lr_sweep.LRSweepConfig().max_steps
-    out = np.full((len(names), len(c.seeds)), np.nan)
+    max_steps, out = lr_sweep.LRSweepConfig().max_steps, np.full((len(names), len(c.seeds)), np.nan)
     for i, n in enumerate(names):
         for k, s in enumerate(c.seeds):
-            r = have.get(Point(n, lr, s).key)
-            if r is None:
-                continue
-            vs, vl = np.asarray(r["val_step"]), np.asarray(r["val_loss"], dtype=np.float64)
-            init = vl[vs == 0][0] if (vs == 0).any() else np.nan
-            fin = vl[vs == max_steps][0] if (r["status"] == "completed" and (vs == max_steps).any()) else np.nan
-            out[i, k] = float(effective_loss(fin, init))
+            if (r := have.get(Point(n, lr, s).key)) is not None:
+                init, fin = final_val(r, max_steps)
+                out[i, k] = float(effective_loss(fin, init))
     return out
 
 
@@ -451,18 +409,13 @@ def judge_row(l_row: np.ndarray, l_a: np.ndarray, l_c: np.ndarray, idx: np.ndarr
         raise ValueError("judge_row: l_row, l_a, l_c must be 1-D arrays over the same seeds")
     if np.isnan(np.concatenate([l_row, l_a, l_c])).any():
         return {"verdict": "not measured (runs missing)", "point": None, "ci": None}
-    if idx is None:
-        idx = bootstrap_seed_indices(len(l_row))
-    gap_d = (l_a - l_c)[idx].mean(axis=-1)
-    stat_d = ((l_row - l_c) - 0.5 * (l_a - l_c))[idx].mean(axis=-1)
-    gap = {"point": float((l_a - l_c).mean()), "ci": list(interval(gap_d))}
-    point = float(((l_row - l_c) - 0.5 * (l_a - l_c)).mean())
+    idx = bootstrap_seed_indices(len(l_row)) if idx is None else idx
+    gap_p, gap_d = mean_draws(l_a - l_c, idx)
+    gap = {"point": float(gap_p), "ci": list(interval(gap_d))}
+    point, stat_d = half_gap_seeds(l_row, l_a, l_c, idx=idx)
     ci = list(interval(stat_d))
-    if not gap["ci"][0] > 0:
-        verdict = "no gap to close"
-    else:
-        verdict = {"supported": "closes the gap", "refuted": "does not close it",
-                   "inconclusive": "inconclusive"}[judge(*ci, "below")]
+    words = {"supported": "closes the gap", "refuted": "does not close it", "inconclusive": "inconclusive"}
+    verdict = gap_word(words[judge(*ci, "below")], gap["ci"][0] > 0)
     frac = float((l_a.mean() - l_row.mean()) / (l_a.mean() - l_c.mean())) if l_a.mean() != l_c.mean() else None
     return {"verdict": verdict, "point": point, "ci": ci, "gap": gap, "fraction_closed": frac,
             "loss": float(l_row.mean()), "loss_sd": float(l_row.std(ddof=1)) if len(l_row) > 1 else 0.0}
@@ -518,56 +471,6 @@ def substitution_amendment(c: AmendmentConfig) -> dict:
     return run_experiment(SubstitutionGrid(c))
 
 
-# -- replay: the paper's own method ---------------------------------------------------------------------------------
-def replay_branch(run_dir, step: int, branches: dict[str, dict], out_root=None, max_steps: int | None = None
-                  ) -> dict:
-    """Replay a recorded run from its checkpoint at `step`, then branch from the same checkpoint.
-
-    run_dir   a finished run's directory: config.json, batches_rank*.i64 (its batch order), log.jsonl and
-              ckpt_{step}.pt (train with ``checkpoint_every`` dividing `step` and ``keep_checkpoints=0``)
-    branches  name → TrainConfig field changes, e.g. {"m": {"attention": "reference(PAPER_BF16,m_acc=fp32)"}}
-    Returns {"replay": {"losses", "equal"}, name: {"losses", "first_diff"}} where `equal` says whether the replay
-    reproduced the recorded losses from `step` on bit for bit (it must: a ValueError otherwise, since a branch
-    compared with a replay that is not the run means nothing), and `first_diff` is the first step at which a
-    branch's loss differs from the recorded one (None if never)."""
-    from lpfail.train import checkpoint_path, load_config, read_log, train, window_config
-
-    run_dir = Path(run_dir)
-    cfg = load_config(run_dir / "config.json")
-    ck = checkpoint_path(run_dir, step)
-    if not ck.is_file():
-        have = sorted(p.name for p in run_dir.glob("ckpt_*.pt"))
-        raise FileNotFoundError(f"replay_branch: no checkpoint {ck.name} in {run_dir} (have {have})")
-    recorded = read_log(run_dir)
-    rec_steps, rec_loss = np.asarray(recorded["step"]), np.asarray(recorded["loss"])
-    last = cfg.max_steps if max_steps is None else int(max_steps)
-    if not step < last <= cfg.max_steps:
-        raise ValueError(f"replay_branch: need step < max_steps <= the run's {cfg.max_steps} (got {step}, {last})")
-    want = rec_loss[(rec_steps >= step) & (rec_steps < last)]
-
-    def go(name: str, changes: dict):
-        d = "" if out_root is None else str(Path(out_root) / name)
-        tc = window_config(cfg, last, out_dir=d, **changes)
-        res = train(tc, replay=run_dir, resume_from=ck)
-        a = res.arrays()
-        return np.asarray(a["loss"])[np.asarray(a["step"]) >= step]
-
-    rep = go("replay", {})
-    equal = bool(rep.shape == want.shape and np.array_equal(rep, want))
-    if not equal:
-        raise ValueError(f"replay_branch: the replay of {run_dir} from step {step} did not reproduce its recorded "
-                         "losses bit for bit; branches from it would not be comparable")
-    out = {"replay": {"losses": rep.tolist(), "equal": equal}, "step": step}
-    for name, changes in branches.items():
-        if name == "replay":
-            raise ValueError("replay_branch: 'replay' is reserved for the replay itself")
-        loss = go(name, dict(changes))
-        n = min(len(loss), len(want))
-        diff = np.nonzero(~((loss[:n] == want[:n]) | (np.isnan(loss[:n]) & np.isnan(want[:n]))))[0]
-        out[name] = {"losses": loss.tolist(), "first_diff": int(step + diff[0]) if diff.size else None}
-    return out
-
-
 #: The replay's branches (the ``replay`` command's default): the grid's seven rows of the call of 2026-12-01 with
 #: the two broken FP32-score rows replaced by their amendments.
 REPLAY_ROWS = ("l", "scores_l", "score_path_l", "exp_in", "out", "delta_dPP", "obar")
@@ -575,31 +478,21 @@ REPLAY_ROWS = ("l", "scores_l", "score_path_l", "exp_in", "out", "delta_dPP", "o
 
 # -- command line -------------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    """``replay --run DIR --out FILE [--step N] [--until N] [--rows a,b]``; any other command is
-    ``python -m lpfail sweep substitution CMD``."""
+    """``replay --run DIR --out FILE [--step N] [--until N] [--rows a,b]``: `replay_branch` with a branch per row
+    (policy rows; default `REPLAY_ROWS`); any other command is ``python -m lpfail sweep substitution CMD``."""
+    from lpfail.train import replay
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] != ["replay"]:
         from lpfail.sweep.cli import main as sweep_main
 
         return sweep_main(["substitution", *argv])
-    ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.substitution replay")
-    ap.add_argument("command", choices=("replay",))
-    ap.add_argument("--run", required=True, help="the recorded run (checkpoints kept)")
-    ap.add_argument("--step", type=int, default=600, help="the checkpoint to replay and branch from")
-    ap.add_argument("--until", type=int, default=None, help="the window's end (default: the run's end)")
-    ap.add_argument("--rows", default=None, help="the rows to branch with (policy rows; default "
-                                                 + ",".join(REPLAY_ROWS) + ")")
-    ap.add_argument("--out", required=True, help="the JSON file to write")
-    args = ap.parse_args(argv)
-    names = args.rows.split(",") if args.rows else list(REPLAY_ROWS)
-    branches = {n: {"attention": f"reference({row_policy(row_by_name(n)).name})"} for n in names}
-    t0 = time.time()
-    res = replay_branch(args.run, args.step, branches, max_steps=args.until)
-    res["wall_s"] = round(time.time() - t0, 1)
-    Path(args.out).write_text(json.dumps(res) + "\n")
-    print(f"replay from step {args.step}: bit-exact {res['replay']['equal']}; first differing step per row: "
-          + ", ".join(f"{n} {res[n]['first_diff']}" for n in branches) + f" ({res['wall_s']} s)")
-    return 0
+    rows = list(REPLAY_ROWS)
+    if "--rows" in argv:
+        i = argv.index("--rows")
+        rows, argv = argv[i + 1].split(","), argv[:i] + argv[i + 2:]
+    branches = [f"--branch={n}=reference({row_policy(row_by_name(n)).name})" for n in rows]
+    return replay.main(argv[1:] + branches)
 
 
 if __name__ == "__main__":  # pragma: no cover
