@@ -190,6 +190,7 @@ def quick(names: list[str], out: Path, budget_s: float):
 
     seed_cache(results.REPO_ROOT / "results", _scratch())
     log(machine_info())
+    start_mps()  # as the grids' drivers run (2026-12-01 22:08: without it the 12-run profiles time-sliced)
     recs = BASE / "quick"
     recs.mkdir(parents=True, exist_ok=True)
     for name in names:
@@ -230,6 +231,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checks", action="store_true", help="start: the grids' checks first")
     args = ap.parse_args(argv)
     out = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
+    if args.command != "unpack":
+        _scratch()  # every command reads and writes the session's cache (2026-12-01: `wait` read the repository's)
     if args.command == "unpack":
         for p in unpack(Path(args.names[0])):
             print(p)
