@@ -509,7 +509,7 @@ PAPER_BF16_OFFICIAL_FIX = dataclasses.replace(PAPER_BF16, fix=DynamicMax(2.0, 1e
 #: products are summed in FP32 and rounded once (with ≤ 2 key tiles the same as PAPER_BF16's grad_acc=bf16).
 #: Checked on CPU by replaying inductor's generated GPU kernels in Triton's interpreter (tools/inductor_replay.py):
 #: ≥ 99.9 % of O, dQ, dK, dV bit for bit; what the interpreter cannot show (the GPU's division, FMA contraction,
-#: reduction order) is left to the GPU call (tools/gpu_official_check.sh).
+#: reduction order) is left to the GPU call (`tools/gpu_batch.sh official`).
 PAPER_BF16_COMPILED = dataclasses.replace(PAPER_BF16, scores="fp32", exp_in="fp32", acc="fp32",
                                           delta_prod="fp32", l_store="bf16", m_rescale="bf16", l_div_last="bf16")
 #: The official fixed code (STABLE=1) under torch.compile: PAPER_BF16_COMPILED + what PAPER_BF16_OFFICIAL_FIX adds,

@@ -1,92 +1,113 @@
 #!/bin/bash
-# Several GPU steps in one device call, each step's files packed into one archive under $OUT (the device tool
-# returns at most 8 files a call, and one step alone writes more). Steps run in the order given, each under the
-# call's deadline (CALL_S seconds from the start, default 570: a 600 s call with time to pack):
-#   sub-start   tools/gpu_substitution.sh start (the missing runs only — next call: the amendment's 12 — and the
-#               extras, in their own sessions; BUDGET, EXPECT_MISSING, CHECKS as there) → sub.tgz
-#   sub-wait    tools/gpu_substitution.sh wait until the driver and the extras end or the deadline nears → sub.tgz
-#   fix-start   tools/gpu_fix_training.sh start, not waiting (Fix-b's 36 runs)     → fix.tgz
-#   fix-wait    tools/gpu_fix_training.sh wait                                     → fix.tgz
-#   cures-start / cures-wait   the same for tools/gpu_cures.sh                     → cures.tgz
-#   compiled-start / compiled-wait   the same for compiled_sweep (tools/gpu_lr_sweep.sh, EXP=compiled_sweep).
-#               compiled-start starts nothing unless official_check confirms PAPER_BF16_COMPILED (≥ 99.9 % of
-#               the bits of O, dQ, dK, dV on every case: `official_check confirmed`), read from this machine's
-#               last `official` step (kept in $KEEP across calls) or else from the repository's results/
-#                                                                                  → compiled.tgz
-#   kernels     tools/gpu_kernels.sh tests (the gpu-marked kernel tests)           → kernels.tgz
-#   trust       python -m lpfail.experiments.kernel_trust (Triton vs the reference, one step's gradients)
-#                                                                                  → kernels.tgz
-#   official    tools/gpu_official_check.sh (carry .official)                      → official.tgz
-#   prod        tools/gpu_prod_kernels.sh all                                      → prod.tgz
-#   overhead    tools/gpu_prod_kernels.sh overhead (the monitor's overhead; on an idle GPU) → prod.tgz
-#   prod-tests  tools/gpu_prod_kernels.sh tests (the gpu-marked tests of prod_kernels, monitor, substitute, cures) → prod.tgz
-#   robust-cost python tools/gpu_robust_cost.py                                    → robust.tgz
-#   host        python3 tools/gpu_overhead.py (issue 13's host time per call of a tiny problem; on an idle GPU,
-#               so first or after the waits)                                       → kernels.tgz (overhead.json)
-# A "-wait" step waits at most until 30 s before the deadline; a step that would overrun it is stopped (timeout).
-# Usage (GPU machine, repo root): LPFAIL_GIT=<commit> [CALL_S=570] [BUDGET=…] bash tools/gpu_batch.sh STEP...
-# Afterwards, here: unpack each archive into a scratch folder and copy its files where the step's own script's
-# header says.
+# The GPU steps that are not grids of training runs (those go through tools/gpu.sh), several in one device call
+# under one deadline, each step's files packed into one archive under $OUT (a call returns at most 8 files).
+# Steps run in the order given, each under the call's deadline (CALL_S seconds from the start, default 570):
+#   kernels      the gpu-marked kernel tests, then the CPU tests that matter most on the card   → kernels.tgz
+#   bench        `python -m lpfail run bench_kernels` and its table (on an idle GPU)           → kernels.tgz
+#   host         the drop-in's host time per call (tools/gpu_overhead.py; idle GPU)            → kernels.tgz
+#   trust        python -m lpfail.experiments.kernel_trust (Triton vs the reference)           → kernels.tgz
+#   robust-cost  the robust fix's cost in the kernel (tools/gpu_robust_cost.py)                → robust.tgz
+#   official     official_check: the paper's attention.py eager and under torch.compile (carry .official;
+#                its gpu test first; inductor's generated code logged)                         → official.tgz
+#   prod         prod_kernels: the production back ends' bias on tied rows                     → prod.tgz
+#   overhead     the monitor's overhead on GPT-2 small (tools/gpu_monitor_overhead.py; idle GPU) → prod.tgz
+#   prod-tests   the gpu-marked tests of prod_kernels, monitor, substitute, cures              → prod.tgz
+#   ge-extras    chapter 3's records: lr_sweep's A (3.2e-2, seed 0) retrained with checkpoints every 100
+#                steps, the derivation checked on the GPU at steps 300/600/900, the replay 100→500 with a
+#                branch per substitution.REPLAY_ROWS, the δ-term accumulated over 601–700     → extras.tgz
+#   train-ddp    train_ddp (needs 2 GPUs): 1 GPU vs torchrun, determinism, tokens/s           → train.tgz
+# Usage (GPU machine, repo root): LPFAIL_GIT=<commit> [CALL_S=570] bash tools/gpu_batch.sh STEP...
+# Afterwards, here: unpack each archive into a scratch folder; results/*.{json,npz} files go to results/, the
+# rest to results/kernels_gpu/ (kernels, prod, robust), results/substitution_gpu/ (extras). Plans, predictions and
+# call logs: notes/gpu_plan.md.
 set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 FINAL_OUT=${OUT:-/tmp/lpfail_out}
 STAGE=${STAGE:-/tmp/lpfail_batch}
-KEEP=${KEEP:-/tmp/lpfail_keep}   # survives the next call's clean-up of $STAGE (the machine stays up between calls)
 CALL_S=${CALL_S:-570}
 T0=$(date +%s)
 DEADLINE=$(( T0 + CALL_S ))
 left() { echo $(( DEADLINE - $(date +%s) )); }
 say() { echo "[batch $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*"; }
+info() {
+    nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,memory.used,temperature.gpu --format=csv,noheader
+    python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+}
 rm -rf "$STAGE"; mkdir -p "$STAGE" "$FINAL_OUT"
 exec > >(tee "$FINAL_OUT/batch.log") 2>&1
+info
+step_kernels() {
+    LPFAIL_KERNELS_AUTOTUNE=0 timeout "$1" python3 -m pytest -q -s -p no:cacheprovider -m gpu \
+        $(ls tests/test_kernels*.py tests/test_robust_fix.py tests/test_dropin.py 2>/dev/null) 2>&1 \
+        | tee "$OUT/tests.txt" | grep -v "^$" | tail -40
+    LPFAIL_KERNELS_AUTOTUNE=0 timeout "$1" python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+        -k "units_of_alpha or raw_threshold or masked_out or raw_products" 2>&1 | tee -a "$OUT/tests.txt" | tail -3
+}
+step_bench() {
+    LPFAIL_RESULTS_DIR=$OUT timeout "$1" python3 -m lpfail run bench_kernels ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | tail -5
+    LPFAIL_RESULTS_DIR=$OUT python3 -c "
+from lpfail import results; from kernels.bench import table
+print(table(results._read('bench_kernels', results.results_dir())))" 2>&1 | tee "$OUT/table.txt"
+}
+step_official() {
+    export LPFAIL_OFFICIAL_DIR=${LPFAIL_OFFICIAL_DIR:-$PWD/.official}
+    if [ ! -f "$LPFAIL_OFFICIAL_DIR/attention.py" ]; then say "official: no attention.py in $LPFAIL_OFFICIAL_DIR (carry .official)"; return 2; fi
+    ( cd "$LPFAIL_OFFICIAL_DIR" && sha256sum attention.py; cat COMMIT 2>/dev/null ) | tee "$OUT/official_code.txt"
+    timeout 150 python3 -m pytest -q -s -p no:cacheprovider tests/test_official_check.py -m gpu 2>&1 | tee "$OUT/tests.txt" | tail -10
+    TORCH_LOGS=output_code TORCH_LOGS_OUT="$OUT/inductor_output_code.log" LPFAIL_RESULTS_DIR="$OUT" \
+        timeout $(( $1 - 160 )) python3 -m lpfail run official_check 2>&1 | tee "$OUT/run.txt" | tail -15
+    gzip -f "$OUT/inductor_output_code.log" 2>/dev/null
+    LPFAIL_RESULTS_DIR="$OUT" python3 -m lpfail.experiments.official_check table 2>&1 | tee "$OUT/table.txt"
+}
+step_prod() {
+    LPFAIL_RESULTS_DIR=$OUT timeout "$1" python3 -m lpfail run prod_kernels 2>&1 | tee "$OUT/prod_kernels.txt" | tail -15
+}
+step_ge_extras() {
+    local a=$STAGE/extras_run
+    python3 -m lpfail.experiments.gradient_error a-config --run "$a" &&
+    python3 -m lpfail train --config "$a/train_config.json" --no-progress | tail -2 &&
+    python3 -m lpfail.experiments.gradient_error gpu --run "$a" --steps 300,600,900 --rows 8 --out "$OUT/gradient_error_gpu.json" &&
+    python3 -m lpfail.experiments.substitution replay --run "$a" --step 100 --until 500 --out "$OUT/replay.json"
+    LPFAIL_NO_CAPTURE=1 python3 -m lpfail.experiments.gradient_error accumulate --run "$a" --step 600 --k 100 \
+        --layer 0 --rows 8 --out "$OUT/accumulation.json"
+    cp "$a/diag.jsonl" "$OUT/a_diag.jsonl" 2>/dev/null
+}
 for step in "$@"; do
     case "$step" in
-        sub-*) group=sub;; fix-*) group=fix;; cures-*) group=cures;; compiled-*) group=compiled;; kernels|trust|host) group=kernels;;
-        official) group=official;; prod|overhead|prod-tests) group=prod;; robust-cost) group=robust;;
-        *) echo "unknown step: $step" >&2; exit 2;;
+        kernels|bench|host|trust) group=kernels;; robust-cost) group=robust;; official) group=official;;
+        prod|overhead|prod-tests) group=prod;; ge-extras) group=extras;; train-ddp) group=train;;
+        *) echo "unknown step: $step (grids: tools/gpu.sh)" >&2; exit 2;;
     esac
     export OUT="$STAGE/$group"; mkdir -p "$OUT"
     avail=$(( $(left) - 10 ))
     if [ "$avail" -lt 20 ]; then say "no time left for $step"; continue; fi
     say "step $step ($avail s left)"
     case "$step" in
-        sub-start) WAIT=0 timeout "$avail" bash tools/gpu_substitution.sh start;;
-        sub-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_substitution.sh wait;;
-        fix-start) WAIT=0 timeout "$avail" bash tools/gpu_fix_training.sh start;;
-        fix-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_fix_training.sh wait;;
-        cures-start) WAIT=0 timeout "$avail" bash tools/gpu_cures.sh start;;
-        cures-wait) WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_cures.sh wait;;
-        compiled-start)
-            dir=$KEEP/official; [ -f "$dir/official_check.json" ] || dir=$PWD/results
-            if LPFAIL_RESULTS_DIR=$dir python3 -m lpfail.experiments.official_check confirmed | tee "$OUT/gate.txt"; then
-                EXP=compiled_sweep ALL_VARIANTS=A_comp WAIT=0 timeout "$avail" bash tools/gpu_lr_sweep.sh start
-            else
-                say "compiled-start: PAPER_BF16_COMPILED not confirmed by official_check ($dir): no run started"
-            fi;;
-        compiled-wait) EXP=compiled_sweep WAIT=$(( avail - 20 )) timeout "$avail" bash tools/gpu_lr_sweep.sh wait;;
-        kernels) timeout "$avail" bash tools/gpu_kernels.sh tests "$(( avail / 2 ))";;
-        trust) timeout "$avail" python3 -m lpfail.experiments.kernel_trust --out "$OUT/kernel_trust.json" \
-                   2>&1 | tee "$OUT/kernel_trust.txt" | tail -n 25;;
-        official) RUN_TIMEOUT=$(( avail - 120 )) timeout "$avail" bash tools/gpu_official_check.sh; rc=$?
-                  mkdir -p "$KEEP/official"; cp "$OUT"/official_check.* "$KEEP/official/" 2>/dev/null
-                  (exit $rc);;   # the step's status is the check's, not the copy's
-        prod) timeout "$avail" bash tools/gpu_prod_kernels.sh all;;
-        overhead) timeout "$avail" bash tools/gpu_prod_kernels.sh overhead;;
-        prod-tests) timeout "$avail" bash tools/gpu_prod_kernels.sh tests;;
-        robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT";;   # robust_cost.{json,npz}
-        host) timeout "$avail" python3 tools/gpu_overhead.py "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt" \
-                  | tail -n 60;;
+        kernels) step_kernels $(( avail / 2 ));;
+        bench) step_bench "$avail";;
+        host) timeout "$avail" python3 tools/gpu_overhead.py "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.txt" | tail -30;;
+        trust) timeout "$avail" python3 -m lpfail.experiments.kernel_trust --out "$OUT/kernel_trust.json" 2>&1 \
+                   | tee "$OUT/kernel_trust.txt" | tail -n 25;;
+        robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT";;
+        official) step_official "$avail";;
+        prod) step_prod "$avail";;
+        overhead) timeout "$avail" python3 tools/gpu_monitor_overhead.py "$OUT/monitor_overhead.json" \
+                      ${OVERHEAD_ARGS:---steps 610} 2>&1 | tail -30;;
+        prod-tests) timeout "$avail" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_prod_kernels.py \
+                        tests/test_monitor.py tests/test_substitute.py tests/test_cures.py 2>&1 | tee "$OUT/tests.txt" | tail -15;;
+        ge-extras) timeout "$avail" bash -c "$(declare -f step_ge_extras); STAGE=$STAGE OUT=$OUT step_ge_extras";;
+        train-ddp) NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 LPFAIL_RESULTS_DIR=$OUT \
+                       timeout "$avail" python3 -m lpfail run train_ddp 2>&1 | tee "$OUT/train_ddp.txt" | tail -20;;
     esac
     say "step $step ended (rc $?)"
 done
-# A file that comes back may hold 16 MiB: each group's part files and small files (≤ 4 MiB: JSON, logs) go into
-# GROUP.tgz; bigger ones (run-log archives) into GROUP_big.tgz, dropped with a notice if it is still too big. On
-# 2026-12-01 a cures archive of 33 MB with both did not come back, and its part file with it.
+# A file that comes back may hold 16 MiB: each group's small files (≤ 4 MiB) go into GROUP.tgz, bigger ones into
+# GROUP_big.tgz, dropped with a notice if it is still too big.
 for d in "$STAGE"/*/; do
     [ -d "$d" ] || continue
     g=$(basename "$d")
-    (cd "$d" && find . -type f \( -size -4097k -o -name 'part-*.json' \) | sort >"$STAGE/$g.small" &&
-        find . -type f -size +4096k ! -name 'part-*.json' | sort >"$STAGE/$g.big")
+    [ "$g" = extras_run ] && continue
+    (cd "$d" && find . -type f -size -4097k | sort >"$STAGE/$g.small" && find . -type f -size +4096k | sort >"$STAGE/$g.big")
     tar czf "$FINAL_OUT/$g.tgz" -C "$d" -T "$STAGE/$g.small"
     if [ -s "$STAGE/$g.big" ]; then
         tar czf "$FINAL_OUT/${g}_big.tgz" -C "$d" -T "$STAGE/$g.big"

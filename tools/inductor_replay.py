@@ -2,7 +2,7 @@
 with our reference under given policies (issue 16, notes/official_check.md).
 
 Input: the log that ``TORCH_LOGS=output_code`` wrote while the experiment ``official_check`` compiled the official
-code on a GPU (tools/gpu_official_check.sh keeps it as ``inductor_output_code.log.gz``, outside the repository; the
+code on a GPU (`tools/gpu_batch.sh official` keeps it as ``inductor_output_code.log.gz``, outside the repository; the
 generated code is derived from the official code and is never committed). Each compiled graph (AOT ID
 ``N_forward`` / ``N_backward``) is executed here as inductor wrote it: its Triton kernels run in Triton's
 interpreter (``TRITON_INTERPRET=1``, numpy), its ``extern_kernels.bmm`` calls as torch.bmm on the CPU.

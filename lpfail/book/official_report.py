@@ -53,10 +53,10 @@ def table_or_pending() -> str:
         res = results.load("official_check")
     except results.ResultMissing:
         return ("official_check: no stored result yet. It needs a GPU and the official code "
-                "(tools/gpu_official_check.sh, one device call); the table is pending that run.")
+                "(`tools/gpu_batch.sh official`, one device call); the table is pending that run.")
     except results.ResultStale:
         return ("official_check: the stored result was measured for an earlier set of policies (its config "
-                "changed since); the table is pending its re-run on a GPU (tools/gpu_official_check.sh).")
+                "changed since); the table is pending its re-run on a GPU (`tools/gpu_batch.sh official`).")
     return res.provenance + "\n" + table(res)
 
 

@@ -179,7 +179,7 @@ REPLAY_HEADER = ["branch from the checkpoint", "first step that differs from the
 
 
 def load_replay(directory=None) -> dict | None:
-    """The stored replay of tools/gpu_substitution.sh (None when absent)."""
+    """The stored replay of `tools/gpu_batch.sh ge-extras` (None when absent)."""
     import json
 
     from lpfail import results
@@ -190,7 +190,7 @@ def load_replay(directory=None) -> dict | None:
 
 def replay_provenance(directory=None) -> dict | None:
     """Device, tree and date of the stored replay: its own "provenance" when it has one, else that of
-    results/substitution_gpu/accumulation.json, which tools/gpu_substitution.sh's extras write in the same
+    results/substitution_gpu/accumulation.json, which `tools/gpu_batch.sh ge-extras` writes in the same
     call right after the replay (the call of 2026-12-01, 11:04 UTC, wrote replay.json without one); None
     when neither says."""
     import json

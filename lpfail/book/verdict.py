@@ -961,7 +961,7 @@ def beyond_verdicts(load: Callable[[str], Any] | None = None) -> list[Verdict]:
         else:
             claim, statement = CURE_CLAIMS[variant]
             out.append(Verdict(claim, statement, NOT_TESTED, "No stored `cures` result yet (GPU run pending: "
-                               "tools/gpu_cures.sh); see {doc}`06_beyond`.", "no evidence yet"))
+                               "tools/gpu.sh start cures); see {doc}`06_beyond`.", "no evidence yet"))
     return out
 
 
@@ -1052,7 +1052,7 @@ def judge_fix_training_sweep(a: Mapping | None) -> Verdict:
     if a is None:
         return Verdict("Fix-b", "With the fix, training is stable.", NOT_TESTED,
                        "The fix_training runs (B′ and the robust fix on lr_sweep's grid) are pending on the GPU "
-                       "(`tools/gpu_fix_training.sh`).", "pre-registered (2026-12-01) fix_training rule")
+                       "(`tools/gpu.sh start fix_training`).", "pre-registered (2026-12-01) fix_training rule")
     word = a.get("fix_b", "not measured (runs missing)")
     if word not in SWEEP_WORDS:
         raise ValueError(f"unknown fix_training verdict {word!r}")

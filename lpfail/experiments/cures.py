@@ -36,7 +36,7 @@ The rule and the hypotheses below are code, fixed on 2026-12-01 before any run o
 known then: lr_sweep's results for the reused variants (S(A) − S(C) > 0 with a CI above 0, A_sr does not close
 the gap, D closes it, B about a third), none for the new ones.
 
-GPU: ``bash tools/gpu_cures.sh start`` then ``wait`` / ``collect`` (126 new runs, 36 of them shared with
+GPU: ``bash tools/gpu.sh start cures`` then ``wait cures`` (126 new runs, 36 of them shared with
 fix_training; ≈ 13–18 device-minutes on one H200 at lr_sweep's measured 72–100 s per run with 12 at once); here
 ``python -m lpfail.experiments.cures collect`` stores the result from the copied parts — only once the grid is
 whole: with runs missing it prints which (per variant and learning rate) and writes nothing. Meanwhile

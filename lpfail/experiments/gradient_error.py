@@ -57,10 +57,10 @@ class GradientErrorConfig:
     attention: str = "reference(PAPER_BF16)"
     policy: str = "PAPER_BF16"
     seed: int = 0
-    # the GPU records of tools/gpu_substitution.sh (A's checkpoints), merged in when the file exists under the
+    # the GPU records of `tools/gpu_batch.sh ge-extras` (A's checkpoints), merged in when the file exists under the
     # results directory; rerun `python -m lpfail run gradient_error` after copying it there
     gpu_file: str = "substitution_gpu/gradient_error_gpu.json"
-    # chapter 3's item 3 (`accumulation_run`, the ``accumulate`` command in tools/gpu_substitution.sh's extras):
+    # chapter 3's item 3 (`accumulation_run`, the ``accumulate`` command of `tools/gpu_batch.sh ge-extras`):
     # merged in as "accumulation" when the file exists (not recorded by the call of 2026-12-01)
     acc_file: str = "substitution_gpu/accumulation.json"
 
@@ -161,7 +161,7 @@ def gradient_error(c: GradientErrorConfig) -> dict:
                 raise ValueError("no records")
         except (ValueError, AttributeError) as e:
             raise results.ResultCorrupt(f"{gpu} is not a gradient_error GPU record file ({e}); copy "
-                                        "gradient_error_gpu.json from tools/gpu_substitution.sh's $OUT again") from None
+                                        "gradient_error_gpu.json from `tools/gpu_batch.sh ge-extras` again") from None
         out["gpu"] = g
         out["gpu_provenance"] = g.get("provenance") or _call_provenance(gpu.parent.parent)
     acc = results.results_dir() / c.acc_file
@@ -175,7 +175,7 @@ def gradient_error(c: GradientErrorConfig) -> dict:
 
 def _call_provenance(results_dir: Path) -> dict | None:
     """Where and when the GPU records were measured, for a record file written before it said so itself (the
-    call of 2026-12-01): tools/gpu_substitution.sh ran the extras beside the substitution grid in one call,
+    call of 2026-12-01): the GPU script ran these extras beside the substitution grid in one call,
     so the grid's part file (results/substitution_parts/) carries that call's device, git and date."""
     parts = sorted((results_dir / "substitution_parts").glob("part-*.json"))
     if not parts:

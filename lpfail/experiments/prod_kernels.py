@@ -43,7 +43,7 @@ still round to P̄ = 1: what the P̄V product sees.)
 The experiment `prod_kernels` runs every method on the machine it is run on (registered gpu=True: the
 CUDA-only back ends are its point). On a CPU machine it still runs what the CPU has (the reference, the
 mimics, the math back end and PyTorch's CPU flash kernel) and records the others as unavailable.
-GPU command: ``bash tools/gpu_prod_kernels.sh`` (writes results/prod_kernels.{json,npz} under $OUT).
+GPU command: ``bash tools/gpu_batch.sh prod`` (writes results/prod_kernels.{json,npz} under $OUT).
 """
 from __future__ import annotations
 

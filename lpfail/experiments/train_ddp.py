@@ -1,6 +1,6 @@
 """The stored GPU check of the training loop (appendix A): a small model trained on 1 GPU and with torchrun on
 N GPUs over the same global batch order, determinism on 1 GPU, and GPT-2 small's tokens/s per attention
-implementation. Experiment ``train_ddp``: ``python -m lpfail run train_ddp`` (``tools/gpu_train.sh``)."""
+implementation. Experiment ``train_ddp``: ``python -m lpfail run train_ddp`` (``tools/gpu_batch.sh train-ddp`` on two GPUs)."""
 from __future__ import annotations
 
 import dataclasses
