@@ -186,7 +186,7 @@ def test_alerts_warn_log_callback_and_jsonl(tmp_path, caplog):
     assert any("lpfail.monitor" == r.name for r in caplog.records)
     lines = read_jsonl(path)
     assert [x["kind"] for x in lines].count("record") == 3 and [x["kind"] for x in lines].count("alert") == 4
-    assert lines[0]["loss"] == pytest.approx(mon.records[0]["loss"])
+    assert lines[0]["kind"] == "header" and lines[1]["loss"] == pytest.approx(mon.records[0]["loss"])
     json.dumps(lines)  # plain JSON
 
 
