@@ -23,10 +23,16 @@ Four cases need more than that, each handled here:
   ``Module._call_impl``); a call made while the autograd engine runs a backward node is a recomputation
   (`SDPACall.recomputed`) and gets the index that module's call had in the last forward, so both the
   non-reentrant and the reentrant ``torch.utils.checkpoint`` see the same layer numbers as the forward.
-* **torch.compile**: the handler runs under ``torch._dynamo.disable``: dynamo never traces it (so it reads
-  no Python state that dynamo would guard on, and the statistics or the reference attention are computed by
-  eager PyTorch, with every cast kept), at the price of a graph break at each intercepted call. A compiled
-  model is compiled once with the mode and once without, not once per sampled step.
+* **torch.compile**: while the mode is active, dynamo's stance is ``force_eager`` (set when the mode is
+  entered, the previous stance restored when it is left; only where dynamo was imported, i.e. where
+  something may be compiled): a compiled model then runs eagerly, its compiled graphs untouched. So the
+  statistics and the reference attention are computed by eager PyTorch with every cast kept (inductor drops
+  BF16 round trips: the tied-maximum fraction read 0 and the PAPER_BF16 substitution changed), dynamo never
+  guards on the handlers' Python state (before, every sampled step recompiled the model), and a compiled
+  model is compiled once, with its graphs reused after the mode is left. The cost: a forward made under the
+  mode runs at eager speed, and with a compiler that changes low bits (inductor) its numbers are the eager
+  ones, not the compiled ones. The forward hooks that enter the mode run under ``torch._dynamo.disable``
+  (`eager`), so that they can set the stance also inside ``model.compile()``'s compiled ``__call__``.
 * **shapes**: SDPA takes (…, L, E) inputs with any number of leading dimensions; `SDPACall.heads_view` gives
   (B, H, L, E) views: 4-D as they are, 3-D (N, L, E) as N sequences of one head, more dimensions with the
   leading ones folded into the batch.
@@ -196,24 +202,51 @@ class SDPAInterceptor(TorchFunctionMode):
         self.calls_this_forward = 0
         self.index_of: dict[int, list[int]] = {}   # id(module) → call indices in the current forward
         self.unseen_attention: list[str] = []      # attention computed without SDPA (nn.MultiheadAttention)
-        self._sdpa, self._mha = eager(_dispatch), eager(_dispatch_mha)  # what dynamo does not trace
+        self._stances: list = []                  # dynamo stances to restore, one per __enter__
 
     def new_forward(self) -> None:
         self.calls_this_forward = 0
         self.index_of = {}
 
+    def __enter__(self):
+        self._stances.append(_force_eager())
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._restore()
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        stance = self._stances.pop() if self._stances else None
+        if stance is not None:
+            stance.__exit__(None, None, None)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is SDPA:
-            return self._sdpa(self, args, kwargs)
+            return _dispatch(self, args, kwargs)
         if func is MHA_FORWARD:
-            return self._mha(self, args, kwargs)
+            return _dispatch_mha(self, args, kwargs)
         return func(*args, **kwargs)
+
+
+def _force_eager():
+    """Set dynamo's stance to "force_eager" and return the object that restores the previous one; None where
+    torch._dynamo was never imported (then nothing is compiled, and importing it would take seconds)."""
+    if "torch._dynamo" not in sys.modules:
+        return None
+    return torch.compiler.set_stance("force_eager")
 
 
 def _dispatch(mode: SDPAInterceptor, args, kwargs, module: nn.Module | None = None):
     """One intercepted SDPA call: number it (or, when recomputed in a backward, look its number up), then
-    hand it to the handler. Runs eagerly (`eager`), also inside a compiled model."""
+    hand it to the handler."""
     module = module if module is not None else calling_module(1)
     recomputed = in_backward()
     if recomputed:
@@ -246,7 +279,7 @@ def _dispatch_mha(mode: SDPAInterceptor, args, kwargs):
     def inner(*a, **kw):
         if threading.get_ident() != thread:   # another thread's call while this one is patched: untouched
             return SDPA(*a, **kw)
-        return mode._sdpa(mode, a, kw, module)
+        return _dispatch(mode, a, kw, module)
 
     with _patch_lock:
         saved = namespace["scaled_dot_product_attention"]
