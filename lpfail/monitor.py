@@ -565,18 +565,23 @@ _REFERENCES = ("FP64", "FP32")
 
 def reference_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, is_causal: bool,
                     scale: float | None, reference: str = "FP64") -> tuple[torch.Tensor, torch.Tensor]:
-    """(dQ, dK) of softmax(α q kᵀ) v for the output gradient `do`, recomputed by `lpfail.attention` under the
-    `reference` preset (FP64 or FP32) from the same inputs (upcast exactly), autocast off. q (B, H, Tq, D);
-    k, v (B, Hkv, Tk, D), expanded to H heads inside the graph, so dK has k's shape; `is_causal` as the
-    reference aligns it (bottom-right: equal to SDPA's top-left when Tq = Tk)."""
-    from lpfail.attention import attention
+    """(dQ, dK) of softmax(α q kᵀ) v for the output gradient `do`, recomputed by `lpfail.attention` from the same
+    inputs (upcast exactly), autocast off: "FP64" by `naive_attention` (the truth: float64, untiled, autograd —
+    a few kernels, where the tiled FP64 policy would take hundreds), "FP32" by `attention` under the FP32
+    preset (FlashAttention-2's algorithm in FP32). q (B, H, Tq, D); k, v (B, Hkv, Tk, D), expanded to H heads
+    inside the graph, so dK has k's shape; `is_causal` as the reference aligns it (bottom-right: SDPA's
+    top-left when Tq = Tk, the only causal case the alarm measures)."""
+    from lpfail.attention import attention, naive_attention
 
     policy, dt = _references()[reference]
     qh, kh, vh = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
     rep = q.shape[1] // k.shape[1]
     with torch.enable_grad(), _no_autocast(q.device):
         ke, ve = (t.repeat_interleave(rep, dim=1) if rep > 1 else t for t in (kh, vh))
-        o = attention(qh, ke, ve, policy=policy, causal=is_causal, scale=scale, check_finite=False)
+        if reference == "FP64":
+            o = naive_attention(qh, ke, ve, causal=is_causal, scale=scale, check_finite=False)
+        else:
+            o = attention(qh, ke, ve, policy=policy, causal=is_causal, scale=scale, check_finite=False)
         dq, dk = torch.autograd.grad(o, (qh, kh), do.detach().to(o.dtype))
     return dq, dk
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import transformers
 
-from lpfail.monitor import Monitor, MonitorCoverageWarning, Thresholds, find_qk, qk_norms
+from lpfail.monitor import Alarm, Monitor, MonitorCoverageWarning, Thresholds, find_qk, qk_norms
 from lpfail.precision import FP32, PAPER_BF16
 from lpfail.substitute import substitute
 
@@ -165,3 +165,16 @@ def test_compiled(name):
             assert torch.equal(again, eager_bf16)
     assert torch.equal(_loss(compiled, idx), _loss(model, idx))   # with grad: the training graph, reused
     assert _graphs() == counts[1], f"graphs after each monitored step {counts}, now {_graphs()}"
+
+
+def test_alarm_on_llama():
+    # RoPE between q_proj and SDPA, grouped-query attention: the errors reach W_Q and W_K through the model's own
+    # graph; an FP32 model's attention against the FP64 truth is exact to FP32 rounding
+    model = _llama()
+    with Monitor(model, every=1, window=1, sample_batch=2, thresholds=QUIET, alarm=Alarm()) as mon:
+        for idx in _batches(2):
+            _loss(model, idx).backward()
+            rec = mon.step()
+    assert np.shape(rec["alarm_dq_rel"]) == (2, 4) and np.shape(rec["alarm_dk_rel"]) == (2, 2)
+    assert np.max(rec["alarm_dq_rel"]) < 1e-5 and rec["alarm_terms"] == [2, 2]
+    assert all(0 <= c <= 1 + 1e-12 for row in rec["alarm_coherence_q"] for c in row)
