@@ -1,46 +1,77 @@
 """A training monitor for the failure this book studies, for any PyTorch model. Explained in chapter 7.
 
-    from lpfail.monitor import Monitor, Thresholds
-    mon = Monitor(model, path="run.jsonl")      # every=100, window=100: the defaults
+    from lpfail.monitor import Alarm, Monitor, Thresholds
+    mon = Monitor(model, path="run.jsonl")      # every=100, window=100: the defaults; alarm=Alarm() adds the alarm
     with mon:                                   # attaches; detaches on exit
         for step in range(steps):
             loss = model(x, y)[1]; loss.backward(); opt.step(); opt.zero_grad()
-            mon.step(loss=loss.item())         # ends the step: on sampled steps, computes and writes a record
+            rec = mon.step(loss=loss.item())   # ends the step: on sampled steps, computes and writes a record
+            if rec: writer.add_scalars("lpfail", mon.scalars(), step)   # or wandb.log(mon.scalars())
 
 Nothing in the model's code changes. Two sources are used, each where it can be found:
 
 * **attention calls**: every call of ``F.scaled_dot_product_attention`` made during the forwards of a sampled
-  step (``step % every == 0``) is seen through `lpfail.sdpa_hook` (a TorchFunctionMode); from its q and k the
-  monitor computes, per call (= layer, numbered in call order within a forward) and per head, the largest
-  attention logit S = α·qkᵀ (FP32, over the allowed entries) and the fraction of query rows whose maximum is
-  attained by ≥ 2 keys once S is rounded to BF16 (`score_dtype`): the tied maxima of chapter 1. The first
-  `sample_batch` sequences of the batch are examined, to bound the cost.
-* **Q/K projections**: modules that expose them (`find_qk` lists the patterns: ``q_proj``/``k_proj``,
-  ``query``/``key``, a fused ``c_attn`` with ``n_head`` as in nanoGPT and lpfail's GPT, ``in_proj_weight`` as
-  in nn.MultiheadAttention), or a user function ``qk=``. Per layer and head: ‖W_Q^h‖₂ and ‖W_Q^h W_K^hᵀ‖₂
-  (spectral norms; the second is the bilinear form whose entries are the raw logits, paper Fig. 3), and
-  every `window` steps the spectral entropy of the update ΔW_Q^h = W_Q^h(t) − W_Q^h(t − window): with
-  σ_i the singular values and p_i = σ_i² / Σσ_j², H = −Σ p_i log p_i / log r (r = the number of singular
-  values), 1 for an update spread evenly over all directions, 0 for a rank-one update (after arXiv
-  2606.28116, which reports that a collapse of this entropy precedes divergence).
+  step (``step % every == 0``) is seen through `lpfail.sdpa_hook` (a TorchFunctionMode; also inside
+  ``nn.MultiheadAttention`` and so ``nn.TransformerEncoder``, with 3-D inputs, and in compiled models); from
+  its q and k the monitor computes, per call (= layer, numbered in call order within a forward) and per head,
+  the largest attention logit S = α·qkᵀ (FP32, over the allowed entries) and the fraction of query rows whose
+  maximum is attained by ≥ 2 keys once S is rounded to BF16 (`score_dtype`): the tied maxima of chapter 1. The
+  first `sample_batch` sequences of the batch are examined, to bound the cost. Calls made by modules that are
+  not the model's, and a checkpoint's recomputation in the backward, are not counted.
+* **Q/K projections**: modules that expose them, by name or by shape (`find_qk` lists the patterns:
+  ``q_proj``/``k_proj``, ``query``/``key``, a fused ``c_attn``/``qkv`` — also Hugging Face GPT-2's transposed
+  ``Conv1D`` —, ``in_proj_weight`` as in nn.MultiheadAttention, a child with three times as many outputs as
+  inputs), or a user function ``qk=``. Head layouts (grouped-query attention included) are checked when the
+  monitor is built; `Monitor.found` says what was found and which attention-like modules were not recognised.
+  Per layer and head: ‖W_Q^h‖₂ and ‖W_Q^h W_K^hᵀ‖₂ (spectral norms; the second is the bilinear form whose
+  entries are the raw logits, paper Fig. 3), and every `window` steps the spectral entropy of the update
+  ΔW_Q^h = W_Q^h(t) − W_Q^h(t − window): with σ_i the singular values and p_i = σ_i² / Σσ_j²,
+  H = −Σ p_i log p_i / log r (r = the number of singular values), 1 for an update spread evenly over all
+  directions, 0 for a rank-one update (after arXiv 2606.28116, which reports that a collapse of this entropy
+  precedes divergence).
+
+Where weights are found but no attention call is seen (e.g. ``nn.MultiheadAttention`` called with its default
+``need_weights=True``, which does not use SDPA) the first such step warns (`MonitorCoverageWarning`) and says
+why; on a sampled step where neither source yields anything it raises `MonitorError`, naming what it looked
+for, instead of monitoring nothing.
+
+**The precision alarm** (``alarm=Alarm()``; what separates a precision failure from a learning rate that is
+too high, which the logit alert cannot: chapter 7). On a sampled step (every `Alarm.every`), for each SDPA call
+of the step's first forward, tensor hooks capture the gradient dO of its output and the model's own dQ and dK;
+the attention of the first `sample_batch` sequences is recomputed from the same q, k, v by the reference
+(`reference_grads`: FP64 truth, or the FP32 preset) and the record holds, per call and head, the relative
+errors ‖dQ − dQ_ref‖/‖dQ_ref‖ and the same for dK (``alarm_dq_rel``, ``alarm_dk_rel``). The error is also pushed
+back to the projections: ΔW_Q = (∂q/∂W_Q)ᵀ (dQ − dQ_ref), by autograd through the model's own graph from q to
+the parameter (RoPE, reshapes and fused projections included; the graph is kept for the backward in progress,
+so the model's gradients are unchanged, tested), the same for W_K. Each is kept as a fixed random sketch
+Uᵀ ΔW^h V (s × s per head, linear, norm-preserving in expectation), and over the latest `Alarm.window`
+measurements the record gives per projection layer and head the coherence ‖Σ_k ΔW_k‖ / Σ_k ‖ΔW_k‖
+(``alarm_coherence_q``/``_k``: 1 when the error keeps one direction and sign from step to step — the paper's
+Eq. 3 signature —, ≈ 1/√K when it cancels) and chapter 3's ρ_K = ‖Σ ΔW_k‖ / √(Σ ‖ΔW_k‖²) (``alarm_rho_q``/``_k``).
+Calls it cannot recompute (a mask, dropout, no gradient) are listed in ``alarm_skipped``. Its alert rule is
+a draft (notes/beyond.md), not part of the library until it is pre-registered and evaluated.
 
 The monitor never changes the model's numbers: it reads detached tensors under ``torch.no_grad()`` with
 autocast off, draws no random numbers and passes every SDPA call through unchanged (tests/test_monitor.py
-checks bit-identical losses, also under autocast). Its cost is confined to sampled steps: the interceptor
-mode is entered by a forward pre-hook of the model on sampled steps only and left by its forward hook, so an
-unsampled step runs no monitor code but two hook calls; on a sampled step the logit statistics stay on the
-device until `step()`; the norms come from hs × hs Gram matrices on the device (batched matmuls, no SVD;
-all layers in one batch), and the update's spectral entropy, every `window` steps, from the eigenvalues of
-those Gram matrices taken on the host in float64. A sampled step costs a number of device operations that
-does not grow with the depth, beyond ≈ 20 per attention call in the forward, and one copy to the host
-(tools/monitor_op_count.py counts them; GPT-2 small: ≈ 350 ops and 1 copy, against ≈ 2 400 and 36 before
-2026-12-01 12:00, whose sampled steps cost ≈ 70-90 ms on an H200). On a sampled step where neither source yields anything it raises
-`MonitorError`, naming what it looked for, instead of monitoring nothing.
+checks bit-identical losses, also under autocast). One exception: in a model compiled with a backend that
+changes low bits (inductor), a sampled step's forward runs eagerly (`lpfail.sdpa_hook`: that is what makes
+its statistics right and avoids recompiling the model), so its numbers are the eager ones. Its cost is
+confined to sampled steps: the interceptor mode is entered by a forward pre-hook of the model on sampled
+steps only and left by its forward hook, so an unsampled step runs no monitor code but two hook calls; on a
+sampled step the logit statistics stay on the device until `step()`; the norms come from hs × hs Gram
+matrices on the device (batched matmuls, no SVD; all layers in one batch), and the update's spectral entropy,
+every `window` steps, from the eigenvalues of those Gram matrices taken on the host in float64. A sampled
+step costs a number of device operations that does not grow with the depth, beyond ≈ 20 per attention call
+in the forward, and one copy to the host (tools/monitor_op_count.py counts them; GPT-2 small: ≈ 350 ops and 1
+copy, against ≈ 2 400 and 36 before 2026-12-01 12:00, whose sampled steps cost ≈ 70-90 ms on an H200).
 
 Thresholds (`Thresholds`) turn statistics into alerts: a warning (`MonitorWarning`, through ``warnings``),
 a ``logging`` record on the "lpfail.monitor" logger and the optional ``callback(alert)``, once when a
 statistic of a (layer, head) crosses its threshold (and again only after it went back). Every record and
-alert is one JSON line in `path`.
+alert is one line of strict JSON in `path` (non-finite numbers as the strings "NaN", "Infinity",
+"-Infinity", which `read_jsonl` reads back as floats), after a header record per attachment (`header`:
+format, versions, the model, the settings). `scalars()` gives the latest record as a flat {name: float}
+dict for TensorBoard's ``add_scalars`` or ``wandb.log``.
 """
 from __future__ import annotations
 
