@@ -95,8 +95,8 @@ log = logging.getLogger("lpfail.monitor")
 log.addHandler(logging.NullHandler())  # a library: the application decides where records go
 
 __all__ = ["Monitor", "Thresholds", "Alert", "Alarm", "MonitorError", "MonitorWarning", "MonitorCoverageWarning",
-           "QKWeights", "find_qk", "describe_qk", "spectral_entropy", "attention_logit_stats", "reference_grads",
-           "relative_error", "coherence", "rho", "read_jsonl"]
+           "QKWeights", "find_qk", "describe_qk", "scalars", "spectral_entropy", "attention_logit_stats",
+           "reference_grads", "relative_error", "coherence", "rho", "read_jsonl"]
 
 
 class MonitorError(RuntimeError):
@@ -563,14 +563,16 @@ class Alarm:
 
     every      steps between two measurements, a multiple of the monitor's `every` (None: the monitor's)
     reference  "FP64" or "FP32": the `lpfail.precision` preset the attention is recomputed under
-    window     measurements whose error terms the coherence sums (the latest `window`, per layer and head)
+    window     measurements whose error terms the coherence and ρ sum (the latest `window`, per layer and
+               head). 16: the draft rule's (notes/beyond.md): under random signs ρ² has mean 1 whatever the
+               terms' sizes, and 16 terms of one sign give ρ up to 4, beyond what random signs reach in a run
     sketch     side s of the fixed random sketch Uᵀ E V (s × s per head) the error terms are kept as
     seed       seed of the sketch's random matrices
     """
 
     every: int | None = None
     reference: str = "FP64"
-    window: int = 10
+    window: int = 16
     sketch: int = 16
     seed: int = 0
 
@@ -1094,28 +1096,9 @@ class Monitor:
 
     def scalars(self, record: dict | None = None, heads: bool = False) -> dict[str, float]:
         """The latest record (or `record`) as a flat {name: float} dict for TensorBoard's ``add_scalars`` or
-        ``wandb.log``: ``attn/layer{i}/{stat}`` per layer — the maximum over heads of max_logit, tied_frac, wq,
-        wqk, alarm_dq_rel, alarm_dk_rel, alarm_coherence_q, alarm_coherence_k (the minimum of update_entropy) —
-        with `heads` also ``attn/layer{i}/head{h}/{stat}``, and the record's numeric extras (``loss``) by
-        name. {} before the first sampled step. Layers are call positions for the logit statistics and the
-        alarm's dQ/dK errors, projection positions (`layers` in the record) for the rest."""
+        ``wandb.log`` (module function `scalars`); {} before the first sampled step."""
         rec = record if record is not None else (self.records[-1] if self.records else None)
-        out: dict[str, float] = {}
-        if rec is None:
-            return out
-        for stat in ("max_logit", "tied_frac", "wq", "wqk", "update_entropy", "alarm_dq_rel", "alarm_dk_rel",
-                     "alarm_coherence_q", "alarm_coherence_k"):
-            for layer, row in enumerate(rec.get(stat) or []):
-                vals = [float(v) for v in (row or []) if v is not None and not math.isnan(float(v))]
-                if vals:
-                    out[f"attn/layer{layer}/{stat}"] = min(vals) if stat == "update_entropy" else max(vals)
-                if heads:
-                    for h, v in enumerate(row or []):
-                        out[f"attn/layer{layer}/head{h}/{stat}"] = math.nan if v is None else float(v)
-        for k, v in rec.items():
-            if k not in _RECORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[k] = float(v)
-        return out
+        return {} if rec is None else scalars(rec, heads)
 
     def _check(self, step, stat, layer, head, value):
         key = (stat, layer, head)
@@ -1140,6 +1123,32 @@ class Monitor:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(_strict(obj), allow_nan=False) + "\n")
+
+
+_FLAT = ("max_logit", "tied_frac", "wq", "wqk", "update_entropy", "alarm_dq_rel", "alarm_dk_rel",
+         "alarm_coherence_q", "alarm_coherence_k", "alarm_rho_q", "alarm_rho_k")
+
+
+def scalars(record: dict, heads: bool = False) -> dict[str, float]:
+    """A monitor record (from `Monitor.records` or `read_jsonl`) as a flat {name: float} dict:
+    ``attn/layer{i}/{stat}`` per layer — the maximum over heads of max_logit, tied_frac, wq, wqk and the alarm's
+    errors, coherences and ρ (the minimum of update_entropy) —, with `heads` also ``attn/layer{i}/head{h}/{stat}``
+    (NaN where a head has no value), and the record's numeric extras (``loss``) by name. Layers are call
+    positions for the logit statistics and the alarm's dQ/dK errors, projection positions (the record's
+    `layers`) for the rest."""
+    out: dict[str, float] = {}
+    for stat in _FLAT:
+        for layer, row in enumerate(record.get(stat) or []):
+            vals = [float(v) for v in (row or []) if v is not None and not math.isnan(float(v))]
+            if vals:
+                out[f"attn/layer{layer}/{stat}"] = min(vals) if stat == "update_entropy" else max(vals)
+            if heads:
+                for h, v in enumerate(row or []):
+                    out[f"attn/layer{layer}/head{h}/{stat}"] = math.nan if v is None else float(v)
+    for k, v in record.items():
+        if k not in _RECORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out
 
 
 def _check_qk(qk: list[QKWeights]) -> None:

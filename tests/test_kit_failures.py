@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from lpfail.monitor import (Monitor, MonitorCoverageWarning, MonitorError, MonitorWarning, Thresholds,
-                            attention_logit_stats, describe_qk, find_qk, qk_norms, read_jsonl)
+                            attention_logit_stats, describe_qk, find_qk, qk_norms, read_jsonl, scalars)
 from lpfail.precision import FP32, PAPER_BF16
 from lpfail.sdpa_hook import parse_call
 from lpfail.substitute import SubstitutionError, substitute
@@ -389,3 +389,4 @@ def test_flat_scalars_for_loggers():
     assert {k.split("/")[-1] for k in flat if k.startswith("attn/")} == {"max_logit", "tied_frac", "wq", "wqk"}
     per_head = mon.scalars(heads=True)
     assert per_head["attn/layer1/head0/tied_frac"] == rec["tied_frac"][1][0]
+    assert scalars(rec) == flat       # the same from a record alone (e.g. one read back with read_jsonl)
