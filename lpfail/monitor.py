@@ -408,6 +408,16 @@ def _fused(name, m, what, w, t, h) -> QKWeights:
     return _qk_source(name, m, what, w, t, 0, w, t, h * hs, h, hk, hs)
 
 
+def _looks_fused(child: nn.Module) -> bool:
+    """Whether a child projection has three times as many output features as input features (q | k | v)."""
+    wt = _weight(child)
+    if wt is None:
+        return False
+    w, t = wt
+    out, inp = (w.shape[1], w.shape[0]) if t else (w.shape[0], w.shape[1])
+    return out == 3 * inp
+
+
 def _match(name: str, m: nn.Module, n_head: int | None) -> QKWeights | None:
     """The Q/K projections of module `m` by name, then by shape; None when it holds none."""
     h = _heads(m, n_head)
@@ -429,8 +439,7 @@ def _match(name: str, m: nn.Module, n_head: int | None) -> QKWeights | None:
     for fn in _FUSED:
         if child(fn) is not None and _weight(child(fn)):
             return _fused(name, m, f"{fn} (fused q | k | v, by name)", *_weight(child(fn)), h)
-    by_shape = [(cn, *_weight(c)) for cn, c in m.named_children() if _weight(c) is not None and
-                (lambda w, t: (w.shape[1] == 3 * w.shape[0]) if t else (w.shape[0] == 3 * w.shape[1]))(*_weight(c))]
+    by_shape = [(cn, *_weight(c)) for cn, c in m.named_children() if _looks_fused(c)]
     if len(by_shape) == 1 and (n_head or _first_int(m, _HEAD_ATTRS, config=False)):
         cn, w, t = by_shape[0]
         return _fused(name, m, f"{cn} (fused q | k | v, found by its shape)", w, t, h)

@@ -239,7 +239,7 @@ class SDPAInterceptor(TorchFunctionMode):
 def _force_eager():
     """Set dynamo's stance to "force_eager" and return the object that restores the previous one; None where
     torch._dynamo was never imported (then nothing is compiled, and importing it would take seconds)."""
-    if "torch._dynamo" not in sys.modules:
+    if "torch._dynamo" not in sys.modules or not hasattr(torch.compiler, "set_stance"):  # set_stance: torch ≥ 2.6
         return None
     return torch.compiler.set_stance("force_eager")
 

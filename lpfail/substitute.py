@@ -21,9 +21,10 @@ Also covered (`lpfail.sdpa_hook` says how): attention inside ``nn.MultiheadAtten
 ``nn.TransformerEncoder``) with ``need_weights=False``; 3-D inputs (N sequences of one head) and inputs with
 more leading dimensions; activation checkpointing, reentrant or not — the recomputation in the backward
 runs the same layers' reference as the forward did (between two forwards, forward pre-hooks on `model`'s
-submodules re-enter the interceptor when the autograd engine calls them); and ``torch.compile``: the reference
-runs eagerly at a graph break, with every cast of its policy, so a compiled model gives the same result as
-the eager one on the same inputs, and it is compiled once for the block, not once per forward.
+submodules re-enter the interceptor when the autograd engine calls them); and ``torch.compile``: inside the
+block a compiled model runs eagerly (dynamo's stance is force_eager while the interceptor is active), so the
+reference keeps every cast of its policy (inductor would drop BF16 round trips), the result is the eager
+model's, bit for bit, and nothing is compiled or recompiled for the block.
 
 What the reference cannot do is refused with an error rather than approximated: an ``attn_mask``, dropout,
 and a causal call with different query and key lengths (SDPA aligns such a mask top-left, the reference
