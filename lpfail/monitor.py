@@ -1,46 +1,77 @@
 """A training monitor for the failure this book studies, for any PyTorch model. Explained in chapter 7.
 
-    from lpfail.monitor import Monitor, Thresholds
-    mon = Monitor(model, path="run.jsonl")      # every=100, window=100: the defaults
+    from lpfail.monitor import Alarm, Monitor, Thresholds
+    mon = Monitor(model, path="run.jsonl")      # every=100, window=100: the defaults; alarm=Alarm() adds the alarm
     with mon:                                   # attaches; detaches on exit
         for step in range(steps):
             loss = model(x, y)[1]; loss.backward(); opt.step(); opt.zero_grad()
-            mon.step(loss=loss.item())         # ends the step: on sampled steps, computes and writes a record
+            rec = mon.step(loss=loss.item())   # ends the step: on sampled steps, computes and writes a record
+            if rec: writer.add_scalars("lpfail", mon.scalars(), step)   # or wandb.log(mon.scalars())
 
 Nothing in the model's code changes. Two sources are used, each where it can be found:
 
 * **attention calls**: every call of ``F.scaled_dot_product_attention`` made during the forwards of a sampled
-  step (``step % every == 0``) is seen through `lpfail.sdpa_hook` (a TorchFunctionMode); from its q and k the
-  monitor computes, per call (= layer, numbered in call order within a forward) and per head, the largest
-  attention logit S = α·qkᵀ (FP32, over the allowed entries) and the fraction of query rows whose maximum is
-  attained by ≥ 2 keys once S is rounded to BF16 (`score_dtype`): the tied maxima of chapter 1. The first
-  `sample_batch` sequences of the batch are examined, to bound the cost.
-* **Q/K projections**: modules that expose them (`find_qk` lists the patterns: ``q_proj``/``k_proj``,
-  ``query``/``key``, a fused ``c_attn`` with ``n_head`` as in nanoGPT and lpfail's GPT, ``in_proj_weight`` as
-  in nn.MultiheadAttention), or a user function ``qk=``. Per layer and head: ‖W_Q^h‖₂ and ‖W_Q^h W_K^hᵀ‖₂
-  (spectral norms; the second is the bilinear form whose entries are the raw logits, paper Fig. 3), and
-  every `window` steps the spectral entropy of the update ΔW_Q^h = W_Q^h(t) − W_Q^h(t − window): with
-  σ_i the singular values and p_i = σ_i² / Σσ_j², H = −Σ p_i log p_i / log r (r = the number of singular
-  values), 1 for an update spread evenly over all directions, 0 for a rank-one update (after arXiv
-  2606.28116, which reports that a collapse of this entropy precedes divergence).
+  step (``step % every == 0``) is seen through `lpfail.sdpa_hook` (a TorchFunctionMode; also inside
+  ``nn.MultiheadAttention`` and so ``nn.TransformerEncoder``, with 3-D inputs, and in compiled models); from
+  its q and k the monitor computes, per call (= layer, numbered in call order within a forward) and per head,
+  the largest attention logit S = α·qkᵀ (FP32, over the allowed entries) and the fraction of query rows whose
+  maximum is attained by ≥ 2 keys once S is rounded to BF16 (`score_dtype`): the tied maxima of chapter 1. The
+  first `sample_batch` sequences of the batch are examined, to bound the cost. Calls made by modules that are
+  not the model's, and a checkpoint's recomputation in the backward, are not counted.
+* **Q/K projections**: modules that expose them, by name or by shape (`find_qk` lists the patterns:
+  ``q_proj``/``k_proj``, ``query``/``key``, a fused ``c_attn``/``qkv`` — also Hugging Face GPT-2's transposed
+  ``Conv1D`` —, ``in_proj_weight`` as in nn.MultiheadAttention, a child with three times as many outputs as
+  inputs), or a user function ``qk=``. Head layouts (grouped-query attention included) are checked when the
+  monitor is built; `Monitor.found` says what was found and which attention-like modules were not recognised.
+  Per layer and head: ‖W_Q^h‖₂ and ‖W_Q^h W_K^hᵀ‖₂ (spectral norms; the second is the bilinear form whose
+  entries are the raw logits, paper Fig. 3), and every `window` steps the spectral entropy of the update
+  ΔW_Q^h = W_Q^h(t) − W_Q^h(t − window): with σ_i the singular values and p_i = σ_i² / Σσ_j²,
+  H = −Σ p_i log p_i / log r (r = the number of singular values), 1 for an update spread evenly over all
+  directions, 0 for a rank-one update (after arXiv 2606.28116, which reports that a collapse of this entropy
+  precedes divergence).
+
+Where weights are found but no attention call is seen (e.g. ``nn.MultiheadAttention`` called with its default
+``need_weights=True``, which does not use SDPA) the first such step warns (`MonitorCoverageWarning`) and says
+why; on a sampled step where neither source yields anything it raises `MonitorError`, naming what it looked
+for, instead of monitoring nothing.
+
+**The precision alarm** (``alarm=Alarm()``; what separates a precision failure from a learning rate that is
+too high, which the logit alert cannot: chapter 7). On a sampled step (every `Alarm.every`), for each SDPA call
+of the step's first forward, tensor hooks capture the gradient dO of its output and the model's own dQ and dK;
+the attention of the first `sample_batch` sequences is recomputed from the same q, k, v by the reference
+(`reference_grads`: FP64 truth, or the FP32 preset) and the record holds, per call and head, the relative
+errors ‖dQ − dQ_ref‖/‖dQ_ref‖ and the same for dK (``alarm_dq_rel``, ``alarm_dk_rel``). The error is also pushed
+back to the projections: ΔW_Q = (∂q/∂W_Q)ᵀ (dQ − dQ_ref), by autograd through the model's own graph from q to
+the parameter (RoPE, reshapes and fused projections included; the graph is kept for the backward in progress,
+so the model's gradients are unchanged, tested), the same for W_K. Each is kept as a fixed random sketch
+Uᵀ ΔW^h V (s × s per head, linear, norm-preserving in expectation), and over the latest `Alarm.window`
+measurements the record gives per projection layer and head the coherence ‖Σ_k ΔW_k‖ / Σ_k ‖ΔW_k‖
+(``alarm_coherence_q``/``_k``: 1 when the error keeps one direction and sign from step to step — the paper's
+Eq. 3 signature —, ≈ 1/√K when it cancels) and chapter 3's ρ_K = ‖Σ ΔW_k‖ / √(Σ ‖ΔW_k‖²) (``alarm_rho_q``/``_k``).
+Calls it cannot recompute (a mask, dropout, no gradient) are listed in ``alarm_skipped``. Its alert rule is
+a draft (notes/beyond.md), not part of the library until it is pre-registered and evaluated.
 
 The monitor never changes the model's numbers: it reads detached tensors under ``torch.no_grad()`` with
 autocast off, draws no random numbers and passes every SDPA call through unchanged (tests/test_monitor.py
-checks bit-identical losses, also under autocast). Its cost is confined to sampled steps: the interceptor
-mode is entered by a forward pre-hook of the model on sampled steps only and left by its forward hook, so an
-unsampled step runs no monitor code but two hook calls; on a sampled step the logit statistics stay on the
-device until `step()`; the norms come from hs × hs Gram matrices on the device (batched matmuls, no SVD;
-all layers in one batch), and the update's spectral entropy, every `window` steps, from the eigenvalues of
-those Gram matrices taken on the host in float64. A sampled step costs a number of device operations that
-does not grow with the depth, beyond ≈ 20 per attention call in the forward, and one copy to the host
-(tools/monitor_op_count.py counts them; GPT-2 small: ≈ 350 ops and 1 copy, against ≈ 2 400 and 36 before
-2026-12-01 12:00, whose sampled steps cost ≈ 70-90 ms on an H200). On a sampled step where neither source yields anything it raises
-`MonitorError`, naming what it looked for, instead of monitoring nothing.
+checks bit-identical losses, also under autocast). One exception: in a model compiled with a backend that
+changes low bits (inductor), a sampled step's forward runs eagerly (`lpfail.sdpa_hook`: that is what makes
+its statistics right and avoids recompiling the model), so its numbers are the eager ones. Its cost is
+confined to sampled steps: the interceptor mode is entered by a forward pre-hook of the model on sampled
+steps only and left by its forward hook, so an unsampled step runs no monitor code but two hook calls; on a
+sampled step the logit statistics stay on the device until `step()`; the norms come from hs × hs Gram
+matrices on the device (batched matmuls, no SVD; all layers in one batch), and the update's spectral entropy,
+every `window` steps, from the eigenvalues of those Gram matrices taken on the host in float64. A sampled
+step costs a number of device operations that does not grow with the depth, beyond ≈ 20 per attention call
+in the forward, and one copy to the host (tools/monitor_op_count.py counts them; GPT-2 small: ≈ 350 ops and 1
+copy, against ≈ 2 400 and 36 before 2026-12-01 12:00, whose sampled steps cost ≈ 70-90 ms on an H200).
 
 Thresholds (`Thresholds`) turn statistics into alerts: a warning (`MonitorWarning`, through ``warnings``),
 a ``logging`` record on the "lpfail.monitor" logger and the optional ``callback(alert)``, once when a
 statistic of a (layer, head) crosses its threshold (and again only after it went back). Every record and
-alert is one JSON line in `path`.
+alert is one line of strict JSON in `path` (non-finite numbers as the strings "NaN", "Infinity",
+"-Infinity", which `read_jsonl` reads back as floats), after a header record per attachment (`header`:
+format, versions, the model, the settings). `scalars()` gives the latest record as a flat {name: float}
+dict for TensorBoard's ``add_scalars`` or ``wandb.log``.
 """
 from __future__ import annotations
 
@@ -58,13 +89,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from lpfail.sdpa_hook import SDPACall, SDPAInterceptor
+from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, _to4, eager
 
 log = logging.getLogger("lpfail.monitor")
 log.addHandler(logging.NullHandler())  # a library: the application decides where records go
 
-__all__ = ["Monitor", "Thresholds", "Alert", "MonitorError", "MonitorWarning", "QKWeights", "find_qk",
-           "spectral_entropy", "attention_logit_stats"]
+__all__ = ["Monitor", "Thresholds", "Alert", "Alarm", "MonitorError", "MonitorWarning", "MonitorCoverageWarning",
+           "QKWeights", "find_qk", "describe_qk", "scalars", "spectral_entropy", "attention_logit_stats",
+           "reference_grads", "relative_error", "coherence", "rho", "read_jsonl"]
 
 
 class MonitorError(RuntimeError):
@@ -73,6 +105,10 @@ class MonitorError(RuntimeError):
 
 class MonitorWarning(UserWarning):
     """A monitored statistic crossed its threshold."""
+
+
+class MonitorCoverageWarning(UserWarning):
+    """The monitor sees less of the model than it should (weights found, attention calls not seen)."""
 
 
 @dataclass(frozen=True)
@@ -135,12 +171,11 @@ def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: 
     over the finite entries (the max logit) needs one more pass only to drop NaN and +∞ entries. A scale α
     that is a power of two multiplies q instead of the scores: the same FP32 numbers (scaling by 2^j is
     exact), except for products in FP32's subnormal range (below ≈ 1e-38, far from any logit that matters)."""
-    q = call.q.detach()
-    k, _ = call.kv_for_heads()
-    k = k.detach()
-    if q.dim() != 4:
-        raise MonitorError(f"expected 4-D (batch, heads, seq, head_dim) q in scaled_dot_product_attention, got "
-                           f"shape {tuple(q.shape)}")
+    try:
+        q, k, _, allowed = call.heads_view()                                  # (B, H, T, D), any input dims
+    except ValueError as e:
+        raise MonitorError(f"SDPA call {call.index}: {e}") from None
+    q, k = q.detach(), k.detach()
     nb = min(sample_batch, q.shape[0])
     nh, tq, tk = q.shape[1], q.shape[-2], k.shape[-2]
     if call.attn_mask is None and call.is_causal:  # the common case: one cached (Tq, Tk) mask
@@ -151,7 +186,6 @@ def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: 
             if masks is not None:
                 masks[key] = banned
     else:
-        allowed = call.allowed()
         banned = None if allowed is None else ~allowed
     max_logit = tied = None
     rows = 0
@@ -176,22 +210,22 @@ def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: 
             mx = s.nan_to_num_(nan=-math.inf, posinf=-math.inf, neginf=-math.inf).amax(dim=(-1, -2)).double()
             max_logit = mx if max_logit is None else torch.maximum(max_logit, mx)
             tied = t if tied is None else tied + t
-            rows = rows + _live_rows(call, b)
+            rows = rows + _live_rows(call, banned, b)
     if max_logit is None:  # an empty batch
         max_logit = torch.full((nh,), -math.inf, dtype=torch.float64, device=q.device)
         tied = torch.zeros(nh, dtype=torch.int64, device=q.device)
     return max_logit, tied.double(), rows
 
 
-def _live_rows(call: SDPACall, b: int) -> int:
-    """Query rows of sequence b (head 0) with at least one allowed key, from the mask alone: an int computed on
-    the host when the mask is only causal, else a 0-d tensor on the mask's device (never read during the
-    forward)."""
+def _live_rows(call: SDPACall, banned: torch.Tensor | None, b: int) -> int:
+    """Query rows of sequence b (head 0) with at least one allowed key, from the mask alone (`banned`: the
+    negated mask, 2-D or (B, H, Tq, Tk)): an int computed on the host when the mask is only causal, else a
+    0-d tensor on the mask's device (never read during the forward)."""
     tq, tk = call.q.shape[-2], call.k.shape[-2]
     if call.attn_mask is None:
         return tq if tk > 0 else 0  # no mask, or causal (top-left: every row sees key 0)
-    a = call.allowed()
-    a = a if a.dim() == 2 else torch.broadcast_to(a, (*call.q.shape[:2], tq, tk))[b, 0]
+    a = ~banned
+    a = a if a.dim() == 2 else a[b, 0]
     return a.any(dim=-1).sum()  # a 0-d tensor on the mask's device, read at step() with everything else
 
 
@@ -261,22 +295,37 @@ def _entropy_from_gram(gram: torch.Tensor) -> np.ndarray:
 @dataclass
 class QKWeights:
     """One attention layer's query and key projections, per head: wq (H, hs, C), wk (Hkv, hs, C), so that
-    head h's query is x @ wq[h]ᵀ. `get` returns them (detached views or copies) when called."""
+    head h's query is x @ wq[h]ᵀ. `get` returns them (detached views or copies) when called.
+
+    Found by `find_qk`, also: `how` (which pattern matched), `module` (the attention module: its SDPA calls
+    are this layer's), `params` (the parameters holding W_Q and W_K, possibly one fused parameter) and
+    `split` (tensors shaped like `params` → the per-head (H, hs, C), (Hkv, hs, C) blocks; the precision
+    alarm maps gradients with it). A user's ``qk=`` function may give only `name` and `get`."""
 
     name: str
     get: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+    how: str = "qk= function"
+    module: nn.Module | None = None
+    params: tuple[torch.Tensor, torch.Tensor] | None = None
+    split: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 _HEAD_ATTRS = ("n_head", "num_heads", "num_attention_heads", "n_heads", "nhead")
 _KV_ATTRS = ("num_key_value_heads", "n_kv_head", "n_kv_heads", "num_kv_heads")
+_HS_ATTRS = ("head_dim", "head_size", "d_head", "attention_head_size")
+#: children holding separate Q and K projections, by name (Llama/HF, BERT, Meta's Llama, diffusers, DistilBERT)
+_QK_PAIRS = (("q_proj", "k_proj"), ("query", "key"), ("wq", "wk"), ("to_q", "to_k"), ("q_lin", "k_lin"),
+             ("query_proj", "key_proj"), ("q", "k"))
+#: a child holding the fused q | k | v projection (blocks in that order), by name (nanoGPT and HF GPT-2, timm, …)
+_FUSED = ("c_attn", "qkv", "qkv_proj", "Wqkv", "to_qkv", "qkv_linear", "in_proj")
 
 
-def _first_int(module: nn.Module, attrs: tuple[str, ...]) -> int | None:
-    """The first positive int among ``attrs`` on the module, then on its ``config``; None if none is."""
-    for owner in (module, getattr(module, "config", None)):
+def _first_int(module: nn.Module, attrs: tuple[str, ...], config: bool = True) -> int | None:
+    """The first positive int among ``attrs`` on the module, then (`config`) on its ``config``; None if none."""
+    for owner in (module, getattr(module, "config", None) if config else None):
         for a in attrs:
             v = getattr(owner, a, None) if owner is not None else None
-            if isinstance(v, int) and v > 0:
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 return v
     return None
 
@@ -285,54 +334,168 @@ def _heads(module: nn.Module, n_head: int | None) -> int | None:
     return n_head if n_head is not None else _first_int(module, _HEAD_ATTRS)
 
 
-def _kv_heads(module: nn.Module, n_head: int) -> int:
-    return _first_int(module, _KV_ATTRS) or n_head
+def _weight(m) -> tuple[torch.Tensor, bool] | None:
+    """(weight, transposed) of a projection: an nn.Linear's (out, in) weight, or a weight stored (in, out) as in
+    Hugging Face's GPT-2 ``Conv1D`` (recognised by its ``nf`` = out features); None if `m` is neither."""
+    w = getattr(m, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 2:
+        return None
+    if isinstance(m, nn.Linear):
+        return w, False
+    nf = getattr(m, "nf", None)
+    return (w, True) if isinstance(nf, int) and w.shape[1] == nf else (w, False)
 
 
-def _split(w: torch.Tensor, heads: int, what: str, name: str) -> torch.Tensor:
-    """(heads·hs, C) → (heads, hs, C)."""
-    if w.shape[0] % heads:
-        raise MonitorError(f"{name}: {what} has {w.shape[0]} output features, not divisible by {heads} heads")
-    return w.detach().reshape(heads, w.shape[0] // heads, w.shape[1])
+def _rows(w: torch.Tensor, transposed: bool, start: int, stop: int) -> torch.Tensor:
+    """Output features start:stop of a projection weight as an (n, in) view."""
+    return w[:, start:stop].t() if transposed else w[start:stop]
 
 
-def find_qk(model: nn.Module, n_head: int | None = None) -> list[QKWeights]:
-    """The Q/K projections of every attention layer of `model`, in module order. Patterns looked for:
+def _layout(name: str, what: str, out_q: int, out_k: int, h: int, hk: int | None, hs: int | None):
+    """(H, Hkv, hs) from the output widths of the Q and K projections and what the module says; raises a
+    MonitorError (with the shapes) where they do not fit: checked when the monitor is built."""
+    hs = hs or (out_q // h if out_q % h == 0 else None)
+    if hs is None or out_q != h * hs:
+        raise MonitorError(f"{name}: {what}: the query projection has {out_q} output features, which do not "
+                           f"split into {h} heads" + (f" of {hs}" if hs else ""))
+    hk = hk or (out_k // hs if out_k % hs == 0 else None)
+    if hk is None or out_k != hk * hs or h % hk:
+        raise MonitorError(f"{name}: {what}: the key projection has {out_k} output features, which is not a "
+                           f"number of key/value heads of size {hs} dividing the {h} query heads (grouped-query "
+                           "attention: set num_key_value_heads on the module, or pass qk=)")
+    return h, hk, hs
 
-    * children ``q_proj`` and ``k_proj`` (nn.Linear; heads from ``num_heads``/``n_head``/… or ``config``)
-    * children ``query`` and ``key`` (nn.Linear; BERT-style)
-    * a child ``c_attn`` (nn.Linear, output 3·C = q | k | v) on a module with ``n_head`` (nanoGPT, lpfail)
-    * a parameter ``in_proj_weight`` (3·E, E) with ``num_heads`` (nn.MultiheadAttention)
 
-    `n_head` overrides the head count where the module does not say it. Returns [] when nothing matches."""
-    found: list[QKWeights] = []
-    for name, m in model.named_modules():
-        lin = lambda a: isinstance(getattr(m, a, None), nn.Linear)  # noqa: E731
-        if lin("q_proj") and lin("k_proj") or lin("query") and lin("key"):
-            qn, kn = ("q_proj", "k_proj") if lin("q_proj") else ("query", "key")
-            h = _heads(m, n_head)
+def _qk_source(name, m, what, pq, tq, oq, pk, tk, ok, h, hk, hs) -> QKWeights:
+    """A QKWeights reading rows oq:oq+H·hs of pq (queries) and ok:ok+Hkv·hs of pk (keys)."""
+    def split(gq, gk):
+        return (_rows(gq, tq, oq, oq + h * hs).reshape(h, hs, -1),
+                _rows(gk, tk, ok, ok + hk * hs).reshape(hk, hs, -1))
+    return QKWeights(name, lambda: split(pq.detach(), pk.detach()),
+                     f"{what}, {h} heads × {hs}" + (f", {hk} key/value heads" if hk != h else ""), m, (pq, pk), split)
+
+
+def _unfused(name, m, qn, kn, h, n_head) -> QKWeights:
+    (pq, tq), (pk, tk) = _weight(getattr(m, qn)), _weight(getattr(m, kn))
+    out = lambda w, t: w.shape[1] if t else w.shape[0]  # noqa: E731
+    h, hk, hs = _layout(name, f"{qn}/{kn}", out(pq, tq), out(pk, tk), h, _first_int(m, _KV_ATTRS),
+                        _first_int(m, _HS_ATTRS))
+    return _qk_source(name, m, f"{qn}/{kn}", pq, tq, 0, pk, tk, 0, h, hk, hs)
+
+
+def _fused(name, m, what, w, t, h) -> QKWeights:
+    """A fused q | k | v weight: (H + 2·Hkv)·hs output features, the blocks in that order."""
+    out = w.shape[1] if t else w.shape[0]
+    hk, hs = _first_int(m, _KV_ATTRS), _first_int(m, _HS_ATTRS)
+    bad = MonitorError(f"{name}: {what} has {out} output features, which are not three blocks q | k | v for {h} "
+                       f"query heads" + (f" and {hk} key/value heads" if hk else "") + (f" of size {hs}" if hs else "")
+                       + "; set head_dim / num_key_value_heads on the module, or pass qk=")
+    if hs is None and hk is None:
+        if out % 3 or (out // 3) % h:
+            raise bad
+        hk, hs = h, out // 3 // h
+    elif hs is None:
+        if out % (h + 2 * hk):
+            raise bad
+        hs = out // (h + 2 * hk)
+    elif hk is None:
+        if out % hs or (out // hs - h) % 2 or out // hs <= h:
+            raise bad
+        hk = (out // hs - h) // 2
+    if out != (h + 2 * hk) * hs:
+        raise bad
+    _layout(name, what, h * hs, hk * hs, h, hk, hs)
+    return _qk_source(name, m, what, w, t, 0, w, t, h * hs, h, hk, hs)
+
+
+def _looks_fused(child: nn.Module) -> bool:
+    """Whether a child projection has three times as many output features as input features (q | k | v)."""
+    wt = _weight(child)
+    if wt is None:
+        return False
+    w, t = wt
+    out, inp = (w.shape[1], w.shape[0]) if t else (w.shape[0], w.shape[1])
+    return out == 3 * inp
+
+
+def _match(name: str, m: nn.Module, n_head: int | None) -> QKWeights | None:
+    """The Q/K projections of module `m` by name, then by shape; None when it holds none."""
+    h = _heads(m, n_head)
+    child = lambda a: getattr(m, a, None) if isinstance(getattr(m, a, None), nn.Module) else None  # noqa: E731
+    for qn, kn in _QK_PAIRS:
+        if child(qn) is not None and child(kn) is not None and _weight(child(qn)) and _weight(child(kn)):
             if h is None:
                 raise MonitorError(f"{name}: found {qn}/{kn} but no head count ({', '.join(_HEAD_ATTRS)}); "
                                    "pass n_head=")
-            hk = _kv_heads(m, h)
+            return _unfused(name, m, qn, kn, h, n_head)
+    if isinstance(getattr(m, "in_proj_weight", None), torch.Tensor) and h is not None:
+        return _fused(name, m, "in_proj_weight (fused q | k | v)", m.in_proj_weight, False, h)
+    if isinstance(getattr(m, "q_proj_weight", None), torch.Tensor) and h is not None:  # MHA with kdim ≠ embed_dim
+        return _qk_source(name, m, "q_proj_weight/k_proj_weight", m.q_proj_weight, False, 0, m.k_proj_weight,
+                          False, 0, *_layout(name, "q/k_proj_weight", m.q_proj_weight.shape[0],
+                                             m.k_proj_weight.shape[0], h, _first_int(m, _KV_ATTRS), None))
+    if h is None:
+        return None
+    for fn in _FUSED:
+        if child(fn) is not None and _weight(child(fn)):
+            return _fused(name, m, f"{fn} (fused q | k | v, by name)", *_weight(child(fn)), h)
+    by_shape = [(cn, *_weight(c)) for cn, c in m.named_children() if _looks_fused(c)]
+    if len(by_shape) == 1 and (n_head or _first_int(m, _HEAD_ATTRS, config=False)):
+        cn, w, t = by_shape[0]
+        return _fused(name, m, f"{cn} (fused q | k | v, found by its shape)", w, t, h)
+    return None
 
-            def get(m=m, qn=qn, kn=kn, h=h, hk=hk, name=name):
-                return (_split(getattr(m, qn).weight, h, qn, name), _split(getattr(m, kn).weight, hk, kn, name))
-            found.append(QKWeights(name, get))
-        elif (lin("c_attn") or isinstance(getattr(m, "in_proj_weight", None), torch.Tensor)) and \
-                (h := _heads(m, n_head)) is not None:
-            # a fused q | k | v projection, (3·C, C): nanoGPT's c_attn, nn.MultiheadAttention's in_proj_weight
-            attr, what = ("c_attn", "c_attn") if lin("c_attn") else ("in_proj_weight", "in_proj")
-            w = m.c_attn.weight if attr == "c_attn" else m.in_proj_weight
-            if attr == "c_attn" and w.shape[0] != 3 * w.shape[1]:
-                continue  # not a fused q | k | v of width C
 
-            def get(m=m, h=h, name=name, attr=attr, what=what):
-                w = m.c_attn.weight if attr == "c_attn" else m.in_proj_weight
-                c = w.shape[1]
-                return _split(w[:c], h, f"{what} (q)", name), _split(w[c:2 * c], h, f"{what} (k)", name)
-            found.append(QKWeights(name, get))
+def find_qk(model: nn.Module, n_head: int | None = None) -> list[QKWeights]:
+    """The Q/K projections of every attention layer of `model`, in module order. Patterns looked for, on
+    each module (heads from ``n_head``/``num_heads``/… on the module or its ``config``; key/value heads
+    from ``num_key_value_heads``/…, else from the key projection's width; head size from ``head_dim``/…):
+
+    * children holding separate projections, by name: ``q_proj``/``k_proj`` (Llama, Hugging Face),
+      ``query``/``key`` (BERT), ``wq``/``wk``, ``to_q``/``to_k``, ``q_lin``/``k_lin``, ``query_proj``/``key_proj``,
+      ``q``/``k`` (nn.Linear, or a weight stored transposed as Hugging Face's ``Conv1D``)
+    * a parameter ``in_proj_weight`` (3·E, E) with ``num_heads`` (nn.MultiheadAttention), or its separate
+      ``q_proj_weight``/``k_proj_weight``
+    * a fused q | k | v child by name — ``c_attn`` (nanoGPT, lpfail, Hugging Face's GPT-2), ``qkv`` (timm),
+      ``qkv_proj``, ``Wqkv``, ``to_qkv``, ``qkv_linear``, ``in_proj`` — or, on a module with a head count, the one
+      child whose weight has three times as many outputs as inputs (found by its shape)
+
+    Shapes are checked here: a projection that does not split into the module's heads raises a
+    `MonitorError` naming the layer and the widths. `n_head` overrides the head count where the module does
+    not say it. Returns [] when nothing matches (`describe_qk` says what was found, and what looked like
+    attention but was not recognised)."""
+    found: list[QKWeights] = []
+    claimed: list[str] = []
+    for name, m in model.named_modules():
+        if any(name.startswith(c + ".") for c in claimed):
+            continue  # inside a layer already found (its q_proj's own children, …)
+        src = _match(name, m, n_head)
+        if src is not None:
+            found.append(src)
+            claimed.append(name)
     return found
+
+
+def unrecognised_attention(model: nn.Module, found: list[QKWeights]) -> list[str]:
+    """Modules whose class name says attention (…Attention…, …Attn…) and that neither hold nor sit inside or
+    around a layer `find_qk` found: what a user's ``qk=`` would have to cover."""
+    names = [f.name for f in found]
+    out = []
+    for name, m in model.named_modules():
+        cls = type(m).__name__.lower()
+        if ("attention" in cls or "attn" in cls) and not any(
+                n == name or n.startswith(name + ".") or name.startswith(n + ".") for n in names):
+            out.append(f"{name or '(the model)'} ({type(m).__name__})")
+    return out
+
+
+def describe_qk(model: nn.Module, found: list[QKWeights]) -> str:
+    """What `find_qk` found, one line per layer, and the attention-like modules it did not recognise."""
+    lines = [f"{src.name}: {src.how}" for src in found] or ["no Q/K projections found"]
+    missed = unrecognised_attention(model, found)
+    if missed:
+        lines.append("not recognised (pass qk= to cover them): " + ", ".join(missed))
+    return "\n".join(lines)
 
 
 @torch.no_grad()
@@ -401,11 +564,167 @@ def qk_norms(wq: torch.Tensor, wk: torch.Tensor) -> tuple[np.ndarray, np.ndarray
     return both[0].numpy(), both[1].numpy()
 
 
+# -- the precision alarm -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Alarm:
+    """Settings of the precision alarm (module docstring, "The precision alarm"). Its alert rule is not part
+    of the library yet: notes/beyond.md drafts one, for pre-registration.
+
+    every      steps between two measurements, a multiple of the monitor's `every` (None: the monitor's)
+    reference  "FP64" or "FP32": the `lpfail.precision` preset the attention is recomputed under
+    window     measurements whose error terms the coherence and ρ sum (the latest `window`, per layer and
+               head). 16: the draft rule's (notes/beyond.md): under random signs ρ² has mean 1 whatever the
+               terms' sizes, and 16 terms of one sign give ρ up to 4, beyond what random signs reach in a run
+    sketch     side s of the fixed random sketch Uᵀ E V (s × s per head) the error terms are kept as
+    seed       seed of the sketch's random matrices
+    """
+
+    every: int | None = None
+    reference: str = "FP64"
+    window: int = 16
+    sketch: int = 16
+    seed: int = 0
+
+    def __post_init__(self):
+        for nm in ("window", "sketch") + (("every",) if self.every is not None else ()):
+            v = getattr(self, nm)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+                raise ValueError(f"Alarm.{nm} must be a positive int (got {v!r})")
+        if self.window < 2:
+            raise ValueError("Alarm.window must be ≥ 2: the coherence of one term is 1 by definition")
+        if self.reference not in _REFERENCES:
+            raise ValueError(f"Alarm.reference must be one of {sorted(_REFERENCES)} (got {self.reference!r})")
+
+
+def _references():
+    from lpfail.precision import FP32, FP64
+
+    return {"FP64": (FP64, torch.float64), "FP32": (FP32, torch.float32)}
+
+
+_REFERENCES = ("FP64", "FP32")
+
+
+def reference_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, is_causal: bool,
+                    scale: float | None, reference: str = "FP64") -> tuple[torch.Tensor, torch.Tensor]:
+    """(dQ, dK) of softmax(α q kᵀ) v for the output gradient `do`, recomputed by `lpfail.attention` from the same
+    inputs (upcast exactly), autocast off: "FP64" by `naive_attention` (the truth: float64, untiled, autograd —
+    a few kernels, where the tiled FP64 policy would take hundreds), "FP32" by `attention` under the FP32
+    preset (FlashAttention-2's algorithm in FP32). q (B, H, Tq, D); k, v (B, Hkv, Tk, D), expanded to H heads
+    inside the graph, so dK has k's shape; `is_causal` as the reference aligns it (bottom-right: SDPA's
+    top-left when Tq = Tk, the only causal case the alarm measures)."""
+    from lpfail.attention import attention, naive_attention
+
+    policy, dt = _references()[reference]
+    qh, kh, vh = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
+    rep = q.shape[1] // k.shape[1]
+    with torch.enable_grad(), _no_autocast(q.device):
+        ke, ve = (t.repeat_interleave(rep, dim=1) if rep > 1 else t for t in (kh, vh))
+        if reference == "FP64":
+            o = naive_attention(qh, ke, ve, causal=is_causal, scale=scale, check_finite=False)
+        else:
+            o = attention(qh, ke, ve, policy=policy, causal=is_causal, scale=scale, check_finite=False)
+        dq, dk = torch.autograd.grad(o, (qh, kh), do.detach().to(o.dtype))
+    return dq, dk
+
+
+def relative_error(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per head (dim 1 of (B, H, T, D)): ‖a − ref‖ / ‖ref‖ in float64 over the other dims (NaN where ref = 0)."""
+    d = (a.double() - ref.double()).square().sum(dim=(0, 2, 3)).sqrt()
+    n = ref.double().square().sum(dim=(0, 2, 3)).sqrt()
+    return d / n
+
+
+def coherence(terms: torch.Tensor) -> torch.Tensor:
+    """‖Σ_k t_k‖ / Σ_k ‖t_k‖ for terms (K, …, n) → (…): 1 when every term points the same way with the same
+    sign, ≈ √(Σ‖t_k‖²)/Σ‖t_k‖ (1/√K for equal sizes: → 0) when their signs or directions are random; NaN when
+    every term is 0. The running sum's share that survives cancellation (chapter 3's ρ_K divides by
+    √(Σ‖t_k‖²) instead: `rho`)."""
+    t = terms.double()
+    total = t.sum(dim=0).norm(dim=-1)
+    return total / t.norm(dim=-1).sum(dim=0)
+
+
+def rho(terms: torch.Tensor) -> torch.Tensor:
+    """Chapter 3's ρ_K = ‖Σ_k t_k‖ / √(Σ_k ‖t_k‖²) for terms (K, …, n) → (…): √K for K equal parallel terms of
+    one sign, ≈ 1 for random signs (`lpfail.gradient_error.coherence_ratio`, with the exact denominator)."""
+    t = terms.double()
+    return t.sum(dim=0).norm(dim=-1) / t.square().sum(dim=(0, -1)).sqrt()
+
+
+def _refusal(call: SDPACall) -> str | None:
+    """Why the alarm cannot recompute this call, or None."""
+    if not (call.q.requires_grad or call.k.requires_grad):
+        return "no gradient reaches q or k (torch.no_grad, or a reentrant checkpoint's forward)"
+    if call.attn_mask is not None:
+        return "an attn_mask (the reference takes is_causal or no mask)"
+    if call.dropout_p:
+        return f"dropout_p={call.dropout_p} (the reference has no dropout)"
+    if call.is_causal and call.q.shape[-2] != call.k.shape[-2]:
+        return "causal with Tq ≠ Tk (SDPA aligns that mask top-left, the reference bottom-right)"
+    return None
+
+
+class _AlarmState:
+    """The alarm's measurements in flight (filled by tensor hooks during the backward) and its windows of
+    sketched error terms, per projection layer."""
+
+    def __init__(self, settings: Alarm):
+        self.settings = settings
+        self.pending: dict[int, dict] = {}      # call index → {"dq_rel", "dk_rel", "layer", "sq", "sk"}
+        self.skipped: list[str] = []
+        self.windows: dict[int, list[tuple[torch.Tensor | None, torch.Tensor | None]]] = {}
+        self._proj: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def sketch(self, e: torch.Tensor) -> torch.Tensor:
+        """Uᵀ E V for per-head error terms e (H, hs, C) → (H, s²), U (hs, s) and V (C, s) fixed Gaussian
+        matrices with variance 1/s: linear (so the sketch of a sum is the sum of the sketches) and
+        E‖Uᵀ E V‖² = ‖E‖²."""
+        s = self.settings.sketch
+        key = (e.shape[-2], e.shape[-1], e.device)
+        if key not in self._proj:
+            g = torch.Generator().manual_seed(self.settings.seed)
+            u = torch.randn(e.shape[-2], s, generator=g, dtype=torch.float64) / math.sqrt(s)
+            v = torch.randn(e.shape[-1], s, generator=g, dtype=torch.float64) / math.sqrt(s)
+            self._proj[key] = (u.to(e.device), v.to(e.device))
+        u, v = self._proj[key]
+        with _no_autocast(e.device):
+            return (u.t() @ e.double() @ v).flatten(-2)
+
+    def close(self) -> dict:
+        """The measurement of this step, its terms moved into the windows: {call index: pending entry}."""
+        done, self.pending = self.pending, {}
+        for entry in done.values():
+            layer = entry.get("layer")
+            if layer is None or ("sq" not in entry and "sk" not in entry):
+                continue
+            win = self.windows.setdefault(layer, [])
+            win.append((entry.get("sq"), entry.get("sk")))
+            del win[:-self.settings.window]
+        return done
+
+    def statistics(self, layer: int) -> dict[str, torch.Tensor]:
+        """Coherence and ρ of the window's terms of one layer (Q and K), device tensors (H,) / (Hkv,)."""
+        win = self.windows.get(layer, [])
+        out = {}
+        for j, name in enumerate(("q", "k")):
+            terms = [w[j] for w in win if w[j] is not None]
+            if len(terms) >= 2:
+                t = torch.stack(terms)
+                out[f"coherence_{name}"], out[f"rho_{name}"] = coherence(t), rho(t)
+        return out
+
+
 # -- the monitor ----------------------------------------------------------------------------------------------
+_RECORD_KEYS = frozenset({"kind", "step", "max_logit", "tied_frac", "rows", "layers", "wq", "wqk", "update_entropy",
+                          "update_window", "warning", "alarm_dq_rel", "alarm_dk_rel", "alarm_coherence_q",
+                          "alarm_coherence_k", "alarm_rho_q", "alarm_rho_k", "alarm_terms", "alarm_skipped"})
+
+
 class Monitor:
     """See the module docstring. Arguments:
 
-    model         any nn.Module
+    model         any nn.Module (also a compiled one: ``torch.compile(model)`` or ``model.compile()``)
     every         sample every `every`-th step (steps counted by `step()`, starting at 0). Default 100: on an
                   H200 (2026-12-01, GPT-2 small, tools/gpu_monitor_overhead.py) a sampled step costs tens of
                   milliseconds (the logit statistics in the forward, the norms, the update's eigenvalues on the
@@ -413,19 +732,21 @@ class Monitor:
                   logit alert was evaluated on chapter 1's runs at this resolution (their diagnostics every
                   100 steps). Smaller values watch more closely and cost proportionally more.
     window        steps between the weight snapshots whose difference is ΔW (a multiple of `every`)
-    path          JSONL file to append records and alerts to (None: keep them in `records` only)
+    path          JSONL file to append records and alerts to (None: keep them in `records` only); a header
+                  record opens each attachment (`header`)
     thresholds    a `Thresholds`
     callback      called with each `Alert`
     score_dtype   dtype the scores are rounded to for the tied-maximum count (BF16: what PAPER_BF16 stores)
-    sample_batch  sequences of each sampled batch examined for the logit statistics
+    sample_batch  sequences of each sampled batch examined for the logit statistics (and the alarm)
     n_head        head count, where the attention modules do not expose it
     qk            None (use `find_qk`), or a function model → list[QKWeights]
+    alarm         None, or an `Alarm`: the precision alarm (module docstring)
     """
 
     def __init__(self, model: nn.Module, every: int = 100, window: int = 100, path: str | Path | None = None,
                  thresholds: Thresholds = Thresholds(), callback: Callable[[Alert], None] | None = None,
                  score_dtype: torch.dtype = torch.bfloat16, sample_batch: int = 1, n_head: int | None = None,
-                 qk: Callable[[nn.Module], list[QKWeights]] | None = None):
+                 qk: Callable[[nn.Module], list[QKWeights]] | None = None, alarm: Alarm | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"Monitor needs a torch.nn.Module (got {type(model).__name__})")
         for nm, v in (("every", every), ("window", window), ("sample_batch", sample_batch)):
@@ -436,10 +757,18 @@ class Monitor:
                              "sampled steps")
         if not isinstance(thresholds, Thresholds):
             raise TypeError("thresholds must be a lpfail.monitor.Thresholds")
+        if alarm is not None and not isinstance(alarm, Alarm):
+            raise TypeError("alarm must be None or a lpfail.monitor.Alarm")
+        if alarm is not None and (alarm.every or every) % every:
+            raise ValueError(f"Alarm.every ({alarm.every}) must be a multiple of every ({every})")
         self.model, self.every, self.window, self.thresholds = model, every, window, thresholds
         self.callback, self.score_dtype, self.sample_batch = callback, score_dtype, sample_batch
         self.path = Path(path) if path is not None else None
         self.qk = qk(model) if qk is not None else find_qk(model, n_head)
+        _check_qk(self.qk)
+        self.found = describe_qk(model, self.qk)  # what was found, for the header and for the user
+        log.info("lpfail.monitor found:\n%s", self.found)
+        self.alarm = alarm
         self.records: list[dict] = []
         self.alerts: list[Alert] = []
         self._step = 0
@@ -452,19 +781,25 @@ class Monitor:
         self._masks: dict = {}  # causal masks by (Tq, Tk, device), reused across sampled steps
         self._host_linalg: bool | None = None  # None: LAPACK for weights on a CPU (see _host_linalg)
         self._snapshot_step: int | None = None
+        self._alarm = _AlarmState(alarm) if alarm is not None else None
+        self._layer_of = {id(src.module): i for i, src in enumerate(self.qk) if src.module is not None}
+        self._coverage_warned = False
 
     # -- attaching --------------------------------------------------------------------------------------
     def attach(self) -> "Monitor":
         """Start watching. Two forward hooks on the model's top module are all that stays attached: on a
         sampled step the pre-hook enters the SDPA interceptor (a TorchFunctionMode) and the post-hook leaves
         it, so the mode is active only during the forwards of sampled steps; on the other steps no torch
-        call passes through Python code of the monitor."""
+        call passes through Python code of the monitor. Both hooks run eagerly in a compiled model (a graph
+        break each), so dynamo never guards on the monitor's step count. Writes the header record."""
         if self._hooks is not None:
             raise MonitorError("this Monitor is already attached")
         self._mode = SDPAInterceptor(self._on_sdpa)
+        self._ids = {id(m) for m in self.model.modules()}
         self._depth, self._active = 0, False
-        self._hooks = (self.model.register_forward_pre_hook(self._pre_forward),
-                       self.model.register_forward_hook(self._post_forward, always_call=True))
+        self._hooks = (self.model.register_forward_pre_hook(eager(self._pre_forward)),
+                       self.model.register_forward_hook(eager(self._post_forward), always_call=True))
+        self._write(self.header())
         return self
 
     def detach(self) -> None:
@@ -474,6 +809,32 @@ class Monitor:
             for hk in self._hooks:
                 hk.remove()
             self._hooks, self._mode, self._active, self._depth = None, None, False, 0
+
+    def header(self) -> dict:
+        """The record that opens each attachment in the JSONL: format, versions, the model, the settings."""
+        import platform
+        import sys
+        import time
+
+        import lpfail
+
+        versions = {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+                    "lpfail": getattr(lpfail, "__version__", None)}
+        if "transformers" in sys.modules:
+            versions["transformers"] = getattr(sys.modules["transformers"], "__version__", None)
+        params = list(self.model.parameters())
+        return {"kind": "header", "format": "lpfail.monitor/2", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                         time.gmtime()),
+                "non_finite": "NaN and ±∞ are written as the strings \"NaN\", \"Infinity\", \"-Infinity\"",
+                "versions": versions,
+                "model": {"class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
+                          "parameters": sum(p.numel() for p in params),
+                          "trainable": sum(p.numel() for p in params if p.requires_grad),
+                          "qk_layers": [src.name for src in self.qk], "found": self.found.splitlines()},
+                "settings": {"every": self.every, "window": self.window, "thresholds": asdict(self.thresholds),
+                             "score_dtype": str(self.score_dtype).replace("torch.", ""),
+                             "sample_batch": self.sample_batch,
+                             "alarm": asdict(self.alarm) if self.alarm is not None else None}}
 
     def _pre_forward(self, *_):
         self._depth += 1
@@ -502,8 +863,15 @@ class Monitor:
         """Whether the current step is a sampled one (its forwards' attention calls are examined)."""
         return self._step % self.every == 0
 
+    @property
+    def alarm_step(self) -> bool:
+        """Whether the current step is one on which the precision alarm measures."""
+        return self._alarm is not None and self._step % (self.alarm.every or self.every) == 0
+
     def _on_sdpa(self, call: SDPACall, original):
         out = original()  # the model's own result, computed exactly as without the monitor
+        if call.recomputed or call.module is not None and id(call.module) not in self._ids:
+            return out    # a checkpoint's recomputation, or another model's call: not this forward's
         if self.sampling:  # statistics stay on the device until step(): the forward never waits for them
             mx, tied, rows = _logit_stats_device(call, self.score_dtype, self.sample_batch, self._masks)
             acc = self._calls.get(call.index)
@@ -513,7 +881,72 @@ class Monitor:
                 acc["max"] = torch.maximum(acc["max"], mx)
                 acc["tied"] = acc["tied"] + tied
                 acc["rows"] = acc["rows"] + rows
+            if self.alarm_step and self._forwards == 1:
+                self._alarm_hooks(call, out)
         return out
+
+    def _alarm_layer(self, call: SDPACall) -> int | None:
+        """The index in `qk` of the projections whose SDPA call this is: by the calling module, else (a qk=
+        function without modules) by the call's position when the counts agree."""
+        if call.module is not None and id(call.module) in self._layer_of:
+            return self._layer_of[id(call.module)]
+        if not self._layer_of and call.index is not None and call.index < len(self.qk):
+            return call.index
+        return None
+
+    def _alarm_hooks(self, call: SDPACall, out: torch.Tensor) -> None:
+        """Tensor hooks that, during this forward's backward, recompute the call's attention under the
+        reference for the first `sample_batch` sequences and record the errors of the model's dQ and dK."""
+        reason = _refusal(call)
+        if reason is not None:
+            self._alarm.skipped.append(f"call {call.index}: {reason}")
+            return
+        q4, k4, v4 = (_to4(t.detach()) for t in (call.q, call.k, call.v))
+        nb = min(self.sample_batch, q4.shape[0])
+        layer = self._alarm_layer(call)
+        src = self.qk[layer] if layer is not None else None
+        entry = self._alarm.pending.setdefault(call.index, {"layer": layer})
+        st: dict = {"busy": False}
+        settings = self.alarm
+
+        def on_out(g):
+            st["do"] = _to4(g.detach())[:nb]
+
+        def grad_hook(which: int, tensor: torch.Tensor):
+            def hook(g):
+                if st["busy"] or "do" not in st:
+                    return
+                st["busy"] = True
+                try:
+                    if "ref" not in st:
+                        st["ref"] = reference_grads(q4[:nb], k4[:nb], v4[:nb], st["do"], call.is_causal,
+                                                    call.scale, settings.reference)
+                    g4 = _to4(g.detach())
+                    entry[("dq_rel", "dk_rel")[which]] = relative_error(g4[:nb], st["ref"][which])
+                    if src is not None and src.params is not None:
+                        entry[("sq", "sk")[which]] = self._param_term(src, which, tensor, g, st["ref"][which], nb)
+                finally:
+                    st["busy"] = False
+            return hook
+
+        out.register_hook(on_out)
+        for which, t in enumerate((call.q, call.k)):
+            if t.requires_grad:
+                t.register_hook(grad_hook(which, t))
+
+    def _param_term(self, src: QKWeights, which: int, tensor: torch.Tensor, g: torch.Tensor, ref: torch.Tensor,
+                    nb: int) -> torch.Tensor | None:
+        """The error of the gradient that reaches W_Q (which = 0) or W_K (1) through this call, per head and
+        sketched: ΔW = (∂q/∂W)ᵀ (dq_model − dq_ref), by autograd through the model's own graph from q to its
+        projection (RoPE and reshapes included), the graph kept for the backward in progress."""
+        full = torch.zeros_like(g)
+        _to4(full)[:nb] = (_to4(g.detach())[:nb].double() - ref).to(g.dtype)
+        param = src.params[which]
+        (dw,) = torch.autograd.grad(tensor, param, full, retain_graph=True, allow_unused=True)
+        if dw is None:
+            return None
+        e = src.split(dw, dw)[which]                                   # (H or Hkv, hs, C)
+        return self._alarm.sketch(e)
 
     def _weight_groups(self) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
         """The Q/K weights of all layers, stacked: (layer indices, wq (n, H, hs, C), wk (n, Hkv, hs, C)) per
@@ -529,82 +962,152 @@ class Monitor:
     # -- one step -----------------------------------------------------------------------------------------
     def step(self, **extra) -> dict | None:
         """End a training step. On a sampled step: compute the record, check thresholds, write JSONL and
-        return the record; otherwise return None. `extra` (e.g. loss=…) is stored in the record as is.
+        return the record; otherwise return None. `extra` (e.g. loss=…) is stored in the record as is; the
+        record's own keys (step, max_logit, …) cannot be given (a ValueError names them).
 
         All device work of a sampled step is batched: the norms of all layers in one call, the Gram matrices
-        of all updates in one, and everything that goes to the host (logit statistics, norms, Gram matrices)
-        in one copy per device; the host then does the eigenvalues of the update entropy."""
+        of all updates in one, and everything that goes to the host (logit statistics, norms, Gram matrices,
+        the alarm's errors) in one copy per device; the host then does the eigenvalues of the update entropy."""
         if self._hooks is None:
             raise MonitorError("Monitor.step() called while not attached: use `with Monitor(model) as mon:` or "
                                "mon.attach()")
+        clash = sorted(set(extra) & _RECORD_KEYS)
+        if clash:
+            raise ValueError(f"step() got {', '.join(map(repr, clash))}, which the record itself holds"
+                             + (" (its step is the monitor's own count of step() calls since it was built, from 0;"
+                                " pass your own under another name, e.g. global_step=)" if "step" in clash else ""))
         step = self._step
+        alarm_step = self.alarm_step
         self._step += 1
         forwards, self._forwards = self._forwards, 0
         if step % self.every:
             return None
         rec: dict = {"kind": "record", "step": step, **{k: _plain(v) for k, v in extra.items()}}
-        calls, self._calls = self._calls, {}
-        idx = sorted(calls)
         host = _ToHost()
-        h_max = [host.add(calls[i]["max"]) for i in idx]
-        h_tied = [host.add(calls[i]["tied"]) for i in idx]
-        h_rows = [host.add(calls[i]["rows"]) if isinstance(calls[i]["rows"], torch.Tensor) else calls[i]["rows"]
-                  for i in idx]
-        if forwards == 0:
-            rec["warning"] = ("no forward of the monitored module ran through its __call__ during this step, so "
-                              "its attention calls were not examined (call model(...), not model.forward(...))")
-        window = False
-        if self.qk:
-            groups = self._weight_groups()
-            h_norms = [host.add(_qk_norms_device(wq, wk, self._host_linalg)) for _, wq, wk in groups]
-            window = self._snapshot is None or step - self._snapshot_step >= self.window
-            h_gram = []
-            if window and self._snapshot is not None:
-                for (ix, wq, _), (old_ix, old) in zip(groups, self._snapshot):
-                    if ix != old_ix or wq.shape != old.shape:
-                        raise MonitorError("the Q/K projections changed shape since the last weight snapshot")
-                    h_gram.append(host.add(_gram((wq.float() - old).transpose(-1, -2))))  # (n, H, hs, hs)
+        calls, self._calls = self._calls, {}
+        pending = self._gather_calls(calls, host)
+        weights = self._gather_weights(step, host) if self.qk else None
+        alarm = self._gather_alarm(host) if alarm_step else None
         host.fetch()  # the one copy (per device) of this step: waits for the device once
-        if idx:
-            rec["max_logit"] = [host.get(h).tolist() for h in h_max]
-            rows = [r if isinstance(r, int) else int(host.get(r)) for r in h_rows]
-            rec["tied_frac"] = [(host.get(h) / max(r, 1)).tolist() for h, r in zip(h_tied, rows)]
-            rec["rows"] = rows
-        if self.qk:
-            n = len(self.qk)
-            wqn, wqkn, ent = [None] * n, [None] * n, [None] * n
-            for (ix, _, _), h in zip(groups, h_norms):
-                both = host.get(h)                                            # (2, n, H)
-                for j, i in enumerate(ix):
-                    wqn[i], wqkn[i] = both[0, j].tolist(), both[1, j].tolist()
-            rec["layers"] = [src.name for src in self.qk]
-            rec["wq"], rec["wqk"] = wqn, wqkn
-            if window:
-                if h_gram:
-                    for (ix, _, _), h in zip(groups, h_gram):
-                        e = _entropy_from_gram(torch.from_numpy(host.get(h)))
-                        for j, i in enumerate(ix):
-                            ent[i] = e[j].tolist()
-                    rec["update_entropy"] = ent
-                    rec["update_window"] = [self._snapshot_step, step]
-                self._snapshot = [(ix, wq.float()) for ix, wq, _ in groups]  # stacked: a copy, not a view
-                self._snapshot_step = step
-        if "max_logit" not in rec and not self.qk:
-            raise MonitorError(
-                "nothing to monitor: no call of torch.nn.functional.scaled_dot_product_attention was seen during "
-                "this step's forward passes, and no Q/K projections were found (looked for modules with "
-                "q_proj/k_proj, query/key, c_attn + n_head, or in_proj_weight + num_heads). Run the forward "
-                "between attach() and step(), or pass qk= a function returning the projections")
-        if "max_logit" in rec and self.qk and len(rec["max_logit"]) != len(self.qk):
-            rec["warning"] = (f"{len(rec['max_logit'])} attention calls per step but {len(self.qk)} Q/K "
-                              "projections: the call index and the projection index may not be the same layer")
+        self._fill_calls(rec, pending, host)
+        if weights is not None:
+            self._fill_weights(rec, step, weights, host)
+        if alarm is not None:
+            self._fill_alarm(rec, alarm, host)
+        self._coverage(rec, step, forwards)
         self.records.append(rec)
         self._write(rec)
         for stat in ("max_logit", "tied_frac", "wq", "wqk", "update_entropy"):
             for layer, row in enumerate(rec.get(stat, [])):
-                for head, value in enumerate(row):
+                for head, value in enumerate(row or []):
                     self._check(step, stat, layer, head, float(value))
         return rec
+
+    def _gather_calls(self, calls: dict, host: "_ToHost") -> list:
+        idx = sorted(calls)
+        return [(host.add(calls[i]["max"]), host.add(calls[i]["tied"]),
+                 host.add(calls[i]["rows"]) if isinstance(calls[i]["rows"], torch.Tensor) else calls[i]["rows"])
+                for i in idx]
+
+    def _fill_calls(self, rec: dict, pending: list, host: "_ToHost") -> None:
+        if not pending:
+            return
+        rows = [r if isinstance(r, int) else int(host.get(r)) for _, _, r in pending]
+        rec["max_logit"] = [host.get(m).tolist() for m, _, _ in pending]
+        rec["tied_frac"] = [(host.get(t) / max(r, 1)).tolist() for (_, t, _), r in zip(pending, rows)]
+        rec["rows"] = rows
+
+    def _gather_weights(self, step: int, host: "_ToHost") -> dict:
+        groups = self._weight_groups()
+        norms = [host.add(_qk_norms_device(wq, wk, self._host_linalg)) for _, wq, wk in groups]
+        window = self._snapshot is None or step - self._snapshot_step >= self.window
+        grams = []
+        if window and self._snapshot is not None:
+            for (ix, wq, _), (old_ix, old) in zip(groups, self._snapshot):
+                if ix != old_ix or wq.shape != old.shape:
+                    raise MonitorError("the Q/K projections changed shape since the last weight snapshot")
+                grams.append(host.add(_gram((wq.float() - old).transpose(-1, -2))))  # (n, H, hs, hs)
+        return {"groups": groups, "norms": norms, "window": window, "grams": grams}
+
+    def _fill_weights(self, rec: dict, step: int, w: dict, host: "_ToHost") -> None:
+        n = len(self.qk)
+        wqn, wqkn, ent = [None] * n, [None] * n, [None] * n
+        for (ix, _, _), h in zip(w["groups"], w["norms"]):
+            both = host.get(h)                                                # (2, n, H)
+            for j, i in enumerate(ix):
+                wqn[i], wqkn[i] = both[0, j].tolist(), both[1, j].tolist()
+        rec["layers"] = [src.name for src in self.qk]
+        rec["wq"], rec["wqk"] = wqn, wqkn
+        if not w["window"]:
+            return
+        if w["grams"]:
+            for (ix, _, _), h in zip(w["groups"], w["grams"]):
+                e = _entropy_from_gram(torch.from_numpy(host.get(h)))
+                for j, i in enumerate(ix):
+                    ent[i] = e[j].tolist()
+            rec["update_entropy"] = ent
+            rec["update_window"] = [self._snapshot_step, step]
+        self._snapshot = [(ix, wq.float()) for ix, wq, _ in w["groups"]]  # stacked: a copy, not a view
+        self._snapshot_step = step
+
+    def _gather_alarm(self, host: "_ToHost") -> dict:
+        done = self._alarm.close()
+        per_call = {i: {k: host.add(v) for k, v in e.items() if k in ("dq_rel", "dk_rel")} for i, e in done.items()}
+        layers = sorted({e["layer"] for e in done.values() if e.get("layer") is not None})
+        stats = {layer: {k: host.add(v) for k, v in self._alarm.statistics(layer).items()} for layer in layers}
+        skipped, self._alarm.skipped = self._alarm.skipped, []
+        return {"per_call": per_call, "stats": stats, "skipped": skipped}
+
+    def _fill_alarm(self, rec: dict, a: dict, host: "_ToHost") -> None:
+        """alarm_dq_rel / alarm_dk_rel per call (as max_logit), alarm_coherence_q / _k and alarm_rho_q / _k per
+        projection layer (as wq; None where the window holds fewer than two terms), alarm_terms (terms in each
+        layer's window), alarm_skipped (why calls were not measured)."""
+        idx = sorted(a["per_call"])
+        for key in ("dq_rel", "dk_rel"):
+            rec[f"alarm_{key}"] = [host.get(a["per_call"][i][key]).tolist() if key in a["per_call"][i] else None
+                                   for i in idx]
+        n = len(self.qk)
+        for key in ("coherence_q", "coherence_k", "rho_q", "rho_k"):
+            rec[f"alarm_{key}"] = [host.get(a["stats"][i][key]).tolist() if i in a["stats"] and key in a["stats"][i]
+                                   else None for i in range(n)]
+        rec["alarm_terms"] = [len(self._alarm.windows.get(i, [])) for i in range(n)]
+        if not idx and not a["skipped"]:
+            a["skipped"] = ["no backward reached the attention calls of this step's first forward"]
+        if a["skipped"]:
+            rec["alarm_skipped"] = a["skipped"]
+
+    def _coverage(self, rec: dict, step: int, forwards: int) -> None:
+        """Say what was not seen: no forward through __call__, weights without attention calls (warned once,
+        `MonitorCoverageWarning`), a call count that differs from the projection count; nothing at all is an
+        error."""
+        if forwards == 0:
+            rec["warning"] = ("no forward of the monitored module ran through its __call__ during this step, so "
+                              "its attention calls were not examined (call model(...), not model.forward(...))")
+        elif "max_logit" not in rec and self.qk:
+            unseen = self._mode.unseen_attention[:1] if self._mode is not None else []
+            rec["warning"] = (f"Q/K projections of {len(self.qk)} layers were found, but no call of "
+                              "torch.nn.functional.scaled_dot_product_attention was seen in this step's forwards: "
+                              "the logit statistics (and the precision alarm) are missing"
+                              + (f"; seen instead: {unseen[0]}" if unseen else ""))
+            if not self._coverage_warned:
+                self._coverage_warned = True
+                warnings.warn(f"step {step}: {rec['warning']}", MonitorCoverageWarning, stacklevel=3)
+        if "max_logit" not in rec and not self.qk:
+            raise MonitorError(
+                "nothing to monitor: no call of torch.nn.functional.scaled_dot_product_attention was seen during "
+                "this step's forward passes, and no Q/K projections were found (looked for modules with "
+                "q_proj/k_proj, query/key, c_attn/qkv + n_head, a fused q | k | v by its shape, or in_proj_weight "
+                "+ num_heads). Run the forward between attach() and step(), or pass qk= a function returning the "
+                "projections" + ("" if "max_logit" in rec else f" ({self.found})"))
+        if "max_logit" in rec and self.qk and len(rec["max_logit"]) != len(self.qk):
+            rec["warning"] = (f"{len(rec['max_logit'])} attention calls per step but {len(self.qk)} Q/K "
+                              "projections: the call index and the projection index may not be the same layer")
+
+    def scalars(self, record: dict | None = None, heads: bool = False) -> dict[str, float]:
+        """The latest record (or `record`) as a flat {name: float} dict for TensorBoard's ``add_scalars`` or
+        ``wandb.log`` (module function `scalars`); {} before the first sampled step."""
+        rec = record if record is not None else (self.records[-1] if self.records else None)
+        return {} if rec is None else scalars(rec, heads)
 
     def _check(self, step, stat, layer, head, value):
         key = (stat, layer, head)
@@ -628,7 +1131,47 @@ class Monitor:
         if self.path is None:
             return
         with self.path.open("a") as f:
-            f.write(json.dumps(obj, allow_nan=True) + "\n")
+            f.write(json.dumps(_strict(obj), allow_nan=False) + "\n")
+
+
+_FLAT = ("max_logit", "tied_frac", "wq", "wqk", "update_entropy", "alarm_dq_rel", "alarm_dk_rel",
+         "alarm_coherence_q", "alarm_coherence_k", "alarm_rho_q", "alarm_rho_k")
+
+
+def scalars(record: dict, heads: bool = False) -> dict[str, float]:
+    """A monitor record (from `Monitor.records` or `read_jsonl`) as a flat {name: float} dict:
+    ``attn/layer{i}/{stat}`` per layer — the maximum over heads of max_logit, tied_frac, wq, wqk and the alarm's
+    errors, coherences and ρ (the minimum of update_entropy) —, with `heads` also ``attn/layer{i}/head{h}/{stat}``
+    (NaN where a head has no value), and the record's numeric extras (``loss``) by name. Layers are call
+    positions for the logit statistics and the alarm's dQ/dK errors, projection positions (the record's
+    `layers`) for the rest."""
+    out: dict[str, float] = {}
+    for stat in _FLAT:
+        for layer, row in enumerate(record.get(stat) or []):
+            vals = [float(v) for v in (row or []) if v is not None and not math.isnan(float(v))]
+            if vals:
+                out[f"attn/layer{layer}/{stat}"] = min(vals) if stat == "update_entropy" else max(vals)
+            if heads:
+                for h, v in enumerate(row or []):
+                    out[f"attn/layer{layer}/head{h}/{stat}"] = math.nan if v is None else float(v)
+    for k, v in record.items():
+        if k not in _RECORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = float(v)
+    return out
+
+
+def _check_qk(qk: list[QKWeights]) -> None:
+    """Each layer's projections as (H, hs, C) and (Hkv, hs, C) with Hkv dividing H: checked when the monitor is
+    built, so that a wrong head layout (grouped-query attention without a key/value-head attribute, a qk=
+    function's mistake) is an error that names the layer, not a shape error in a later step."""
+    for src in qk:
+        if not isinstance(src, QKWeights):
+            raise MonitorError(f"qk= must return lpfail.monitor.QKWeights (got {type(src).__name__})")
+        wq, wk = src.get()
+        if wq.dim() != 3 or wk.dim() != 3 or wq.shape[1:] != wk.shape[1:] or wq.shape[0] % wk.shape[0]:
+            raise MonitorError(f"{src.name}: Q/K projections of shapes {tuple(wq.shape)} and {tuple(wk.shape)} "
+                               "are not (heads, head size, width) and (key/value heads, head size, width) with the "
+                               "key/value heads dividing the query heads (grouped-query attention)")
 
 
 class _ToHost:
@@ -665,6 +1208,33 @@ def _plain(v):
     return v
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """The records and alerts a Monitor wrote, in order."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _strict(obj):
+    """`obj` with every non-finite float replaced by the string "NaN", "Infinity" or "-Infinity": strict JSON,
+    which parsers other than Python's accept (they reject the bare NaN / Infinity tokens)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else ("NaN" if math.isnan(obj) else "Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v) for v in obj]
+    return obj
+
+
+def _decode(obj):
+    if isinstance(obj, str):
+        return _NON_FINITE.get(obj, obj)
+    if isinstance(obj, dict):
+        return {k: _decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode(v) for v in obj]
+    return obj
+
+
+def read_jsonl(path: str | Path, decode: bool = True) -> list[dict]:
+    """The header, records and alerts a Monitor wrote, in order. With `decode` the strings "NaN", "Infinity"
+    and "-Infinity" (how the file spells non-finite numbers) are read back as floats."""
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [_decode(x) for x in lines] if decode else lines

@@ -10,15 +10,28 @@ write (explained in chapter 7, "Diagnose your own model")::
 
 Layers are the positions of the SDPA calls within one forward of `model` (0-based, in call order), which
 for a stack of blocks is the layer index. Heads are 0-based query heads. Everything else — the other calls,
-the other heads of a substituted call — runs the model's own SDPA untouched. The reference
+the other heads of a substituted call, SDPA calls of any other model run inside the block — runs the model's
+own SDPA untouched: a call is `model`'s when the innermost ``nn.Module`` that made it is one of `model`'s
+modules (or, where no module made it, when it happens during a forward of `model`). The reference
 (`lpfail.attention.attention`) is called as lpfail's GPT calls it for a "reference" layer (autocast off,
 ``check_finite=False``), so on lpfail's GPT the substitution is bit for bit the model's own
 ``set_attention("reference", policy, layers, heads)`` (tested). Its output is returned in q's dtype.
 
+Also covered (`lpfail.sdpa_hook` says how): attention inside ``nn.MultiheadAttention`` (so
+``nn.TransformerEncoder``) with ``need_weights=False``; 3-D inputs (N sequences of one head) and inputs with
+more leading dimensions; activation checkpointing, reentrant or not — the recomputation in the backward
+runs the same layers' reference as the forward did (between two forwards, forward pre-hooks on `model`'s
+submodules re-enter the interceptor when the autograd engine calls them); and ``torch.compile``: inside the
+block a compiled model runs eagerly (dynamo's stance is force_eager while the interceptor is active), so the
+reference keeps every cast of its policy (inductor would drop BF16 round trips), the result is the eager
+model's, bit for bit, and nothing is compiled or recompiled for the block.
+
 What the reference cannot do is refused with an error rather than approximated: an ``attn_mask``, dropout,
 and a causal call with different query and key lengths (SDPA aligns such a mask top-left, the reference
-bottom-right). Grouped-query calls (fewer key/value heads) are expanded first. A requested layer index that
-no forward reached, or a block in which no SDPA call happened, is an error at the end of the block.
+bottom-right); a recomputed call from a module that made several SDPA calls in its forward (which of them it
+recomputes cannot be told). Grouped-query calls (fewer key/value heads) are expanded first. A requested
+layer index that no forward reached, or a block in which no SDPA call of `model` happened, is an error at the
+end of the block.
 """
 from __future__ import annotations
 
@@ -30,7 +43,7 @@ import torch.nn as nn
 
 from lpfail.attention import attention
 from lpfail.precision import Precision
-from lpfail.sdpa_hook import SDPACall, SDPAInterceptor
+from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, eager, from_heads_view, in_backward
 
 __all__ = ["substitute", "Substitution", "SubstitutionError"]
 
@@ -46,8 +59,10 @@ class Substitution:
     policy: Precision
     layers: tuple[int, ...] | None
     heads: tuple[int, ...] | None
-    calls: int = 0                 # SDPA calls seen
+    calls: int = 0                 # SDPA calls of the model seen in its forwards
     substituted: int = 0           # of which ran the reference
+    recomputed: int = 0            # calls recomputed in a backward (activation checkpointing) that ran it
+    foreign: int = 0               # SDPA calls inside the block that were not the model's (left untouched)
     calls_per_forward: set = field(default_factory=set)  # distinct call counts per forward (normally one)
 
 
@@ -69,15 +84,14 @@ def _reference(call: SDPACall, policy: Precision, heads: tuple[int, ...] | None,
     if call.dropout_p != 0.0:
         raise SubstitutionError(f"SDPA call {call.index} uses dropout_p={call.dropout_p}; the reference has no "
                                 "dropout (evaluate with model.eval() or dropout 0)")
-    q = call.q
-    if q.dim() != 4:
-        raise SubstitutionError(f"SDPA call {call.index}: q must be 4-D (batch, heads, seq, head_dim), got "
-                                f"{tuple(q.shape)}")
-    if call.is_causal and q.shape[-2] != call.k.shape[-2]:
-        raise SubstitutionError(f"SDPA call {call.index} is causal with {q.shape[-2]} queries and "
+    if call.is_causal and call.q.shape[-2] != call.k.shape[-2]:
+        raise SubstitutionError(f"SDPA call {call.index} is causal with {call.q.shape[-2]} queries and "
                                 f"{call.k.shape[-2]} keys: SDPA aligns that mask top-left, the reference "
                                 "bottom-right, so they would attend to different keys")
-    k, v = call.kv_for_heads()
+    try:
+        q, k, v, _ = call.heads_view()                                     # (B, H, T, D)
+    except ValueError as e:
+        raise SubstitutionError(f"SDPA call {call.index}: {e}") from None
     nh = q.shape[1]
     if heads is not None and heads[-1] >= nh:
         raise SubstitutionError(f"head {heads[-1]} requested, but SDPA call {call.index} has {nh} heads")
@@ -88,11 +102,102 @@ def _reference(call: SDPACall, policy: Precision, heads: tuple[int, ...] | None,
                              check_finite=False)
 
     if heads is None or len(heads) == nh:
-        return ref(q, k, v).to(q.dtype)
+        return from_heads_view(ref(q, k, v).to(call.q.dtype), call.q)
     idx = torch.tensor(heads, device=q.device)
-    out = original()                                                      # (B, H, Tq, D) the model's own
+    own = original()
+    out = own if own.dim() == 4 else own.reshape(*q.shape[:-1], own.shape[-1])   # (B, H, Tq, D) the model's
     part = ref(q[:, idx], k[:, idx], v[:, idx]).to(out.dtype)             # (B, len(heads), Tq, D)
-    return out.index_copy(1, idx, part)
+    return from_heads_view(out.index_copy(1, idx, part), call.q)
+
+
+class _Block:
+    """The state of one `substitute` block: the interceptor, the hooks on the model, the record."""
+
+    def __init__(self, model: nn.Module, policy: Precision, rec: Substitution):
+        self.model, self.policy, self.rec = model, policy, rec
+        self.ids = {id(m) for m in model.modules()}
+        self.mode = SDPAInterceptor(self.handle)
+        self.depth, self.forwards, self.bw_depth = 0, 0, 0
+        self.recompute_hooks: list = []
+
+    def handle(self, call: SDPACall, original):
+        ours = id(call.module) in self.ids if call.module is not None else self.depth > 0
+        if not ours:
+            self.rec.foreign += 1
+            return original()
+        if call.recomputed:
+            if call.index is None:
+                name = type(call.module).__name__ if call.module is not None else "no module"
+                raise SubstitutionError(
+                    f"an SDPA call was recomputed during the backward (activation checkpointing) by {name}, "
+                    "which made no call or several SDPA calls in the last forward: which layer it recomputes "
+                    "cannot be told. Checkpoint modules that make one SDPA call each, or substitute without "
+                    "checkpointing")
+        else:
+            self.rec.calls += 1
+        if self.rec.layers is not None and call.index not in self.rec.layers:
+            return original()
+        if call.recomputed:
+            self.rec.recomputed += 1
+        else:
+            self.rec.substituted += 1
+        return _reference(call, self.policy, self.rec.heads, original)
+
+    # the top module's hooks: a forward of the model starts (numbering from 0) and ends
+    def pre(self, *_):
+        self.depth += 1
+        if self.depth > 1:
+            return
+        self._remove_recompute_hooks()
+        if self.forwards and self.mode.calls_this_forward:
+            self.rec.calls_per_forward.add(self.mode.calls_this_forward)
+        self.forwards += 1
+        self.mode.new_forward()
+
+    def post(self, *_):
+        self.depth = max(self.depth - 1, 0)
+        if self.depth == 0 and not self.recompute_hooks:
+            self._add_recompute_hooks()
+
+    # between forwards: a submodule called by the autograd engine is a checkpoint's recomputation
+    def _add_recompute_hooks(self):
+        for m in self.model.modules():
+            self.recompute_hooks.append(m.register_forward_pre_hook(self._bw_pre))
+            self.recompute_hooks.append(m.register_forward_hook(self._bw_post, always_call=True))
+
+    def _remove_recompute_hooks(self):
+        for h in self.recompute_hooks:
+            h.remove()
+        self.recompute_hooks = []
+
+    def _bw_pre(self, *_):
+        if self.bw_depth or in_backward():
+            if self.bw_depth == 0:
+                self.mode.__enter__()
+            self.bw_depth += 1
+
+    def _bw_post(self, *_):
+        if self.bw_depth:
+            self.bw_depth -= 1
+            if self.bw_depth == 0:
+                self.mode.__exit__(None, None, None)
+
+    def finish(self):
+        """The checks at the end of a block that raised nothing."""
+        rec = self.rec
+        if self.mode.calls_this_forward:
+            rec.calls_per_forward.add(self.mode.calls_this_forward)
+        if rec.calls == 0:
+            why = ("this model's attention does not go through SDPA (or no forward was run)" if not rec.foreign
+                   else f"{rec.foreign} SDPA calls were seen, but none made by a module of this model")
+            if self.mode.unseen_attention:
+                why += "; seen instead: " + self.mode.unseen_attention[0]
+            raise SubstitutionError("no call of torch.nn.functional.scaled_dot_product_attention by the model "
+                                    f"happened inside the substitute block: {why}, so nothing was substituted")
+        most = max(rec.calls_per_forward)
+        if rec.layers is not None and rec.layers[-1] >= most:
+            raise SubstitutionError(f"layer {rec.layers[-1]} requested, but the model made at most {most} SDPA "
+                                    "calls per forward (layers are call positions, 0-based)")
 
 
 @contextmanager
@@ -106,40 +211,17 @@ def substitute(model: nn.Module, policy: Precision, layers=None, heads=None):
         policy = Precision.parse(policy)
     if not isinstance(policy, Precision):
         raise TypeError(f"policy must be a lpfail.precision.Precision or its string (got {type(policy).__name__})")
-    rec = Substitution(policy, _ids(layers, "layers"), _ids(heads, "heads"))
-
-    def handler(call: SDPACall, original):
-        rec.calls += 1
-        if rec.layers is not None and call.index not in rec.layers:
-            return original()
-        rec.substituted += 1
-        return _reference(call, policy, rec.heads, original)
-
-    mode = SDPAInterceptor(handler)
-    forwards = []
-
-    def pre_hook(*_):
-        if forwards and mode.calls_this_forward:
-            rec.calls_per_forward.add(mode.calls_this_forward)
-        forwards.append(1)
-        mode.new_forward()
-
-    hook = model.register_forward_pre_hook(pre_hook)
+    block = _Block(model, policy, Substitution(policy, _ids(layers, "layers"), _ids(heads, "heads")))
+    hooks = (model.register_forward_pre_hook(eager(block.pre)),
+             model.register_forward_hook(eager(block.post), always_call=True))
     ok = False
     try:
-        with mode:
-            yield rec
+        with block.mode:
+            yield block.rec
         ok = True
     finally:
-        hook.remove()
+        for h in hooks:
+            h.remove()
+        block._remove_recompute_hooks()
     if ok:
-        if mode.calls_this_forward:
-            rec.calls_per_forward.add(mode.calls_this_forward)
-        if rec.calls == 0:
-            raise SubstitutionError("no call of torch.nn.functional.scaled_dot_product_attention happened inside "
-                                    "the substitute block: this model's attention does not go through SDPA (or "
-                                    "no forward was run), so nothing was substituted")
-        most = max(rec.calls_per_forward)
-        if rec.layers is not None and rec.layers[-1] >= most:
-            raise SubstitutionError(f"layer {rec.layers[-1]} requested, but the model made at most {most} SDPA "
-                                    "calls per forward (layers are call positions, 0-based)")
+        block.finish()

@@ -114,6 +114,7 @@ def test_errors():
             mask = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool)
             return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
 
+    masked = Masked()
     with pytest.raises(SubstitutionError, match="attn_mask"):
-        with substitute(Masked(), FP32):
-            Masked()(torch.randn(1, 1, 4, 8))
+        with substitute(masked, FP32):
+            masked(torch.randn(1, 1, 4, 8))
