@@ -57,13 +57,14 @@ class _Writer:
     def __init__(self, label: str, directory, total: int):
         from tqdm.auto import tqdm
 
-        self.directory, self.parts = directory, {}
+        self.directory, self.parts, self.schedule = directory, {}, {}
         self.bar = tqdm(total=total, desc=label, unit="run", disable=None)
 
     def add(self, grid: Grid, run: Run, tc):
         part = self.parts.get(run.store.folder)
         if part is None:
             part = self.parts[run.store.folder] = Part(run.store, self.directory)
+            part.meta.update(self.schedule)  # how this call ran its runs (read by the book, not by any result)
         part.add(grid.summarize(tc.out_dir, tc, run.key))
         for ck in Path(tc.out_dir).glob("ckpt_*.pt"):
             ck.unlink(missing_ok=True)
@@ -113,6 +114,7 @@ def drive_many(todo: list[tuple[Grid, Run]], root: Path, budget_s: float | None 
         specs.append(driver.RunSpec(name, tc, variant=r.group, seed=r.seed, env=env))
         by_name[name] = (grid, r, tc)
     writer = _Writer(label, directory, len(specs))
+    writer.schedule = {"parallel": parallel, "gpus": gpus, "uncaptured": sorted(uncaptured), "budget_s": budget_s}
 
     def on_finish(name: str, st: dict):
         if st["state"] == "done":
