@@ -3,6 +3,14 @@
 #              browser check: every page opened in headless Chromium (apt-get install chromium chromium-driver),
 #              screenshots in _build/screenshots/.
 PYTHON ?= python3
+# CPU numerics independent of the machine (the chapters' stored outputs are compared by nbval on whatever CPU runs
+# the tests): ATen's portable kernels instead of its AVX2/AVX-512 ones, MKL's and oneDNN's CPU-independent code
+# paths, and a fixed number of threads (reductions split by thread count). tools/nbbuild.py sets the same.
+export ATEN_CPU_CAPABILITY := default
+export MKL_CBWR := COMPATIBLE
+export ONEDNN_MAX_CPU_ISA := AVX2
+export OMP_NUM_THREADS := 2
+export MKL_NUM_THREADS := 2
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed

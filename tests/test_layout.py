@@ -121,3 +121,14 @@ def test_every_grid_has_a_command_line_status():
         proc = subprocess.run([sys.executable, "-m", "lpfail", "sweep", name, "status"], cwd=REPO,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0 and f"{name}: " in proc.stdout and "runs stored" in proc.stdout, proc.stderr
+
+
+def test_the_chapters_cpu_numerics_are_pinned_alike_in_make_and_nbbuild():
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("nbbuild", REPO / "tools" / "nbbuild.py")
+    nbbuild = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nbbuild)
+    make = dict(re.findall(r"^export (\w+) := (\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE))
+    assert make == nbbuild.CPU_NUMERICS

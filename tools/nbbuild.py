@@ -5,11 +5,19 @@ and stores the outputs (what `make notebooks` does). Used by maintainers; the bo
 nothing (see _config.yml)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+#: The Makefile's CPU numerics (tests/test_layout.py checks they agree): outputs computed live on a CPU must come
+#: out the same on any x86-64 machine that re-executes or tests the chapters.
+CPU_NUMERICS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+for _k, _v in CPU_NUMERICS.items():  # the kernels started below inherit them
+    os.environ[_k] = _v
 
 KERNELSPEC = {"display_name": "Python 3 (lpfail)", "language": "python", "name": "python3"}
 
