@@ -484,8 +484,7 @@ def _fwd_levers(kp: KernelPolicy, scale: float, causal: bool, tuning: Tuning) ->
     the same code share one compiled kernel): TIE and POW2 with the fix on the fast path, ORDER when causal."""
     tie = int(tuning.tie == "count" and kp.fix_mode != 0 and not kp.two_pass)
     return dict(TMA=tuning.tma, ORDER=int(causal and tuning.order == "lpt"), TIE=tie,
-                POW2=bool(tie and kp.sub_fma and math.frexp(scale)[0] == 0.5), L_PBAR=kp.l_pbar,
-                SPACE=_fwd.SPACE_IDS[tuning.space])
+                POW2=bool(tie and kp.sub_fma and math.frexp(scale)[0] == 0.5), L_PBAR=kp.l_pbar)
 
 
 def _aligned(*tensors) -> bool:
@@ -509,7 +508,8 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuni
     if tuning.tma and not _fwd.INTERPRET:
         _ensure_tma_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride())
-    _launch(_fwd._attn_fwd, _GRIDS[consts["ORDER"]](N, B * H, "BLOCK_M"),
+    _launch(_fwd._attn_fwd if tuning.space == "v1" else _fwd.FWD_TUNERS[tuning.space],
+            _GRIDS[consts["ORDER"]](N, B * H, "BLOCK_M"),
             (key, B, H, strides, aligned, _device_index(q)),
             (q, k, v, o, lse, *strides, *o.stride(), H, N, *scalars), consts)
     return o, lse
@@ -523,7 +523,7 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
     aligned = _aligned(q, k, v, do, o, lse)
     if tuning.tma and not aligned:
         tuning = dataclasses.replace(tuning, tma=False)
-    key, common, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype, _tune_env(),
+    key, consts, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype, _tune_env(),
                                                     _fwd.INTERPRET, tuning)
     if tuning.tma and not _fwd.INTERPRET:
         _ensure_tma_allocator()
@@ -531,14 +531,16 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
     # Triton specialises on the integers' values (mod 16, = 1) and the tensors' 16-byte alignment
     key = (key, B, H, strides, o.stride(), aligned, _device_index(q))
     stream = _current_stream() if q.is_cuda else None
-    grids, bh = _GRIDS[common["ORDER"]], B * H
+    grids, bh = _GRIDS[consts["kv"]["ORDER"]], B * H
     atomic = tuning.bwd == "atomic"
+    # (the v1 space's kernels are read from the module at each call, so that tools/host_breakdown.py can stub them)
+    dq_kernel = _bwd._bwd_dq if tuning.space == "v1" else _bwd.DQ_TUNERS[tuning.space]
     delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     dq = torch.empty(q.shape, device=q.device, dtype=torch.float32) if atomic else torch.empty_like(q)
     if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp
         mode = 1 if kp.delta == "dP.P" else 2
-        _launch(_bwd._bwd_dq, grids(N, bh, "BLOCK_M"), (key, mode), (q, k, v, do, lse, delta, q, *strides, H, N,
-                key_block, scale), {**common, "MODE": mode}, stream)
+        _launch(dq_kernel, grids(N, bh, "BLOCK_M"), (key, mode), (q, k, v, do, lse, delta, q, *strides, H, N,
+                key_block, scale), consts["dpp" if mode == 1 else "o_hp"], stream)
         if atomic:
             dq.zero_()
     else:
@@ -548,13 +550,13 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
                 dict(HEAD_DIM=D, BLOCK_M=64, PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    kv = {**common, "PBAR": kp.pbar, "PV_DT": kp.pv_dt, "PV_PREC": kp.pv_prec, "DQ_ATOMIC": atomic}
     args = (q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, *strides, H, N, query_block, scale)
-    _launch(_bwd._bwd_dkdv_atomic if atomic else _bwd._bwd_dkdv, grids(N, bh, "BLOCK_N"), key, args, kv, stream)
+    kv_kernel = _bwd.DKDV_TUNERS[(tuning.space, atomic)] if tuning.space != "v1" or atomic else _bwd._bwd_dkdv
+    _launch(kv_kernel, grids(N, bh, "BLOCK_N"), key, args, consts["kv"], stream)
     if atomic:
         return dq.to(q.dtype), dk, dv
-    _launch(_bwd._bwd_dq, grids(N, bh, "BLOCK_M"), (key, 0), (q, k, v, do, lse, delta, dq, *strides, H, N,
-            key_block, scale), {**common, "MODE": 0}, stream)
+    _launch(dq_kernel, grids(N, bh, "BLOCK_M"), (key, 0), (q, k, v, do, lse, delta, dq, *strides, H, N, key_block,
+            scale), consts["dq"], stream)
     return dq, dk, dv
 
 
@@ -565,13 +567,14 @@ def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
                   DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
                   DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=tuning.tma,
-                  ORDER=int(causal and tuning.order == "lpt"), FTZ=bool(tuning.ftz_exp and not kp.sub_fma),
-                  SPACE=_fwd.SPACE_IDS[tuning.space])
+                  ORDER=int(causal and tuning.order == "lpt"), FTZ=bool(tuning.ftz_exp and not kp.sub_fma))
     if not interp:
         common["enable_fp_fusion"] = kp.sub_fma
     # the policy's blocks for the grad_acc roundings; one block over the sequence (0) is a boundary past its end
     whole = triton.cdiv(N, _bwd.GRAD_TILE) * _bwd.GRAD_TILE
-    return (N, D, causal, kp, dtype, do_dtype, tune, tuning), common, kp.key_block or whole, kp.query_block or whole
+    kv = {**common, "PBAR": kp.pbar, "PV_DT": kp.pv_dt, "PV_PREC": kp.pv_prec, "DQ_ATOMIC": tuning.bwd == "atomic"}
+    consts = {"dq": {**common, "MODE": 0}, "dpp": {**common, "MODE": 1}, "o_hp": {**common, "MODE": 2}, "kv": kv}
+    return (N, D, causal, kp, dtype, do_dtype, tune, tuning), consts, kp.key_block or whole, kp.query_block or whole
 
 
 @functools.lru_cache(maxsize=256)

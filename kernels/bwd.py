@@ -30,8 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.fwd import (INTERPRET, LOG2E, _bench, _bh_offset, _config, _config_key, _imin, _in_space, _load_rows,
-                         _load_tile, _round, _rows_source, _tune)
+from kernels.fwd import (INTERPRET, LOG2E, _bench, _bh_offset, _config, _imin, _load_rows, _load_tile, _round,
+                         _rows_source, _space_configs, _tune)
 
 #: Every reduction tile of the backward (BLOCK_M of the dK/dV kernel, BLOCK_N of the dQ kernel, in every
 #: config, interpreter and FP32 fallbacks included) divides this: a policy tile that is a multiple of it is a
@@ -161,23 +161,16 @@ DKDV_SPACES = {"v1": ((64, 128, 8, 2, None), (32, 128, 4, 3, None), (64, 64, 4, 
                         (64, 64, 4, 2, None), (64, 128, 8, 2, 128))}
 
 
-def _space_configs(table):
-    return [_config(*entry) for entry in table["v1"] + table["sm90"]]
+def _q_side_configs(space: str = "v1"):
+    return _space_configs(DQ_SPACES, space, [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4,
+                                                           num_stages=1)])
 
 
-def _q_side_configs():
-    if INTERPRET:
-        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
-    return _space_configs(DQ_SPACES)
-
-
-def _fp32_prune(small, table):
-    """Keep the configs of the requested autotune space (SPACE); FP32 dots (4-byte tiles) get one small config
-    that fits shared memory at head dim 128."""
+def _fp32_prune(small):
+    """FP32 dots (4-byte tiles): one small config that fits shared memory at head dim 128."""
     def prune(configs, named_args, **kwargs):
         if INTERPRET or tl.float32 not in (kwargs["MATMUL"], kwargs["DS_DT"], kwargs.get("PV_DT")):
-            keep = [c for c in configs if INTERPRET or _in_space(c, kwargs.get("SPACE", 0), table)]
-            return keep if _tune() else keep[:1]
+            return configs if _tune() else configs[:1]
         return [small]
     return prune
 
@@ -189,7 +182,7 @@ def _assert_tiles_divide_grad_tile(configs, axis: str, what: str):
 
 
 _DQ_SMALL = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
-_assert_tiles_divide_grad_tile((*_q_side_configs(), _DQ_SMALL), "BLOCK_N", "dQ key")
+_assert_tiles_divide_grad_tile((*_q_side_configs("sm90"), _DQ_SMALL), "BLOCK_N", "dQ key")
 
 
 @triton.jit
@@ -202,12 +195,8 @@ def _grid_pos(ORDER: tl.constexpr):
         return tl.program_id(0), tl.program_id(1), tl.num_programs(0)
 
 
-# code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py)
-@triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC",
-                                                 "SUB_FMA", "RAW", "TMA", "ORDER", "FTZ", "SPACE"],
-                 prune_configs_by={"early_config_prune": _fp32_prune(_DQ_SMALL, DQ_SPACES)}, do_bench=_bench)
 @triton.jit
-def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
             stride_qz, stride_qh, stride_qm, stride_qd,
             stride_kz, stride_kh, stride_kn, stride_kd,
             stride_vz, stride_vh, stride_vn, stride_vd,
@@ -217,8 +206,7 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, DP: tl.constexpr,
             DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr,
             CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr,
-            RAW: tl.constexpr, TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False,
-            SPACE: tl.constexpr = 0):
+            RAW: tl.constexpr, TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False):
     """MODE 0: dQ = Σ_j dS K with dS = (P·α) ∘ (dP − δ).  MODE 1: δ = rowsum(dP ∘ P) into DELTA.
     MODE 2: δ = rowsum(dO ∘ O_hp), O_hp = Σ_j P V recomputed in FP32 from L, into DELTA.
     DQ shares Q's strides (stride_q*); DO has its own (stride_d*). KEY_BLOCK: the policy's key block for dQ's
@@ -279,6 +267,15 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, aux, mask=offs_m < N_CTX)
 
 
+#: code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py);
+#: one autotuner per autotune space around the same JIT function (`kernels.Tuning.space`)
+DQ_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "ORDER", "FTZ"]
+DQ_TUNERS = {space: triton.autotune(configs=_q_side_configs(space), key=DQ_KEY, do_bench=_bench,
+                                    prune_configs_by={"early_config_prune": _fp32_prune(_DQ_SMALL)})(_bwd_dq_kernel)
+             for space in DQ_SPACES}
+_bwd_dq = DQ_TUNERS["v1"]
+
+
 # -- the key-side loop: dK and dV (and, in the atomic backward, dQ) ---------------------------------------------------
 @triton.jit
 def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ_ptrs, stride_qm, stride_dm,
@@ -327,14 +324,13 @@ def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ
     return dk, dv, dk_part, dv_part
 
 
-def _kv_side_configs():
-    if INTERPRET:
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
-    return _space_configs(DKDV_SPACES)
+def _kv_side_configs(space: str = "v1"):
+    return _space_configs(DKDV_SPACES, space, [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4,
+                                                             num_stages=1)])
 
 
 _DKDV_SMALL = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1)
-_assert_tiles_divide_grad_tile((*_kv_side_configs(), _DKDV_SMALL), "BLOCK_M", "dK/dV query")
+_assert_tiles_divide_grad_tile((*_kv_side_configs("sm90"), _DKDV_SMALL), "BLOCK_M", "dK/dV query")
 
 
 @triton.jit
@@ -350,7 +346,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                      GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
                      DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
                      TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False,
-                     DQ_ATOMIC: tl.constexpr = False, SPACE: tl.constexpr = 0):
+                     DQ_ATOMIC: tl.constexpr = False):
     """dV = Σ_i Pᵀ dO and dK = Σ_i dSᵀ Q for one key block. DK shares K's strides, DV V's. QUERY_BLOCK: the
     policy's query block for the GACC roundings (a multiple of BLOCK_M, at least N_CTX for one block over the
     sequence; unused for FP32 GACC). DQ_ATOMIC: dQ too, atomically into DQ (FP32, Q's strides; zeroed before).
@@ -399,12 +395,14 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
 
 
 _DKDV_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "ORDER", "FTZ",
-             "DQ_ATOMIC", "SPACE"]
-_DKDV_PRUNE = {"early_config_prune": _fp32_prune(_DKDV_SMALL, DKDV_SPACES)}
-#: The split backward's dK/dV kernel (code-changing constexprs in the key, as for the other kernels).
-_bwd_dkdv = triton.autotune(configs=_kv_side_configs(), key=_DKDV_KEY, prune_configs_by=_DKDV_PRUNE,
-                            do_bench=_bench)(_bwd_dkdv_kernel)
-#: The same kernel for the atomic backward (DQ_ATOMIC): its autotuner zeroes the dQ accumulator before every
-#: timed launch and before the launch it keeps, since each launch adds into it.
-_bwd_dkdv_atomic = triton.autotune(configs=_kv_side_configs(), key=_DKDV_KEY, prune_configs_by=_DKDV_PRUNE,
-                                   do_bench=_bench, reset_to_zero=["DQ"])(_bwd_dkdv_kernel)
+             "DQ_ATOMIC"]
+_DKDV_PRUNE = {"early_config_prune": _fp32_prune(_DKDV_SMALL)}
+#: (space, atomic) → the dK/dV kernel's autotuner (code-changing constexprs in the key, as for the other kernels).
+#: The atomic backward's (DQ_ATOMIC) zero the dQ accumulator before every timed launch and before the launch they
+#: keep, since each launch adds into it.
+DKDV_TUNERS = {(space, atomic): triton.autotune(configs=_kv_side_configs(space), key=_DKDV_KEY, do_bench=_bench,
+                                                prune_configs_by=_DKDV_PRUNE,
+                                                reset_to_zero=["DQ"] if atomic else None)(_bwd_dkdv_kernel)
+               for space in DKDV_SPACES for atomic in (False, True)}
+_bwd_dkdv = DKDV_TUNERS[("v1", False)]
+_bwd_dkdv_atomic = DKDV_TUNERS[("v1", True)]

@@ -387,7 +387,6 @@ FWD_SPACES = {
     "sm90": ((128, 8, 5, None), (64, 4, 2, None), (64, 8, 3, None), (256, 8, 2, None), (256, 8, 3, None),
              (128, 8, 3, 128), (128, 8, 4, 128)),
 }
-SPACE_IDS = {"v1": 0, "sm90": 1}
 
 
 def _config(*entry):
@@ -405,10 +404,16 @@ def _config_key(c) -> tuple:
     return tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages, c.maxnreg
 
 
-def _fwd_configs():
+def _space_configs(table: dict, space: str, interpreted: list):
+    """The configs of autotune space `space` ("v1", or "sm90" = v1 plus its additions) of a kernel's `table`; the
+    interpreter's one config under TRITON_INTERPRET=1."""
     if INTERPRET:
-        return [triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=1)]
-    return [_config(*c) for c in FWD_SPACES["v1"] + FWD_SPACES["sm90"]]
+        return list(interpreted)
+    return [_config(*t) for t in table["v1"] + (table["sm90"] if space == "sm90" else ())]
+
+
+def _fwd_configs(space: str = "v1"):
+    return _space_configs(FWD_SPACES, space, [triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=1)])
 
 
 def _tune() -> bool:
@@ -417,42 +422,29 @@ def _tune() -> bool:
     return os.environ.get(TUNE_ENV, "1") != "0"
 
 
-def _in_space(c, space: int, table: dict) -> bool:
-    """Whether config `c` belongs to autotune space `space` (0 "v1", 1 "sm90" = v1 plus its additions)."""
-    names = ("v1",) if space == 0 else ("v1", "sm90")
-    return any(_config_key(c) == _config_key(_config(*t)) for n in names for t in table[n])
-
-
 def _fwd_prune(configs, named_args, **kwargs):
-    """Keep the configs of the requested autotune space (SPACE) whose BLOCK_M is a multiple of the policy's tile
-    BLOCK_N (and at most 128 rows at head dim 128: a 256-row FP32 accumulator would not fit the registers);
-    FP32 dots (4-byte tiles) get one small config that fits shared memory at head dim 128."""
+    """Keep the configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N (and at most 128 rows at head dim
+    128: a 256-row FP32 accumulator would not fit the registers); FP32 dots (4-byte tiles) get one small config
+    that fits shared memory at head dim 128."""
     block_n = kwargs["BLOCK_N"]
     if tl.float32 in (kwargs["MATMUL"], kwargs["PV_DT"]) and not INTERPRET:
         return [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=1)]
     keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0
-            and (INTERPRET or _in_space(c, kwargs.get("SPACE", 0), FWD_SPACES))
             and (c.kwargs["BLOCK_M"] <= 128 or kwargs["HEAD_DIM"] <= 64)]
     keep = keep or [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=2)]
     return keep if _tune() else keep[:1]
 
 
 def _bench(fn, quantiles):
-    """The autotuner's timing: Triton's do_bench with 10 ms of warm-up and 40 ms of repetitions instead of 25 and
+    """The autotuner's timing: Triton's do_bench with 5 ms of warm-up and 25 ms of repetitions instead of 25 and
     100 (the sm_90 space holds up to 13 configs per kernel and shape, all timed within one device call)."""
     import triton.testing
 
-    return triton.testing.do_bench(fn, warmup=10, rep=40, quantiles=quantiles)
+    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
 
 
-# every constexpr that changes the code is in the key: Triton's autotuner keys on the listed arguments and the
-# tensors' dtypes only, so a variant left out would reuse another variant's tuned (and pruned) config
-@triton.autotune(configs=_fwd_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N", "MATMUL",
-                                              "PV_DT", "ACC", "PV_OUT", "SUB_FMA", "FIX", "CLAMP", "RAW", "TMA",
-                                              "ORDER", "TIE", "POW2", "L_PBAR", "SPACE"],
-                 prune_configs_by={"early_config_prune": _fwd_prune}, do_bench=_bench)
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE,
+def _attn_fwd_kernel(Q, K, V, O, LSE,
               stride_qz, stride_qh, stride_qm, stride_qd,
               stride_kz, stride_kh, stride_kn, stride_kd,
               stride_vz, stride_vh, stride_vn, stride_vd,
@@ -464,7 +456,7 @@ def _attn_fwd(Q, K, V, O, LSE,
               SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
               CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
               RAW: tl.constexpr, TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, TIE: tl.constexpr = 0,
-              POW2: tl.constexpr = False, L_PBAR: tl.constexpr = False, SPACE: tl.constexpr = 0):
+              POW2: tl.constexpr = False, L_PBAR: tl.constexpr = False):
     """One program: BLOCK_M query rows of one (batch, head). Writes O and L = m + log ℓ (natural units).
 
     RAW (sub mode, α a power of two, which the launcher checks): scores, maxima and the fix's threshold are
@@ -473,10 +465,9 @@ def _attn_fwd(Q, K, V, O, LSE,
     computes, bit for bit (EPS arrives divided by α).
 
     Scheduling knobs (`kernels.Tuning`; none changes a bit of O or L): TMA reads Q, K, V and writes O through
-    tensor descriptors (Hopper's tensor memory accelerator) instead of pointer tiles; ORDER 0 puts the query
-    blocks on grid axis 0 (longest first within each (batch, head)), ORDER 1 puts them on axis 1 behind every
-    (batch, head) (longest first over the whole grid: a causal launch ends with its shortest blocks); TIE picks
-    the fix's tie test (`_block_max`); SPACE only selects the autotune space (`_fwd_prune`)."""
+    tensor descriptors (Hopper's tensor memory accelerator) instead of pointer tiles; ORDER 0 puts the query blocks
+    on grid axis 0 (longest first within each (batch, head)), ORDER 1 on axis 1 behind every (batch, head) (longest
+    first over the whole grid); TIE picks the fix's tie test (`_block_max`); the autotune space: `FWD_TUNERS`."""
     if RAW:
         exp_c = scale * LOG2E
     else:
@@ -531,7 +522,15 @@ def _attn_fwd(Q, K, V, O, LSE,
                                    SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC,
                                    SUB_FMA, FIX, CLAMP, True, CAUSAL, DOT_PREC, PV_PREC, RAW, TMA, TIE, POW2,
                                    L_PBAR)
-    o = acc / l_i[:, None]                                   # O = Ō / ℓ, rounded once to the stored dtype
+    _write_out(O, LSE, acc, l_i, m_i, off_hz, start_m, offs_m, offs_d, N_CTX, stride_om, stride_od, scale,
+               BLOCK_M, HEAD_DIM, RAW, TMA)
+
+
+@triton.jit
+def _write_out(O, LSE, acc, l_i, m_i, off_hz, start_m, offs_m, offs_d, N_CTX, stride_om, stride_od, scale,
+               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr):
+    """O = Ō / ℓ, rounded once to the stored dtype (through a TMA descriptor or pointers), and L = log ℓ + m."""
+    o = acc / l_i[:, None]
     if RAW:
         m_i = m_i * scale                                    # back to natural units (exact)
     lse = tl.log(l_i) + m_i                                  # L = log ℓ + m
@@ -542,6 +541,18 @@ def _attn_fwd(Q, K, V, O, LSE,
                                   block_shape=[BLOCK_M, HEAD_DIM]).store([start_m * BLOCK_M, 0], o)
     else:
         tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, o, mask=offs_m[:, None] < N_CTX)
+
+
+#: Every constexpr that changes the code is in the key: Triton's autotuner keys on the listed arguments and the
+#: tensors' dtypes only, so a variant left out would reuse another variant's tuned (and pruned) config.
+FWD_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N", "MATMUL", "PV_DT", "ACC", "PV_OUT", "SUB_FMA", "FIX",
+           "CLAMP", "RAW", "TMA", "ORDER", "TIE", "POW2", "L_PBAR"]
+#: One autotuner per autotune space (`kernels.Tuning.space`) around the same JIT function, so that the configs
+#: the spaces share compile once.
+FWD_TUNERS = {space: triton.autotune(configs=_fwd_configs(space), key=FWD_KEY, do_bench=_bench,
+                                     prune_configs_by={"early_config_prune": _fwd_prune})(_attn_fwd_kernel)
+              for space in FWD_SPACES}
+_attn_fwd = FWD_TUNERS["v1"]
 
 
 # -- a probe: P̄ of one tile, by the same device functions --------------------------------------------------------

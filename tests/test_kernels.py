@@ -527,34 +527,34 @@ def test_ftz_exp_is_close_and_refusals_are_clear():
 
 
 def test_autotune_spaces_prune_to_their_configs(monkeypatch):
-    """The prune steps as on the GPU (the interpreter has one config and skips them): space "v1" keeps exactly the
-    configs measured until 2026-12-01, "sm90" adds its own, 256-row forward tiles only at head dim ≤ 64, FP32 dots
-    one small config, and LPFAIL_KERNELS_AUTOTUNE=0 the space's first config (v1's first, in both spaces)."""
+    """The autotune spaces and prune steps as on the GPU (the interpreter has one config and skips them): space "v1"
+    holds exactly the configs measured until 2026-12-01 and "sm90" those plus its own, in every kernel; the forward
+    keeps 256-row tiles only at head dim ≤ 64, FP32 dots get one small config, and LPFAIL_KERNELS_AUTOTUNE=0 takes
+    the space's first config (v1's first, in both spaces). One autotuner per space, around one JIT function."""
     from kernels import bwd, fwd
 
     monkeypatch.setattr(fwd, "INTERPRET", False)
     monkeypatch.setattr(bwd, "INTERPRET", False)
     monkeypatch.setenv(fwd.TUNE_ENV, "1")
-    every = {"fwd": [fwd._config(*t) for t in fwd.FWD_SPACES["v1"] + fwd.FWD_SPACES["sm90"]],
-             "dq": [fwd._config(*t) for t in bwd.DQ_SPACES["v1"] + bwd.DQ_SPACES["sm90"]],
-             "dkdv": [fwd._config(*t) for t in bwd.DKDV_SPACES["v1"] + bwd.DKDV_SPACES["sm90"]]}
+    tables = {"fwd": (fwd.FWD_SPACES, fwd._fwd_configs, fwd._fwd_prune),
+              "dq": (bwd.DQ_SPACES, bwd._q_side_configs, bwd._fp32_prune(bwd._DQ_SMALL)),
+              "dkdv": (bwd.DKDV_SPACES, bwd._kv_side_configs, bwd._fp32_prune(bwd._DKDV_SMALL))}
     bf16 = dict(BLOCK_N=64, MATMUL=kernels._TL["bf16"], PV_DT=kernels._TL["bf16"], DS_DT=kernels._TL["bf16"])
-    prunes = {"fwd": fwd._fwd_prune, "dq": bwd._fp32_prune(bwd._DQ_SMALL, bwd.DQ_SPACES),
-              "dkdv": bwd._fp32_prune(bwd._DKDV_SMALL, bwd.DKDV_SPACES)}
-    spaces = {"fwd": fwd.FWD_SPACES, "dq": bwd.DQ_SPACES, "dkdv": bwd.DKDV_SPACES}
-    for kern, prune in prunes.items():
-        v1 = prune(every[kern], {}, SPACE=0, HEAD_DIM=64, **bf16)
-        sm90 = prune(every[kern], {}, SPACE=1, HEAD_DIM=64, **bf16)
-        assert [fwd._config_key(c) for c in v1] == [fwd._config_key(fwd._config(*t)) for t in spaces[kern]["v1"]]
-        assert len(sm90) == len(spaces[kern]["v1"]) + len(spaces[kern]["sm90"]) and sm90[:len(v1)] == v1
-    wide = fwd._fwd_prune(every["fwd"], {}, SPACE=1, HEAD_DIM=128, **bf16)
-    assert all(c.kwargs["BLOCK_M"] <= 128 for c in wide) and len(wide) == len(every["fwd"]) - 2
-    fp32 = fwd._fwd_prune(every["fwd"], {}, SPACE=1, HEAD_DIM=128, **{**bf16, "MATMUL": kernels._TL["fp32"]})
+    for kern, (table, configs, prune) in tables.items():
+        v1, sm90 = configs("v1"), configs("sm90")
+        assert [fwd._config_key(c) for c in v1] == [fwd._config_key(fwd._config(*t)) for t in table["v1"]]
+        assert len(sm90) == len(table["v1"]) + len(table["sm90"]) and sm90[:len(v1)] == v1
+        assert prune(sm90, {}, HEAD_DIM=64, **bf16) == sm90
+    wide = fwd._fwd_prune(fwd._fwd_configs("sm90"), {}, HEAD_DIM=128, **bf16)
+    assert all(c.kwargs["BLOCK_M"] <= 128 for c in wide) and len(wide) == len(fwd._fwd_configs("sm90")) - 2
+    fp32 = fwd._fwd_prune(fwd._fwd_configs("sm90"), {}, HEAD_DIM=128, **{**bf16, "MATMUL": kernels._TL["fp32"]})
     assert len(fp32) == 1 and fp32[0].num_stages == 1
     monkeypatch.setenv(fwd.TUNE_ENV, "0")
-    for kern, prune in prunes.items():
-        (first,) = prune(every[kern], {}, SPACE=1, HEAD_DIM=64, **bf16)
-        assert fwd._config_key(first) == fwd._config_key(fwd._config(*spaces[kern]["v1"][0]))
+    for kern, (table, configs, prune) in tables.items():
+        (first,) = prune(configs("sm90"), {}, HEAD_DIM=64, **bf16)
+        assert fwd._config_key(first) == fwd._config_key(fwd._config(*table["v1"][0]))
+    assert fwd.FWD_TUNERS["v1"].fn is fwd.FWD_TUNERS["sm90"].fn is fwd._attn_fwd.fn
+    assert bwd.DKDV_TUNERS[("sm90", True)].fn is bwd._bwd_dkdv.fn and bwd.DQ_TUNERS["sm90"].fn is bwd._bwd_dq.fn
 
 
 # -- the normaliser's source (l_from, issue 25) ------------------------------------------------------------------

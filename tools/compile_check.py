@@ -112,21 +112,23 @@ def variants(policies=POLICIES, tunings=("default",), every=False, n=4096):
             for d in (64, 128):
                 _, _, consts = kernels._fwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, None, False, tuning)
                 fusion = consts.pop("enable_fp_fusion")
-                for cfg in _configs(fwd._attn_fwd, consts, every):
-                    yield (name, tname, d, "fwd", cfg), fwd._attn_fwd, {**consts, **cfg.kwargs}, _options(cfg, fusion)
-                _, common, _, _ = kernels._bwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, torch.bfloat16, None,
-                                                    False, tuning)
-                fusion = common.pop("enable_fp_fusion")
+                kernel = fwd.FWD_TUNERS[tuning.space]
+                for cfg in _configs(kernel, consts, every):
+                    yield (name, tname, d, "fwd", cfg), kernel, {**consts, **cfg.kwargs}, _options(cfg, fusion)
+                _, bconsts, _, _ = kernels._bwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, torch.bfloat16, None,
+                                                     False, tuning)
+                kv, dq = dict(bconsts["kv"]), dict(bconsts["dq"])
+                fusion = kv.pop("enable_fp_fusion")
+                dq.pop("enable_fp_fusion")
                 atomic = tuning.bwd == "atomic"
-                kv = {**common, "PBAR": kp.pbar, "PV_DT": kp.pv_dt, "PV_PREC": kp.pv_prec, "DQ_ATOMIC": atomic}
-                kv_kernel = bwd._bwd_dkdv_atomic if atomic else bwd._bwd_dkdv
-                for cfg in _configs(kv_kernel, kv, every):
-                    yield (name, tname, d, "dkdv", cfg), kv_kernel, {**kv, **cfg.kwargs}, _options(cfg, fusion)
+                kernel = bwd.DKDV_TUNERS[(tuning.space, atomic)]
+                for cfg in _configs(kernel, kv, every):
+                    yield (name, tname, d, "dkdv", cfg), kernel, {**kv, **cfg.kwargs}, _options(cfg, fusion)
                 if atomic:
                     continue
-                for cfg in _configs(bwd._bwd_dq, {**common, "MODE": 0}, every):
-                    yield ((name, tname, d, "dq", cfg), bwd._bwd_dq, {**common, "MODE": 0, **cfg.kwargs},
-                           _options(cfg, fusion))
+                kernel = bwd.DQ_TUNERS[tuning.space]
+                for cfg in _configs(kernel, dq, every):
+                    yield (name, tname, d, "dq", cfg), kernel, {**dq, **cfg.kwargs}, _options(cfg, fusion)
 
 
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (opt-in maximum)
