@@ -355,13 +355,14 @@ def _launch(kernel, grid, key, args, consts, stream=None):
 
     From the third launch on (CUDA, triton's own launcher, LPFAIL_KERNELS_DIRECT not "0"), the compiled kernel that
     Triton's JIT returned is called directly with the same arguments (see `_direct_entry`), skipping the JIT's
-    argument binding and cache key (≈ 18 µs of Python per launch on the CPU measured in notes/fix.md), on the
-    grid computed at that launch and on `stream` (the current stream when None). `key` must then also fix every
+    argument binding and cache key (≈ 18 µs of Python per launch on the CPU measured in notes/fix.md), on
+    `stream` (the current stream when None). `key` must then also fix every
     integer argument's value (the callers put the batch and head counts and the strides in it) and the tensors'
     16-byte alignment, which Triton specialises on."""
     d = _DIRECT.get((kernel, key))
     if d is not None:
-        compiled, tail, g, drv, hooks = d
+        compiled, tail, meta, drv, hooks = d
+        g = grid(meta) if callable(grid) else grid
         if stream is None:
             stream = drv.get_current_stream(drv.get_current_device())
         enter = hooks.launch_enter_hook
@@ -380,9 +381,7 @@ def _launch(kernel, grid, key, args, consts, stream=None):
     out = jit.run(*args, grid=grid, warmup=False, **consts, **meta)
     entry = _direct_entry(jit, out, args, {**consts, **meta}, key)
     if entry is not None:
-        compiled, tail, drv, hooks = entry
-        g = grid(meta) if callable(grid) else grid
-        _DIRECT[(kernel, key)] = (compiled, tail, (*g, 1, 1)[:2], drv, hooks)
+        _DIRECT[(kernel, key)] = entry[:2] + (meta,) + entry[2:]    # (compiled, tail, meta, driver, hooks)
     return out
 
 
@@ -585,23 +584,27 @@ def _policy_for_launch(policy: Precision) -> KernelPolicy:
 
 
 class FlashAttention(torch.autograd.Function):
-    """O = softmax(α QKᵀ [+ causal mask]) V under a `Precision` policy, Triton forward and backward."""
+    """O = softmax(α QKᵀ [+ causal mask]) V under a `Precision` policy, Triton forward and backward.
+    ``FlashAttention.apply(q, k, v, policy, causal, scale[, tuning])``; `policy` may also be the KernelPolicy that
+    `flash_attention` already translated it into. (The non-tensor arguments travel as one tuple: autograd's apply
+    walks its arguments in Python, so fewer of them cost less host time per call.)"""
 
     @staticmethod
-    def forward(ctx, q, k, v, policy, causal: bool, scale: float, tuning: Tuning = DEFAULT_TUNING):
-        """`policy`: a Precision, or the KernelPolicy that `flash_attention` already translated it into."""
+    def forward(ctx, q, k, v, *meta):
+        policy, causal, scale, tuning = meta[0] if len(meta) == 1 else (*meta, DEFAULT_TUNING)[:4]
         kp = policy if isinstance(policy, KernelPolicy) else _policy_for_launch(policy)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         o, lse = _forward(q, k, v, kp, causal, scale, tuning)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.kp, ctx.causal, ctx.scale, ctx.tuning = kp, causal, scale, tuning
+        ctx.n_meta = len(meta)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.kp, ctx.causal, ctx.scale, ctx.tuning)
-        return dq, dk, dv, None, None, None, None
+        return (dq, dk, dv) + (None,) * ctx.n_meta
 
 
 _FIXES = ("robust", "alg3", "none")
@@ -769,7 +772,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     # eager (host time, issue 13): the same kernels with the same arguments, without the custom op's dispatch;
     # without autograd where no input needs a gradient
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FlashAttention.apply(q, k, v, kp, bool(causal), scale, tuning)
+        return FlashAttention.apply(q, k, v, (kp, bool(causal), scale, tuning))
     return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, bool(causal), scale, tuning)[0]
 
 

@@ -400,7 +400,7 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     assert entry is not None
     monkeypatch.undo()   # the real _launch again (and the driver, the interpreter flag, the switch)
     monkeypatch.setattr(driver, "_active", _FakeDriver())
-    monkeypatch.setitem(kernels._DIRECT, ("kernel", key), (entry[0], entry[1], grid(meta), *entry[2:]))
+    monkeypatch.setitem(kernels._DIRECT, ("kernel", key), (entry[0], entry[1], meta, *entry[2:]))
     kernels._launch("kernel", grid, key, args, kwargs)
     kernels._launch("kernel", grid, key, args, kwargs, stream=77)                # a stream given: that one
     (call, call77) = compiled.calls

@@ -34,8 +34,10 @@ warps = {dict(j[3]).get("num_warps") for j in jobs if j[3]}
 assert warps == {4, 8}, warps
 assert g._uses_failed("all_fma", {"tma"}) and g._uses_failed("fma_atomic", {"atomic"})
 assert not g._uses_failed("base_fma", {"tma", "all"}) and not g._uses_failed("sdpa_cudnn", {"tma"})
-assert g.FIX_METHODS["all_fma_alg3_max2"][1] == Tuning(**{**{f: getattr(ALL_LEVERS, f) for f in
-                                                           ("tma", "space", "order", "bwd", "ftz_exp")}, "tie": "max2"})
+for name in ("all_fma_alg3_max2", "all_fma_robust_max2", "all_sub_robust_max2"):
+    t = g.FIX_METHODS[name][1]
+    assert t.tie == "max2" and all(getattr(t, f) == getattr(ALL_LEVERS, f) for f in ("tma", "space", "order", "bwd"))
+    assert g.FIX_METHODS[name][2] in g.FIX_METHODS and any(p[1] == name for p in g.PAIRS)
 cells = {f"{m} d={d} N={n}": {"fwd": {"tflops": 100.0 * (m == "sdpa_cudnn") + 80.0},
                               "fwd_bwd": {"tflops": 50.0}} for m in g.METHODS for d in g.HEAD_DIMS for n in g.SEQ_LENS}
 pairs = {f"all_fma_alg3/all_fma d=64 N={n}": {"fwd": {"cost": 0.04}, "fwd_bwd": {"cost": 0.01}} for n in g.SEQ_LENS}
