@@ -15,7 +15,12 @@ constants of the kernels, so one source compiles every precision variant:
 * ``sub``       ``"sub"`` (scale, round, subtract: a tied maximum gives P̄ = 1 exactly) or ``"fma"``;
 * ``block_k``   the key block in which the fix and the roundings act: one hardware tile when ≤ 128, else
   walked in 64-key chunks with two passes per block (the paper's 512, or ``None`` for one tile per row);
-* ``l_clamp``   the row-sum clamp of the paper's official code.
+* ``l_clamp``   the row-sum clamp of the paper's official code;
+* ``l_from``    ℓ summed from the FP32 P (as FlashAttention-2) or from P̄ as rounded for P̄V (PR #2721).
+
+How they run is a separate object, `Tuning` (TMA descriptors, the autotune space, the causal grid order, the split or
+atomic backward, the tie test's form, the FTZ exp), which never changes what is computed beyond the last FP32 bits
+of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_TUNING` unless given.
 
 ``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
 reference only): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in

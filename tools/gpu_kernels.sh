@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device call for the Triton kernels: GPU tests, then the benchmark (results cache under $OUT).
-# Usage (on the GPU machine, from the repo root): LPFAIL_GIT=<commit> bash tools/gpu_kernels.sh [tests|bench|check|all] [test timeout s]
+# Usage (on the GPU machine, from the repo root): LPFAIL_GIT=<commit> bash tools/gpu_kernels.sh [tests|bench|check|tune|all] [test timeout s]
+# (tune: issue 25's lever checks and timings, tools/gpu_kernels_tune.py, alone: ≈ 4–6 min; TUNE_ARGS passes options)
 # (the device copy of the tree has no .git: pass the commit so the stored results name it)
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -23,6 +24,9 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   LPFAIL_RESULTS_DIR=$OUT python3 -c "
 from lpfail import results; from kernels.bench import table
 print(table(results._read('bench_kernels', results.results_dir())))" 2>&1 | tee "$OUT/table.txt"
+fi
+if [ "$WHAT" = tune ]; then
+  OUT=$OUT timeout 560 python3 tools/gpu_kernels_tune.py ${TUNE_ARGS:---budget 520} 2>&1 | tail -150
 fi
 if [ "$WHAT" = check ] || [ "$WHAT" = all ]; then
   # the symptom search's kernel check (20 training steps, Triton vs the reference) for A (PAPER_BF16) and D

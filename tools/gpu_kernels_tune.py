@@ -113,8 +113,9 @@ def method_fn(name):
 def _compile_variants():
     """(policy, tuning, d, heads, causal, scale, every config) of every kernel launch the later phases make: the
     timed methods (every config of their autotune space, at 16 heads: the same compiled code as 32), the checks
-    (first config: they run with LPFAIL_KERNELS_AUTOTUNE=0) and the normaliser experiment's kernel calls (one head,
-    full attention, α = 1)."""
+    (first config: they run with LPFAIL_KERNELS_AUTOTUNE=0), the normaliser experiment's kernel calls (one head,
+    full attention, α = 1) and the host-time phase's (one head, causal). Triton specialises integer arguments on
+    "= 1" and "divisible by 16", so one head compiles apart from 16 or 32, while N and B do not matter here."""
     timed = [(p, t) for spec in (*METHODS.values(), *FIX_METHODS.values()) if spec for p, t, _ in [spec]]
     checked = [(pol, t) for pol in (FMA.with_fix(), SUB.with_bounded_fix())
                for t in (Tuning(), Tuning(tma=True), Tuning(order="lpt"), Tuning(tie="count"), Tuning(ftz_exp=True),
@@ -125,7 +126,8 @@ def _compile_variants():
     out += [(p, t, d, 16, True, d ** -0.5, False) for p, t in dict.fromkeys(checked) for d in HEAD_DIMS]
     out += [(p, Tuning(), 64, 1, False, 1.0, True) for p in (SUB, SUB.replace(l_from="pbar"), FMA,
                                                              FMA.replace(l_from="pbar"))]
-    return out
+    out += [(p, t, 64, 1, True, 0.125, True) for p in (SUB, SUB.with_bounded_fix()) for t in (Tuning(), ALL_LEVERS)]
+    return out                                               # ↑ the host-time phase's drop-in calls (one head)
 
 
 def _record_launches(policy, tuning, d, heads=16, causal=True, scale=None, device="cuda"):
@@ -369,15 +371,18 @@ def _new_picks(seen: set) -> list:
 
 
 def _guard(name, sets, base_out):
-    """The timed variant against its base on the timed inputs: forward bits, and the gradients' closeness."""
+    """The timed variant (its autotuned configs) against its base on the timed inputs: the share of O's elements
+    whose bits differ (0 expected: the forward's per-row arithmetic does not depend on the query tile, but a config
+    that Triton lowers to another MMA instruction could sum a k-block in another order, so up to 0.5 % passes and
+    is recorded), and the gradients' closeness."""
     q, k, v, do = sets[0]
     fn = method_fn(name)
     got = _grads(fn, q, k, v, do)
     if base_out is None:
         return got, {}
-    g = {"O_mismatch": _mismatch(got[0], base_out[0]),
+    g = {"O_mismatch": _mismatch(got[0], base_out[0]), "O_rel": _rel(got[0], base_out[0]),
          **{f"{n}_rel": _rel(x, y) for n, x, y in zip(("dQ", "dK", "dV"), got[1:], base_out[1:])}}
-    g["ok"] = g["O_mismatch"] == 0 and all(g[f"{n}_rel"] < 2e-2 for n in ("dQ", "dK", "dV"))
+    g["ok"] = g["O_mismatch"] < 5e-3 and all(g[f"{n}_rel"] < 2e-2 for n in ("O", "dQ", "dK", "dV"))
     return got, g
 
 
