@@ -203,3 +203,20 @@ def test_eager_call_equals_the_custom_op_bit_for_bit():
         traced = kernels.flash_attention(q, k, v, is_causal=True, fix="robust")   # the loop's last fix
     assert any("lpfail.flash_attention_fwd" in name for name in seen.ops)
     assert torch.equal(traced, op[0])
+
+
+def test_tuning_travels_through_the_custom_op():
+    """A Tuning reaches the kernels through the custom op (as its string) and through torch.compile: the same bits
+    as the eager call with it, forward and gradients."""
+    import math
+
+    q, k, v, do = qkv(n=70, d=32)
+    t = kernels.Tuning(order="lpt", tie="count")   # deterministic levers (the atomic dQ is not, on a GPU)
+    text = kernels._SDPA_POLICIES[(torch.float32, "robust")][1]
+    eager = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust", tuning=t), q, k, v, do)
+    op = grads(lambda a, b, c: torch.ops.lpfail.flash_attention_fwd(a, b, c, text, True, 1 / math.sqrt(32), str(t))[0],
+               q, k, v, do)
+    compiled = torch.compile(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust", tuning=t),
+                             backend="aot_eager", fullgraph=True)
+    for x, y, z in zip(eager, op, grads(compiled, q, k, v, do)):
+        assert torch.equal(x, y) and torch.equal(x, z)
