@@ -1,7 +1,7 @@
 """Triton flash attention that takes the same `Precision` policy as the pure-PyTorch reference.
 
-Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, is_causal=True, scale=None, fix="robust")`` is a
-drop-in for ``F.scaled_dot_product_attention`` (a ``torch.library`` custom op), and
+Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, is_causal=False, scale=None, fix="robust")`` is a
+drop-in for ``F.scaled_dot_product_attention`` (a ``torch.library`` custom op, SDPA's defaults), and
 ``flash_attention(q, k, v, policy, causal=True)`` runs any `Precision` the kernels support, for
 (batch, heads, seq, head_dim) tensors: a Triton forward (`kernels/fwd.py`), a Triton backward
 (`kernels/bwd.py`) and the `autograd.Function` here that joins them. The policy's knobs are compile-time
@@ -15,7 +15,12 @@ constants of the kernels, so one source compiles every precision variant:
 * ``sub``       ``"sub"`` (scale, round, subtract: a tied maximum gives P̄ = 1 exactly) or ``"fma"``;
 * ``block_k``   the key block in which the fix and the roundings act: one hardware tile when ≤ 128, else
   walked in 64-key chunks with two passes per block (the paper's 512, or ``None`` for one tile per row);
-* ``l_clamp``   the row-sum clamp of the paper's official code.
+* ``l_clamp``   the row-sum clamp of the paper's official code;
+* ``l_from``    ℓ summed from the FP32 P (as FlashAttention-2) or from P̄ as rounded for P̄V (PR #2721).
+
+How they run is a separate object, `Tuning` (TMA descriptors, the autotune space, the causal grid order, the split or
+atomic backward, the tie test's form, the FTZ exp), which never changes what is computed beyond the last FP32 bits
+of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_TUNING` unless given.
 
 ``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
 reference only): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
@@ -25,6 +30,7 @@ are accepted there (rounding cast points to BF16 still work: they are conversion
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -45,7 +51,7 @@ except ImportError as e:  # pragma: no cover - triton is in requirements.txt
     _IMPORT_ERROR = e
 
 __all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar",
-           "policy_for"]
+           "policy_for", "Tuning", "DEFAULT_TUNING", "ALL_LEVERS"]
 
 _TL = {}
 if _IMPORT_ERROR is None:
@@ -104,6 +110,7 @@ class KernelPolicy:
     fix_mode: int = 0           # FIX constexpr: 0 none, 1 Algorithm 3 (DynamicMax), 2 the robust fix (BoundedMax)
     shift_lo: float = 0.0       # BoundedMax's shift_min and shift_max (natural units)
     shift_hi: float = 0.0
+    l_pbar: bool = False        # L_PBAR constexpr: ℓ summed from P̄ (the policy's l_from="pbar")
 
     def __hash__(self):  # the dataclass's hash, computed once (it keys every launch's caches)
         h = self.__dict__.get("_hash")
@@ -114,6 +121,93 @@ class KernelPolicy:
 
     def __getstate__(self):  # a pickle must not carry this process's string hashes
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How the kernels are scheduled and tuned, never what they compute (issue 25's speed levers; measured side by
+    side by ``tools/gpu_kernels_tune.py``). Every lever keeps O and L bit for bit, except where said:
+
+    * ``tma``      read Q, K, V (and dO in the backward) and write O through Hopper tensor descriptors
+                   (`tl.make_tensor_descriptor`: the tensor memory accelerator copies whole tiles) instead of
+                   pointer tiles and cp.async; tensors that are not 16-byte aligned run without it.
+    * ``space``    the autotune space: ``"v1"`` (6 forward, 3 + 3 backward configs, as measured until 2026-12-01)
+                   or ``"sm90"`` (v1 plus deeper pipelines, 256-row forward tiles at head dim ≤ 64 and configs
+                   capped at 128 registers per thread; `kernels.fwd.FWD_SPACES`, `kernels.bwd.DKDV_SPACES`).
+                   The backward's FP32 sums follow its tiles: gradients change in their last bits with the pick.
+    * ``order``    the causal grid order: ``"head"`` (the longest query blocks first within each (batch, head))
+                   or ``"lpt"`` (longest first over all heads, in the forward and both backward kernels).
+    * ``bwd``      ``"split"``: a dK/dV kernel and a dQ kernel, no atomics (7 matmuls per tile pair,
+                   deterministic); ``"atomic"``: one kernel adds dQ into an FP32 buffer with atomics (5 matmuls,
+                   FlashAttention-2's way; dQ's last FP32 bits vary run to run). Needs ``grad_acc="fp32"``.
+    * ``tie``      the fix's tie test: ``"max2"`` (a (max, second max) reduction) or ``"count"`` (a count of the
+                   scores at or above r_m − ε after the max, no second running value); same m' bit for bit. The
+                   two-pass emulation path (policy blocks > 128 keys) always uses max2.
+    * ``ftz_exp``  the backward's P = exp(S − L) in sub mode through ex2.approx.ftz (the forward's and FMA mode's
+                   exp already are): three instructions fewer per score; P below 2^−126 becomes 0.
+    """
+
+    tma: bool = False
+    space: str = "v1"
+    order: str = "head"
+    bwd: str = "split"
+    tie: str = "max2"
+    ftz_exp: bool = False
+
+    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic"),
+                "tie": ("max2", "count")}
+
+    def __hash__(self):  # computed once: a tuning keys every launch's caches
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):  # a pickle must not carry this process's string hashes
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __post_init__(self):
+        for name, allowed in self._CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Tuning.{name} must be one of {list(allowed)} (got {getattr(self, name)!r})")
+        for name in ("tma", "ftz_exp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Tuning.{name} must be True or False (got {getattr(self, name)!r})")
+
+    def __str__(self) -> str:
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                 if getattr(self, f.name) != f.default]
+        return ",".join(parts) or "default"
+
+    @classmethod
+    def parse(cls, text: str) -> "Tuning":
+        """Inverse of ``str(tuning)`` ("default", or "tma=True,space=sm90,…"); unknown keys raise ValueError."""
+        if text.strip() in ("", "default"):
+            return cls()
+        kw, names = {}, [f.name for f in fields(cls)]
+        for item in text.split(","):
+            key, _, value = item.partition("=")
+            key, value = key.strip(), value.strip()
+            if key not in names:
+                raise ValueError(f"unknown Tuning key {key!r} in {text!r}; valid keys: {names}")
+            kw[key] = {"True": True, "False": False}.get(value, value) if key in ("tma", "ftz_exp") else value
+        return cls(**kw)
+
+
+#: What every call runs unless it passes ``tuning=``: the kernels as measured until 2026-12-01.
+DEFAULT_TUNING = Tuning()
+#: Every lever on (the candidate default, to be chosen by the GPU measurement of issue 25).
+ALL_LEVERS = Tuning(tma=True, space="sm90", order="lpt", bwd="atomic", tie="count", ftz_exp=True)
+
+
+def _check_tuning(tuning, kp: "KernelPolicy") -> None:
+    if not isinstance(tuning, Tuning):
+        raise TypeError(f"tuning must be a kernels.Tuning (got {type(tuning).__name__})")
+    if tuning.bwd == "atomic" and kp.grad_acc != tl.float32:
+        raise ValueError("kernels: Tuning(bwd='atomic') adds dQ with FP32 atomics, so it needs Precision.grad_acc="
+                         "'fp32'; a 16-bit grad_acc rounds dQ once per policy key block, which only the split "
+                         "backward (Tuning(bwd='split'), the default) can do")
 
 
 def _wider(a: str, b: str) -> str:
@@ -206,7 +300,8 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         dot_prec=_prec(policy.matmul), pv_prec=_prec(pv_dt), ds_prec=_prec(ds_dt),
         fix_mode=0 if fix is None else 2 if isinstance(fix, BoundedMax) else 1,
         shift_lo=float(fix.shift_min) if isinstance(fix, BoundedMax) else 0.0,
-        shift_hi=float(fix.shift_max) if isinstance(fix, BoundedMax) else 0.0)
+        shift_hi=float(fix.shift_max) if isinstance(fix, BoundedMax) else 0.0,
+        l_pbar=getattr(policy, "l_from", "p") == "pbar")
 
 
 def _check_inputs(q, k, v):
@@ -256,40 +351,51 @@ _DIRECT: dict = {}
 DIRECT_ENV = "LPFAIL_KERNELS_DIRECT"
 
 
-def _launch(kernel, grid, key, *args, **kwargs):
-    """Launch an autotuned kernel (or a plain JIT one). Once the autotuner has picked a config for `key`, launch that config
-    directly: Triton's autotuner rebuilds its own key from every argument on each call, ≈ 25 µs of Python per
-    launch, which adds straight to a short kernel's time. `key` holds the shape, the input dtype and every
-    constexpr (the whole KernelPolicy), so it is at least as fine as the autotuner's key.
+def _launch(kernel, grid, key, args, consts, stream=None):
+    """Launch an autotuned kernel (or a plain JIT one) on `args` with the constexpr keywords `consts`. Once the
+    autotuner has picked a config for `key`, launch that config directly: Triton's autotuner rebuilds its own key
+    from every argument on each call, ≈ 25 µs of Python per launch, which adds straight to a short kernel's time.
+    `key` holds the shape, the input dtype and every constexpr (the whole KernelPolicy and Tuning), so it is at
+    least as fine as the autotuner's key.
 
-    From the third launch on (CUDA, triton's own launcher, LPFAIL_KERNELS_DIRECT not "0"), the compiled kernel that Triton's JIT returned is
-    called directly with the same arguments (see `_direct_entry`), skipping the JIT's argument binding and
-    cache key (≈ 18 µs of Python per launch on the CPU measured in notes/fix.md). `key` must then also fix
-    every integer argument's value (the callers put the batch and head counts and the strides in it) and the
-    tensors' 16-byte alignment, which Triton specialises on."""
+    From the third launch on (CUDA, triton's own launcher, LPFAIL_KERNELS_DIRECT not "0"), the compiled kernel that
+    Triton's JIT returned is called directly with the same arguments (see `_direct_entry`), skipping the JIT's
+    argument binding and cache key (≈ 18 µs of Python per launch on the CPU measured in notes/fix.md), on
+    `stream` (the current stream when None). `key` must then also fix every
+    integer argument's value (the callers put the batch and head counts and the strides in it) and the tensors'
+    16-byte alignment, which Triton specialises on."""
     d = _DIRECT.get((kernel, key))
     if d is not None:
         compiled, tail, meta, drv, hooks = d
-        g = grid(meta)
-        stream = drv.get_current_stream(drv.get_current_device())
-        enter, leave = hooks.launch_enter_hook, hooks.launch_exit_hook
+        g = grid(meta) if callable(grid) else grid
+        if stream is None:
+            stream = drv.get_current_stream(drv.get_current_device())
+        enter = hooks.launch_enter_hook
         md = compiled.launch_metadata(g, stream, *args, *tail) if enter is not None else None
-        compiled.run(g[0], g[1], 1, stream, compiled.function, compiled.packed_metadata, md, enter, leave,
-                     *args, *tail)
+        compiled.run(g[0], g[1], 1, stream, compiled.function, compiled.packed_metadata, md, enter,
+                     hooks.launch_exit_hook, *args, *tail)
         return compiled
     tuned = hasattr(kernel, "configs")  # an autotuner, not a plain JIT function
     cfg = _PICKS.get((kernel, key), _PICKS)   # (_PICKS itself: no launch yet)
     if cfg is _PICKS or (not tuned and _fwd.INTERPRET):
-        out = kernel[grid](*args, **kwargs)
+        out = kernel[grid](*args, **consts)
         _PICKS[(kernel, key)] = kernel.best_config if tuned else None
         return out
     meta = cfg.all_kwargs() if tuned else {}
     jit = kernel.fn if tuned else kernel
-    out = jit.run(*args, grid=grid, warmup=False, **kwargs, **meta)
-    entry = _direct_entry(jit, out, args, {**kwargs, **meta}, key)
+    out = jit.run(*args, grid=grid, warmup=False, **consts, **meta)
+    entry = _direct_entry(jit, out, args, {**consts, **meta}, key)
     if entry is not None:
-        _DIRECT[(kernel, key)] = entry
+        _DIRECT[(kernel, key)] = entry[:2] + (meta,) + entry[2:]    # (compiled, tail, meta, driver, hooks)
     return out
+
+
+def _current_stream():
+    """The current CUDA stream's handle, as Triton's launcher takes it (one lookup per backward, not per launch)."""
+    from triton.runtime import driver
+
+    drv = driver.active
+    return drv.get_current_stream(drv.get_current_device())
 
 
 def _direct_entry(jit, compiled, args, kwargs, key):
@@ -314,7 +420,20 @@ def _direct_entry(jit, compiled, args, kwargs, key):
         return None
     if len(bound) < len(args) or any(a is not b for a, b in zip(bound, args)):
         return None
-    return compiled, tuple(bound[len(args):]), kwargs, drv, knobs.runtime
+    return compiled, tuple(bound[len(args):]), drv, knobs.runtime
+
+
+_ENV_DATA = getattr(os.environ, "_data", None)   # CPython's os.environ store: a lookup without KeyError handling
+_TUNE_KEY = b"LPFAIL_KERNELS_AUTOTUNE"            # kernels.fwd.TUNE_ENV, encoded as os.environ stores it on POSIX
+
+
+def _tune_env():
+    """LPFAIL_KERNELS_AUTOTUNE's value (part of the launch plans' keys: the prune step reads it when it tunes),
+    read from os.environ's own store where it has one: ≈ 0.1 µs instead of ≈ 1 µs per call."""
+    if _ENV_DATA is not None and os.name == "posix":
+        value = _ENV_DATA.get(_TUNE_KEY)
+        return None if value is None else value.decode()
+    return os.environ.get(_fwd.TUNE_ENV)
 
 
 def _device_index(t: torch.Tensor):
@@ -322,10 +441,35 @@ def _device_index(t: torch.Tensor):
     return torch.cuda.current_device() if t.is_cuda else None
 
 
+def _tma_alloc(size: int, alignment: int, stream):
+    """Global scratch for the kernels' device-side tensor descriptors (128 bytes per program)."""
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def _ensure_tma_allocator() -> None:
+    """Triton's allocator for descriptor scratch is a context variable: set it in every thread that launches (the
+    autograd engine runs the backward in its own thread)."""
+    from triton.runtime import _allocation
+
+    if _allocation._allocator.get() is not _tma_alloc:
+        triton.set_allocator(_tma_alloc)
+
+
+def _grid(order: int):
+    """The grid of a kernel whose blocks run along the sequence: (blocks, B·H), or (B·H, blocks) for ORDER 1."""
+    if order:
+        return lambda n, bh, block: (lambda meta: (bh, -(-n // meta[block])))
+    return lambda n, bh, block: (lambda meta: (-(-n // meta[block]), bh))
+
+
+_GRIDS = (_grid(0), _grid(1))
+
+
 @functools.lru_cache(maxsize=1024)
-def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, tune, interp: bool):
-    """The forward launch's per-(shape, policy) constants: the key-block argument, the scalars after it and the
-    constexpr keywords (computed once instead of on every call)."""
+def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, tune, interp: bool,
+              tuning: Tuning = DEFAULT_TUNING):
+    """The forward launch's per-(shape, policy, tuning) constants: the key-block argument, the scalars after it and
+    the constexpr keywords (computed once instead of on every call)."""
     raw = _raw_units(kp, scale)
     key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
     scalars = (key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp,
@@ -333,71 +477,108 @@ def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     consts = dict(RAW=raw, HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
                   EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc,
                   SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass,
-                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec)
+                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **_fwd_levers(kp, scale, causal, tuning))
     if not interp:
         consts["enable_fp_fusion"] = kp.sub_fma
-    return (N, D, causal, kp, raw, dtype, tune), scalars, consts
+    return (N, D, causal, kp, raw, dtype, tune, tuning), scalars, consts
 
 
-def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float):
+def _fwd_levers(kp: KernelPolicy, scale: float, causal: bool, tuning: Tuning) -> dict:
+    """The forward's tuning constexprs, each set only where it changes the code (so that variants that compute
+    the same code share one compiled kernel): TIE and POW2 with the fix on the fast path, ORDER when causal."""
+    tie = int(tuning.tie == "count" and kp.fix_mode != 0 and not kp.two_pass)
+    return dict(TMA=tuning.tma, ORDER=int(causal and tuning.order == "lpt"), TIE=tie,
+                POW2=bool(tie and kp.sub_fma and math.frexp(scale)[0] == 0.5), L_PBAR=kp.l_pbar)
+
+
+def _aligned(*tensors) -> bool:
+    """All data pointers 16-byte aligned (Triton specialises on it; TMA descriptors need it)."""
+    ptrs = 0
+    for t in tensors:
+        ptrs |= t.data_ptr()
+    return not (ptrs & 15)
+
+
+def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuning = DEFAULT_TUNING):
     """Launch the forward kernel; returns O (in the policy's `out` dtype) and L = m + log ℓ (FP32). (The grids
     divide with -(-a // b), not triton.cdiv, which is a JIT function: ≈ 5 µs per call on the host.)"""
     B, H, N, D = q.shape
     o = torch.empty((B, H, N, D), device=q.device, dtype=kp.out_dtype)
     lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
-    grid = lambda meta: (-(-N // meta["BLOCK_M"]), B * H)  # noqa: E731
-    key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, os.environ.get(_fwd.TUNE_ENV),
-                                     _fwd.INTERPRET)
+    aligned = _aligned(q, k, v, o)                                      # Triton specialises on it
+    if tuning.tma and not aligned:
+        tuning = dataclasses.replace(tuning, tma=False)                 # a descriptor needs 16-byte alignment
+    key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, _tune_env(), _fwd.INTERPRET, tuning)
+    if tuning.tma and not _fwd.INTERPRET:
+        _ensure_tma_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride())
-    aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)   # Triton specialises on both
-    _launch(_fwd._attn_fwd, grid, key + (B, H, strides, aligned, _device_index(q)),
-            q, k, v, o, lse, *strides, *o.stride(), H, N, *scalars, **consts)
+    _launch(_fwd._attn_fwd if tuning.space == "v1" else _fwd.FWD_TUNERS[tuning.space],
+            _GRIDS[consts["ORDER"]](N, B * H, "BLOCK_M"),
+            (key, B, H, strides, aligned, _device_index(q)),
+            (q, k, v, o, lse, *strides, *o.stride(), H, N, *scalars), consts)
     return o, lse
 
 
-def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float):
+def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuning = DEFAULT_TUNING):
+    """Launch the backward: δ (its own pass, or a pass over K, V for "dP.P" / "dO.O_hp"), then the split dK/dV
+    and dQ kernels, or the atomic kernel (dK, dV and dQ in one; dQ summed in FP32 and cast after)."""
     B, H, N, D = q.shape
     do = do.contiguous()
-    key, common, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype,
-                                                    os.environ.get(_fwd.TUNE_ENV), _fwd.INTERPRET)
-    ptrs = q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | o.data_ptr() | lse.data_ptr()
+    aligned = _aligned(q, k, v, do, o, lse)
+    if tuning.tma and not aligned:
+        tuning = dataclasses.replace(tuning, tma=False)
+    key, consts, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype, _tune_env(),
+                                                    _fwd.INTERPRET, tuning)
+    if tuning.tma and not _fwd.INTERPRET:
+        _ensure_tma_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     # Triton specialises on the integers' values (mod 16, = 1) and the tensors' 16-byte alignment
-    key = key + (B, H, strides, o.stride(), not (ptrs & 15), _device_index(q))
-    q_grid = lambda meta: (-(-N // meta["BLOCK_M"]), B * H)  # noqa: E731
+    key = (key, B, H, strides, o.stride(), aligned, _device_index(q))
+    stream = _current_stream() if q.is_cuda else None
+    grids, bh = _GRIDS[consts["kv"]["ORDER"]], B * H
+    atomic = tuning.bwd == "atomic"
+    # (the v1 space's kernels are read from the module at each call, so that tools/host_breakdown.py can stub them)
+    dq_kernel = _bwd._bwd_dq if tuning.space == "v1" else _bwd.DQ_TUNERS[tuning.space]
     delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
+    dq = torch.empty(q.shape, device=q.device, dtype=torch.float32) if atomic else torch.empty_like(q)
     if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp
         mode = 1 if kp.delta == "dP.P" else 2
-        _launch(_bwd._bwd_dq, q_grid, key + (mode,), q, k, v, do, lse, delta, q, *strides, H, N, key_block, scale,
-                MODE=mode, **common)
+        _launch(dq_kernel, grids(N, bh, "BLOCK_M"), (key, mode), (q, k, v, do, lse, delta, q, *strides, H, N,
+                key_block, scale), consts["dpp" if mode == 1 else "o_hp"], stream)
+        if atomic:
+            dq.zero_()
     else:
         wide = "fp32" if torch.float32 in (o.dtype, do.dtype) else kp.delta_prod
-        d_grid = (-(-N // 64), B * H)
-        _launch(_bwd._bwd_delta_dot, lambda meta: d_grid, key + (o.dtype,),
-                o, do, delta, *o.stride(), *do.stride(), H, N, HEAD_DIM=D, BLOCK_M=64,
-                PROD=_TL[_wider(kp.delta_prod, wide)])
-    dq = torch.empty_like(q)
+        _launch(_bwd._bwd_delta_dot, (-(-N // 64), bh), (key, o.dtype, atomic),
+                (o, do, delta, dq, *o.stride(), *do.stride(), H, N),
+                dict(HEAD_DIM=D, BLOCK_M=64, PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    kv_grid = lambda meta: (-(-N // meta["BLOCK_N"]), B * H)  # noqa: E731
-    _launch(_bwd._bwd_dkdv, kv_grid, key, q, k, v, do, lse, delta, dk, dv, *strides, H, N, query_block, scale,
-            PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_PREC=kp.pv_prec, **common)
-    _launch(_bwd._bwd_dq, q_grid, key + (0,), q, k, v, do, lse, delta, dq, *strides, H, N, key_block, scale, MODE=0,
-            **common)
+    args = (q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, *strides, H, N, query_block, scale)
+    kv_kernel = _bwd.DKDV_TUNERS[(tuning.space, atomic)] if tuning.space != "v1" or atomic else _bwd._bwd_dkdv
+    _launch(kv_kernel, grids(N, bh, "BLOCK_N"), key, args, consts["kv"], stream)
+    if atomic:
+        return dq.to(q.dtype), dk, dv
+    _launch(dq_kernel, grids(N, bh, "BLOCK_M"), (key, 0), (q, k, v, do, lse, delta, dq, *strides, H, N, key_block,
+            scale), consts["dq"], stream)
     return dq, dk, dv
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, do_dtype, tune, interp: bool):
-    """The backward launches' per-(shape, policy) constants (computed once instead of on every call)."""
+def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, do_dtype, tune, interp: bool,
+              tuning: Tuning = DEFAULT_TUNING):
+    """The backward launches' per-(shape, policy, tuning) constants (computed once instead of on every call)."""
     common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
                   DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
-                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale))
+                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=tuning.tma,
+                  ORDER=int(causal and tuning.order == "lpt"), FTZ=bool(tuning.ftz_exp and not kp.sub_fma))
     if not interp:
         common["enable_fp_fusion"] = kp.sub_fma
     # the policy's blocks for the grad_acc roundings; one block over the sequence (0) is a boundary past its end
     whole = triton.cdiv(N, _bwd.GRAD_TILE) * _bwd.GRAD_TILE
-    return (N, D, causal, kp, dtype, do_dtype, tune), common, kp.key_block or whole, kp.query_block or whole
+    kv = {**common, "PBAR": kp.pbar, "PV_DT": kp.pv_dt, "PV_PREC": kp.pv_prec, "DQ_ATOMIC": tuning.bwd == "atomic"}
+    consts = {"dq": {**common, "MODE": 0}, "dpp": {**common, "MODE": 1}, "o_hp": {**common, "MODE": 2}, "kv": kv}
+    return (N, D, causal, kp, dtype, do_dtype, tune, tuning), consts, kp.key_block or whole, kp.query_block or whole
 
 
 @functools.lru_cache(maxsize=256)
@@ -408,22 +589,27 @@ def _policy_for_launch(policy: Precision) -> KernelPolicy:
 
 
 class FlashAttention(torch.autograd.Function):
-    """O = softmax(α QKᵀ [+ causal mask]) V under a `Precision` policy, Triton forward and backward."""
+    """O = softmax(α QKᵀ [+ causal mask]) V under a `Precision` policy, Triton forward and backward.
+    ``FlashAttention.apply(q, k, v, policy, causal, scale[, tuning])``; `policy` may also be the KernelPolicy that
+    `flash_attention` already translated it into. (The non-tensor arguments travel as one tuple: autograd's apply
+    walks its arguments in Python, so fewer of them cost less host time per call.)"""
 
     @staticmethod
-    def forward(ctx, q, k, v, policy: Precision, causal: bool, scale: float):
-        kp = _policy_for_launch(policy)
+    def forward(ctx, q, k, v, *meta):
+        policy, causal, scale, tuning = meta[0] if len(meta) == 1 else (*meta, DEFAULT_TUNING)[:4]
+        kp = policy if isinstance(policy, KernelPolicy) else _policy_for_launch(policy)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, lse = _forward(q, k, v, kp, causal, scale)
+        o, lse = _forward(q, k, v, kp, causal, scale, tuning)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.kp, ctx.causal, ctx.scale = kp, causal, scale
+        ctx.kp, ctx.causal, ctx.scale, ctx.tuning = kp, causal, scale, tuning
+        ctx.n_meta = len(meta)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.kp, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.kp, ctx.causal, ctx.scale, ctx.tuning)
+        return (dq, dk, dv) + (None,) * ctx.n_meta
 
 
 _FIXES = ("robust", "alg3", "none")
@@ -472,116 +658,153 @@ def _ops_registered() -> bool:
 if not _ops_registered():
     @torch.library.custom_op("lpfail::flash_attention_fwd", mutates_args=())
     def _op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: str, causal: bool,
-                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+                scale: float, tuning: str = "default") -> tuple[torch.Tensor, torch.Tensor]:
         """O and L = m + log ℓ (FP32) under the policy named by its string (`Precision.parse`)."""
         kp = _policy_for_launch(_parse_policy(policy))
-        return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, causal, scale)
+        return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, causal, scale, _parse_tuning(tuning))
 
 
     @_op_fwd.register_fake
-    def _(q, k, v, policy, causal, scale):
+    def _(q, k, v, policy, causal, scale, tuning="default"):
         out = _parse_policy(policy).dtype("out")
         return q.new_empty(q.shape, dtype=out), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
     @torch.library.custom_op("lpfail::flash_attention_bwd", mutates_args=())
     def _op_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                lse: torch.Tensor, policy: str, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                lse: torch.Tensor, policy: str, causal: bool, scale: float,
+                tuning: str = "default") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         kp = _policy_for_launch(_parse_policy(policy))
-        return _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, kp, causal, scale)
+        return _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, kp, causal, scale,
+                         _parse_tuning(tuning))
 
 
     @_op_bwd.register_fake
-    def _(do, q, k, v, o, lse, policy, causal, scale):
+    def _(do, q, k, v, o, lse, policy, causal, scale, tuning="default"):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
     def _op_setup(ctx, inputs, output):
-        q, k, v, policy, causal, scale = inputs
+        q, k, v, policy, causal, scale, *tuning = inputs
         ctx.save_for_backward(q, k, v, output[0], output[1])
-        ctx.policy, ctx.causal, ctx.scale = policy, causal, scale
+        ctx.policy, ctx.causal, ctx.scale, ctx.tuning = policy, causal, scale, (tuning or ["default"])[0]
 
 
     def _op_backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _op_bwd(do.contiguous(), q, k, v, o, lse, ctx.policy, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = _op_bwd(do.contiguous(), q, k, v, o, lse, ctx.policy, ctx.causal, ctx.scale, ctx.tuning)
+        return dq, dk, dv, None, None, None, None
 
 
     _op_fwd.register_autograd(_op_backward, setup_context=_op_setup)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_tuning(text: str) -> Tuning:
+    return Tuning.parse(text)
 
 
 #: (dtype, fix name) → (policy, its string) of the SDPA-style call, built once (see `flash_attention`)
 _SDPA_POLICIES = {(dt, fx): (policy_for(dt, fx), str(policy_for(dt, fx)))
                   for dt in (torch.bfloat16, torch.float16, torch.float32) for fx in (None, *_FIXES)}
 
+_SUPPORTED = ("what the kernels support: attn_mask=None with is_causal=False (full attention) or is_causal=True (the "
+              "causal mask, bottom-right = top-left for these self-attention shapes), dropout_p=0, any scale, "
+              "enable_gqa=True with a number of query heads that is a multiple of the key/value heads")
+
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision | None = None,
                     causal: bool | None = None, scale: float | None = None, *, attn_mask=None,
                     dropout_p: float = 0.0, is_causal: bool | None = None, enable_gqa: bool = False,
-                    fix=None) -> torch.Tensor:
+                    fix=None, tuning: Tuning | None = None) -> torch.Tensor:
     """Attention of (batch, heads, seq, head_dim) tensors through the Triton kernels.
 
     Two ways to call it:
 
-    * SDPA-style, the drop-in: ``flash_attention(q, k, v, is_causal=True, scale=None, fix="robust")`` — the
-      keywords of ``torch.nn.functional.scaled_dot_product_attention`` for the cases the kernels support
-      (``attn_mask=None``, ``dropout_p=0``, ``enable_gqa=False``; anything else is a ValueError), the policy
+    * SDPA-style, the drop-in: ``flash_attention(q, k, v, is_causal=False, scale=None, enable_gqa=False,
+      fix="robust")`` — the keywords of ``torch.nn.functional.scaled_dot_product_attention``, with SDPA's
+      defaults (full attention unless ``is_causal=True``; ``scale`` 1/√head_dim), for the cases the kernels
+      support: ``attn_mask=None`` (a mask, boolean or float, is a ValueError that names what is supported),
+      ``dropout_p=0``, ``enable_gqa`` (key/value heads repeated for the query heads, as SDPA does); the policy
       chosen from the inputs' dtype by `policy_for` (FlashAttention-2 arithmetic), plus ``fix``: None (default:
       what SDPA computes), "robust" (the robust fix, `lpfail.precision.BoundedMax`) or "alg3" (the paper's
-      Algorithm 3, no clamp). Causal when ``is_causal`` is left out, as in a decoder.
+      Algorithm 3, no clamp). (Until issue 25 ``is_causal`` defaulted to True.)
     * With a policy: ``flash_attention(q, k, v, policy, causal=True, scale=None)`` — any `Precision` the
-      kernels can honour (the book's variants).
+      kernels can honour (the book's variants); causal unless ``causal=False``, as `lpfail.attention.attention`.
 
-    Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable (Triton
-    backward). The SDPA style runs as the custom op ``torch.ops.lpfail.flash_attention_fwd`` (with its backward
-    registered) whenever it is traced (torch.compile, export, a dispatch mode), so ``torch.compile`` keeps it in
-    one graph; called eagerly on plain tensors, both styles run the same kernels with the same arguments without
-    the op's dispatch (host time, issue 13): an `autograd.Function` where an input needs a gradient, else the
-    forward alone. `scale` defaults to 1/√head_dim. Raises RuntimeError without a CUDA GPU (see the module
-    docstring), ValueError for a mask, dropout, GQA, a dtype, head dim, shape or policy the kernels cannot honour.
+    ``tuning`` (both styles): a `Tuning` (how the kernels are scheduled, never what they compute), default
+    `DEFAULT_TUNING`. Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable
+    (Triton backward). The SDPA style runs as the custom op ``torch.ops.lpfail.flash_attention_fwd`` (with its
+    backward registered) whenever it is traced (torch.compile, export, a dispatch mode), so ``torch.compile``
+    keeps it in one graph; called eagerly on plain tensors, both styles run the same kernels with the same
+    arguments without the op's dispatch (host time, issue 13): an `autograd.Function` where an input needs a
+    gradient, else the forward alone. Raises RuntimeError without a CUDA GPU (see the module docstring),
+    ValueError for a mask, dropout, a head count, dtype, head dim, shape or policy the kernels cannot honour.
     """
     if attn_mask is not None:
-        raise ValueError("kernels.flash_attention supports no attn_mask (only is_causal); use "
-                         "torch.nn.functional.scaled_dot_product_attention for masked attention")
+        raise ValueError(f"kernels.flash_attention takes no attn_mask (got a {type(attn_mask).__name__}"
+                         f"{' of ' + str(attn_mask.dtype) if isinstance(attn_mask, torch.Tensor) else ''}); "
+                         f"{_SUPPORTED}. For another mask use torch.nn.functional.scaled_dot_product_attention")
     if dropout_p != 0.0:
-        raise ValueError(f"kernels.flash_attention has no dropout (got dropout_p={dropout_p!r}); use 0.0")
-    if enable_gqa:
-        raise ValueError("kernels.flash_attention supports no grouped-query attention (enable_gqa=True): q, k and "
-                         "v must have the same number of heads")
+        raise ValueError(f"kernels.flash_attention has no dropout (got dropout_p={dropout_p!r}); {_SUPPORTED}")
+    if isinstance(policy, torch.Tensor):
+        raise TypeError("the 4th positional argument of kernels.flash_attention is a Precision policy, not SDPA's "
+                        f"attn_mask; pass SDPA's arguments by keyword ({_SUPPORTED})")
     sdpa_style = policy is None
-    if policy is None:
+    if sdpa_style:
         if causal is not None and is_causal is not None and bool(causal) != bool(is_causal):
             raise ValueError(f"causal={causal!r} and is_causal={is_causal!r} disagree; pass one of them")
-        causal = True if (causal is None and is_causal is None) else bool(causal if causal is not None else is_causal)
-        if not isinstance(q, torch.Tensor):
-            raise TypeError(f"q must be a torch.Tensor (got {type(q).__name__})")
-        named = (q.dtype, fix) if fix is None or isinstance(fix, str) else None
-        if named in _SDPA_POLICIES:  # a dict lookup: nothing for torch.compile to trace through
-            policy, policy_text = _SDPA_POLICIES[named]
-        else:
-            policy = policy_for(q.dtype, fix)
-            policy_text = str(policy)
+        causal = bool(is_causal if is_causal is not None else (causal or False))   # SDPA's default: full attention
+        policy, policy_text = _sdpa_policy(q, fix)
     else:
         if fix is not None or is_causal is not None:
             raise ValueError("pass either a policy (with causal=) or the SDPA-style keywords (is_causal=, fix=), "
                              "not both: the policy already says whether there is a fix")
         causal = True if causal is None else causal
+    k, v = _expand_kv_heads(q, k, v, enable_gqa)
     _check_inputs(q, k, v)
     if not sdpa_style:  # (the SDPA style's policies are valid by construction; the op checks them again)
         _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
     kp = _policy_for_launch(policy)  # validate before anything is launched (memoised)
+    tuning = DEFAULT_TUNING if tuning is None else tuning
+    _check_tuning(tuning, kp)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if sdpa_style and not _eager(q, k, v):  # traced: through the custom op (torch.compile sees one node)
         # contiguous before the op: its setup then saves the contiguous tensors, and the backward does not copy
         # non-contiguous inputs (e.g. q, k, v split from a fused projection) a second time
         return torch.ops.lpfail.flash_attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), policy_text,
-                                                    bool(causal), scale)[0]
+                                                    bool(causal), scale, str(tuning))[0]
     # eager (host time, issue 13): the same kernels with the same arguments, without the custom op's dispatch;
     # without autograd where no input needs a gradient
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FlashAttention.apply(q, k, v, policy, bool(causal), scale)
-    return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, bool(causal), scale)[0]
+        return FlashAttention.apply(q, k, v, (kp, bool(causal), scale, tuning))
+    return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, bool(causal), scale, tuning)[0]
+
+
+def _sdpa_policy(q, fix):
+    """(policy, its string) of the SDPA-style call for q's dtype and `fix`: a dict lookup for the named fixes."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor (got {type(q).__name__})")
+    named = (q.dtype, fix) if fix is None or isinstance(fix, str) else None
+    if named in _SDPA_POLICIES:  # a dict lookup: nothing for torch.compile to trace through
+        return _SDPA_POLICIES[named]
+    policy = policy_for(q.dtype, fix)
+    return policy, str(policy)
+
+
+def _expand_kv_heads(q, k, v, enable_gqa: bool):
+    """SDPA's enable_gqa: k and v hold H_kv heads, H_q a multiple of it, and query head h reads key/value head
+    h // (H_q / H_kv): k and v are repeated along the heads (their gradients sum back through the repeat).
+    Without enable_gqa the head counts must agree (checked with the shapes)."""
+    if not enable_gqa or not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+        return k, v
+    hq, hk = q.shape[1], k.shape[1]
+    if k.shape[1] != v.shape[1] or hq % hk:
+        raise ValueError(f"enable_gqa=True needs k and v with one head count that divides q's (got q {hq}, k "
+                         f"{k.shape[1]}, v {v.shape[1]} heads)")
+    if hq == hk:
+        return k, v
+    return k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
 
 
 def _eager(q, k, v) -> bool:

@@ -167,6 +167,20 @@ def _matmul_tflops(size, reps=10):
     return 2.0 * size ** 3 * reps / (start.elapsed_time(end) * 1e-3) / 1e12
 
 
+def _guard(fn, inputs, causal: bool, name: str) -> dict:
+    """The timed kernel computes attention: its relative error against float64 SDPA on the first batch entry,
+    and whether its second launch (the autotuner's pick, launched directly) gives the first's bits."""
+    import torch
+
+    q, k, v, _ = inputs
+    with torch.no_grad():
+        ref = torch.nn.functional.scaled_dot_product_attention(q[:1].double(), k[:1].double(), v[:1].double(),
+                                                               is_causal=causal)
+        o = fn(q[:1], k[:1], v[:1]).double()
+        o2 = fn(q[:1], k[:1], v[:1]).double()   # the second launch runs the autotuner's pick
+    return {name: float((o - ref).norm() / ref.norm()), f"{name}_second_launch_equal": bool(torch.equal(o, o2))}
+
+
 @experiment("bench_kernels", config=BenchKernelsConfig, gpu=True)
 def bench_kernels(cfg: BenchKernelsConfig) -> dict:
     """TFLOP/s of the Triton kernels, SDPA flash / cuDNN and the reference, fwd, bwd and fwd+bwd."""
@@ -202,14 +216,7 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
                 if fn is None:
                     continue
                 if j == 0 and method.startswith("triton"):  # a guard: the timed kernel computes attention
-                    q, k, v, _ = sets[0]
-                    with torch.no_grad():
-                        ref = torch.nn.functional.scaled_dot_product_attention(
-                            q[:1].double(), k[:1].double(), v[:1].double(), is_causal=cfg.causal)
-                        o = fn(q[:1], k[:1], v[:1]).double()
-                        o2 = fn(q[:1], k[:1], v[:1]).double()   # the second launch runs the autotuner's pick
-                    check[f"{method}_d{d}"] = float((o - ref).norm() / ref.norm())
-                    check[f"{method}_d{d}_second_launch_equal"] = bool(torch.equal(o, o2))
+                    check.update(_guard(fn, sets[0], cfg.causal, f"{method}_d{d}"))
                 for a, mode in enumerate(MODES):
                     reps = cfg.reps if method != "reference_paper" else max(3, cfg.reps // 10)
                     try:

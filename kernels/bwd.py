@@ -30,7 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.fwd import INTERPRET, LOG2E, _bh_offset, _imin, _load_rows, _round, _tune
+from kernels.fwd import (INTERPRET, LOG2E, _bench, _bh_offset, _config, _imin, _load_rows, _load_tile, _round,
+                         _rows_source, _space_configs, _tune)
 
 #: Every reduction tile of the backward (BLOCK_M of the dK/dV kernel, BLOCK_N of the dQ kernel, in every
 #: config, interpreter and FP32 fallbacks included) divides this: a policy tile that is a multiple of it is a
@@ -40,8 +41,20 @@ GRAD_TILE = 64
 
 # -- device helpers --------------------------------------------------------------------------------------
 @triton.jit
+def _exp(x, FTZ: tl.constexpr):
+    """exp(x) in FP32. FTZ (`kernels.Tuning.ftz_exp`): exp2(x·log2 e) through ex2.approx.ftz, one MUFU.EX2 and the
+    multiply, as the forward's exp; else `tl.exp`, whose ex2.approx without .ftz adds a range test and two
+    predicated multiplies per score (to return subnormal results). The two differ only where exp(x) < 2^−126,
+    which FTZ returns as 0 (such a P adds less than 2^−126 of dO or dS to a gradient)."""
+    if FTZ:
+        return tl.math.exp2(x * LOG2E)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def _recompute_p(qk, lse_row, scale, QK_OUT: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
-                 RAW: tl.constexpr):
+                 RAW: tl.constexpr, FTZ: tl.constexpr):
     """P = exp(S − L) in FP32 from a raw QKᵀ tile (S rounded as in the forward, or one FMA);
     `lse_row` broadcasts along the key axis of the tile. RAW (sub mode, α a power of two): S = α·round(QKᵀ)
     is exact, so one FMA gives fl(S − L) bit for bit — one multiply fewer per score."""
@@ -49,9 +62,9 @@ def _recompute_p(qk, lse_row, scale, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
         # as the forward's FMA mode: base 2 with log2(e) folded in, one FFMA and one ex2 per score
         return tl.math.exp2(tl.fma(qk, scale * LOG2E, -(lse_row * LOG2E)))
     elif RAW:
-        return tl.exp(tl.fma(_round(_round(qk, QK_OUT), SCORES), scale, -lse_row))
+        return _exp(tl.fma(_round(_round(qk, QK_OUT), SCORES), scale, -lse_row), FTZ)
     else:
-        return tl.exp(_round(_round(qk, QK_OUT) * scale, SCORES) - lse_row)
+        return _exp(_round(_round(qk, QK_OUT) * scale, SCORES) - lse_row, FTZ)
 
 
 @triton.jit
@@ -74,11 +87,14 @@ def _flush_tile(acc, part, end, GRAD_BLOCK, last, GACC: tl.constexpr):
 
 # -- δ preprocess -------------------------------------------------------------------------------------------
 @triton.jit
-def _bwd_delta_dot(O, DO, DELTA,
+def _bwd_delta_dot(O, DO, DELTA, DQ,
                    stride_oz, stride_oh, stride_om, stride_od,
                    stride_dz, stride_dh, stride_dm, stride_dd,
-                   H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PROD: tl.constexpr):
-    """δ = rowsum(dO ∘ O): each product rounded to PROD (the policy's delta_prod, widened), summed in FP32."""
+                   H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PROD: tl.constexpr,
+                   ZERO_DQ: tl.constexpr = False):
+    """δ = rowsum(dO ∘ O): each product rounded to PROD (the policy's delta_prod, widened), summed in FP32.
+    ZERO_DQ (the atomic backward): also zero these rows of the FP32 dQ accumulator DQ (contiguous, O's shape),
+    which saves the launch of a separate memset."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     O += _bh_offset(off_hz, H, stride_oz, stride_oh)
@@ -89,25 +105,30 @@ def _bwd_delta_dot(O, DO, DELTA,
     do = _load_rows(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, N_CTX, True)
     delta = tl.sum(_round(o.to(tl.float32) * do.to(tl.float32), PROD), 1)
     tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
+    if ZERO_DQ:
+        DQ += off_hz.to(tl.int64) * N_CTX * HEAD_DIM
+        tl.store(DQ + offs_m[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
+                 mask=offs_m[:, None] < N_CTX)
 
 
 # -- the query-side loop: dQ, or δ = rowsum(dP ∘ P), or δ = rowsum(dO ∘ O_hp) -------------------------------------
 @triton.jit
-def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n0,
                   lo, hi, last, N_CTX, KEY_BLOCK, scale,
                   BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                   DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr,
                   SUB_FMA: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr,
-                  DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr):
+                  DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr,
+                  FTZ: tl.constexpr):
     """Walk the key tiles lo:hi for one query block. dQ (MODE 0) with a 16-bit GACC: `dq_part` holds the FP32
     product of the current policy key block (KEY_BLOCK keys) across tiles and across the two calls (unmasked,
     then masked range); `last` is where the whole walk ends."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = _load_rows(K_ptrs + start_n * stride_kn, offs_n, N_CTX, MASK)                  # (BLOCK_N, D)
-        v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, MASK)
+        k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, MASK, TMA)               # (BLOCK_N, D)
+        v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, MASK, TMA)
         qk = tl.dot(q, tl.trans(k.to(MATMUL)), input_precision=DOT_PREC)               # (BLOCK_M, BLOCK_N)
-        p = _recompute_p(qk, lse[:, None], scale, QK_OUT, SCORES, SUB_FMA, RAW)
+        p = _recompute_p(qk, lse[:, None], scale, QK_OUT, SCORES, SUB_FMA, RAW, FTZ)
         if MASK:
             valid = offs_n[None, :] < N_CTX
             if CAUSAL:
@@ -130,12 +151,19 @@ def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn
     return dq, dq_part, aux
 
 
-def _q_side_configs():
-    if INTERPRET:
-        return [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
-    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-               for bm, bn, w, s in ((128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3))]
-    return configs
+#: Autotune spaces of the two backward kernels (`kernels.Tuning.space`), (BLOCK_M, BLOCK_N, warps, stages, maxnreg):
+#: "v1" is the space of 2026-11-29 (first entry: what LPFAIL_KERNELS_AUTOTUNE=0 runs); "sm90" adds deeper
+#: pipelines and 8-warp tiles. Every reduction tile (dK/dV's BLOCK_M, dQ's BLOCK_N) divides GRAD_TILE.
+DQ_SPACES = {"v1": ((128, 64, 8, 2, None), (128, 32, 4, 3, None), (64, 64, 4, 3, None)),
+             "sm90": ((128, 64, 8, 3, None), (64, 64, 4, 2, None), (128, 32, 8, 2, None), (64, 32, 4, 3, None))}
+DKDV_SPACES = {"v1": ((64, 128, 8, 2, None), (32, 128, 4, 3, None), (64, 64, 4, 3, None)),
+               "sm90": ((64, 128, 8, 3, None), (64, 128, 4, 2, None), (32, 128, 8, 2, None),
+                        (64, 64, 4, 2, None), (64, 128, 8, 2, 128))}
+
+
+def _q_side_configs(space: str = "v1"):
+    return _space_configs(DQ_SPACES, space, [triton.Config({"BLOCK_M": 64, "BLOCK_N": 32}, num_warps=4,
+                                                           num_stages=1)])
 
 
 def _fp32_prune(small):
@@ -154,15 +182,21 @@ def _assert_tiles_divide_grad_tile(configs, axis: str, what: str):
 
 
 _DQ_SMALL = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=1)
-_assert_tiles_divide_grad_tile((*_q_side_configs(), _DQ_SMALL), "BLOCK_N", "dQ key")
+_assert_tiles_divide_grad_tile((*_q_side_configs("sm90"), _DQ_SMALL), "BLOCK_N", "dQ key")
 
 
-# code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py)
-@triton.autotune(configs=_q_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC",
-                                                 "SUB_FMA", "RAW"],
-                 prune_configs_by={"early_config_prune": _fp32_prune(_DQ_SMALL)})
 @triton.jit
-def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+def _grid_pos(ORDER: tl.constexpr):
+    """(block index along the sequence, (batch, head) index, number of blocks) of this program: ORDER 0 puts the
+    blocks on grid axis 0 (within each (batch, head)), ORDER 1 on axis 1 behind every (batch, head)."""
+    if ORDER == 1:
+        return tl.program_id(1), tl.program_id(0), tl.num_programs(1)
+    else:
+        return tl.program_id(0), tl.program_id(1), tl.num_programs(0)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
             stride_qz, stride_qh, stride_qm, stride_qd,
             stride_kz, stride_kh, stride_kn, stride_kd,
             stride_vz, stride_vh, stride_vn, stride_vd,
@@ -172,13 +206,17 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
             MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, DP: tl.constexpr,
             DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr,
             CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr,
-            RAW: tl.constexpr):
+            RAW: tl.constexpr, TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False):
     """MODE 0: dQ = Σ_j dS K with dS = (P·α) ∘ (dP − δ).  MODE 1: δ = rowsum(dP ∘ P) into DELTA.
     MODE 2: δ = rowsum(dO ∘ O_hp), O_hp = Σ_j P V recomputed in FP32 from L, into DELTA.
     DQ shares Q's strides (stride_q*); DO has its own (stride_d*). KEY_BLOCK: the policy's key block for dQ's
-    GACC roundings (a multiple of BLOCK_N, at least N_CTX for one block over the row; unused for FP32 GACC)."""
-    start_m = tl.program_id(0)
-    off_hz = tl.program_id(1)
+    GACC roundings (a multiple of BLOCK_N, at least N_CTX for one block over the row; unused for FP32 GACC).
+    Causal with ORDER 1: the longest query blocks (the last) first over the whole grid."""
+    pid, off_hz, n_blocks = _grid_pos(ORDER)
+    if CAUSAL and ORDER == 1:
+        start_m = n_blocks - 1 - pid
+    else:
+        start_m = pid
     q_base = _bh_offset(off_hz, H, stride_qz, stride_qh)
     K += _bh_offset(off_hz, H, stride_kz, stride_kh)
     V += _bh_offset(off_hz, H, stride_vz, stride_vh)
@@ -197,8 +235,8 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         delta = tl.load(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, mask=offs_m < N_CTX, other=0.0)
     else:
         delta = tl.zeros([BLOCK_M], tl.float32)
-    K_ptrs = K + offs_n0[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    V_ptrs = V + offs_n0[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    K_src = _rows_source(K, stride_kn, stride_kd, N_CTX, offs_n0, offs_d, BLOCK_N, HEAD_DIM, TMA)
+    V_src = _rows_source(V, stride_vn, stride_vd, N_CTX, offs_n0, offs_d, BLOCK_N, HEAD_DIM, TMA)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], GACC)             # 16-bit GACC: holds only GACC values, in half the registers
     dq_part = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # FP32 GACC: never touched, so compiled away
@@ -212,14 +250,14 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
     else:
         lo_mask = (N_CTX // BLOCK_N) * BLOCK_N
         hi = N_CTX
-    dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn,
+    dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, stride_vn,
                                      offs_m, offs_n0, 0, lo_mask, hi, N_CTX, KEY_BLOCK, scale, BLOCK_N, MATMUL,
                                      QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, False, CAUSAL, MODE,
-                                     DOT_PREC, DS_PREC, RAW)
-    dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_ptrs, V_ptrs, stride_kn, stride_vn,
+                                     DOT_PREC, DS_PREC, RAW, TMA, FTZ)
+    dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, stride_vn,
                                      offs_m, offs_n0, lo_mask, hi, hi, N_CTX, KEY_BLOCK, scale, BLOCK_N, MATMUL,
                                      QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, True, CAUSAL, MODE,
-                                     DOT_PREC, DS_PREC, RAW)
+                                     DOT_PREC, DS_PREC, RAW, TMA, FTZ)
     if MODE == 0:
         tl.store(DQ + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                  _round(dq.to(tl.float32), DQ.dtype.element_ty).to(DQ.dtype.element_ty), mask=row_ok)
@@ -229,27 +267,40 @@ def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
         tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, aux, mask=offs_m < N_CTX)
 
 
-# -- the key-side loop: dK and dV ----------------------------------------------------------------------------
+#: code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py);
+#: one autotuner per autotune space around the same JIT function (`kernels.Tuning.space`)
+DQ_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "ORDER", "FTZ"]
+DQ_TUNERS = {space: triton.autotune(configs=_q_side_configs(space), key=DQ_KEY, do_bench=_bench,
+                                    prune_configs_by={"early_config_prune": _fp32_prune(_DQ_SMALL)})(_bwd_dq_kernel)
+             for space in DQ_SPACES}
+_bwd_dq = DQ_TUNERS["v1"]
+
+
+# -- the key-side loop: dK and dV (and, in the atomic backward, dQ) ---------------------------------------------------
 @triton.jit
-def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n,
-                   offs_m0, lo, hi, N_CTX, QUERY_BLOCK, scale,
+def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ_ptrs, stride_qm, stride_dm,
+                   offs_n, offs_m0, lo, hi, N_CTX, QUERY_BLOCK, scale,
                    BLOCK_M: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                    PBAR: tl.constexpr, PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr,
                    DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr, MASK: tl.constexpr,
-                   DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr):
+                   DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
+                   TMA: tl.constexpr, FTZ: tl.constexpr, DQ_ATOMIC: tl.constexpr):
     """Walk query blocks for one key block; tiles are held transposed (keys × queries) so that Pᵀ and dSᵀ
     feed the dV and dK dots directly. Query rows past the sequence load L = +inf, so their P is 0.
     With a 16-bit GACC, `dk_part` and `dv_part` hold the FP32 products of the current policy query tile
-    (QUERY_BLOCK rows) across tiles and across the two calls; the walk always ends at N_CTX."""
+    (QUERY_BLOCK rows) across tiles and across the two calls; the walk always ends at N_CTX.
+    DQ_ATOMIC (FP32 GACC only): also dQ_i += dS_ij K_j, added atomically into the FP32 accumulator at DQ_ptrs
+    (FlashAttention-2's backward: 5 matmuls per tile pair instead of the split backward's 7; the order of the
+    additions, and so dQ's last FP32 bits, then varies from run to run)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
         row_ok = offs_m < N_CTX
-        q = _load_rows(Q_ptrs + start_m * stride_qm, offs_m, N_CTX, True)                      # (M, D)
-        do = _load_rows(DO_ptrs + start_m * stride_dm, offs_m, N_CTX, True).to(MATMUL)
+        q = _load_tile(Q_src, start_m, offs_m, N_CTX, stride_qm, True, TMA)                     # (M, D)
+        do = _load_tile(DO_src, start_m, offs_m, N_CTX, stride_dm, True, TMA).to(MATMUL)
         lse = tl.load(LSE + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
         kq = tl.dot(k, tl.trans(q.to(MATMUL)), input_precision=DOT_PREC)               # Sᵀ: (N, M)
-        pT = _recompute_p(kq, lse[None, :], scale, QK_OUT, SCORES, SUB_FMA, RAW)
+        pT = _recompute_p(kq, lse[None, :], scale, QK_OUT, SCORES, SUB_FMA, RAW, FTZ)
         if MASK:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
         pbarT = _round(pT, PBAR).to(PV_DT)
@@ -263,6 +314,9 @@ def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, 
             part_k = tl.dot(dsT.to(DS_DT), q.to(DS_DT), input_precision=DS_PREC)             # dSᵀ Q
             dv += part
             dk += part_k
+            if DQ_ATOMIC:
+                dq_part = tl.dot(tl.trans(dsT.to(DS_DT)), k.to(DS_DT), input_precision=DS_PREC)  # dS K: (M, D)
+                tl.atomic_add(DQ_ptrs + start_m * stride_qm, dq_part, mask=row_ok[:, None], sem="relaxed")
         else:
             dk_part = tl.dot(dsT.to(DS_DT), q.to(DS_DT), dk_part, input_precision=DS_PREC)
             dv, dv_part = _flush_tile(dv, dv_part, start_m + BLOCK_M, QUERY_BLOCK, N_CTX, GACC)
@@ -270,40 +324,37 @@ def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, 
     return dk, dv, dk_part, dv_part
 
 
-def _kv_side_configs():
-    if INTERPRET:
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4, num_stages=1)]
-    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-               for bm, bn, w, s in ((64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3))]
-    return configs
+def _kv_side_configs(space: str = "v1"):
+    return _space_configs(DKDV_SPACES, space, [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4,
+                                                             num_stages=1)])
 
 
 _DKDV_SMALL = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1)
-_assert_tiles_divide_grad_tile((*_kv_side_configs(), _DKDV_SMALL), "BLOCK_M", "dK/dV query")
+_assert_tiles_divide_grad_tile((*_kv_side_configs("sm90"), _DKDV_SMALL), "BLOCK_M", "dK/dV query")
 
 
-@triton.autotune(configs=_kv_side_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC",
-                                                  "SUB_FMA", "RAW"],
-                 prune_configs_by={"early_config_prune": _fp32_prune(_DKDV_SMALL)})
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
-              stride_qz, stride_qh, stride_qm, stride_qd,
-              stride_kz, stride_kh, stride_kn, stride_kd,
-              stride_vz, stride_vh, stride_vn, stride_vd,
-              stride_dz, stride_dh, stride_dm, stride_dd,
-              H, N_CTX, QUERY_BLOCK, scale,
-              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
-              PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
-              GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
-              DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr):
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+                     stride_qz, stride_qh, stride_qm, stride_qd,
+                     stride_kz, stride_kh, stride_kn, stride_kd,
+                     stride_vz, stride_vh, stride_vn, stride_vd,
+                     stride_dz, stride_dh, stride_dm, stride_dd,
+                     H, N_CTX, QUERY_BLOCK, scale,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
+                     PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
+                     GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
+                     DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
+                     TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False,
+                     DQ_ATOMIC: tl.constexpr = False):
     """dV = Σ_i Pᵀ dO and dK = Σ_i dSᵀ Q for one key block. DK shares K's strides, DV V's. QUERY_BLOCK: the
     policy's query block for the GACC roundings (a multiple of BLOCK_M, at least N_CTX for one block over the
-    sequence; unused for FP32 GACC)."""
-    start_n = tl.program_id(0)
-    off_hz = tl.program_id(1)
+    sequence; unused for FP32 GACC). DQ_ATOMIC: dQ too, atomically into DQ (FP32, Q's strides; zeroed before).
+    In causal attention key block 0 has the most work: ORDER 1 runs every (batch, head)'s first blocks first."""
+    start_n, off_hz, n_blocks = _grid_pos(ORDER)
     Q += _bh_offset(off_hz, H, stride_qz, stride_qh)
     DO += _bh_offset(off_hz, H, stride_dz, stride_dh)
+    DQ += _bh_offset(off_hz, H, stride_qz, stride_qh)
     k_base = _bh_offset(off_hz, H, stride_kz, stride_kh)
     v_base = _bh_offset(off_hz, H, stride_vz, stride_vh)
     LSE += off_hz.to(tl.int64) * N_CTX
@@ -317,31 +368,41 @@ def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
                    True).to(MATMUL)                                                    # (BLOCK_N, D)
     v = _load_rows(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N_CTX,
                    True).to(MATMUL)
-    Q_ptrs = Q + offs_m0[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    DO_ptrs = DO + offs_m0[:, None] * stride_dm + offs_d[None, :] * stride_dd
+    Q_src = _rows_source(Q, stride_qm, stride_qd, N_CTX, offs_m0, offs_d, BLOCK_M, HEAD_DIM, TMA)
+    DO_src = _rows_source(DO, stride_dm, stride_dd, N_CTX, offs_m0, offs_d, BLOCK_M, HEAD_DIM, TMA)
+    DQ_ptrs = DQ + offs_m0[:, None] * stride_qm + offs_d[None, :] * stride_qd
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], GACC)             # 16-bit GACC: holds only GACC values, in half the registers
     dv = tl.zeros([BLOCK_N, HEAD_DIM], GACC)
     dk_part = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)  # FP32 GACC: never touched, so compiled away
     dv_part = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    if CAUSAL:
-        # queries on the diagonal block need the mask; those below it see every key of the block
-        lo = start_n * BLOCK_N
-        mid = _imin(lo + BLOCK_N, N_CTX)
-        dk, dv, dk_part, dv_part = _kv_side_tiles(
-            dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
-            lo, mid, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT,
-            GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC, RAW)
-        dk, dv, dk_part, dv_part = _kv_side_tiles(
-            dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
-            lo + BLOCK_N, N_CTX, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP,
-            DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC, RAW)
-    else:
-        dk, dv, dk_part, dv_part = _kv_side_tiles(
-            dk, dv, dk_part, dv_part, k, v, Q_ptrs, DO_ptrs, LSE, DELTA, stride_qm, stride_dm, offs_n, offs_m0,
-            0, N_CTX, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT,
-            GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC, RAW)
+    # causal: queries on the diagonal block need the mask; those below it see every key of the block
+    lo = start_n * BLOCK_N if CAUSAL else 0
+    mid = _imin(lo + BLOCK_N, N_CTX) if CAUSAL else 0
+    dk, dv, dk_part, dv_part = _kv_side_tiles(
+        dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ_ptrs, stride_qm, stride_dm, offs_n, offs_m0,
+        lo, mid, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT,
+        GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, DQ_ATOMIC)
+    dk, dv, dk_part, dv_part = _kv_side_tiles(
+        dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ_ptrs, stride_qm, stride_dm, offs_n, offs_m0,
+        _imin(lo + BLOCK_N, N_CTX) if CAUSAL else 0, N_CTX, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT,
+        SCORES, PBAR, PV_DT, DP, DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ,
+        DQ_ATOMIC)
     tl.store(DK + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
              _round(dk.to(tl.float32), DK.dtype.element_ty).to(DK.dtype.element_ty), mask=col_ok)
     tl.store(DV + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
              _round(dv.to(tl.float32), DV.dtype.element_ty).to(DV.dtype.element_ty), mask=col_ok)
+
+
+_DKDV_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "ORDER", "FTZ",
+             "DQ_ATOMIC"]
+_DKDV_PRUNE = {"early_config_prune": _fp32_prune(_DKDV_SMALL)}
+#: (space, atomic) → the dK/dV kernel's autotuner (code-changing constexprs in the key, as for the other kernels).
+#: The atomic backward's (DQ_ATOMIC) zero the dQ accumulator before every timed launch and before the launch they
+#: keep, since each launch adds into it.
+DKDV_TUNERS = {(space, atomic): triton.autotune(configs=_kv_side_configs(space), key=_DKDV_KEY, do_bench=_bench,
+                                                prune_configs_by=_DKDV_PRUNE,
+                                                reset_to_zero=["DQ"] if atomic else None)(_bwd_dkdv_kernel)
+               for space in DKDV_SPACES for atomic in (False, True)}
+_bwd_dkdv = DKDV_TUNERS[("v1", False)]
+_bwd_dkdv_atomic = DKDV_TUNERS[("v1", True)]

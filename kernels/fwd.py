@@ -121,22 +121,47 @@ def _has_tie(r_m, second, EPS, SCORES: tl.constexpr):
 
 
 @triton.jit
+def _tie_count(qk, r_m, scale, EPS, SCORES: tl.constexpr, SUB_FMA: tl.constexpr, POW2: tl.constexpr):
+    """TIE = 1: Algorithm 3's count r_s = #{S ≥ round(r_m − ε)} of one tile, taken after the max reduction (one
+    compare and one add per score; no second running value, so no second register tile). `qk` holds the raw
+    products in FMA mode: with α a power of two (POW2) fl(x·α) = x·α, so the threshold divides back exactly
+    and the count reads the raw products; otherwise each product is scaled first (one multiply more per score).
+    A row whose maximum is −inf (fully masked) has none."""
+    thresh = _round(r_m - EPS, SCORES)
+    if SUB_FMA:
+        if POW2:
+            n = tl.sum(tl.where(qk >= (thresh * (1.0 / scale))[:, None], 1.0, 0.0), 1)
+        else:
+            n = tl.sum(tl.where(qk * scale >= thresh[:, None], 1.0, 0.0), 1)
+    else:
+        n = tl.sum(tl.where(qk >= thresh[:, None], 1.0, 0.0), 1)
+    return tl.where(r_m > float("-inf"), n, 0.0)
+
+
+@triton.jit
 def _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
-               FIX: tl.constexpr, ACC: tl.constexpr):
+               FIX: tl.constexpr, ACC: tl.constexpr, TIE: tl.constexpr, POW2: tl.constexpr):
     """The maximum that this key block contributes: r_m, or Algorithm 3's m' when FIX (1), or the robust fix's
     (FIX = 2, `lpfail.precision.BoundedMax`). In natural units, except in RAW mode (units of α).
 
-    With FIX the tie test reads the row's two largest scores from one (max, second max) reduction instead of
-    counting the scores at the maximum after a max reduction (one compare and one add per score, a second
-    reduction, and in FMA mode a multiply by α per score; the count was kept until 2026-12-01). In FMA mode the
-    two largest raw products are scaled after the reduction: x ↦ fl(x·α) is monotone for α > 0, so the second
-    largest of fl(QKᵀ·α) is fl(second largest of QKᵀ · α) and the test gives the count's answer bit for bit."""
+    The tie test has two exact forms (same m' bit for bit; `kernels.Tuning.tie`): TIE = 0 reads the row's two
+    largest scores from one (max, second max) reduction (three min/max per score, and a second running value
+    per score in registers); TIE = 1 counts the scores at or above the threshold after a plain max reduction
+    (`_tie_count`). In FMA mode the two largest raw products are scaled after the reduction: x ↦ fl(x·α) is
+    monotone for α > 0, so the second largest of fl(QKᵀ·α) is fl(second largest of QKᵀ · α) and the test gives
+    the count's answer bit for bit."""
     if FIX:
-        r_m, second = _max2(qk)
-        if SUB_FMA:
-            r_m = r_m * scale   # = max of the FP32 products α·QKᵀ (rounding is monotone)
-            second = second * scale
-        ties = _has_tie(r_m, second, EPS, SCORES)
+        if TIE == 1:
+            r_m = tl.max(qk, 1)
+            if SUB_FMA:
+                r_m = r_m * scale   # = max of the FP32 products α·QKᵀ (rounding is monotone)
+            ties = _tie_count(qk, r_m, scale, EPS, SCORES, SUB_FMA, POW2)
+        else:
+            r_m, second = _max2(qk)
+            if SUB_FMA:
+                r_m = r_m * scale   # = max of the FP32 products α·QKᵀ (rounding is monotone)
+                second = second * scale
+            ties = _has_tie(r_m, second, EPS, SCORES)
         r_m = _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, FIX, ACC)
     elif SUB_FMA:
         r_m = tl.max(qk, 1) * scale  # = max of the FP32 products α·QKᵀ (rounding is monotone)
@@ -172,13 +197,37 @@ def _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES: tl.con
 
 
 @triton.jit
-def _scores(q, K_block, offs_m, offs_n, N_CTX, scale,
+def _load_tile(src, start, offs, N_CTX, stride, MASK: tl.constexpr, TMA: tl.constexpr):
+    """Rows start … start + len(offs) − 1 of one (batch, head)'s (N_CTX, HEAD_DIM) matrix. TMA: `src` is a
+    tensor descriptor (`tl.make_tensor_descriptor`, shape (N_CTX, HEAD_DIM)): the Hopper tensor memory
+    accelerator copies the tile, rows past N_CTX read 0. Else `src` points at row 0's tile of pointers and
+    rows past N_CTX read 0 when MASK (as `_load_rows`)."""
+    if TMA:
+        return src.load([start, 0])
+    else:
+        return _load_rows(src + start * stride, offs, N_CTX, MASK)
+
+
+@triton.jit
+def _rows_source(X, stride_row, stride_d, N_CTX, offs_rows, offs_d, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 TMA: tl.constexpr):
+    """What `_load_tile` reads tiles of BLOCK rows from: a TMA descriptor over one (batch, head)'s rows (TMA; the
+    launcher makes the head dim contiguous), or the pointers of rows 0 … BLOCK − 1."""
+    if TMA:
+        return tl.make_tensor_descriptor(X, shape=[N_CTX, HEAD_DIM], strides=[stride_row, 1],
+                                         block_shape=[BLOCK, HEAD_DIM])
+    else:
+        return X + offs_rows[:, None] * stride_row + offs_d[None, :] * stride_d
+
+
+@triton.jit
+def _scores(q, k, offs_m, offs_n, N_CTX, scale,
             MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, SUB_FMA: tl.constexpr,
             MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, RAW: tl.constexpr):
-    """One tile of scores: raw QKᵀ (FMA mode) or S = round(α·QKᵀ) (sub mode); masked entries are −inf.
-    RAW (sub mode with α a power of two): S/α = round(round(QKᵀ)), the scores in units of α (see `_attn_fwd`)."""
-    k = _load_rows(K_block, offs_n, N_CTX, MASK).to(MATMUL)           # (BLOCK_N, HEAD_DIM)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)              # (BLOCK_M, BLOCK_N)
+    """One tile of scores from a loaded key tile k (BLOCK_N, HEAD_DIM): raw QKᵀ (FMA mode) or S = round(α·QKᵀ)
+    (sub mode); masked entries are −inf. RAW (sub mode with α a power of two): S/α = round(round(QKᵀ)), the
+    scores in units of α (see `_attn_fwd`)."""
+    qk = tl.dot(q, tl.trans(k.to(MATMUL)), input_precision=DOT_PREC)   # (BLOCK_M, BLOCK_N)
     if RAW:
         qk = _round(_round(qk, QK_OUT), SCORES)                        # S/α, exactly
     elif not SUB_FMA:
@@ -221,9 +270,14 @@ def _accumulate(acc, l_i, m_i, m_new, l_blk, pv, exp_c, ACC: tl.constexpr, EXP_I
 
 
 @triton.jit
-def _row_sum(p, L_CLAMP, CLAMP: tl.constexpr):
-    """ℓ_j = rowsum(P̄) of one key block, with the official code's per-block floor when CLAMP."""
-    l_blk = tl.sum(p, 1)
+def _row_sum(p, pbar, L_CLAMP, CLAMP: tl.constexpr, L_PBAR: tl.constexpr):
+    """ℓ_j of one key block: rowsum of P (FP32, before its rounding) or, with L_PBAR (the policy's
+    l_from="pbar", flash-attention PR #2721), of P̄ as rounded for the P̄V dot; the official code's per-block
+    floor when CLAMP."""
+    if L_PBAR:
+        l_blk = tl.sum(pbar.to(tl.float32), 1)
+    else:
+        l_blk = tl.sum(p, 1)
     if CLAMP:
         l_blk = tl.maximum(l_blk, L_CLAMP)
     return l_blk
@@ -231,25 +285,29 @@ def _row_sum(p, L_CLAMP, CLAMP: tl.constexpr):
 
 # -- the inner loops ---------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+def _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n0,
                lo, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE,
                BLOCK_N: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
                EXP_IN: tl.constexpr, PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr,
                ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
-               RAW: tl.constexpr):
+               RAW: tl.constexpr, TMA: tl.constexpr, TIE: tl.constexpr, POW2: tl.constexpr,
+               L_PBAR: tl.constexpr):
     """Fast path: the policy's key block is one tile, so each tile is read once. (A rotated loop that issued
     the next tile's QKᵀ before this tile's softmax was tried on the H200 on 2026-11-30: the autotuner chose it
     in 1 of 32 shapes, so it was removed.)"""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                     MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC, RAW)
-        m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, SUB_FMA, FIX, ACC)), ACC)
+        k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, MASK, TMA)       # (BLOCK_N, HEAD_DIM)
+        qk = _scores(q, k, offs_m, offs_n, N_CTX, scale, MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC,
+                     RAW)
+        m_blk = _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, SUB_FMA, FIX, ACC, TIE,
+                           POW2)
+        m_new = _round(tl.maximum(m_i, m_blk), ACC)
         p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)            # (BLOCK_M, BLOCK_N) FP32
-        l_blk = _row_sum(p, L_CLAMP, CLAMP)
         pbar = _round(p, PBAR).to(PV_DT)                                # cast: P̄ right before the P̄V dot
-        v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, MASK).to(PV_DT)
+        l_blk = _row_sum(p, pbar, L_CLAMP, CLAMP, L_PBAR)
+        v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, MASK, TMA).to(PV_DT)
         if (ACC == tl.float32) and (PV_OUT == tl.float32):
             # FP32 accumulator: let the dot add into the rescaled accumulator (one pass over acc)
             alpha = _alpha(m_i, m_new, exp_c, EXP_IN)
@@ -263,14 +321,16 @@ def _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, o
 
 
 @triton.jit
-def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
+def _fwd_policy_blocks(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n0,
                        hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                        MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
                        PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
                        SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr, CAUSAL: tl.constexpr,
-                       DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, RAW: tl.constexpr):
-    """Emulation path: policy key blocks of KEY_BLOCK keys (a multiple of BLOCK_N), walked in chunks."""
+                       DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr,
+                       L_PBAR: tl.constexpr):
+    """Emulation path: policy key blocks of KEY_BLOCK keys (a multiple of BLOCK_N), walked in chunks. The tie
+    test here is always the (max, second max) form: a count would need the block's maximum first, a third walk."""
     for kb in range(0, hi, KEY_BLOCK):
         kb_hi = _imin(kb + KEY_BLOCK, hi)
         # pass 1: the block's maximum (with FIX also its second largest score, for the tie test: the chunks'
@@ -279,8 +339,9 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
         second = tl.full([BLOCK_M], float("-inf"), tl.float32)
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
-            qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                         MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC, RAW)
+            k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, True, TMA)
+            qk = _scores(q, k, offs_m, offs_n, N_CTX, scale, MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL,
+                         DOT_PREC, RAW)
             if FIX:
                 c1, c2 = _max2(qk)
                 if SUB_FMA:
@@ -299,12 +360,14 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
         pv = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
-            qk = _scores(q, K_ptrs + start_n * stride_kn, offs_m, offs_n, N_CTX, scale,
-                         MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL, DOT_PREC, RAW)
+            k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, True, TMA)
+            qk = _scores(q, k, offs_m, offs_n, N_CTX, scale, MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL,
+                         DOT_PREC, RAW)
             p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)
-            l_blk += tl.sum(p, 1)
-            v = _load_rows(V_ptrs + start_n * stride_vn, offs_n, N_CTX, True).to(PV_DT)
-            pv = tl.dot(_round(p, PBAR).to(PV_DT), v, pv, input_precision=PV_PREC)
+            pbar = _round(p, PBAR).to(PV_DT)                            # cast: P̄ right before the P̄V dot
+            l_blk += _row_sum(p, pbar, 0.0, False, L_PBAR)
+            v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, True, TMA).to(PV_DT)
+            pv = tl.dot(pbar, v, pv, input_precision=PV_PREC)
         if CLAMP:
             l_blk = tl.maximum(l_blk, L_CLAMP)
         acc, l_i = _accumulate(acc, l_i, m_i, m_new, l_blk, pv, exp_c, ACC, EXP_IN, PV_OUT)
@@ -313,13 +376,44 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, o
 
 
 # -- the forward kernel --------------------------------------------------------------------------------------
-def _fwd_configs():
+#: Autotune spaces (`kernels.Tuning.space`): (BLOCK_M, warps, stages, maxnreg). "v1" is the space of 2026-11-30
+#: (its first entry is what LPFAIL_KERNELS_AUTOTUNE=0, the GPU tests, runs; picks on the H200 then: 128/8/3
+#: without the fix, 64/4/3 with it (the tie test's registers), 128/8/4 once). "sm90" adds deeper pipelines,
+#: 256-row tiles at head dim ≤ 64 (half the K/V traffic per query), and 8-warp configs capped at 128 registers
+#: per thread (two CTAs per SM, at the risk of spills).
+FWD_SPACES = {
+    "v1": ((128, 8, 3, None), (128, 4, 3, None), (64, 4, 3, None), (128, 8, 2, None), (128, 8, 4, None),
+           (64, 4, 4, None)),
+    "sm90": ((128, 8, 5, None), (64, 4, 2, None), (64, 8, 3, None), (256, 8, 2, None), (256, 8, 3, None),
+             (128, 8, 3, 128), (128, 8, 4, 128)),
+}
+
+
+def _config(*entry):
+    """A triton.Config from an autotune-space entry: (BLOCK_M, warps, stages, maxnreg) of the forward, or
+    (BLOCK_M, BLOCK_N, warps, stages, maxnreg) of a backward kernel."""
+    if len(entry) == 5:
+        kwargs, rest = {"BLOCK_M": entry[0], "BLOCK_N": entry[1]}, entry[2:]
+    else:
+        kwargs, rest = {"BLOCK_M": entry[0]}, entry[1:]
+    warps, stages, maxnreg = rest
+    return triton.Config(kwargs, num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+
+
+def _config_key(c) -> tuple:
+    return tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages, c.maxnreg
+
+
+def _space_configs(table: dict, space: str, interpreted: list):
+    """The configs of autotune space `space` ("v1", or "sm90" = v1 plus its additions) of a kernel's `table`; the
+    interpreter's one config under TRITON_INTERPRET=1."""
     if INTERPRET:
-        return [triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=1)]
-    # the first is what LPFAIL_KERNELS_AUTOTUNE=0 (the GPU tests) runs; picks on the H200 (2026-11-30): 128/8/3
-    # without the fix, 64/4/3 with it (the tie count's registers), 128/8/4 once
-    return [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=s)
-            for bm, w, s in ((128, 8, 3), (128, 4, 3), (64, 4, 3), (128, 8, 2), (128, 8, 4), (64, 4, 4))]
+        return list(interpreted)
+    return [_config(*t) for t in table["v1"] + (table["sm90"] if space == "sm90" else ())]
+
+
+def _fwd_configs(space: str = "v1"):
+    return _space_configs(FWD_SPACES, space, [triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=1)])
 
 
 def _tune() -> bool:
@@ -329,23 +423,28 @@ def _tune() -> bool:
 
 
 def _fwd_prune(configs, named_args, **kwargs):
-    """Keep configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N; FP32 dots (4-byte tiles) get one
-    small config that fits shared memory at head dim 128."""
+    """Keep the configs whose BLOCK_M is a multiple of the policy's tile BLOCK_N (and at most 128 rows at head dim
+    128: a 256-row FP32 accumulator would not fit the registers); FP32 dots (4-byte tiles) get one small config
+    that fits shared memory at head dim 128."""
     block_n = kwargs["BLOCK_N"]
     if tl.float32 in (kwargs["MATMUL"], kwargs["PV_DT"]) and not INTERPRET:
         return [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=1)]
-    keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0]
+    keep = [c for c in configs if c.kwargs["BLOCK_M"] % block_n == 0
+            and (c.kwargs["BLOCK_M"] <= 128 or kwargs["HEAD_DIM"] <= 64)]
     keep = keep or [triton.Config({"BLOCK_M": max(block_n, 64)}, num_warps=4, num_stages=2)]
     return keep if _tune() else keep[:1]
 
 
-# every constexpr that changes the code is in the key: Triton's autotuner keys on the listed arguments and the
-# tensors' dtypes only, so a variant left out would reuse another variant's tuned (and pruned) config
-@triton.autotune(configs=_fwd_configs(), key=["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N", "MATMUL",
-                                              "PV_DT", "ACC", "PV_OUT", "SUB_FMA", "FIX", "CLAMP", "RAW"],
-                 prune_configs_by={"early_config_prune": _fwd_prune})
+def _bench(fn, quantiles):
+    """The autotuner's timing: Triton's do_bench with 5 ms of warm-up and 25 ms of repetitions instead of 25 and
+    100 (the sm_90 space holds up to 13 configs per kernel and shape, all timed within one device call)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE,
+def _attn_fwd_kernel(Q, K, V, O, LSE,
               stride_qz, stride_qh, stride_qm, stride_qd,
               stride_kz, stride_kh, stride_kn, stride_kd,
               stride_vz, stride_vh, stride_vn, stride_vd,
@@ -356,23 +455,31 @@ def _attn_fwd(Q, K, V, O, LSE,
               PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
               SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
               CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
-              RAW: tl.constexpr):
+              RAW: tl.constexpr, TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, TIE: tl.constexpr = 0,
+              POW2: tl.constexpr = False, L_PBAR: tl.constexpr = False):
     """One program: BLOCK_M query rows of one (batch, head). Writes O and L = m + log ℓ (natural units).
 
     RAW (sub mode, α a power of two, which the launcher checks): scores, maxima and the fix's threshold are
     kept in units of α — S/α = round(QKᵀ) — and α is folded into the exponent's constant, saving one multiply
     per score. Rounding commutes with a power-of-two scaling, so every value is the one the natural-unit path
-    computes, bit for bit (EPS arrives divided by α)."""
+    computes, bit for bit (EPS arrives divided by α).
+
+    Scheduling knobs (`kernels.Tuning`; none changes a bit of O or L): TMA reads Q, K, V and writes O through
+    tensor descriptors (Hopper's tensor memory accelerator) instead of pointer tiles; ORDER 0 puts the query blocks
+    on grid axis 0 (longest first within each (batch, head)), ORDER 1 on axis 1 behind every (batch, head) (longest
+    first over the whole grid); TIE picks the fix's tie test (`_block_max`); the autotune space: `FWD_TUNERS`."""
     if RAW:
         exp_c = scale * LOG2E
     else:
         exp_c = LOG2E
-    if CAUSAL:
-        # longest rows first within each (batch, head): the short ones fill the last wave
-        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    if ORDER == 1:
+        pid_m, off_hz, n_m = tl.program_id(1), tl.program_id(0), tl.num_programs(1)
     else:
-        start_m = tl.program_id(0)
-    off_hz = tl.program_id(1)
+        pid_m, off_hz, n_m = tl.program_id(0), tl.program_id(1), tl.num_programs(0)
+    if CAUSAL:
+        start_m = n_m - 1 - pid_m        # longest rows first: the short ones fill the last wave
+    else:
+        start_m = pid_m
     Q += _bh_offset(off_hz, H, stride_qz, stride_qh)
     K += _bh_offset(off_hz, H, stride_kz, stride_kh)
     V += _bh_offset(off_hz, H, stride_vz, stride_vh)
@@ -381,11 +488,10 @@ def _attn_fwd(Q, K, V, O, LSE,
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m[:, None] < N_CTX
-    q = _load_rows(Q + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, N_CTX, True)
-    q = q.to(MATMUL)                                                    # (BLOCK_M, HEAD_DIM)
-    K_ptrs = K + offs_n0[:, None] * stride_kn + offs_d[None, :] * stride_kd  # (BLOCK_N, HEAD_DIM)
-    V_ptrs = V + offs_n0[:, None] * stride_vn + offs_d[None, :] * stride_vd  # (BLOCK_N, HEAD_DIM)
+    Q_src = _rows_source(Q, stride_qm, stride_qd, N_CTX, tl.arange(0, BLOCK_M), offs_d, BLOCK_M, HEAD_DIM, TMA)
+    q = _load_tile(Q_src, start_m * BLOCK_M, offs_m, N_CTX, stride_qm, True, TMA).to(MATMUL)  # (BLOCK_M, D)
+    K_src = _rows_source(K, stride_kn, stride_kd, N_CTX, offs_n0, offs_d, BLOCK_N, HEAD_DIM, TMA)
+    V_src = _rows_source(V, stride_vn, stride_vd, N_CTX, offs_n0, offs_d, BLOCK_N, HEAD_DIM, TMA)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -395,31 +501,58 @@ def _attn_fwd(Q, K, V, O, LSE,
     else:
         hi = N_CTX
     if TWO_PASS:
-        acc, l_i, m_i = _fwd_policy_blocks(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m,
-                                           offs_n0, hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE,
-                                           BLOCK_M, BLOCK_N, HEAD_DIM, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR,
-                                           PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, CAUSAL, DOT_PREC, PV_PREC, RAW)
+        acc, l_i, m_i = _fwd_policy_blocks(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m,
+                                           offs_n0, hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP,
+                                           SHIFT_LO, SHIFT_HI, SHIFT_SAFE, BLOCK_M, BLOCK_N, HEAD_DIM, MATMUL,
+                                           QK_OUT, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP,
+                                           CAUSAL, DOT_PREC, PV_PREC, RAW, TMA, L_PBAR)
     else:
-        # tiles strictly below the diagonal (and inside the sequence) need no mask
+        # tiles strictly below the diagonal (and inside the sequence) need no mask; the diagonal ones do
         if CAUSAL:
             lo_mask = start_m * BLOCK_M
         else:
             lo_mask = (N_CTX // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                                   0, lo_mask, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT,
-                                   SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, False, CAUSAL,
-                                   DOT_PREC, PV_PREC, RAW)
-        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_ptrs, V_ptrs, stride_kn, stride_vn, offs_m, offs_n0,
-                                   lo_mask, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT,
-                                   SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP, True, CAUSAL,
-                                   DOT_PREC, PV_PREC, RAW)
-    o = acc / l_i[:, None]                                   # O = Ō / ℓ, rounded once to the stored dtype
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n0,
+                                   0, lo_mask, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI,
+                                   SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC,
+                                   SUB_FMA, FIX, CLAMP, False, CAUSAL, DOT_PREC, PV_PREC, RAW, TMA, TIE, POW2,
+                                   L_PBAR)
+        acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n0,
+                                   lo_mask, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI,
+                                   SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC,
+                                   SUB_FMA, FIX, CLAMP, True, CAUSAL, DOT_PREC, PV_PREC, RAW, TMA, TIE, POW2,
+                                   L_PBAR)
+    _write_out(O, LSE, acc, l_i, m_i, off_hz, start_m, offs_m, offs_d, N_CTX, stride_om, stride_od, scale,
+               BLOCK_M, HEAD_DIM, RAW, TMA)
+
+
+@triton.jit
+def _write_out(O, LSE, acc, l_i, m_i, off_hz, start_m, offs_m, offs_d, N_CTX, stride_om, stride_od, scale,
+               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr):
+    """O = Ō / ℓ, rounded once to the stored dtype (through a TMA descriptor or pointers), and L = log ℓ + m."""
+    o = acc / l_i[:, None]
     if RAW:
         m_i = m_i * scale                                    # back to natural units (exact)
     lse = tl.log(l_i) + m_i                                  # L = log ℓ + m
     tl.store(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, lse, mask=offs_m < N_CTX)
-    tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, _round(o, O.dtype.element_ty).to(O.dtype.element_ty),
-             mask=row_ok)
+    o = _round(o, O.dtype.element_ty).to(O.dtype.element_ty)
+    if TMA:
+        tl.make_tensor_descriptor(O, shape=[N_CTX, HEAD_DIM], strides=[stride_om, 1],
+                                  block_shape=[BLOCK_M, HEAD_DIM]).store([start_m * BLOCK_M, 0], o)
+    else:
+        tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, o, mask=offs_m[:, None] < N_CTX)
+
+
+#: Every constexpr that changes the code is in the key: Triton's autotuner keys on the listed arguments and the
+#: tensors' dtypes only, so a variant left out would reuse another variant's tuned (and pruned) config.
+FWD_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N", "MATMUL", "PV_DT", "ACC", "PV_OUT", "SUB_FMA", "FIX",
+           "CLAMP", "RAW", "TMA", "ORDER", "TIE", "POW2", "L_PBAR"]
+#: One autotuner per autotune space (`kernels.Tuning.space`) around the same JIT function, so that the configs
+#: the spaces share compile once.
+FWD_TUNERS = {space: triton.autotune(configs=_fwd_configs(space), key=FWD_KEY, do_bench=_bench,
+                                     prune_configs_by={"early_config_prune": _fwd_prune})(_attn_fwd_kernel)
+              for space in FWD_SPACES}
+_attn_fwd = FWD_TUNERS["v1"]
 
 
 # -- a probe: P̄ of one tile, by the same device functions --------------------------------------------------------
@@ -428,17 +561,19 @@ def _probe_pbar(Q, K, P, stride_qm, stride_kn, stride_pm, M, N, scale, EPS, BETA
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
                 PBAR: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
-                DOT_PREC: tl.constexpr):
+                DOT_PREC: tl.constexpr, TIE: tl.constexpr = 0, POW2: tl.constexpr = False):
     """P̄ (as rounded before the P̄V dot) of the first key block of a row, computed exactly as `_fwd_tiles`
     computes it: used by the tests and chapter 6 to see whether tied maxima give P̄ = 1 on this hardware."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < M, other=0.0)
-    qk = _scores(q.to(MATMUL), K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_m, offs_n, N, scale,
-                 MATMUL, QK_OUT, SCORES, SUB_FMA, True, False, DOT_PREC, False)
+    k = _load_rows(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, N, True)
+    qk = _scores(q.to(MATMUL), k, offs_m, offs_n, N, scale, MATMUL, QK_OUT, SCORES, SUB_FMA, True, False, DOT_PREC,
+                 False)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    m_new = _round(tl.maximum(m_i, _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, SUB_FMA, FIX, ACC)), ACC)
+    m_blk = _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, SUB_FMA, FIX, ACC, TIE, POW2)
+    m_new = _round(tl.maximum(m_i, m_blk), ACC)
     pbar = _round(_probs(qk, m_new, scale, LOG2E, EXP_IN, SUB_FMA), PBAR)
     tl.store(P + offs_m[:, None] * stride_pm + offs_n[None, :], pbar,
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))

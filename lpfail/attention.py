@@ -333,102 +333,148 @@ def _bounded_max(m_alg3: torch.Tensor, r_m: torch.Tensor, r_s: torch.Tensor, fix
 
 def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, masking: _Masking,
                    alpha: float) -> ForwardResult:
-    """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `matmul`."""
-    acc, exp_dt, exp_in = policy.dtype("acc"), policy.dtype("exp"), policy.dtype("exp_in")
-    scores_dt, pbar, pv_out, out_dt = policy.dtype("scores"), policy.dtype("pbar"), policy.dtype("pv_out"), \
-        policy.dtype("out")
-    *lead, tk, d = v.shape
-    tq = masking.tq
-    dev = v.device
-    fix = policy.fix
-    mask_value = -torch.finfo(scores_dt).max if policy.masked_ties else -math.inf
-
-    m_dt = policy.dtype("m_acc")                                      # `acc` unless m_acc is set
-    m = torch.full((*lead, tq, 1), -math.inf, dtype=m_dt, device=dev)  # (…, Tq, 1) running max
-    l = torch.zeros((*lead, tq, 1), dtype=acc, device=dev)            # (…, Tq, 1) running row sum
-    o_acc = policy.dtype("o_acc")                                     # `acc` unless o_acc is set
-    o = torch.zeros((*lead, tq, d), dtype=o_acc, device=dev)          # (…, Tq, D) accumulator Ō
-    fix_pos = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
-    fix_neg = torch.zeros((*lead, tq), dtype=torch.int32, device=dev)
-
-    for k0, k1 in _tiles(tk, policy.block_k):
+    """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `matmul`.
+    The running state (m, ℓ, Ō and the fix's counters) starts in `_RunningState`; each key tile is one
+    `_forward_tile`; `_normalise` divides and forms L."""
+    st = _RunningState.start(v, policy, masking.tq)
+    for k0, k1 in _tiles(v.shape[-2], policy.block_k):
         r0 = masking.first_row(k0)
-        if r0 >= tq:
-            continue
-        s, raw = scores_of(r0, k0, k1)                  # (…, R, bk) in `scores`; raw QKᵀ for fma
-        allowed = masking.allowed(r0, k0, k1)           # (…, R, bk) bool, or None
-        if allowed is not None:
-            s = s.masked_fill(~allowed, mask_value)
-        m_old = m[..., r0:, :]                          # (…, R, 1)
-        l_old = l[..., r0:, :]                          # (…, R, 1)
-        carry = None                                    # masked_carry: rows for which this tile is fully masked
-        if policy.masked_carry is not None and allowed is not None:
-            dead = ~allowed.any(dim=-1, keepdim=True)   # (…, R, 1) bool
-            if bool(dead.any()):
-                carry = (dead, DTYPES[policy.masked_carry])
+        if r0 < masking.tq:
+            _forward_tile(st, scores_of, v, policy, masking, alpha, r0, k0, k1)
+    return _normalise(st, policy)
 
-        # -- block maximum, and Algorithm 3's dynamic maximum (chapter 5, Fix) -------------------------
-        r_m = s.amax(dim=-1, keepdim=True)              # (…, R, 1) in `scores`
-        m_blk = r_m
-        if fix is not None:
-            op = _op(scores_dt)
-            thresh = (r_m.to(op) - fix.eps).to(scores_dt)          # cast: r_m − ε to `scores`
-            tied = s >= thresh                                     # (…, R, bk)
-            if allowed is not None and not policy.masked_ties:
-                tied = tied & allowed                              # masked entries never tie
-            r_s = tied.sum(dim=-1, keepdim=True)                   # (…, R, 1)
-            pos = (r_s > 1) & (r_m > 0)
-            neg = (r_s > 1) & (r_m < 0)
-            scaled = (r_m.to(op) * fix.beta).to(scores_dt)         # cast: β·r_m to `scores`
-            m_blk = torch.where(pos, scaled, torch.where(neg, torch.zeros_like(r_m), r_m))
-            if isinstance(fix, BoundedMax):                        # the robust fix: bound the shift
-                m_blk, pos, neg = _bounded_max(m_blk, r_m, r_s, fix, scores_dt, m_dt)  # m_dt: `acc` unless m_acc
-            fix_pos[..., r0:] += pos[..., 0].to(torch.int32)
-            fix_neg[..., r0:] += neg[..., 0].to(torch.int32)
-        m_blk = m_blk.to(m_dt)                                     # cast: m' to `m_acc` (default `acc`)
-        m_new = torch.maximum(m_old, m_blk)                        # (…, R, 1) in `acc`
-        # a row fully masked so far keeps m = −∞; subtract 0 there so that exp(−∞ − 0) = 0, not NaN
-        m_sub = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
 
-        # -- P̄ = exp(S − m) --------------------------------------------------------------------------
-        if policy.sub == "sub":
-            p = exp_scores(s, m_sub, policy)                       # (…, R, bk) in `exp`
-        else:
-            x = (raw.double() * _fma_alpha(alpha, policy) - m_sub.double()).to(exp_in)  # cast: fused QKᵀ·α − m
-            if allowed is not None:
-                x = x.masked_fill(~allowed, -math.inf)
-            p = torch.exp(x.to(exp_dt))                            # cast: exp runs in `exp`; (…, R, bk)
+class _RunningState(NamedTuple):
+    """The forward's running state over key tiles, updated in place row block by row block."""
+
+    m: torch.Tensor          # (…, Tq, 1) running maximum, in `m_acc` (default `acc`)
+    l: torch.Tensor          # (…, Tq, 1) running row sum ℓ, in `acc`
+    o: torch.Tensor          # (…, Tq, D) accumulator Ō, in `o_acc` (default `acc`)
+    fix_pos: torch.Tensor    # (…, Tq) int32 counters of the fix's branches
+    fix_neg: torch.Tensor
+
+    @classmethod
+    def start(cls, v: torch.Tensor, policy: Precision, tq: int) -> "_RunningState":
+        *lead, _, d = v.shape
+        dev = v.device
+        return cls(torch.full((*lead, tq, 1), -math.inf, dtype=policy.dtype("m_acc"), device=dev),
+                   torch.zeros((*lead, tq, 1), dtype=policy.dtype("acc"), device=dev),
+                   torch.zeros((*lead, tq, d), dtype=policy.dtype("o_acc"), device=dev),
+                   torch.zeros((*lead, tq), dtype=torch.int32, device=dev),
+                   torch.zeros((*lead, tq), dtype=torch.int32, device=dev))
+
+
+def _forward_tile(st: _RunningState, scores_of: ScoreSource, v: torch.Tensor, policy: Precision,
+                  masking: _Masking, alpha: float, r0: int, k0: int, k1: int) -> None:
+    """One key tile k0:k1 for the rows r0: (the rows that see any of its keys): block maximum (and the fix),
+    P̄, ℓ_j, P̄V, and the online rescaling of the running state."""
+    mask_value = -torch.finfo(policy.dtype("scores")).max if policy.masked_ties else -math.inf
+    s, raw = scores_of(r0, k0, k1)                      # (…, R, bk) in `scores`; raw QKᵀ for fma
+    allowed = masking.allowed(r0, k0, k1)               # (…, R, bk) bool, or None
+    if allowed is not None:
+        s = s.masked_fill(~allowed, mask_value)
+    m_old = st.m[..., r0:, :]                           # (…, R, 1)
+    carry = None                                        # masked_carry: rows for which this tile is fully masked
+    if policy.masked_carry is not None and allowed is not None:
+        dead = ~allowed.any(dim=-1, keepdim=True)       # (…, R, 1) bool
+        if bool(dead.any()):
+            carry = (dead, DTYPES[policy.masked_carry])
+
+    m_blk, pos, neg = _block_maximum(s, allowed, policy)
+    if pos is not None:
+        st.fix_pos[..., r0:] += pos[..., 0].to(torch.int32)
+        st.fix_neg[..., r0:] += neg[..., 0].to(torch.int32)
+    m_new = torch.maximum(m_old, m_blk)                            # (…, R, 1) in `acc`
+    # a row fully masked so far keeps m = −∞; subtract 0 there so that exp(−∞ − 0) = 0, not NaN
+    m_sub = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+    p = _tile_probabilities(s, raw, allowed, m_sub, policy, alpha)  # (…, R, bk) in `exp`
+    p_mm = p.to(policy.dtype("pbar"))                              # cast: P̄ to `pbar`
+    l_blk = _block_row_sum(p, p_mm, policy)                        # (…, R, 1) in `exp`
+    pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(policy.dtype("pbar"), v.dtype)), policy.dtype("pv_out"),
+                 policy)                                           # cast: P̄V to `pv_out`
+    _rescale_and_add(st, policy, r0, m_old, m_sub, m_new, l_blk, pv, carry)
+
+
+def _block_maximum(s: torch.Tensor, allowed: torch.Tensor | None, policy: Precision):
+    """The maximum this key tile contributes, in `m_acc`: r_m = rowmax(S), or with the fix Algorithm 3's m'
+    (the robust fix's for BoundedMax; chapter 5, Fix). Returns (m', pos, neg): the rows where the fix's
+    positive (β·r_m) and negative (0) branches fired, or None, None without a fix."""
+    fix, scores_dt, m_dt = policy.fix, policy.dtype("scores"), policy.dtype("m_acc")
+    r_m = s.amax(dim=-1, keepdim=True)                             # (…, R, 1) in `scores`
+    if fix is None:
+        return r_m.to(m_dt), None, None                            # cast: m' to `m_acc` (default `acc`)
+    op = _op(scores_dt)
+    thresh = (r_m.to(op) - fix.eps).to(scores_dt)                  # cast: r_m − ε to `scores`
+    tied = s >= thresh                                             # (…, R, bk)
+    if allowed is not None and not policy.masked_ties:
+        tied = tied & allowed                                      # masked entries never tie
+    r_s = tied.sum(dim=-1, keepdim=True)                           # (…, R, 1)
+    pos = (r_s > 1) & (r_m > 0)
+    neg = (r_s > 1) & (r_m < 0)
+    scaled = (r_m.to(op) * fix.beta).to(scores_dt)                 # cast: β·r_m to `scores`
+    m_blk = torch.where(pos, scaled, torch.where(neg, torch.zeros_like(r_m), r_m))
+    if isinstance(fix, BoundedMax):                                # the robust fix: bound the shift
+        m_blk, pos, neg = _bounded_max(m_blk, r_m, r_s, fix, scores_dt, m_dt)  # m_dt: `acc` unless m_acc
+    return m_blk.to(m_dt), pos, neg                                # cast: m' to `m_acc` (default `acc`)
+
+
+def _tile_probabilities(s, raw, allowed, m_sub, policy: Precision, alpha: float) -> torch.Tensor:
+    """P̄ = exp(S − m) of one tile, in `exp`: S − m rounded to `exp_in` (sub), or the fused QKᵀ·α − m (fma)."""
+    if policy.sub == "sub":
+        return exp_scores(s, m_sub, policy)                        # (…, R, bk) in `exp`
+    x = (raw.double() * _fma_alpha(alpha, policy) - m_sub.double()).to(policy.dtype("exp_in"))  # cast: fused
+    if allowed is not None:
+        x = x.masked_fill(~allowed, -math.inf)
+    return torch.exp(x.to(policy.dtype("exp")))                    # cast: exp runs in `exp`; (…, R, bk)
+
+
+def _block_row_sum(p: torch.Tensor, p_mm: torch.Tensor, policy: Precision) -> torch.Tensor:
+    """ℓ_j = rowsum of this tile's probabilities in `exp`: of P as computed (l_from="p", FlashAttention-2 and the
+    paper) or of P̄ as rounded to `pbar` for the P̄V product (l_from="pbar", flash-attention PR #2721: the
+    normaliser then matches the numerator); then the official code's floor `l_clamp` where set."""
+    if policy.l_from == "pbar":
+        l_blk = p_mm.to(policy.dtype("exp")).sum(dim=-1, keepdim=True)  # cast: P̄ back to `exp` (exact)
+    else:
         l_blk = p.sum(dim=-1, keepdim=True)                        # (…, R, 1) in `exp`
-        if policy.l_clamp is not None:
-            l_blk = l_blk.clamp(min=policy.l_clamp)                # the official code's per-block floor
-        p_mm = p.to(pbar)                                          # cast: P̄ to `pbar`
-        pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(pbar, v.dtype)), pv_out, policy)  # cast: P̄V to `pv_out`
+    if policy.l_clamp is not None:
+        l_blk = l_blk.clamp(min=policy.l_clamp)                    # the official code's per-block floor
+    return l_blk
 
-        # -- online rescaling --------------------------------------------------------------------------
-        m_rs = policy.dtype("m_rescale")                           # `m_acc` unless m_rescale is set
-        op = _op(m_dt, exp_in, m_rs)
-        # cast: m_old, m_new to `m_rescale`, m_old − m_new to `exp_in`
-        m_o, m_n = m_old.to(m_rs), m_sub.to(m_rs)
-        if carry is not None:                                      # cast: m_old, m_new to `masked_carry` there
-            m_o = torch.where(carry[0], m_o.to(carry[1]).to(m_rs), m_o)
-            m_n = torch.where(carry[0], m_n.to(carry[1]).to(m_rs), m_n)
-        d_m = (m_o.to(op) - m_n.to(op)).to(exp_in)
-        a = torch.exp(d_m.to(exp_dt))                              # cast: exp runs in `exp`; (…, R, 1)
-        if carry is not None:                                      # cast: ℓ_old to `masked_carry` there
-            l_old = torch.where(carry[0], l_old.to(carry[1]).to(l_old.dtype), l_old)
-        op = _op(acc, exp_dt)
-        l_new = (a.to(op) * l_old.to(op) + l_blk.to(op)).to(acc)  # cast: ℓ to `acc`
-        op = _op(o_acc, exp_dt, pv_out)
-        o_prod = o[..., r0:, :].to(op) * a.to(op)
-        o_scaled = _round(o_prod, o_acc, policy)                   # cast: Ō·a to `o_acc`
-        if carry is not None:                                      # cast: Ō·a to `masked_carry` there (rne)
-            o_scaled = torch.where(carry[0], o_prod.to(carry[1]).to(o_acc), o_scaled)
-        o_new = _round(o_scaled.to(op) + pv.to(op), o_acc, policy)  # cast: Ō·a + P̄V to `o_acc`
 
-        o[..., r0:, :] = o_new
-        l[..., r0:, :] = l_new
-        m[..., r0:, :] = m_new
+def _rescale_and_add(st: _RunningState, policy: Precision, r0: int, m_old, m_sub, m_new, l_blk, pv,
+                     carry) -> None:
+    """The online update of rows r0: a = exp(m_old − m_new), ℓ = a·ℓ + ℓ_j, Ō = Ō·a + P̄V (each rounded)."""
+    acc, exp_dt, exp_in = policy.dtype("acc"), policy.dtype("exp"), policy.dtype("exp_in")
+    m_dt, o_acc, pv_out = policy.dtype("m_acc"), policy.dtype("o_acc"), policy.dtype("pv_out")
+    m_rs = policy.dtype("m_rescale")                               # `m_acc` unless m_rescale is set
+    op = _op(m_dt, exp_in, m_rs)
+    # cast: m_old, m_new to `m_rescale`, m_old − m_new to `exp_in`
+    m_o, m_n = m_old.to(m_rs), m_sub.to(m_rs)
+    l_old = st.l[..., r0:, :]                                      # (…, R, 1)
+    if carry is not None:                                          # cast: m_old, m_new to `masked_carry` there
+        m_o = torch.where(carry[0], m_o.to(carry[1]).to(m_rs), m_o)
+        m_n = torch.where(carry[0], m_n.to(carry[1]).to(m_rs), m_n)
+    d_m = (m_o.to(op) - m_n.to(op)).to(exp_in)
+    a = torch.exp(d_m.to(exp_dt))                                  # cast: exp runs in `exp`; (…, R, 1)
+    if carry is not None:                                          # cast: ℓ_old to `masked_carry` there
+        l_old = torch.where(carry[0], l_old.to(carry[1]).to(l_old.dtype), l_old)
+    op = _op(acc, exp_dt)
+    l_new = (a.to(op) * l_old.to(op) + l_blk.to(op)).to(acc)      # cast: ℓ to `acc`
+    op = _op(o_acc, exp_dt, pv_out)
+    o_prod = st.o[..., r0:, :].to(op) * a.to(op)
+    o_scaled = _round(o_prod, o_acc, policy)                       # cast: Ō·a to `o_acc`
+    if carry is not None:                                          # cast: Ō·a to `masked_carry` there (rne)
+        o_scaled = torch.where(carry[0], o_prod.to(carry[1]).to(o_acc), o_scaled)
+    st.o[..., r0:, :] = _round(o_scaled.to(op) + pv.to(op), o_acc, policy)  # cast: Ō·a + P̄V to `o_acc`
+    st.l[..., r0:, :] = l_new
+    st.m[..., r0:, :] = m_new
 
+
+def _normalise(st: _RunningState, policy: Precision) -> ForwardResult:
+    """After the last key tile: O = Ō / ℓ rounded to `out`, and L = log ℓ + m."""
+    o, l, m = st.o, st.l, st.m
+    exp_dt, out_dt, o_acc = policy.dtype("exp"), policy.dtype("out"), policy.dtype("o_acc")
+    tq = l.shape[-2]
     l_div = l.to(policy.dtype("l_div"))                            # cast: ℓ to `l_div` (default `acc`)
     op = _op(o_acc, l_div.dtype, out_dt, policy.dtype("l_div_last"))
     l_div = l_div.to(op)
@@ -439,7 +485,7 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
     o_out = _round(o.to(op) / l_div, out_dt, policy)               # cast: O = Ō / ℓ to `out`
     l_st, m_st = l.to(policy.dtype("l_store")), m.to(policy.dtype("l_store"))  # cast: stored ℓ, m (`l_store`)
     lse = torch.log(l_st.to(exp_dt)) + m_st.to(exp_dt)             # cast: L = log ℓ + m in `exp`
-    return ForwardResult(o_out, o, m, l, lse, fix_pos, fix_neg)
+    return ForwardResult(o_out, o, m, l, lse, st.fix_pos, st.fix_neg)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -610,106 +656,139 @@ def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float
 
 
 def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha: float, o_res=None):
-    mm, exp_dt, pbar, dp_dt = policy.dtype("matmul"), policy.dtype("exp"), policy.dtype("pbar"), policy.dtype("dp")
-    ds_dt, gacc, scores_dt = policy.dtype("ds"), policy.dtype("grad_acc"), policy.dtype("scores")
-    tq, tk = q.shape[-2], k.shape[-2]
-    masking = _Masking(tq, tk, tk - tq if causal else None, None, q.device, skip_rows=True)
-    scores_of = _qk_scores(q, k, policy, alpha)
-    v_mm = v.to(mm)                                                # cast: V to `matmul`; (B, H, Tk, D)
-    q_mm = q.to(mm)                                                # cast: Q to `matmul`; (B, H, Tq, D)
-    k_mm = k.to(mm)                                                # cast: K to `matmul`; (B, H, Tk, D)
-    do_mm = do.to(mm)                                              # cast: dO to `matmul`; (B, H, Tq, D)
-    bq = policy.block_q
+    """Algorithm 2 over the key tiles: δ first (`_delta`), then one pass for dQ, dK, dV (`_gradient_pass`)."""
+    tiles = _BackwardTiles(q, k, v, lse, do, policy, causal, alpha)
+    delta = _delta(tiles, o, do, o_res)
+    dq, dk, dv = _gradient_pass(tiles, delta)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)         # cast: gradients to the inputs' dtype
 
-    def tile_rows(k0):
-        """First row of the query tile holding the tile's first live row (keeps dK/dV's tiling aligned)."""
-        r0 = masking.first_row(k0)
-        return r0 if bq is None else (r0 // bq) * bq
 
-    def probabilities(r0, k0, k1):
+class _BackwardTiles:
+    """What every pass of the backward reads: the operands cast to `matmul`, the masking, the scores and
+    P = exp(S − L) of a tile."""
+
+    def __init__(self, q, k, v, lse, do, policy: Precision, causal: bool, alpha: float):
+        mm = policy.dtype("matmul")
+        self.policy, self.alpha, self.lse, self.shape_q, self.device = policy, alpha, lse, q.shape, q.device
+        self.tq, self.tk = q.shape[-2], k.shape[-2]
+        self.masking = _Masking(self.tq, self.tk, self.tk - self.tq if causal else None, None, q.device,
+                                skip_rows=True)
+        self.scores_of = _qk_scores(q, k, policy, alpha)
+        self.v_mm = v.to(mm)                                       # cast: V to `matmul`; (B, H, Tk, D)
+        self.q_mm = q.to(mm)                                       # cast: Q to `matmul`; (B, H, Tq, D)
+        self.k_mm = k.to(mm)                                       # cast: K to `matmul`; (B, H, Tk, D)
+        self.do_mm = do.to(mm)                                     # cast: dO to `matmul`; (B, H, Tq, D)
+
+    def tiles(self):
+        """(r0, k0, k1) per key tile: r0 is the first row of the query tile holding the tile's first live row
+        (keeps dK/dV's tiling aligned with `block_q`)."""
+        bq = self.policy.block_q
+        for k0, k1 in _tiles(self.tk, self.policy.block_k):
+            r0 = self.masking.first_row(k0)
+            yield (r0 if bq is None else (r0 // bq) * bq), k0, k1
+
+    def probabilities(self, r0, k0, k1):
         """P = exp(S − L) for rows r0: and keys k0:k1, in `exp`; masked entries 0.  (B, H, R, bk)"""
-        s, raw = scores_of(r0, k0, k1)
-        allowed = masking.allowed(r0, k0, k1)
-        L = lse[..., r0:, :]
+        policy, exp_dt = self.policy, self.policy.dtype("exp")
+        s, raw = self.scores_of(r0, k0, k1)
+        allowed = self.masking.allowed(r0, k0, k1)
+        L = self.lse[..., r0:, :]
         if policy.sub == "sub":
             if allowed is not None:
                 s = s.masked_fill(~allowed, -math.inf)
-            op = _op(scores_dt, exp_dt)
+            op = _op(policy.dtype("scores"), exp_dt)
             x = (s.to(op) - L.to(op)).to(exp_dt)                   # cast: S − L to `exp`
         else:
-            x = (raw.double() * _fma_alpha(alpha, policy) - L.double()).to(exp_dt)  # cast: fused QKᵀ·α − L
+            x = (raw.double() * _fma_alpha(self.alpha, policy) - L.double()).to(exp_dt)  # cast: fused QKᵀ·α − L
             if allowed is not None:
                 x = x.masked_fill(~allowed, -math.inf)
         return torch.exp(x)                                        # exp in `exp`
 
-    # -- δ ---------------------------------------------------------------------------------------------
+    def dp(self, r0, k0, k1):
+        """dP = dO V_jᵀ for rows r0: and keys k0:k1, rounded to `dp`."""
+        return _matmul(self.do_mm[..., r0:, :], self.v_mm[..., k0:k1, :].transpose(-1, -2),
+                       self.policy.dtype("dp"))                    # cast: dP to `dp`
+
+
+def _delta(t: _BackwardTiles, o, do, o_res) -> torch.Tensor:
+    """δ (B, H, Tq, 1) from the policy's source: dO ∘ O, dO ∘ O_hp (O recomputed), dO ∘ (O + R), or dP ∘ P."""
+    policy, exp_dt = t.policy, t.policy.dtype("exp")
     if policy.delta == "dO.O":
         prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, o.dtype)
         prod = (do.to(prod_dt) * o.to(prod_dt))                    # cast: dO∘O in `delta_prod`
-        delta = prod.to(_op(prod_dt)).sum(dim=-1, keepdim=True)    # (B, H, Tq, 1) summed in op
-    elif policy.delta == "dO.O_hp":
+        return prod.to(_op(prod_dt)).sum(dim=-1, keepdim=True)     # (B, H, Tq, 1) summed in op
+    if policy.delta == "dO.O_hp":
         hp = _wider(torch.float32, exp_dt, policy.dtype("acc"))
-        o_hp = torch.zeros(q.shape, dtype=hp, device=q.device)     # (B, H, Tq, D) O recomputed for δ
-        for k0, k1 in _tiles(tk, policy.block_k):
-            r0 = tile_rows(k0)
-            p = probabilities(r0, k0, k1)
-            o_hp[..., r0:, :] += p.to(hp) @ v_mm[..., k0:k1, :].to(hp)  # cast: P and V to hp
+        o_hp = torch.zeros(t.shape_q, dtype=hp, device=t.device)   # (B, H, Tq, D) O recomputed for δ
+        for r0, k0, k1 in t.tiles():
+            p = t.probabilities(r0, k0, k1)
+            o_hp[..., r0:, :] += p.to(hp) @ t.v_mm[..., k0:k1, :].to(hp)  # cast: P and V to hp
         prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
-        delta = (do.to(prod_dt) * o_hp.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
-    elif policy.delta == "dO.O_res":
+        return (do.to(prod_dt) * o_hp.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+    if policy.delta == "dO.O_res":
         if o_res is None:
             raise ValueError("delta='dO.O_res' needs the forward's output residual (flash_backward(..., "
                              "o_residual=output_residual(forward_result, policy)))")
         hp = _wider(torch.float32, o.dtype, o_res.dtype)
         o_c = o.to(hp) + o_res.to(hp)                              # O + R in FP32: the compensated output
         prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
-        delta = (do.to(prod_dt) * o_c.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
-    else:  # "dP.P"
-        delta = None
-        for k0, k1 in _tiles(tk, policy.block_k):
-            r0 = tile_rows(k0)
-            p = probabilities(r0, k0, k1)
-            dp = _matmul(do_mm[..., r0:, :], v_mm[..., k0:k1, :].transpose(-1, -2), dp_dt)  # cast: dP to `dp`
-            prod_dt = _wider(policy.dtype("delta_prod"), dp_dt, exp_dt)
-            part = (dp.to(prod_dt) * p.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
-            if delta is None:
-                delta = torch.zeros((*q.shape[:-1], 1), dtype=part.dtype, device=q.device)
-            delta[..., r0:, :] += part
+        return (do.to(prod_dt) * o_c.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+    delta = None                                                   # "dP.P"
+    for r0, k0, k1 in t.tiles():
+        p = t.probabilities(r0, k0, k1)
+        dp = t.dp(r0, k0, k1)
+        prod_dt = _wider(policy.dtype("delta_prod"), policy.dtype("dp"), exp_dt)
+        part = (dp.to(prod_dt) * p.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+        if delta is None:
+            delta = torch.zeros((*t.shape_q[:-1], 1), dtype=part.dtype, device=t.device)
+        delta[..., r0:, :] += part
+    return delta
 
-    # -- the main pass over key tiles ---------------------------------------------------------------------
-    dq = torch.zeros(q.shape, dtype=gacc, device=q.device)        # (B, H, Tq, D) in `grad_acc`
-    dk = torch.zeros(k.shape, dtype=gacc, device=q.device)        # (B, H, Tk, D)
-    dv = torch.zeros(v.shape, dtype=gacc, device=q.device)        # (B, H, Tk, D)
-    for k0, k1 in _tiles(tk, policy.block_k):
-        r0 = tile_rows(k0)
-        if r0 >= tq:
+
+def _gradient_pass(t: _BackwardTiles, delta: torch.Tensor):
+    """dQ, dK, dV in `grad_acc` over the key tiles (dK_j, dV_j per query tile of `block_q`)."""
+    policy, alpha = t.policy, t.alpha
+    mm, exp_dt, pbar, dp_dt = policy.dtype("matmul"), policy.dtype("exp"), policy.dtype("pbar"), policy.dtype("dp")
+    ds_dt, gacc, bq = policy.dtype("ds"), policy.dtype("grad_acc"), policy.block_q
+    dq = torch.zeros(t.shape_q, dtype=gacc, device=t.device)      # (B, H, Tq, D) in `grad_acc`
+    dk = torch.zeros(t.k_mm.shape, dtype=gacc, device=t.device)   # (B, H, Tk, D)
+    dv = torch.zeros(t.v_mm.shape, dtype=gacc, device=t.device)   # (B, H, Tk, D)
+    for r0, k0, k1 in t.tiles():
+        if r0 >= t.tq:
             continue
-        p = probabilities(r0, k0, k1)                              # (B, H, R, bk) in `exp`
+        p = t.probabilities(r0, k0, k1)                            # (B, H, R, bk) in `exp`
         p_mm = p.to(pbar)                                          # cast: P to `pbar`
-        dv[..., k0:k1, :] = _per_q_tile_sum(dv[..., k0:k1, :], p_mm, do_mm[..., r0:, :].to(_wider(pbar, mm)),
+        dv[..., k0:k1, :] = _per_q_tile_sum(dv[..., k0:k1, :], p_mm, t.do_mm[..., r0:, :].to(_wider(pbar, mm)),
                                             bq, gacc)
-        dp = _matmul(do_mm[..., r0:, :], v_mm[..., k0:k1, :].transpose(-1, -2), dp_dt)  # cast: dP to `dp`
+        dp = t.dp(r0, k0, k1)                                      # cast: dP to `dp`
         op = _op(exp_dt, dp_dt, delta.dtype)
         ds = (p.to(op) * alpha) * (dp.to(op) - delta[..., r0:, :].to(op))  # (B, H, R, bk) in op
         ds_mm = ds.to(ds_dt)                                       # cast: dS to `ds`
         wide = _wider(ds_dt, mm)
-        dq_part = _matmul(ds_mm.to(wide), k_mm[..., k0:k1, :].to(wide), gacc)  # (B, H, R, D)
+        dq_part = _matmul(ds_mm.to(wide), t.k_mm[..., k0:k1, :].to(wide), gacc)  # (B, H, R, D)
         corr_k = None
-        if policy.ds_rowsum:  # remove the row sum of the cast's error, evenly over the allowed keys
-            allowed = masking.allowed(r0, k0, k1)                  # (R, bk) or None
-            live = (allowed.to(op) if allowed is not None
-                    else torch.ones(ds.shape[-2:], dtype=op, device=ds.device))  # (R, bk)
-            n = live.sum(dim=-1, keepdim=True).clamp(min=1)        # (R, 1)
-            e = (ds_mm.to(op) - ds).sum(dim=-1, keepdim=True) / n  # (B, H, R, 1) per allowed key
-            dq_part = (dq_part.to(op) - e * (live @ k_mm[..., k0:k1, :].to(op))).to(gacc)  # cast: to `grad_acc`
-            corr_k = (e * live).transpose(-1, -2) @ q_mm[..., r0:, :].to(op)           # (B, H, bk, D)
+        if policy.ds_rowsum:
+            dq_part, corr_k = _ds_rowsum_correction(t, r0, k0, k1, ds, ds_mm, dq_part, op)
         op = _op(gacc)
         dq[..., r0:, :] = (dq[..., r0:, :].to(op) + dq_part.to(op)).to(gacc)  # cast: dQ sum to `grad_acc`
-        dk[..., k0:k1, :] = _per_q_tile_sum(dk[..., k0:k1, :], ds_mm.to(wide), q_mm[..., r0:, :].to(wide),
+        dk[..., k0:k1, :] = _per_q_tile_sum(dk[..., k0:k1, :], ds_mm.to(wide), t.q_mm[..., r0:, :].to(wide),
                                             bq, gacc)
         if corr_k is not None:
             dk[..., k0:k1, :] = (dk[..., k0:k1, :].to(corr_k.dtype) - corr_k).to(gacc)  # cast: to `grad_acc`
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)         # cast: gradients to the inputs' dtype
+    return dq, dk, dv
+
+
+def _ds_rowsum_correction(t: _BackwardTiles, r0, k0, k1, ds, ds_mm, dq_part, op):
+    """ds_rowsum: remove the row sum of dS's rounding error, evenly over the row's allowed keys of the tile.
+    Returns dQ's corrected part (in `grad_acc`) and dK_j's correction (in op, subtracted after the sum)."""
+    allowed = t.masking.allowed(r0, k0, k1)                        # (R, bk) or None
+    live = (allowed.to(op) if allowed is not None
+            else torch.ones(ds.shape[-2:], dtype=op, device=ds.device))  # (R, bk)
+    n = live.sum(dim=-1, keepdim=True).clamp(min=1)                # (R, 1)
+    e = (ds_mm.to(op) - ds).sum(dim=-1, keepdim=True) / n          # (B, H, R, 1) per allowed key
+    dq_part = (dq_part.to(op) - e * (live @ t.k_mm[..., k0:k1, :].to(op))).to(t.policy.dtype("grad_acc"))  # cast
+    corr_k = (e * live).transpose(-1, -2) @ t.q_mm[..., r0:, :].to(op)  # (B, H, bk, D)
+    return dq_part, corr_k
 
 
 class _FlashAttentionFn(torch.autograd.Function):

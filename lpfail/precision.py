@@ -79,6 +79,12 @@ carry       masked for a row rounds that row's running state to
             rescale factor a, ℓ_old before a·ℓ + ℓ_j, and Ō·a;
             the compiled official fixed code does that step in
             separate kernels that read the BF16 row buffers
+l_from      the source of each key block's row sum ℓ_j: "p", the   p       p       p
+            probabilities exp(S − m) before their rounding to
+            `pbar` (FlashAttention-2, the paper's code, the Triton
+            tutorial), or "pbar", P̄ as rounded for the P̄V product
+            (flash-attention PR #2721: numerator and normaliser
+            then use the same P̄; only with a pbar narrower than exp)
 =========== ====================================================== ======= ======= =====
 
 Two knobs were added for the cures of chapter 6 (experiment `cures`), both off in every preset and shown in
@@ -108,7 +114,9 @@ when set) describes the compiled official *fixed* code (PAPER_BF16_COMPILED_OFFI
 tile fully masked for a row still moves that row's maximum (its masked scores tie, r_m < 0, so m' = 0), and
 inductor computes that update from the BF16 buffers the official code copies m and ℓ into (row_maxes.copy_,
 row_sums.copy_) and stores Ō·a in the BF16 output buffer before P̄V is added; unlike the other compiled knobs it
-does not fall back to `acc` (None: no extra rounding).
+does not fall back to `acc` (None: no extra rounding). l_from (default "p", shown only when set) is the second
+biased path of issue 25: with ℓ summed from the FP32 P while P̄V uses P̄ = bf16(P), O = ΣP̄V / ΣP is not a weighted
+mean of V (for V ≡ c it is c·ΣP̄/ΣP, not c); "pbar" sums the rounded P̄ instead, so O = ΣP̄V / ΣP̄.
 """
 from __future__ import annotations
 
@@ -123,6 +131,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, 
 DELTAS = ("dO.O", "dO.O_hp", "dP.P", "dO.O_res")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
+L_FROMS = ("p", "pbar")
 _SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
 _ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc", "m_rescale", "l_div_last")  # optional dtypes (torch.compile's
 #: arithmetic): each falls back to `acc`, except m_rescale (to `m_acc`) and l_div_last (to `l_div`)
@@ -130,7 +139,7 @@ _FALLBACK = {"m_rescale": "m_acc", "l_div_last": "l_div"}
 #: Knobs added after the first stored results, with their defaults: a policy's string names one only when it
 #: differs from its default, so the strings (cache keys) of every earlier policy stay as they were.
 _SET_ONLY = (("rounding", "rne"), *((name, None) for name in _ACC_FIELDS), ("ds_rowsum", False),
-             ("masked_carry", None))
+             ("masked_carry", None), ("l_from", "p"))
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
 
@@ -265,6 +274,8 @@ class Precision:
     ds_rowsum: bool = False
     # added after replaying the compiled official fixed code's first query tile (issue 16):
     masked_carry: str | None = None
+    # added with the normaliser's source (issue 25, flash-attention PR #2721):
+    l_from: str = "p"
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
@@ -299,6 +310,11 @@ class Precision:
                 raise ValueError(f"Precision.masked_carry={self.masked_carry!r} needs masked_ties=True: it rounds "
                                  "the running state in the update of a key tile that is fully masked for the row, "
                                  "and without masked_ties such tiles are skipped (the setting would do nothing)")
+        if self.l_from not in L_FROMS:
+            raise ValueError(f"Precision.l_from must be one of {list(L_FROMS)} (got {self.l_from!r})")
+        if self.l_from == "pbar" and DTYPES[self.pbar].itemsize >= DTYPES[self.exp].itemsize:
+            raise ValueError(f"Precision.l_from='pbar' would do nothing here: pbar={self.pbar} is as wide as exp="
+                             f"{self.exp}, so P̄ is P and both sources give the same row sum; use l_from='p'")
         if not isinstance(self.ds_rowsum, bool):
             raise ValueError(f"Precision.ds_rowsum must be True or False (got {self.ds_rowsum!r})")
         if self.rounding not in ROUNDINGS:
@@ -314,6 +330,16 @@ class Precision:
                                  f"{', '.join(f'{n}={getattr(self, n)}' for n in narrow)}: the fused step forms "
                                  "QKᵀ·α − m from the unrounded FP32 product, and a 16-bit product or score "
                                  "would already be rounded before it")
+
+    def __hash__(self):  # the dataclass's hash, computed once: a policy keys the kernels' launch caches per call
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self):  # a pickle must not carry this process's string hashes
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     # -- variants -------------------------------------------------------------------------------------
     def with_fix(self, beta: float = 2.0, eps: float = 1e-3) -> "Precision":
@@ -351,6 +377,9 @@ class Precision:
         if self.rounding != "rne":
             base = dataclasses.replace(self, rounding="rne")
             return f"{base.name},rounding={self.rounding}" if base.name != str(base) else str(self)
+        if self.l_from != "p":
+            base = dataclasses.replace(self, l_from="p")
+            return f"{base.name},l_from={self.l_from}" if base.name != str(base) else str(self)
         for preset_name, preset in PRESETS.items():  # exact matches first (PAPER_BF16_ROBUST_FIX, not PAPER_BF16+…)
             if self == preset:
                 return preset_name
@@ -397,7 +426,7 @@ class Precision:
             key, value = (s.strip() for s in item.split("=", 1))
             if key not in valid:
                 raise ValueError(f"unknown Precision key {key!r} in {text!r}; valid keys: {valid}")
-            if key in _DTYPE_FIELDS or key in ("delta", "sub", "rounding"):
+            if key in _DTYPE_FIELDS or key in ("delta", "sub", "rounding", "l_from"):
                 changes[key] = value
             elif key == "block":
                 m = re.fullmatch(r"(\w+)x(\w+)", value)

@@ -9,6 +9,8 @@
   turning it into the correctly rounded value; the official l_clamp shrinking a row with a tied maximum ≈ 30.
 * δ sources in BF16: dO.O_hp and dP.P give a smaller dQ error than dO.O on rows with ties.
 * forward_from_scores runs the same code path as attention (bit-identical), and bad inputs raise.
+* ℓ summed from P̄ (l_from="pbar", flash-attention PR #2721): the normaliser matches the numerator (V ≡ c gives c
+  to FP32 rounding, ℓ from P does not), against float64 with every other cast FP64, and within BF16 tolerance.
 
 Run `pytest -s tests/test_attention_ref.py` to see the measured errors.
 """
@@ -171,9 +173,10 @@ def test_fix_ignores_masked_entries_unless_official():
 @pytest.mark.parametrize("case", [(False, 113, 203, 64), (True, 128, 128, 64), (True, 96, 160, 128)],
                          ids=lambda c: f"causal={c[0]}-{c[1]}x{c[2]}-d{c[3]}")
 @pytest.mark.parametrize("policy", [PAPER_BF16, PAPER_BF16.with_fix(), PAPER_BF16_OFFICIAL_FIX, FA2_BF16,
-                                    FA2_BF16.with_fix(), FA2_BF16.replace(sub="fma"), FP32],
+                                    FA2_BF16.with_fix(), FA2_BF16.replace(sub="fma"), FP32,
+                                    FA2_BF16.replace(l_from="pbar"), PAPER_BF16.with_fix().replace(l_from="pbar")],
                          ids=["PAPER_BF16", "PAPER_BF16+fix", "OFFICIAL_FIX", "FA2_BF16", "FA2_BF16+fix",
-                              "FA2_BF16-fma", "FP32"])
+                              "FA2_BF16-fma", "FP32", "FA2_BF16-l_from_pbar", "PAPER_BF16+fix-l_from_pbar"])
 def test_low_precision_within_tolerance(policy, case):
     causal, tq, tk, d = case
     dtype = torch.float32 if policy == FP32 else torch.bfloat16
@@ -383,3 +386,41 @@ def test_forward_from_scores_rejects_empty_rows():
     with pytest.raises(ValueError, match="at least one allowed key"):
         forward_from_scores(torch.zeros(2, 3), torch.zeros(3, 4), FP64,
                             mask=torch.tensor([[True, False, False], [False, False, False]]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the normaliser's source (l_from, issue 25)
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sub", ["sub", "fma"])
+def test_l_from_pbar_makes_the_normaliser_match_the_numerator(sub):
+    """V ≡ c: O = ΣP̄·c / ℓ. With ℓ = ΣP (FP32, before P̄'s rounding) O − c = c·(ΣP̄/ΣP − 1), the weighted mean
+    of P̄'s relative rounding errors (up to 2⁻⁹ each): far from 0 in most rows. With ℓ = ΣP̄ it is c to FP32
+    rounding. FP32 output so that the quotient is seen before any BF16 rounding of O."""
+    policy = FA2_BF16.replace(out="fp32", sub=sub, block_k=32)
+    q, k = rand(1, 2, 96, 64, seed=41, dtype=torch.bfloat16, scale=2.0), rand(1, 2, 96, 64, seed=42,
+                                                                              dtype=torch.bfloat16)
+    v = torch.full((1, 2, 96, 64), 1.5, dtype=torch.bfloat16)
+    o_p = flash_forward(q, k, v, policy, causal=True).o.double()
+    o_pbar = flash_forward(q, k, v, policy.replace(l_from="pbar"), causal=True).o.double()
+    dev_p, dev_pbar = (o_p - 1.5).abs().amax(-1), (o_pbar - 1.5).abs().amax(-1)   # per row
+    print(f"{sub}: |O − c| per row, ℓ from P: median {dev_p.median():.2e}, max {dev_p.max():.2e}; "
+          f"from P̄: max {dev_pbar.max():.2e}")
+    assert dev_pbar.max() < 4 * 2.0 ** -24 * 1.5 * 8            # a few FP32 ulps of c
+    assert (dev_p > 1e-5).float().mean() > 0.5 and dev_p.max() > 1e-4
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_l_from_pbar_against_float64(causal):
+    """Every cast FP64 but P̄ in FP32: both sources of ℓ are within FP32 rounding of the truth (O and the three
+    gradients), and they differ (the knob reaches the arithmetic)."""
+    base = FP64.replace(pbar="fp32", block_q=32, block_k=48)
+    q, k, v, do = (rand(1, 2, 113, 64, seed=s) for s in (51, 52, 53, 54))
+    truth = run(lambda *a: naive_attention(*a, causal=causal), q, k, v, do)
+    for l_from in ("p", "pbar"):
+        got = run(lambda *a: attention(*a, policy=base.replace(l_from=l_from), causal=causal), q, k, v, do)
+        errs = [rel_err(x, t) for x, t in zip(got, truth)]
+        print(f"l_from={l_from} causal={causal}: relative error O, dQ, dK, dV", ["%.1e" % e for e in errs])
+        assert max(errs) < 1e-6
+    o_p = flash_forward(q, k, v, base, causal=causal).o
+    o_pbar = flash_forward(q, k, v, base.replace(l_from="pbar"), causal=causal).o
+    assert not torch.equal(o_p, o_pbar)

@@ -1,5 +1,6 @@
-"""The drop-in kernel: ``kernels.flash_attention(q, k, v, is_causal=True, scale=None, fix=...)`` against PyTorch's
-scaled_dot_product_attention (CPU: Triton's interpreter, FP32; GPU-marked: BF16), and its clear refusals."""
+"""The drop-in kernel: ``kernels.flash_attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, fix=...)``
+against PyTorch's scaled_dot_product_attention (CPU: Triton's interpreter, FP32; GPU-marked: BF16): SDPA's defaults
+and keywords, and clear refusals of what the kernels do not support."""
 from __future__ import annotations
 
 import pytest
@@ -36,10 +37,47 @@ def test_matches_sdpa_in_fp32(is_causal, fix):
 
 
 def test_scale_and_default_causal():
+    """SDPA's defaults: full attention unless is_causal=True (until issue 25 the drop-in defaulted to causal), and
+    any scale; the policy style stays causal by default, as lpfail.attention.attention."""
     q, k, v, _ = qkv(n=70, d=32)
-    o = kernels.flash_attention(q, k, v, scale=0.3)                  # causal by default, like a decoder
-    r = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
+    o = kernels.flash_attention(q, k, v, scale=0.3)
+    r = F.scaled_dot_product_attention(q, k, v, scale=0.3)
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)
     assert ((o - r).norm() / r.norm()).item() < 1e-5
+    assert ((o - causal).norm() / causal.norm()).item() > 1e-2        # the default is not the causal result
+    o_c = kernels.flash_attention(q, k, v, is_causal=True, scale=0.3)
+    assert ((o_c - causal).norm() / causal.norm()).item() < 1e-5
+    o_p = kernels.flash_attention(q, k, v, kernels.policy_for(torch.float32), scale=0.3)
+    assert torch.equal(o_p, o_c)
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_enable_gqa_matches_sdpa(is_causal):
+    """Grouped-query attention as SDPA computes it (query head h reads key/value head h // 3 here), O and the
+    gradients of q, k, v (k's and v's summed over their query heads)."""
+    g = torch.Generator().manual_seed(4)
+    q, do = (torch.randn(1, 6, 80, 32, generator=g).to(DEVICE) for _ in range(2))
+    k, v = (torch.randn(1, 2, 80, 32, generator=g).to(DEVICE) for _ in range(2))
+    got = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=is_causal, enable_gqa=True), q, k, v, do)
+    ref = grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=is_causal, enable_gqa=True),
+                q, k, v, do)
+    for name, x, y in zip(("O", "dQ", "dK", "dV"), got, ref):
+        assert x.shape == y.shape and ((x - y).norm() / y.norm()).item() < 1e-5, name
+    with pytest.raises(ValueError, match="one head count that divides q's"):
+        kernels.flash_attention(q, k[:, :1], v, enable_gqa=True)
+    with pytest.raises(ValueError, match="one shape"):                      # without enable_gqa, as SDPA
+        kernels.flash_attention(q, k, v)
+
+
+@pytest.mark.parametrize("mask", [torch.ones(96, 96, dtype=torch.bool).tril(), torch.zeros(96, 96)],
+                         ids=["bool", "float"])
+def test_masks_are_refused_naming_what_is_supported(mask):
+    q, k, v, _ = qkv()
+    with pytest.raises(ValueError, match=r"takes no attn_mask \(got a Tensor of torch\.(bool|float32)\).*is_causal="
+                                         r"True.*enable_gqa=True"):
+        kernels.flash_attention(q, k, v, attn_mask=mask)
+    with pytest.raises(TypeError, match="4th positional argument.*Precision policy, not SDPA's attn_mask"):
+        kernels.flash_attention(q, k, v, mask)
 
 
 def test_robust_fix_stays_finite_where_algorithm_3_does_not():
@@ -49,8 +87,8 @@ def test_robust_fix_stays_finite_where_algorithm_3_does_not():
     k[..., 0] = -1000.0 * 8                                          # every score −1000: rows of ties
     v = torch.randn(1, 1, 64, 64)
     q, k, v = (t.to(DEVICE) for t in (q, k, v))
-    assert torch.isfinite(kernels.flash_attention(q, k, v, fix="robust")).all()
-    assert not torch.isfinite(kernels.flash_attention(q, k, v, fix="alg3")).all()
+    assert torch.isfinite(kernels.flash_attention(q, k, v, is_causal=True, fix="robust")).all()
+    assert not torch.isfinite(kernels.flash_attention(q, k, v, is_causal=True, fix="alg3")).all()
 
 
 def test_policy_for():
@@ -63,7 +101,6 @@ def test_policy_for():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(attn_mask=torch.ones(96, 96, dtype=torch.bool)), "attn_mask"),
     (dict(dropout_p=0.1), "dropout"),
-    (dict(enable_gqa=True), "grouped-query"),
     (dict(fix="beta2"), "fix must be"),
     (dict(causal=True, is_causal=False), "disagree"),
 ])
@@ -166,3 +203,20 @@ def test_eager_call_equals_the_custom_op_bit_for_bit():
         traced = kernels.flash_attention(q, k, v, is_causal=True, fix="robust")   # the loop's last fix
     assert any("lpfail.flash_attention_fwd" in name for name in seen.ops)
     assert torch.equal(traced, op[0])
+
+
+def test_tuning_travels_through_the_custom_op():
+    """A Tuning reaches the kernels through the custom op (as its string) and through torch.compile: the same bits
+    as the eager call with it, forward and gradients."""
+    import math
+
+    q, k, v, do = qkv(n=70, d=32)
+    t = kernels.Tuning(order="lpt", tie="count")   # deterministic levers (the atomic dQ is not, on a GPU)
+    text = kernels._SDPA_POLICIES[(torch.float32, "robust")][1]
+    eager = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust", tuning=t), q, k, v, do)
+    op = grads(lambda a, b, c: torch.ops.lpfail.flash_attention_fwd(a, b, c, text, True, 1 / math.sqrt(32), str(t))[0],
+               q, k, v, do)
+    compiled = torch.compile(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust", tuning=t),
+                             backend="aot_eager", fullgraph=True)
+    for x, y, z in zip(eager, op, grads(compiled, q, k, v, do)):
+        assert torch.equal(x, y) and torch.equal(x, z)

@@ -379,7 +379,8 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
     captured = []
-    monkeypatch.setattr(kernels, "_launch", lambda kernel, grid, key, *a, **kw: captured.append((grid, key, a, kw)))
+    monkeypatch.setattr(kernels, "_launch", lambda kernel, grid, key, a, kw, stream=None: captured.append(
+        (grid, key, a, kw)))
     q, k, v, _ = inputs(2, 3, 100, 64, seed=5)
     kernels._forward(q, k, v, kernels.kernel_policy(FP32.with_fix()), True, 0.125)
     grid, key, args, kwargs = captured[0]
@@ -399,12 +400,14 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     assert entry is not None
     monkeypatch.undo()   # the real _launch again (and the driver, the interpreter flag, the switch)
     monkeypatch.setattr(driver, "_active", _FakeDriver())
-    monkeypatch.setitem(kernels._DIRECT, ("kernel", key), entry)
-    kernels._launch("kernel", grid, key, *args, **kwargs)
-    (call,) = compiled.calls
+    monkeypatch.setitem(kernels._DIRECT, ("kernel", key), (entry[0], entry[1], meta, *entry[2:]))
+    kernels._launch("kernel", grid, key, args, kwargs)
+    kernels._launch("kernel", grid, key, args, kwargs, stream=77)                # a stream given: that one
+    (call, call77) = compiled.calls
     bound = list(binder(*args, **kwargs)[0].values())
     assert call[:9] == (2, 6, 1, 1234, "fn", ("meta",), None, triton.knobs.runtime.launch_enter_hook,
                         triton.knobs.runtime.launch_exit_hook)
+    assert call77[3] == 77 and call77[9:] == call[9:]
     assert len(call[9:]) == len(bound) == len(jit.params)
     assert all(a is b for a, b in zip(call[9:], bound))
     # refusals: a misaligned tensor, the switch, a binder whose bound order is not args then constexprs
@@ -417,3 +420,210 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     monkeypatch.setenv(kernels.DIRECT_ENV, "1")
     jit.device_caches[0] = ({}, {}, None, backend, lambda *a, **kw: ({"x": 0, **dict(enumerate(a))}, None, None))
     assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None
+
+
+def test_autotune_env_is_read_from_the_environment(monkeypatch):
+    """The launch plans key on LPFAIL_KERNELS_AUTOTUNE read from os.environ's own store (cheaper than a lookup):
+    the same value os.environ.get gives, set, changed and unset."""
+    assert kernels._TUNE_KEY == kernels._fwd.TUNE_ENV.encode()
+    monkeypatch.delenv(kernels._fwd.TUNE_ENV, raising=False)
+    assert kernels._tune_env() is None
+    for value in ("0", "1"):
+        monkeypatch.setenv(kernels._fwd.TUNE_ENV, value)
+        assert kernels._tune_env() == value == __import__("os").environ.get(kernels._fwd.TUNE_ENV)
+
+
+# -- the tuning levers (issue 25): how the kernels run, never what they compute --------------------------------
+LEVER_POLICY = FP32.replace(block_k=32).with_fix()
+
+
+@pytest.mark.parametrize("tuning", [kernels.Tuning(tma=True), kernels.Tuning(order="lpt"),
+                                    kernels.Tuning(tie="count"), kernels.Tuning(space="sm90")], ids=str)
+@pytest.mark.parametrize("causal", [True, False])
+def test_tuning_levers_change_no_bit(tuning, causal):
+    """TMA descriptors, the grid order, the tie test's form and the autotune space (one config in the
+    interpreter) must leave O and all three gradients bit for bit as the default tuning gives them, on rows with
+    tied maxima (so that the fix's test fires) and a masked tail."""
+    q, k, v, do = tied_rows(n=100)
+    base = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, LEVER_POLICY, causal=causal), q, k, v,
+                          do)
+    got = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, LEVER_POLICY, causal=causal,
+                                                                 tuning=tuning), q, k, v, do)
+    for name, x, y in zip(("O", "dQ", "dK", "dV"), got, base):
+        assert torch.equal(x, y), name
+
+
+@pytest.mark.parametrize("policy,d", [(FP32.replace(sub="fma", block_k=64).with_fix(), 64),      # α = 1/8: raw count
+                                      (FP32.replace(sub="fma", block_k=64).with_bounded_fix(), 32),  # α = 1/√32
+                                      (FP32.replace(block_k=64).with_bounded_fix(), 32),
+                                      (PAPER_BF16.replace(matmul="fp32", block_k=64).with_fix(), 64)], ids=str)
+def test_tie_count_gives_the_same_maximum_as_max2(policy, d):
+    """The count form of the tie test (after the max) against the (max, second max) form, on rows whose maxima
+    are tied 1, 2 or 3 times, with a second key ε/2 and 2ε below a single maximum in two rows: P̄ bit for bit, in
+    sub and FMA mode, with α a power of two (the count reads the raw products) and not."""
+    m = 16
+    q, k, tied = probe_rows(d, m, 64, seed=3, ties=lambda i: 1 + i % 3, step=0.25)
+    alpha = d ** -0.5
+    k[1, 0] = 5.0 - 0.5e-3 / (3.0 * alpha)          # row 0 (one tie): a second key ε/2 below its maximum
+    k[13, 3] = 5.0 - 2e-3 / (3.75 * alpha)          # row 3 (one tie): a second key 2ε below
+    q, k = q.to(DEVICE), k.to(DEVICE)
+    a = kernels.probe_pbar(q, k, policy)
+    b = _probe_with_tie(q, k, policy, 1)
+    assert torch.equal(a, b)
+    if policy.sub == "sub":                          # both outcomes of the test are seen
+        assert (a[tied] < 1).any() and (a[tied] == 1).any()
+
+
+def _probe_with_tie(q, k, policy, tie):
+    """`kernels.probe_pbar` with the tie test's form TIE (1: the count)."""
+    kp = kernels.kernel_policy(policy)
+    (M, D), N = q.shape, k.shape[0]
+    scale = 1.0 / math.sqrt(D)
+    p = torch.full((M, N), float("nan"), device=q.device, dtype=torch.float32)
+    extra = {} if kernels.interpreted() else {"enable_fp_fusion": kp.sub_fma}
+    kernels._fwd._probe_pbar[(1,)](q, k, p, q.stride(0), k.stride(0), p.stride(0), M, N, scale, kp.eps, kp.beta,
+                                   *kernels._shift_args(kp, 1.0), HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64,
+                                   MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
+                                   PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode,
+                                   DOT_PREC=kp.dot_prec, TIE=tie, POW2=math.frexp(scale)[0] == 0.5, **extra)
+    return p
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_atomic_backward_matches_the_split_one(causal):
+    """The atomic backward (one kernel, dQ summed with FP32 atomics) computes dK and dV as the split one does, bit
+    for bit, and dQ up to the order of its FP32 additions; both against float64 truth."""
+    q, k, v, do = inputs(1, 2, 150, 64, seed=31)
+    fn = lambda t: (lambda a, b, c: kernels.flash_attention(a, b, c, FP32, causal=causal, tuning=t))  # noqa: E731
+    split = run_with_grads(fn(kernels.Tuning()), q, k, v, do)
+    atomic = run_with_grads(fn(kernels.Tuning(bwd="atomic")), q, k, v, do)
+    ref = truth_with_grads(q, k, v, do, causal)
+    assert torch.equal(split[0], atomic[0]) and torch.equal(split[2], atomic[2]) and torch.equal(split[3], atomic[3])
+    assert rel(atomic[1], split[1].double()) < 1e-6
+    assert all(rel(x, r) < 2e-5 for x, r in zip(atomic, ref))
+
+
+def test_ftz_exp_is_close_and_refusals_are_clear():
+    """The backward's FTZ exp (exp2 of x·log2 e) changes P only in its last bits here (NumPy's exp2 and exp in the
+    interpreter; on the GPU the same MUFU.EX2), so the gradients stay within FP32 noise of the default's. The
+    atomic backward refuses a 16-bit grad_acc, and bad tunings name the field."""
+    q, k, v, do = inputs(1, 2, 96, 64, seed=33)
+    fn = lambda t: (lambda a, b, c: kernels.flash_attention(a, b, c, FP32, tuning=t))  # noqa: E731
+    base = run_with_grads(fn(kernels.Tuning()), q, k, v, do)
+    ftz = run_with_grads(fn(kernels.Tuning(ftz_exp=True)), q, k, v, do)
+    assert torch.equal(base[0], ftz[0]) and all(rel(x, y.double()) < 1e-6 for x, y in zip(ftz[1:], base[1:]))
+    with pytest.raises(ValueError, match="grad_acc='fp32'"):
+        kernels.flash_attention(q, k, v, PAPER_BF16.replace(matmul="fp32"), tuning=kernels.Tuning(bwd="atomic"))
+    with pytest.raises(ValueError, match=r"Tuning.order must be one of \['head', 'lpt'\]"):
+        kernels.Tuning(order="random")
+    with pytest.raises(ValueError, match="Tuning.tma must be True or False"):
+        kernels.Tuning(tma=1)
+    with pytest.raises(TypeError, match="kernels.Tuning"):
+        kernels.flash_attention(q, k, v, FP32, tuning="tma")
+    assert kernels.Tuning.parse(str(kernels.ALL_LEVERS)) == kernels.ALL_LEVERS
+    assert str(kernels.Tuning()) == "default" and kernels.Tuning.parse("default") == kernels.Tuning()
+    with pytest.raises(ValueError, match="unknown Tuning key 'fast'"):
+        kernels.Tuning.parse("fast=True")
+
+
+def test_autotune_spaces_prune_to_their_configs(monkeypatch):
+    """The autotune spaces and prune steps as on the GPU (the interpreter has one config and skips them): space "v1"
+    holds exactly the configs measured until 2026-12-01 and "sm90" those plus its own, in every kernel; the forward
+    keeps 256-row tiles only at head dim ≤ 64, FP32 dots get one small config, and LPFAIL_KERNELS_AUTOTUNE=0 takes
+    the space's first config (v1's first, in both spaces). One autotuner per space, around one JIT function."""
+    from kernels import bwd, fwd
+
+    monkeypatch.setattr(fwd, "INTERPRET", False)
+    monkeypatch.setattr(bwd, "INTERPRET", False)
+    monkeypatch.setenv(fwd.TUNE_ENV, "1")
+    tables = {"fwd": (fwd.FWD_SPACES, fwd._fwd_configs, fwd._fwd_prune),
+              "dq": (bwd.DQ_SPACES, bwd._q_side_configs, bwd._fp32_prune(bwd._DQ_SMALL)),
+              "dkdv": (bwd.DKDV_SPACES, bwd._kv_side_configs, bwd._fp32_prune(bwd._DKDV_SMALL))}
+    bf16 = dict(BLOCK_N=64, MATMUL=kernels._TL["bf16"], PV_DT=kernels._TL["bf16"], DS_DT=kernels._TL["bf16"])
+    for kern, (table, configs, prune) in tables.items():
+        v1, sm90 = configs("v1"), configs("sm90")
+        assert [fwd._config_key(c) for c in v1] == [fwd._config_key(fwd._config(*t)) for t in table["v1"]]
+        assert len(sm90) == len(table["v1"]) + len(table["sm90"]) and sm90[:len(v1)] == v1
+        assert prune(sm90, {}, HEAD_DIM=64, **bf16) == sm90
+    wide = fwd._fwd_prune(fwd._fwd_configs("sm90"), {}, HEAD_DIM=128, **bf16)
+    assert all(c.kwargs["BLOCK_M"] <= 128 for c in wide) and len(wide) == len(fwd._fwd_configs("sm90")) - 2
+    fp32 = fwd._fwd_prune(fwd._fwd_configs("sm90"), {}, HEAD_DIM=128, **{**bf16, "MATMUL": kernels._TL["fp32"]})
+    assert len(fp32) == 1 and fp32[0].num_stages == 1
+    monkeypatch.setenv(fwd.TUNE_ENV, "0")
+    for kern, (table, configs, prune) in tables.items():
+        (first,) = prune(configs("sm90"), {}, HEAD_DIM=64, **bf16)
+        assert fwd._config_key(first) == fwd._config_key(fwd._config(*table["v1"][0]))
+    assert fwd.FWD_TUNERS["v1"].fn is fwd.FWD_TUNERS["sm90"].fn is fwd._attn_fwd.fn
+    assert bwd.DKDV_TUNERS[("sm90", True)].fn is bwd._bwd_dkdv.fn and bwd.DQ_TUNERS["sm90"].fn is bwd._bwd_dq.fn
+
+
+# -- the normaliser's source (l_from, issue 25) ------------------------------------------------------------------
+@pytest.mark.parametrize("block_k", [32, None], ids=["one tile", "two-pass"])
+def test_l_from_pbar_kernel_matches_the_reference(block_k):
+    """ℓ summed from P̄ (BF16 cast point on the FP32 path): the kernel's O is the reference's to FP32 summation
+    order, ten times closer than the two sources of ℓ are to each other, in the fast path and in the two-pass one;
+    and with V ≡ c it gives c to FP32 rounding where ℓ from P does not (the mismatch of numerator and normaliser
+    that the knob removes)."""
+    policy = FP32.replace(pbar="bf16", block_k=block_k, l_from="pbar")
+    q, k, v, _ = inputs(1, 2, 100, 64, seed=35)
+    q = q * 2
+    o = kernels.flash_attention(q, k, v, policy)
+    o_p = kernels.flash_attention(q, k, v, policy.replace(l_from="p"))
+    if reference_attention is not None:
+        r = reference_attention(q, k, v, policy, causal=True)
+        impl, knob = rel(o, r.double()), rel(o, o_p.double())
+        print(f"block_k={block_k}: kernel vs reference {impl:.1e}; ℓ from P̄ vs from P {knob:.1e}")
+        assert impl < 0.1 * knob
+    c = torch.full_like(v, 1.5)
+    dev = {lf: (kernels.flash_attention(q, k, c, policy.replace(l_from=lf)).double() - 1.5).abs().max().item()
+           for lf in ("p", "pbar")}
+    print(f"block_k={block_k}: max |O − c|: ℓ from P {dev['p']:.1e}, from P̄ {dev['pbar']:.1e}")
+    assert dev["pbar"] < 1e-6 < 1e-4 < dev["p"]
+
+
+# -- GPU: the levers and ℓ from P̄ in BF16 ---------------------------------------------------------------------------
+GPU_LEVERS = [kernels.Tuning(tma=True), kernels.Tuning(order="lpt"), kernels.Tuning(tie="count"),
+              kernels.Tuning(bwd="atomic"), kernels.Tuning(ftz_exp=True), kernels.Tuning(space="sm90"),
+              kernels.ALL_LEVERS]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", GPU_LEVERS, ids=str)
+@pytest.mark.parametrize("policy", [FA2_BF16.with_fix(), FA2_BF16.replace(sub="fma").with_bounded_fix()],
+                         ids=lambda p: p.name)
+def test_bf16_levers_keep_the_forward_bits_and_the_gradients(policy, tuning):
+    """BF16 on the card, tied rows: every lever gives the default tuning's O bit for bit (LPFAIL_KERNELS_AUTOTUNE=0
+    in the GPU runs: the same first config) and gradients within BF16 noise of it; the atomic backward's dK and dV
+    bit for bit too; all within the reference rule against float64."""
+    q, k, v, do = tied_rows(n=1000)
+    q, k, v, do = (t.to(torch.bfloat16) for t in (q, k, v, do))
+    fn = lambda t: (lambda a, b, c: kernels.flash_attention(a, b, c, policy, tuning=t))  # noqa: E731
+    base, got = run_with_grads(fn(kernels.Tuning()), q, k, v, do), run_with_grads(fn(tuning), q, k, v, do)
+    ref = truth_with_grads(q, k, v, do, True)
+    exact = tuning in (kernels.Tuning(tma=True), kernels.Tuning(order="lpt"), kernels.Tuning(tie="count"))
+    print(f"{policy.name} {tuning}: " + ", ".join(f"{n} {rel(x, y.double()):.1e}"
+                                                 for n, x, y in zip("O dQ dK dV".split(), got, base)))
+    assert torch.equal(got[0], base[0])
+    for name, x, y, r in zip("O dQ dK dV".split(), got, base, ref):
+        assert torch.equal(x, y) if exact else rel(x, y.double()) < 1e-2, name
+        assert rel(x, r) <= 2 * rel(y, r) + 1e-3, name
+    if tuning.bwd == "atomic":
+        assert torch.equal(got[2], base[2]) and torch.equal(got[3], base[3])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(reference_attention is None, reason="lpfail.attention (the reference) is not there yet")
+@pytest.mark.parametrize("policy,tuning", [(PAPER_BF16, kernels.Tuning(tma=True, order="lpt", tie="count")),
+                                           (PAPER_BF16.with_fix(), kernels.Tuning(tma=True, order="lpt", tie="count")),
+                                           (FA2_BF16.replace(l_from="pbar"), kernels.Tuning()),
+                                           (FA2_BF16.replace(sub="fma", l_from="pbar"), kernels.ALL_LEVERS)],
+                         ids=lambda x: str(x) if isinstance(x, kernels.Tuning) else x.name)
+def test_bf16_forward_bits_with_levers_and_l_from_pbar(policy, tuning):
+    """The bit-faithful emulation keeps its bits under the levers (PAPER_BF16's two-pass path through TMA), and ℓ
+    from P̄ agrees with the reference as FA2_BF16 does (≈ 0.15 % of O's bits: the fused P̄V accumulation)."""
+    q, k, v, _ = inputs(2, 4, 1024, 64, dtype=torch.bfloat16, seed=1)
+    o = kernels.flash_attention(q, k, v, policy, tuning=tuning)
+    r = reference_attention(q, k, v, policy, causal=True)
+    mismatch = (o.view(torch.int16) != r.to(o.dtype).view(torch.int16)).float().mean().item()
+    print(f"{policy.name} {tuning}: O bit mismatch vs lpfail.attention {mismatch:.3%}")
+    assert mismatch < (1e-4 if policy.pbar == policy.acc == "bf16" else 0.05)

@@ -240,3 +240,33 @@ def test_rounding_validation():
     for knob in ("pv_out", "acc", "out"):
         assert FP32.replace(**{knob: "bf16"}, rounding="sr").rounding == "sr"
     assert FP32.replace(out="fp16", rounding="sr").rounding == "sr"
+
+
+# ---------------------------------------------------------------------------------------------------
+# l_from: the normaliser's source (issue 25)
+# ---------------------------------------------------------------------------------------------------
+def test_l_from_is_shown_only_when_set_and_round_trips():
+    p = FA2_BF16.replace(l_from="pbar")
+    assert str(FA2_BF16) == LEGACY_STRINGS["FA2_BF16"]                 # default "p": no cache key changes
+    assert str(p) == LEGACY_STRINGS["FA2_BF16"] + ",l_from=pbar"
+    assert Precision.parse(str(p)) == p and p.name == "FA2_BF16,l_from=pbar"
+    assert Precision.parse("FA2_BF16,l_from=pbar") == p
+    assert Precision.parse("PAPER_BF16+fix,l_from=pbar") == PAPER_BF16.with_fix().replace(l_from="pbar")
+    assert Precision.parse(str(p).replace("l_from=pbar", "l_from=p")) == FA2_BF16
+
+
+def test_l_from_validation():
+    with pytest.raises(ValueError, match=r"Precision.l_from must be one of \['p', 'pbar'\].*'pv'"):
+        FA2_BF16.replace(l_from="pv")
+    with pytest.raises(ValueError, match=r"l_from='pbar' would do nothing.*pbar=fp32"):
+        FP32.replace(l_from="pbar")
+    assert FP64.replace(pbar="fp32", l_from="pbar").l_from == "pbar"   # P̄ narrower than exp: it does something
+
+
+def test_policy_hash_is_cached_and_not_pickled():
+    import pickle
+
+    p = PAPER_BF16.with_bounded_fix()
+    assert hash(p) == hash(PAPER_BF16.with_bounded_fix()) and {p: 1}[PAPER_BF16.with_bounded_fix()] == 1
+    assert "_hash" in p.__dict__ and "_hash" not in pickle.loads(pickle.dumps(p)).__dict__
+    assert pickle.loads(pickle.dumps(p)) == p and dataclasses.replace(p, l_from="pbar") != p

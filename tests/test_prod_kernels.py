@@ -172,3 +172,45 @@ def test_report_refuses_a_result_without_production_kernels():
     from lpfail.book import beyond_report as br
     with pytest.raises(ValueError, match="no production method"):
         br.facts(_fab(_all(-1.0e-3), unavailable=br.PRODUCTION))
+
+
+# -- the normaliser's source (issue 25): ℓ from P or from P̄ ----------------------------------------------------------
+def test_mimic_with_l_from_pbar_is_the_reference_with_it():
+    s, v, _ = make_rows(dataclasses.replace(SPEC, gap=2.0, n_ties=1), 50, 11)   # many mid-sized P: ℓ's source shows
+    o, _ = pk.mimic_forward(s, v, exp2=False, fma=False, block_k=64, l_pbar=True)
+    ref = attn.forward_from_scores(s, v, FA2_BF16.replace(l_from="pbar"))
+    assert torch.equal(o, ref.o)
+    assert not torch.equal(o, pk.mimic_forward(s, v, exp2=False, fma=False, block_k=64)[0])
+
+
+def test_normaliser_bias_of_rows_without_a_dominant_key():
+    """Rows without a dominant key (gap 2, one maximum): with ℓ summed from the FP32 P the output is biased toward
+    smaller |O| (P̄ = bf16(P) of the many mid-sized probabilities rounds down more often than up, and the numerator
+    uses P̄ while the normaliser does not); summing P̄ removes most of it, in the reference and in the mimic. On rows
+    with two tied maxima at gap 16 the normaliser changes the bias by less than a tenth."""
+    cfg = pk.NormaliserConfig(n_rows=400, base=dataclasses.replace(RowSpec(), head_dim=16),
+                              points=((2.0, 1), (16.0, 2)), device="cpu", n_query=2,
+                              methods=("ref_FA2_BF16", "ref_FA2_BF16_lpbar", "mimic_exp2_fma", "mimic_exp2_fma_lpbar",
+                                       "sdpa_cudnn"))
+    res = pk.measure_normaliser(cfg)
+    for a, b in (("ref_FA2_BF16", "ref_FA2_BF16_lpbar"), ("mimic_exp2_fma", "mimic_exp2_fma_lpbar")):
+        (p2, p16), (q2, q16) = res[f"{a}_away"], res[f"{b}_away"]
+        print(f"{a}: toward larger |O| {p2:+.2e} (ℓ from P) vs {q2:+.2e} (from P̄) at gap 2; {p16:+.2e} vs {q16:+.2e}")
+        assert p2 < -5 * res[f"{a}_away_ci"][0] and abs(q2) < 0.2 * abs(p2)
+        assert abs(p16 - q16) < 0.1 * abs(p16)
+    if not torch.cuda.is_available():
+        assert res["available_sdpa_cudnn"] is False and res["methods_run"].count(",") == 3
+    rows = pk.normaliser_summary(res, "away")
+    assert {r["pair"] for r in rows} == {"ref_FA2_BF16/ref_FA2_BF16_lpbar", "mimic_exp2_fma/mimic_exp2_fma_lpbar"}
+
+
+def test_normaliser_summary_shares():
+    res = {"gaps": np.array([16.0, 2.0]), "ties": np.array([2.0, 1.0]),
+           "available_triton_fma": True, "available_triton_fma_lpbar": True, "available_sdpa_flash": True,
+           "available_sdpa_cudnn": False, "triton_fma_signed": np.array([1e-3, 3e-4]),
+           "triton_fma_lpbar_signed": np.array([8e-4, 1e-5]), "sdpa_flash_signed": np.array([2e-3, 2e-4])}
+    res.update({k + "_ci": np.array([1e-5, 1e-5]) for k in list(res) if k.endswith("_signed")})
+    tied, untied = pk.normaliser_summary(res)
+    assert tied["pair"] == "triton_fma/triton_fma_lpbar" and tied["tied"] and not untied["tied"]
+    assert tied["normaliser_part"] == pytest.approx(2e-4) and tied["shares"] == {"sdpa_flash": pytest.approx(0.1)}
+    assert math.isnan(untied["shares"]["sdpa_flash"]) and untied["normaliser_part"] == pytest.approx(2.9e-4)

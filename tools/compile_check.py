@@ -1,32 +1,47 @@
 """Compile the Triton kernels for an H100/H200 (sm_90) on a machine without a GPU, and report each variant's
 shared memory. Catches what Triton's CPU interpreter lets through (e.g. a jitted
-function reading a non-constexpr global) before a device call is spent on it.
+function reading a non-constexpr global, a tensor descriptor the GPU compiler refuses) before a device call is
+spent on it. The constexprs and compile options come from the launcher's own plans (`kernels._fwd_plan`,
+`kernels._bwd_plan`), so what compiles here is what a launch compiles.
 
-    python tools/compile_check.py            # the benchmark's policies, head dims 64 and 128, causal
-    python tools/compile_check.py --quick    # one variant per code path (what the CPU test suite runs)
+    python tools/compile_check.py            # the benchmark's policies × every tuning lever, head dims 64 and 128,
+                                             # causal, every config of each kernel's autotune space
+    python tools/compile_check.py --quick    # one variant per code path and lever, first config (the CPU test)
 """
 from __future__ import annotations
 
 import sys
 
+import torch
 import triton
-import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import kernels
-from kernels import bwd, fwd
+from kernels import ALL_LEVERS, Tuning, bwd, fwd
 from lpfail.precision import FA2_BF16, PAPER_BF16
 
 POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
 FLOATS = {"scale", "EPS", "BETA", "L_CLAMP", "SHIFT_LO", "SHIFT_HI", "SHIFT_SAFE"}
+#: the tuning levers (`kernels.Tuning`), one at a time and all together
+TUNINGS = {"default": Tuning(), "tma": Tuning(tma=True), "sm90": Tuning(space="sm90"), "lpt": Tuning(order="lpt"),
+           "atomic": Tuning(bwd="atomic"), "count": Tuning(tie="count"), "ftz": Tuning(ftz_exp=True),
+           "all": ALL_LEVERS}
+POLICIES = {"FA2_BF16": FA2_BF16, "FA2_BF16+fix": FA2_BF16.with_fix(), "fma": FA2_BF16.replace(sub="fma"),
+            "fma+fix": FA2_BF16.replace(sub="fma").with_fix(), "PAPER_BF16": PAPER_BF16,
+            "PAPER_BF16+fix": PAPER_BF16.with_fix(), "FA2_BF16+robust": FA2_BF16.with_bounded_fix(),
+            "fma+robust": FA2_BF16.replace(sub="fma").with_bounded_fix(),
+            "PAPER_BF16+robust": PAPER_BF16.with_bounded_fix(), "FA2_BF16+lpbar": FA2_BF16.replace(l_from="pbar"),
+            "fma+lpbar": FA2_BF16.replace(sub="fma", l_from="pbar")}
 
 
-def _signature(fn, consts, elem="*bf16"):
+def _signature(fn, consts, elem="*bf16", fp32_ptrs=()):
     sig = {}
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
+        elif name in fp32_ptrs:
+            sig[name] = "*fp32"
         elif name in POINTERS:
             sig[name] = elem
         elif name in ("LSE", "DELTA"):
@@ -51,71 +66,122 @@ def _divisibility(fn, consts):
             if name not in consts and (name in POINTERS or name in ("LSE", "DELTA") or name.startswith("stride_"))}
 
 
-def compile_one(jit_fn, consts, warps, stages, target=GPUTarget("cuda", 90, 32)):
-    fn = jit_fn.fn  # under the autotuner
+def _source(jit_fn, consts):
+    fn = getattr(jit_fn, "fn", jit_fn)  # under the autotuner
     consts = _launch_constants(fn, consts)
-    src = ASTSource(fn, _signature(fn, consts), constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs=_divisibility(fn, consts))
-    k = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
+    fp32 = ("DQ",) if consts.get("DQ_ATOMIC") else ()
+    return ASTSource(fn, _signature(fn, consts, fp32_ptrs=fp32),
+                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
+                     attrs=_divisibility(fn, consts))
+
+
+def compile_kernel(jit_fn, consts, options, target=GPUTarget("cuda", 90, 32)):
+    """The compiled kernel of `jit_fn` with these constexprs and options (num_warps, num_stages, maxnreg, …)."""
+    return triton.compile(_source(jit_fn, consts), target=target, options=options)
+
+
+def compile_one(jit_fn, consts, options, target=GPUTarget("cuda", 90, 32)):
+    k = compile_kernel(jit_fn, consts, options, target)
     md = k.metadata
-    return {"shared": md.shared, "cp_async": k.asm["ptx"].count("cp.async.cg") + k.asm["ptx"].count("cp.async.ca")}
+    ptx = k.asm["ptx"]
+    return {"shared": md.shared, "cp_async": ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
+            "tma": ptx.count("cp.async.bulk.tensor"), "regs": None}
 
 
-def variants():
-    policies = {"FA2_BF16": FA2_BF16, "FA2_BF16+fix": FA2_BF16.with_fix(), "fma": FA2_BF16.replace(sub="fma"),
-                "fma+fix": FA2_BF16.replace(sub="fma").with_fix(), "PAPER_BF16": PAPER_BF16,
-                "PAPER_BF16+fix": PAPER_BF16.with_fix(), "FA2_BF16+robust": FA2_BF16.with_bounded_fix(),
-                "fma+robust": FA2_BF16.replace(sub="fma").with_bounded_fix(),
-                "PAPER_BF16+robust": PAPER_BF16.with_bounded_fix()}
+def _options(cfg, fusion):
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "enable_fp_fusion": fusion}
+    if cfg.maxnreg is not None:
+        opts["maxnreg"] = cfg.maxnreg
+    return opts
+
+
+def _configs(kernel, consts, every: bool):
+    """The configs a launch may pick for these constexprs (the kernel's prune step), or only the first."""
+    pruned = kernel.early_config_prune(kernel.configs, {}, **consts) if every else kernel.configs
+    return pruned if every else pruned[:1]
+
+
+def variants(policies=POLICIES, tunings=("default",), every=False, n=4096):
+    """((policy, tuning, d, kernel, config), jit, constexprs, options) for every variant a causal BF16 launch makes."""
     for name, policy in policies.items():
         kp = kernels.kernel_policy(policy)
-        for d in (64, 128):
-            raw = kernels._raw_units(kp, d ** -0.5)
-            f = dict(HEAD_DIM=d, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
-                     EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc,
-                     SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=True, TWO_PASS=kp.two_pass,
-                     DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, RAW=raw)
-            for cfg in fwd._fwd_configs():
-                yield (name, d, "fwd", cfg), fwd._attn_fwd, {**f, **cfg.kwargs}, cfg.num_warps, cfg.num_stages
-            b = dict(HEAD_DIM=d, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
-                     DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=True, DOT_PREC=kp.dot_prec,
-                     DS_PREC=kp.ds_prec, RAW=raw)
-            cfg = bwd._kv_side_configs()[0]
-            yield ((name, d, "dkdv", cfg), bwd._bwd_dkdv,
-                   {**b, **cfg.kwargs, "PBAR": kp.pbar, "PV_DT": kp.pv_dt, "PV_PREC": kp.pv_prec},
-                   cfg.num_warps, cfg.num_stages)
-            cfg = bwd._q_side_configs()[0]
-            yield (name, d, "dq", cfg), bwd._bwd_dq, {**b, **cfg.kwargs, "MODE": 0}, cfg.num_warps, cfg.num_stages
+        for tname in tunings:
+            tuning = TUNINGS[tname]
+            if tuning.bwd == "atomic" and kp.grad_acc != triton.language.float32:
+                continue
+            for d in (64, 128):
+                _, _, consts = kernels._fwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, None, False, tuning)
+                fusion = consts.pop("enable_fp_fusion")
+                kernel = fwd.FWD_TUNERS[tuning.space]
+                for cfg in _configs(kernel, consts, every):
+                    yield (name, tname, d, "fwd", cfg), kernel, {**consts, **cfg.kwargs}, _options(cfg, fusion)
+                _, bconsts, _, _ = kernels._bwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, torch.bfloat16, None,
+                                                     False, tuning)
+                kv, dq = dict(bconsts["kv"]), dict(bconsts["dq"])
+                fusion = kv.pop("enable_fp_fusion")
+                dq.pop("enable_fp_fusion")
+                atomic = tuning.bwd == "atomic"
+                kernel = bwd.DKDV_TUNERS[(tuning.space, atomic)]
+                for cfg in _configs(kernel, kv, every):
+                    yield (name, tname, d, "dkdv", cfg), kernel, {**kv, **cfg.kwargs}, _options(cfg, fusion)
+                if atomic:
+                    continue
+                kernel = bwd.DQ_TUNERS[tuning.space]
+                for cfg in _configs(kernel, dq, every):
+                    yield (name, tname, d, "dq", cfg), kernel, {**dq, **cfg.kwargs}, _options(cfg, fusion)
 
 
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (opt-in maximum)
-#: one variant per kind of code path: the fast path with the fix in both modes, the two-pass emulation, and
-#: the backward kernels with FP32 and BF16 gradient accumulators, at both head dims (first config only)
-QUICK = {("FA2_BF16+fix", "fwd"), ("fma+fix", "fwd"), ("PAPER_BF16+fix", "fwd"), ("PAPER_BF16", "dkdv"),
-         ("PAPER_BF16", "dq"), ("FA2_BF16", "dkdv"), ("FA2_BF16", "dq"), ("FA2_BF16+robust", "fwd"),
-         ("fma+robust", "fwd"), ("PAPER_BF16+robust", "fwd")}
+#: one variant per kind of code path and lever (first config only), as (policy, tuning, kernel, head dims): the fast
+#: path with the fix in both modes, the two-pass emulation, the backward kernels with FP32 and BF16 gradient
+#: accumulators (the fix does not reach them), ℓ from P̄; then the levers (TMA, the count tie test, the causal
+#: order, the atomic backward, the FTZ exp) in the forward's three paths and the backward's kernels
+QUICK = (("FA2_BF16+fix", "default", "fwd", (64, 128)), ("fma+fix", "default", "fwd", (64, 128)),
+         ("PAPER_BF16+fix", "default", "fwd", (64, 128)), ("FA2_BF16+robust", "default", "fwd", (64, 128)),
+         ("fma+robust", "default", "fwd", (64, 128)), ("PAPER_BF16+robust", "default", "fwd", (64, 128)),
+         ("PAPER_BF16", "default", "dkdv", (64, 128)), ("PAPER_BF16", "default", "dq", (64, 128)),
+         ("FA2_BF16", "default", "dkdv", (64, 128)), ("FA2_BF16", "default", "dq", (64, 128)),
+         ("FA2_BF16+lpbar", "default", "fwd", (64,)),
+         ("FA2_BF16+fix", "all", "fwd", (64, 128)), ("FA2_BF16", "all", "dkdv", (64, 128)),
+         ("fma+robust", "all", "fwd", (64,)), ("PAPER_BF16+fix", "all", "fwd", (64,)),
+         ("FA2_BF16", "tma", "dq", (64,)), ("PAPER_BF16", "tma", "dkdv", (64,)))
+
+
+def _quick_variants():
+    want = {(p, t, k, d) for p, t, k, ds in QUICK for d in ds}
+    policies = {p: POLICIES[p] for p, _, _, _ in QUICK}
+    tunings = tuple(dict.fromkeys(t for _, t, _, _ in QUICK))
+    for v in variants(policies, tunings):
+        (name, tname, d, kern, _), *_ = v
+        if (name, tname, kern, d) in want:
+            yield v
 
 
 def main(argv=None) -> int:
-    """Compile every variant (or, with --quick, one per code path); fail when one does not compile, does not
-    fit in shared memory, or has no asynchronous copies (its loads would not be pipelined)."""
-    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    """Compile every variant (or, with --quick, one per code path and lever); fail when one does not compile, does
+    not fit in shared memory, or has neither asynchronous copies nor TMA loads (its loads would not be pipelined).
+    Variants that compile to the same kernel (same constexprs and options) are compiled once."""
+    args = sys.argv[1:] if argv is None else argv
+    quick = "--quick" in args
+    source = _quick_variants() if quick else variants(POLICIES, tuple(TUNINGS), every=True)
     failed, seen = 0, set()
-    for (name, d, kern, cfg), fn, consts, warps, stages in variants():
-        if quick and ((name, kern) not in QUICK or (name, d, kern) in seen):
+    for (name, tname, d, kern, cfg), fn, consts, options in source:
+        same = (kern, tuple(sorted((k, str(v)) for k, v in consts.items())), tuple(sorted(options.items())))
+        if same in seen:
             continue
-        seen.add((name, d, kern))
-        tag = f"{name:15s} d={d:3d} {kern:4s} {str(cfg.kwargs):38s} w{warps} s{stages}"
+        seen.add(same)
+        label = f"{name:15s} {tname:7s} d={d:3d} {kern:4s} {str(cfg.kwargs):30s} w{cfg.num_warps} s{cfg.num_stages}" \
+                f"{' r' + str(cfg.maxnreg) if cfg.maxnreg else ''}"
         try:
-            r = compile_one(fn, consts, warps, stages)
+            r = compile_one(fn, consts, options)
         except Exception as e:  # report every variant, then fail
             failed += 1
-            print(f"{tag}  FAILED: {type(e).__name__}: {str(e).splitlines()[-1][:200]}", flush=True)
+            print(f"{label}  FAILED: {type(e).__name__}: {str(e).splitlines()[-1][:200]}", flush=True)
             continue
         bad = [] if r["shared"] <= SMEM_LIMIT else ["over the shared-memory limit"]
-        bad += [] if r["cp_async"] else ["no asynchronous copies (loads not pipelined)"]
+        bad += [] if (r["cp_async"] or r["tma"]) else ["no asynchronous copies (loads not pipelined)"]
         failed += bool(bad)
-        print(f"{tag}  shared memory {r['shared']:6d} B, {r['cp_async']:3d} async copies"
+        print(f"{label}  shared memory {r['shared']:6d} B, {r['cp_async']:3d} async copies, {r['tma']:3d} TMA loads"
               + (f"  FAILED: {'; '.join(bad)}" if bad else ""), flush=True)
     print(f"{len(seen)} variants, {failed} failed")
     return 1 if failed else 0

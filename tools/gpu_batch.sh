@@ -6,6 +6,8 @@
 #   bench        `python -m lpfail run bench_kernels` and its table (on an idle GPU)           → kernels.tgz
 #   host         the drop-in's host time per call (tools/gpu_overhead.py; idle GPU)            → kernels.tgz
 #   trust        python -m lpfail.experiments.kernel_trust (Triton vs the reference)           → kernels.tgz
+#   tune         issue 25's lever checks and timings beside cuDNN, the fix's costs, host time, prod_normaliser
+#                (tools/gpu_kernels_tune.py; ≈ 4–6 min; TUNE_ARGS adds options, e.g. --pytest) → tune.tgz
 #   robust-cost  the robust fix's cost in the kernel (tools/gpu_robust_cost.py)                → robust.tgz
 #   official     official_check: the paper's attention.py eager and under torch.compile (carry .official;
 #                its gpu test first; inductor's generated code logged)                         → official.tgz
@@ -74,7 +76,7 @@ step_ge_extras() {
 }
 for step in "$@"; do
     case "$step" in
-        kernels|bench|host|trust) group=kernels;; robust-cost) group=robust;; official) group=official;;
+        kernels|bench|host|trust) group=kernels;; tune) group=tune;; robust-cost) group=robust;; official) group=official;;
         prod|overhead|prod-tests) group=prod;; ge-extras) group=extras;; train-ddp) group=train;;
         *) echo "unknown step: $step (grids: tools/gpu.sh)" >&2; exit 2;;
     esac
@@ -89,6 +91,7 @@ for step in "$@"; do
         trust) timeout "$avail" python3 -m lpfail.experiments.kernel_trust --out "$OUT/kernel_trust.json" 2>&1 \
                    | tee "$OUT/kernel_trust.txt" | tail -n 25;;
         robust-cost) timeout "$avail" python3 tools/gpu_robust_cost.py "$OUT";;
+        tune) timeout "$avail" python3 tools/gpu_kernels_tune.py --budget $(( avail - 40 )) ${TUNE_ARGS:-} 2>&1 | tail -150;;
         official) step_official "$avail";;
         prod) step_prod "$avail";;
         overhead) timeout "$avail" python3 tools/gpu_monitor_overhead.py "$OUT/monitor_overhead.json" \

@@ -1,9 +1,10 @@
-"""Static SASS instruction counts of the forward kernel's variants for an H100/H200 (sm_90), compiled on a
-machine without a GPU (as tools/compile_check.py). A cost model, not a timing: it says how many instructions of
-each kind a variant's code holds (the inner loop dominates), so two designs of the same arithmetic can be
-compared before a device call. Counts per opcode class over the whole kernel.
+"""Static SASS instruction counts of the kernels' variants for an H100/H200 (sm_90), compiled on a machine without
+a GPU (as tools/compile_check.py, with the launcher's own constexprs). A cost model, not a timing: it says how
+many instructions of each kind a variant's code holds (the inner loop dominates), so two designs of the same
+arithmetic can be compared before a device call. Counts per opcode class over the whole kernel.
 
-    python tools/sass_count.py [--d 64] [--variants FA2_BF16,FA2_BF16+robust,fma,fma+robust]
+    python tools/sass_count.py [--d 64] [--kernel fwd] [--tunings default,count] [--config 0]
+                               [--variants FA2_BF16,FA2_BF16+robust,fma,fma+robust]
 """
 from __future__ import annotations
 
@@ -12,24 +13,15 @@ import collections
 import re
 import sys
 
-from triton.backends.compiler import GPUTarget
-
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import compile_check as cc  # noqa: E402
 
-import triton  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-CLASSES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSET", "FSEL", "SHFL", "F2FP", "BAR")
+CLASSES = ("HGMMA", "MUFU", "FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSET", "FSEL", "SHFL", "F2FP", "BAR",
+           "UTMALDG", "LDGSTS", "RED")
 
 
-def sass(fn_jit, consts, warps, stages, target=GPUTarget("cuda", 90, 32)) -> str:
-    fn = fn_jit.fn
-    consts = cc._launch_constants(fn, consts)
-    src = ASTSource(fn, cc._signature(fn, consts), constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
-                    attrs=cc._divisibility(fn, consts))
-    k = triton.compile(src, target=target, options={"num_warps": warps, "num_stages": stages})
-    return k.asm["sass"]
+def sass(fn_jit, consts, options) -> str:
+    return cc.compile_kernel(fn_jit, consts, options).asm["sass"]
 
 
 def counts(text: str) -> collections.Counter:
@@ -58,23 +50,27 @@ def counts(text: str) -> collections.Counter:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--kernel", default="fwd", choices=("fwd", "dkdv", "dq"))
     ap.add_argument("--variants", default="FA2_BF16,FA2_BF16+fix,FA2_BF16+robust,fma,fma+fix,fma+robust")
-    ap.add_argument("--config", type=int, default=0, help="index into fwd._fwd_configs()")
+    ap.add_argument("--tunings", default="default", help=f"comma-separated names of {list(cc.TUNINGS)}")
+    ap.add_argument("--config", type=int, default=0, help="index into the kernel's pruned autotune configs")
     args = ap.parse_args(argv)
-    want = args.variants.split(",")
-    seen = set()
-    print(f"{'variant':18s} " + " ".join(f"{k:>6s}" for k in ("regs", "spills", "total") + CLASSES))
-    for (name, d, kern, cfg), fn, consts, warps, stages in cc.variants():
-        if kern != "fwd" or d != args.d or name not in want or name in seen:
-            continue
-        from kernels import fwd
-        if cfg is not fwd._fwd_configs()[args.config] and str(cfg) != str(fwd._fwd_configs()[args.config]):
-            continue
-        seen.add(name)
-        c = counts(sass(fn, consts, warps, stages))
-        print(f"{name:18s} " + " ".join(f"{c[k if k in ('regs', 'spills', 'total') else 'class:' + k]:6d}"
-                                        for k in ("regs", "spills", "total") + CLASSES),
-              flush=True)
+    policies = {n: cc.POLICIES[n] for n in args.variants.split(",")}
+    cols = ("regs", "spills", "total") + CLASSES
+    print(f"{'variant':26s} {'config':24s} " + " ".join(f"{k[:6]:>6s}" for k in cols))
+    for tname in args.tunings.split(","):
+        index = collections.Counter()
+        for (name, t, d, kern, cfg), fn, consts, options in cc.variants(policies, (tname,), every=True):
+            if kern != args.kernel or d != args.d:
+                continue
+            index[name] += 1
+            if index[name] - 1 != args.config:
+                continue
+            c = counts(sass(fn, consts, options))
+            tag = f"{cfg.kwargs.get('BLOCK_M')}x{cfg.kwargs.get('BLOCK_N', '')} w{cfg.num_warps} s{cfg.num_stages}" \
+                  + (f" r{cfg.maxnreg}" if cfg.maxnreg else "")
+            print(f"{name + ' ' + tname:26s} {tag:24s} " + " ".join(
+                f"{c[k if k in ('regs', 'spills', 'total') else 'class:' + k]:6d}" for k in cols), flush=True)
     return 0
 
 

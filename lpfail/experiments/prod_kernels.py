@@ -76,6 +76,16 @@ METHODS: dict[str, tuple[str, object]] = {
     "mimic_exp2_fma_roundfirst": ("mimic", {"exp2": True, "fma": True, "round_first": True}),
     "math_mimic": ("math_mimic", None),
 }
+#: The normaliser's source (issue 25, flash-attention PR #2721): the Triton kernel, the reference and the
+#: FlashAttention-2 mimic with ℓ summed from P̄ (as rounded for P̄V) beside their twins in METHODS, which sum the FP32
+#: P. Kept out of METHODS so that `prod_kernels`' configuration (and its stored result) stays as it was.
+NORMALISER_METHODS: dict[str, tuple[str, object]] = {
+    "triton_sub_lpbar": ("triton", FA2_BF16.replace(l_from="pbar")),
+    "triton_fma_lpbar": ("triton", FA2_BF16.replace(sub="fma", l_from="pbar")),
+    "ref_FA2_BF16_lpbar": ("reference", FA2_BF16.replace(l_from="pbar")),
+    "mimic_exp2_fma_lpbar": ("mimic", {"exp2": True, "fma": True, "l_pbar": True}),
+}
+ALL_METHODS = {**METHODS, **NORMALISER_METHODS}
 
 
 # -- the mimics --------------------------------------------------------------------------------------------
@@ -87,7 +97,8 @@ def _fma32(a: torch.Tensor, b: float, c: torch.Tensor) -> torch.Tensor:
 
 
 def mimic_forward(s: torch.Tensor, v: torch.Tensor, exp2: bool = True, fma: bool = True, round_first: bool = False,
-                  block_k: int | None = 64, alpha: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  block_k: int | None = 64, alpha: float = 1.0,
+                  l_pbar: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-2's forward over key blocks, in FP32 with BF16 P̄ and BF16 output, with the knobs that
     could decide the sign of the output's rounding error. s (…, Tq, Tk) FP32 holding the raw products q·k,
     v (…, Tk, D) BF16 values. Per key block::
@@ -96,7 +107,7 @@ def mimic_forward(s: torch.Tensor, v: torch.Tensor, exp2: bool = True, fma: bool
         x     = S·c − m_new·c                               separate (round S·c, subtract) or fused (fma)
         p     = exp(x)  or  exp2(x)                          FP32
         a     = exp((m_old − m_new)·c) (exp2 for exp2)        FP32
-        ℓ     = ℓ·a + rowsum(p)                              FP32
+        ℓ     = ℓ·a + rowsum(p)                              FP32 (rowsum(bf16(p)) with l_pbar: PR #2721)
         Ō     = Ō·a + bf16(p)·V                             FP32 accumulation
     then O = bf16(Ō / ℓ) (round_first=False) or bf16(bf16(Ō) / ℓ) (round_first=True). Returns O (…, Tq, D)
     BF16 and p (before its BF16 rounding) of every key against the final m (…, Tq, Tk) FP32, to observe P̄
@@ -124,8 +135,8 @@ def mimic_forward(s: torch.Tensor, v: torch.Tensor, exp2: bool = True, fma: bool
         m_new = torch.maximum(m, sb.amax(dim=-1, keepdim=True))    # FP32 running maximum of the raw S
         p = probs(sb, m_new)
         a = ex((m - m_new) * c)                                    # rescale of the old ℓ and Ō
-        l = l * a + p.sum(dim=-1, keepdim=True)
         pbar = p.to(torch.bfloat16).float()                        # cast: P̄ to BF16 for the tensor-core dot
+        l = l * a + (pbar if l_pbar else p).sum(dim=-1, keepdim=True)
         o = o * a + pbar @ vf[..., k0:k0 + step, :]                # FP32 accumulation (exact products)
         m = m_new
     if round_first:
@@ -170,9 +181,9 @@ def run_method(name: str, s: torch.Tensor, v: torch.Tensor, device: str = "cpu",
     None where it cannot be observed) of one
     method on rows s (rows, 1, Tk) and v (rows, Tk, D). Raises whatever the method raises when it cannot run
     (the experiment records that as 'unavailable')."""
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; methods: {list(METHODS)}")
-    kind, arg = METHODS[name]
+    if name not in ALL_METHODS:
+        raise ValueError(f"unknown method {name!r}; methods: {list(ALL_METHODS)}")
+    kind, arg = ALL_METHODS[name]
     if kind == "sdpa":
         q, k, vv = _qkv(s, v, n_query, device)
         return _sdpa(arg, q, k, vv)[:, 0, 0].double().cpu(), None
@@ -333,4 +344,86 @@ def summary(res) -> list[dict]:
         g = lambda key: float(np.asarray(res[f"grid_{m}_{key}"])[gi, ti])  # noqa: E731
         rows.append({"method": m, "available": True, "signed": g("signed"), "signed_ci": g("signed_ci"),
                      "away": g("away"), "away_ci": g("away_ci"), "p_one": g("p_one"), "pbar_one": g("pbar_one")})
+    return rows
+
+
+# -- the normaliser's source (issue 25): how much of the tied-row bias is ℓ summed from the unrounded P? -------------
+@dataclass(frozen=True)
+class NormaliserConfig:
+    """Rows of chapter 4's generator at (gap, n_ties) points: n_ties = 1 is a row without a tie (one maximum at
+    the gap), gap 2 a row without a dominant key. Every production back end beside our kernel, the reference and
+    the FlashAttention-2 mimic, each with ℓ from P (as they are) and from P̄ (l_from="pbar")."""
+
+    n_rows: int = 2000
+    seed: int = 25
+    base: RowSpec = RowSpec()                                # 512 keys, 90 % negative V, d = 64
+    points: tuple = ((16.0, 1), (16.0, 2), (16.0, 3), (16.0, 4), (8.0, 1), (8.0, 2), (2.0, 1))
+    methods: tuple = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "triton_sub", "triton_sub_lpbar",
+                      "triton_fma", "triton_fma_lpbar", "ref_FA2_BF16", "ref_FA2_BF16_lpbar", "mimic_exp2_fma",
+                      "mimic_exp2_fma_lpbar")
+    n_query: int = 16
+    device: str = "auto"
+
+
+#: (method with ℓ from P, its twin with ℓ from P̄): the normaliser's share is measured on these pairs
+NORMALISER_PAIRS = (("triton_sub", "triton_sub_lpbar"), ("triton_fma", "triton_fma_lpbar"),
+                    ("ref_FA2_BF16", "ref_FA2_BF16_lpbar"), ("mimic_exp2_fma", "mimic_exp2_fma_lpbar"))
+
+
+def measure_normaliser(cfg: NormaliserConfig) -> dict:
+    """Per method available here: ``{m}_signed`` and ``{m}_away`` (len(points),) with ``_ci``; the axes
+    ``gaps``, ``ties`` (one entry per point); ``available_{m}`` / ``unavailable_{m}`` as in `measure`."""
+    device = _device(cfg)
+    gaps = np.array([float(g) for g, _ in cfg.points])
+    out: dict = {"gaps": gaps, "ties": np.array([float(t) for _, t in cfg.points]), "device_used": device}
+    s0, v0, _ = make_rows(cfg.base, 4, cfg.seed)
+    live = []
+    for name in cfg.methods:
+        try:
+            run_method(name, s0, v0, device, cfg.n_query)
+            live.append(name)
+            out[f"available_{name}"] = True
+        except Exception as e:  # noqa: BLE001 - any failure to run is reported, with its message
+            out[f"available_{name}"] = False
+            out[f"unavailable_{name}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    out["methods_run"] = ",".join(live)
+    stats = {(m, st): np.full((len(cfg.points), 2), np.nan) for m in live for st in STATS}
+    for i, (gap, n_ties) in enumerate(cfg.points):
+        spec = dataclasses.replace(cfg.base, gap=float(gap), n_ties=int(n_ties))
+        s, v, ties = make_rows(spec, cfg.n_rows, cfg.seed + 1000 * (i + 1))
+        o_true = truth(s, v)
+        for m in live:
+            st = point_stats(run_method(m, s, v, device, cfg.n_query)[0], o_true, None, ties)
+            for key in STATS:
+                stats[(m, key)][i] = st[key]
+    for (m, key), arr in stats.items():
+        out[f"{m}_{key}"], out[f"{m}_{key}_ci"] = arr[:, 0], arr[:, 1]
+    return out
+
+
+@experiment("prod_normaliser", config=NormaliserConfig, gpu=True,
+            description="the second biased path: ℓ from P or from P̄, production back ends beside (ch. 6; GPU)")
+def prod_normaliser_experiment(cfg: NormaliserConfig) -> dict:
+    return measure_normaliser(cfg)
+
+
+def normaliser_summary(res, stat: str = "signed") -> list[dict]:
+    """One row per point with ties (n_ties ≥ 2) and per pair of NORMALISER_PAIRS measured: the pair's errors with ℓ
+    from P and from P̄, their difference (what the normaliser's mismatch contributes), and that difference as a share
+    of each production back end's error at the point (`shares`: back end → share, NaN where it is not measured).
+    Rows without ties (n_ties = 1) appear with ``tied=False`` and no shares (their bias is the normaliser's alone
+    or none)."""
+    gaps, ties = np.asarray(res["gaps"]), np.asarray(res["ties"])
+    backends = [f"sdpa_{b}" for b in SDPA_BACKENDS if bool(res.get(f"available_sdpa_{b}", False))]
+    rows = []
+    for a, b in NORMALISER_PAIRS:
+        if not (bool(res.get(f"available_{a}", False)) and bool(res.get(f"available_{b}", False))):
+            continue
+        ea, eb = np.asarray(res[f"{a}_{stat}"]), np.asarray(res[f"{b}_{stat}"])
+        for i in range(len(gaps)):
+            part = float(ea[i] - eb[i])
+            shares = {be: part / float(res[f"{be}_{stat}"][i]) if ties[i] >= 2 else math.nan for be in backends}
+            rows.append({"pair": f"{a}/{b}", "gap": float(gaps[i]), "n_ties": int(ties[i]), "tied": ties[i] >= 2,
+                         "from_p": float(ea[i]), "from_p_ci": float(res[f"{a}_{stat}_ci"][i]), "from_pbar": float(eb[i]),
+                         "from_pbar_ci": float(res[f"{b}_{stat}_ci"][i]), "normaliser_part": part, "shares": shares})
     return rows

@@ -1,0 +1,58 @@
+"""tools/gpu_kernels_tune.py (issue 25's one GPU call) on a machine without a GPU: the compile jobs it hands its
+worker processes (recorded from the launcher's own launches, nothing launched), the levers each timed method uses,
+and the summary table from known timings. Run in a subprocess without TRITON_INTERPRET: the script compiles for
+the GPU, and the CPU test session has switched Triton to its interpreter."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = r"""
+import collections, math, pickle, sys
+sys.path.insert(0, "tools")
+import gpu_kernels_tune as g
+from kernels import ALL_LEVERS, Tuning
+
+jobs = g.compile_jobs("cpu")
+kinds = collections.Counter(j[0][0] for j in jobs)
+assert set(kinds) == {"fwd", "dq", "dkdv", "delta"} and 200 < len(jobs) < 800, (len(jobs), kinds)
+assert len({repr(j) for j in jobs}) == len(jobs)
+pickle.loads(pickle.dumps(jobs))
+consts = [dict(j[2]) for j in jobs if j[0][0] == "fwd"]
+assert any(c["TMA"] == ("raw", True) for c in consts) and any(c["TIE"] == ("raw", 1) for c in consts)
+assert any(c["CAUSAL"] == ("raw", False) for c in consts)                       # the normaliser's full attention
+assert any(j[0] == ("dkdv", ("sm90", True)) for j in jobs) and any(j[0] == ("dq", "sm90") for j in jobs)
+assert all(g._decode(v) is not None for j in jobs for _, v in j[2])
+warps = {dict(j[3]).get("num_warps") for j in jobs if j[3]}
+assert warps == {4, 8}, warps
+assert g._uses_failed("all_fma", {"tma"}) and g._uses_failed("fma_atomic", {"atomic"})
+assert not g._uses_failed("base_fma", {"tma", "all"}) and not g._uses_failed("sdpa_cudnn", {"tma"})
+for name in ("all_fma_alg3_max2", "all_fma_robust_max2", "all_sub_robust_max2"):
+    t = g.FIX_METHODS[name][1]
+    assert t.tie == "max2" and all(getattr(t, f) == getattr(ALL_LEVERS, f) for f in ("tma", "space", "order", "bwd"))
+    assert g.FIX_METHODS[name][2] in g.FIX_METHODS and any(p[1] == name for p in g.PAIRS)
+cells = {f"{m} d={d} N={n}": {"fwd": {"tflops": 100.0 * (m == "sdpa_cudnn") + 80.0},
+                              "fwd_bwd": {"tflops": 50.0}} for m in g.METHODS for d in g.HEAD_DIMS for n in g.SEQ_LENS}
+pairs = {f"all_fma_alg3/all_fma d=64 N={n}": {"fwd": {"cost": 0.04}, "fwd_bwd": {"cost": 0.01}} for n in g.SEQ_LENS}
+text = g.summary({"cells": cells}, pairs, {"dropin fwd": {"median_us": 31.0}}, {"checks": {"a": {"ok": True}},
+                                                                              "check_failures": []})
+assert "checks: 1 of 1 passed" in text and "180 /  180 /  180 /  180 ;" in text and "0.44 / 0.44" in text, text
+assert "+4.0% /  +4.0%" in text and "+1.0%" in text and "dropin fwd 31" in text, text
+print("OK", len(jobs), dict(kinds))
+"""
+
+
+def test_dry_run_compile_jobs_methods_and_summary():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    print(run.stdout[-2000:])
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
