@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import lpfail.bf16 as bf16
-from lpfail import rounding
+from lpfail.experiments import rounding
 from lpfail.attention import attention, flash_forward, forward_from_scores, naive_attention
 from lpfail.bf16 import BF16_MAX, next_down, next_up, round_bf16, round_stochastic
 from lpfail.precision import FA2_BF16, PAPER_BF16
