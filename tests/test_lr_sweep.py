@@ -145,7 +145,7 @@ def test_versus_control_shares_of_the_gap():
 def test_report_tables_from_parts_and_logs(tmp_path):
     from lpfail.book import lr_sweep_report as LR
 
-    part = L.Part(tmp_path)
+    part = L.STORE.part(tmp_path)
     for k, w in (("small/A/lr0.001/s0", 10.0), ("small/C/lr0.001/s0", 30.0), ("large/A/lr0.001/s0", 99.0)):
         part.add({"key": k, "run_hash": "h", "wall_s": w})
     (tmp_path / "lr_sweep_gpu").mkdir()
