@@ -193,14 +193,17 @@ def quick(names: list[str], out: Path, budget_s: float):
     start_mps()  # as the grids' drivers run (2026-12-01 22:08: without it the 12-run profiles time-sliced)
     recs = BASE / "quick"
     recs.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     for name in names:
         rec = Q.run_quick(G.get(name), BASE / "quick_runs" / name, budget_s=budget_s, log=lambda m: None)
         Q.save(rec, recs / f"quick_{name}.json")
         log(Q.text(rec))
-    out.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out / "quick.tgz", "w:gz") as tf:
-        for f in sorted(recs.glob("quick_*.json")):
-            tf.add(f, arcname=f.name)
+        # packed after every profile: a call cut off by its time limit keeps the profiles already measured
+        tmp = out / "quick.tgz.tmp"
+        with tarfile.open(tmp, "w:gz") as tf:
+            for f in sorted(recs.glob("quick_*.json")):
+                tf.add(f, arcname=f.name)
+        os.replace(tmp, out / "quick.tgz")
 
 
 def unpack(archive: Path, repo_results: Path | None = None) -> list[str]:
