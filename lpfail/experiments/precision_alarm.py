@@ -1,0 +1,152 @@
+"""The precision alarm's pre-registered alert rule and its evaluation (issue 26, item 4; chapter 7).
+
+`lpfail.monitor.Alarm` recomputes, on a sampled step, one batch's attention in high precision from the same
+inputs and records, per call (= layer) and head, the relative error of the model's own dQ and dK against the
+reference (``alarm_dq_rel`` / ``alarm_dk_rel``) and ρ_K of the error's running sum over the latest K
+measurements (``alarm_rho_q`` / ``alarm_rho_k``; chapter 3's ρ: ‖Σ ΔW_k‖ / √(Σ ‖ΔW_k‖²), whose square has mean 1
+under random signs whatever the terms' sizes). The rule below turns those records into one alarm step per run.
+
+What had been seen when the rule was written (`SEEN`): simulations only. The rule is the draft of
+notes/beyond.md (2026-12-01), whose thresholds came from simulated error terms (random signs, one direction,
+equal and log-normal sizes); no run of the alarm on real training, on any card, existed. The evaluation grid
+(`GRID`) is fresh: seeds 10–14, which no experiment has trained.
+
+This module is the rule and its evaluation on monitor records; the grid's training runs need the monitor inside
+lpfail's own training loop (its attention does not go through SDPA), which is not built yet — so the experiment
+is not registered, and nothing here has been run on a GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+# -- the pre-registration (fixed 2026-12-02, before any run of the alarm on training) -----------------------------
+PREREGISTERED_ON = "2026-12-02"
+SEEN = ("Simulated error terms only (notes/beyond.md, 2026-12-01: random signs along one direction, equal and "
+        "log-normal sizes, 32 tests × ≈ 85 windows per run). No record of the alarm on a training run existed, "
+        "on the CPU or a GPU; the logit alert's evaluation on lr_sweep's stored runs (chapter 7) had been seen.")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The alert rule. Per run, at each measurement k and for each (layer, head, side ∈ {q, k}):
+
+    gate    the median of the relative error over the latest `window` measurements ≥ `gate` (the attention's
+            gradient is computed at BF16-level precision; FP32 attention gives ≈ 1e-6–1e-5)
+    signal  ρ over the latest `window` measurements ≥ `rho`
+    fire    at the first measurement where gate and signal have held for the same (layer, head, side) at
+            `consecutive` measurements in a row; the run's alarm step is that measurement's step."""
+
+    gate: float = 1e-3
+    rho: float = 4.0
+    window: int = 16
+    consecutive: int = 3
+
+    def __post_init__(self):
+        if not (self.gate > 0 and self.rho > 0):
+            raise ValueError(f"Rule.gate and Rule.rho must be > 0 (got {self.gate}, {self.rho})")
+        for name in ("window", "consecutive"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ValueError(f"Rule.{name} must be a positive int (got {v!r})")
+
+
+RULE = Rule()
+#: The monitor the grid's runs carry (every = 10 steps: 100 measurements in 1,000 steps; the alarm's window of
+#: 16 measurements = 160 steps, so it cannot fire before ≈ 180 steps).
+MONITOR = {"every": 10, "window": 10, "sample_batch": 1, "alarm_window": RULE.window, "reference": "FP64"}
+#: The evaluation grid: lr_sweep's smaller size (4 × 256, 1,000 steps, its batches and schedule) at its two
+#: highest learning rates, the paper's arithmetic (A), FP32 attention (C) and production arithmetic (D), fresh seeds.
+GRID = {"size": "small", "lrs": (1.6e-2, 3.2e-2), "variants": ("A", "C", "D"), "seeds": tuple(range(10, 15))}
+#: A's divergence step: chapter 7's definition (`lpfail.book.monitor_eval.divergence_steps`), the first bin of
+#: the training-loss curve where A's loss exceeds C's (same rate and seed) by more than 5 %.
+DIVERGENCE_MARGIN = 0.05
+#: What the evaluation reports, fixed with the rule.
+GOALS = {
+    "false_alarm": "the fraction of C runs and of D runs with an alarm; goal ≤ 10 % each",
+    "lead": "per A run that diverges: divergence step − alarm step, beside the logit alert's on the same runs",
+    "overhead": "the monitor with the alarm at every = 100 on GPT-2 small (H200) against the plain loop: ≤ 2 %",
+}
+PREDICTIONS = {
+    "C": "no false alarm (95 %): the gate cannot open at FP32 precision",
+    "D": "false alarms in ≤ 1 of 10 D runs (55 %): D passes the gate, ρ alone tells it from A",
+    "A": "an alarm before divergence in ≥ half of A's diverging runs (50 %); some diverge before step ≈ 180",
+}
+
+
+def _median_window(xs: Sequence[float], window: int) -> float:
+    """The median of the finite values among the latest `window` (NaN when none is)."""
+    tail = sorted(x for x in xs[-window:] if x is not None and math.isfinite(x))
+    n = len(tail)
+    if not n:
+        return float("nan")
+    return float(tail[n // 2]) if n % 2 else 0.5 * (tail[n // 2 - 1] + tail[n // 2])
+
+
+def fires(records: Iterable[Mapping], rule: Rule = RULE) -> dict | None:
+    """The rule on one run's monitor records (`Monitor.records` or `lpfail.monitor.read_jsonl`, in step order):
+    {"step", "layer", "head", "side"} of the first alarm, or None. Records without the alarm's fields are skipped;
+    a None or non-finite value holds neither gate nor signal."""
+    errs: dict[tuple, list] = {}
+    run: dict[tuple, int] = {}
+    for rec in records:
+        if rec.get("kind", "record") != "record" or "alarm_dq_rel" not in rec:
+            continue
+        for side in ("q", "k"):
+            rel, rho = rec.get(f"alarm_d{side}_rel") or [], rec.get(f"alarm_rho_{side}") or []
+            for layer, heads in enumerate(rel):
+                for head, e in enumerate(heads or []):
+                    key = (layer, head, side)
+                    errs.setdefault(key, []).append(e)
+                    r = _at(rho, layer, head)
+                    ok = (_median_window(errs[key], rule.window) >= rule.gate and r is not None
+                          and math.isfinite(r) and r >= rule.rho)
+                    run[key] = run.get(key, 0) + 1 if ok else 0
+                    if run[key] >= rule.consecutive:
+                        return {"step": int(rec["step"]), "layer": layer, "head": head, "side": side}
+    return None
+
+
+def _at(nested, layer: int, head: int):
+    try:
+        row = nested[layer]
+        return None if row is None else row[head]
+    except (IndexError, TypeError):
+        return None
+
+
+def evaluate(runs: Mapping[tuple[str, float, int], dict], rule: Rule = RULE) -> dict:
+    """The evaluation of `GOALS` from the grid's runs: ``runs[(variant, lr, seed)]`` = {"records": the monitor
+    records, "loss": the training-loss curve (one value per bin), "bin_steps": steps per bin, "logit_alert": the
+    logit alert's step or None}. Per variant and rate: the alarm's steps; the false-alarm fractions of C and D;
+    for A, per run, its divergence step (against C of the same rate and seed), the alarm's and the logit alert's
+    lead times (NaN where A never diverges or the alert never fires)."""
+    from lpfail.book.monitor_eval import divergence_steps
+
+    alarms = {key: fires(r["records"], rule) for key, r in runs.items()}
+    out: dict = {"rule": rule.__dict__, "preregistered_on": PREREGISTERED_ON, "alarm_step": {}, "false_alarm": {},
+                 "lead": {}}
+    for (v, lr, s), a in alarms.items():
+        out["alarm_step"][f"{v}@{lr:g}/s{s}"] = None if a is None else a["step"]
+    for v in ("C", "D"):
+        keys = [k for k in alarms if k[0] == v]
+        if keys:
+            out["false_alarm"][v] = {"runs": len(keys), "alarms": sum(alarms[k] is not None for k in keys),
+                                     "frac": sum(alarms[k] is not None for k in keys) / len(keys)}
+    for (v, lr, s) in sorted(k for k in alarms if k[0] == "A"):
+        c = runs.get(("C", lr, s))
+        if c is None:
+            continue
+        a = runs[("A", lr, s)]
+        div = float(divergence_steps(np.asarray(a["loss"]), np.asarray(c["loss"]), a["bin_steps"],
+                                     DIVERGENCE_MARGIN))
+        alarm = alarms[("A", lr, s)]
+        logit = a.get("logit_alert")
+        out["lead"][f"{lr:g}/s{s}"] = {
+            "divergence_step": div, "alarm_step": None if alarm is None else alarm["step"],
+            "alarm_lead": div - alarm["step"] if alarm is not None and math.isfinite(div) else float("nan"),
+            "logit_lead": div - logit if logit is not None and math.isfinite(div) else float("nan")}
+    return out

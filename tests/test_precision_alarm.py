@@ -1,0 +1,85 @@
+"""The precision alarm's pre-registered rule (`lpfail.experiments.precision_alarm`): when it fires on monitor
+records, its false-alarm rate on simulated null data (error terms of random sign along one direction, the
+widest case of chapter 3) and its power when the error keeps one sign, and the evaluation's arithmetic."""
+import math
+
+import numpy as np
+import pytest
+
+from lpfail.experiments import precision_alarm as P
+
+LAYERS, HEADS = 4, 4  # the smaller size: 4 layers × 4 heads, Q and K: 32 tests per run
+
+
+def _records(signs: np.ndarray, err: float = 2e-3, every: int = 10, window: int = P.RULE.window):
+    """Monitor-style records from per-measurement error signs (n, side, layer, head), equal sizes along one
+    direction: ρ over the latest `window` terms is |Σ s| / √(terms) (None with fewer than two terms)."""
+    out = []
+    for k in range(signs.shape[0]):
+        lo = max(0, k + 1 - window)
+        w = signs[lo:k + 1]
+        rho = np.abs(w.sum(axis=0)) / math.sqrt(w.shape[0]) if w.shape[0] >= 2 else None
+        rec = {"kind": "record", "step": every * k}
+        for i, side in enumerate("qk"):
+            rec[f"alarm_d{side}_rel"] = np.full((LAYERS, HEADS), err).tolist()
+            rec[f"alarm_rho_{side}"] = [[None] * HEADS] * LAYERS if rho is None else rho[i].tolist()
+        out.append(rec)
+    return out
+
+
+def test_fires_after_consecutive_measurements_and_only_past_the_gate():
+    n = 40
+    same = np.ones((n, 2, LAYERS, HEADS))
+    hit = P.fires(_records(same))
+    # ρ of k equal terms is √k: ≥ 4 from the 16th measurement (k = 15), held at 15, 16, 17 → fires at step 170
+    assert hit == {"step": 170, "layer": 0, "head": 0, "side": "q"}
+    assert P.fires(_records(same, err=5e-4)) is None                 # FP32-level errors: the gate stays shut
+    assert P.fires(_records(same), P.Rule(consecutive=1))["step"] == 150
+    # a NaN or missing value holds neither gate nor signal; records without the alarm's fields are skipped
+    recs = _records(same)
+    for r in recs[:20]:
+        r["alarm_dq_rel"] = [[float("nan")] * HEADS] * LAYERS
+        r["alarm_dk_rel"] = [[float("nan")] * HEADS] * LAYERS
+    # the gate opens at the first measurement with a finite error in its window (k = 20): fires at k = 22
+    assert P.fires(recs)["step"] == 220
+    assert P.fires([{"kind": "header"}, {"kind": "record", "step": 0}]) is None
+    with pytest.raises(ValueError, match="positive int"):
+        P.Rule(window=0)
+    with pytest.raises(ValueError, match="> 0"):
+        P.Rule(gate=0)
+
+
+def test_false_alarm_rate_on_null_data_and_power():
+    """Null: every error term along one direction with a random sign (ρ² has mean 1), 32 tests and 100
+    measurements per run, as on the smaller size's grid. The pre-registered rule must alarm in ≤ 5 % of such runs
+    (notes/beyond.md simulated 1.3 %), and in most runs whose signs are + with probability 0.9 (simulated 84 %)."""
+    g = np.random.default_rng(0)
+    runs = 200
+    null = sum(P.fires(_records(g.choice([-1.0, 1.0], size=(100, 2, LAYERS, HEADS)))) is not None
+               for _ in range(runs)) / runs
+    biased = sum(P.fires(_records(np.where(g.random((100, 2, LAYERS, HEADS)) < 0.9, 1.0, -1.0))) is not None
+                 for _ in range(50)) / 50
+    print(f"alarm rate: null {null:.3f}, signs + with p = 0.9: {biased:.2f}")
+    assert null <= 0.05
+    assert biased >= 0.6
+    # the looser threshold the draft rejected (x = 3.5) alarms far more often under the same null
+    loose = sum(P.fires(_records(g.choice([-1.0, 1.0], size=(100, 2, LAYERS, HEADS))), P.Rule(rho=3.5)) is not None
+                for _ in range(50)) / 50
+    assert loose > null
+
+
+def test_evaluate_counts_false_alarms_and_lead_times():
+    n = 60
+    ones, zeros = np.ones((n, 2, LAYERS, HEADS)), np.zeros((n, 2, LAYERS, HEADS))
+    flat = np.full(n // 10, 2.0)
+    rising = flat.copy()
+    rising[4:] = 3.0   # A worse than C by > 5 % from bin 4 (bins of 100 steps): divergence at step 400
+    runs = {("A", 0.032, 10): {"records": _records(ones), "loss": rising, "bin_steps": 100, "logit_alert": 300},
+            ("C", 0.032, 10): {"records": _records(ones, err=1e-6), "loss": flat, "bin_steps": 100},
+            ("D", 0.032, 10): {"records": _records(zeros), "loss": flat, "bin_steps": 100}}
+    out = P.evaluate(runs)
+    assert out["false_alarm"]["C"] == {"runs": 1, "alarms": 0, "frac": 0.0}
+    assert out["false_alarm"]["D"]["frac"] == 0.0   # ρ of zero terms is 0: no signal
+    lead = out["lead"]["0.032/s10"]
+    assert lead["divergence_step"] == 400 and lead["alarm_step"] == 170
+    assert lead["alarm_lead"] == 230 and lead["logit_lead"] == 100
