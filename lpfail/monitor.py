@@ -75,6 +75,7 @@ dict for TensorBoard's ``add_scalars`` or ``wandb.log``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -784,6 +785,7 @@ class Monitor:
         self._alarm = _AlarmState(alarm) if alarm is not None else None
         self._layer_of = {id(src.module): i for i, src in enumerate(self.qk) if src.module is not None}
         self._coverage_warned = False
+        self._paused = False
 
     # -- attaching --------------------------------------------------------------------------------------
     def attach(self) -> "Monitor":
@@ -838,7 +840,7 @@ class Monitor:
 
     def _pre_forward(self, *_):
         self._depth += 1
-        if self._depth > 1:                # a forward inside the model's own forward: already handled
+        if self._depth > 1 or self._paused:  # a forward inside the model's own forward, or one not watched
             return
         self._forwards += 1
         self._mode.new_forward()
@@ -851,6 +853,15 @@ class Monitor:
         if self._depth == 0 and self._active:
             self._active = False
             self._mode.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Forwards made inside are not seen: neither counted nor examined (a training loop's validation)."""
+        prev, self._paused = self._paused, True
+        try:
+            yield self
+        finally:
+            self._paused = prev
 
     def __enter__(self) -> "Monitor":
         return self.attach()

@@ -211,12 +211,21 @@ class SDPAInterceptor(TorchFunctionMode):
     def __enter__(self):
         self._stances.append(_force_eager())
         try:
-            return super().__enter__()
+            out = super().__enter__()
         except BaseException:
             self._restore()
             raise
+        global _N_ACTIVE
+        _active().append(self)
+        _N_ACTIVE += 1
+        return out
 
     def __exit__(self, *exc):
+        global _N_ACTIVE
+        stack = _active()
+        if stack and stack[-1] is self:
+            stack.pop()
+            _N_ACTIVE -= 1
         try:
             return super().__exit__(*exc)
         finally:
@@ -236,6 +245,36 @@ class SDPAInterceptor(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_ACTIVE = threading.local()
+#: interceptors active on any thread: a plain int, so that `presented`'s path without one is a global read that
+#: torch.compile guards on (a thread-local lookup would break its graph at every attention call)
+_N_ACTIVE = 0
+
+
+def _active() -> list:
+    """This thread's active interceptors, innermost last."""
+    stack = getattr(_ACTIVE, "stack", None)
+    if stack is None:
+        stack = _ACTIVE.stack = []
+    return stack
+
+
+def presented(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: Callable[[], torch.Tensor],
+              is_causal: bool = True) -> torch.Tensor:
+    """An attention that another implementation computes (``impl()``: lpfail's own GPT under its reference,
+    naive or Triton back ends), shown to the innermost interceptor active on this thread as an SDPA call with
+    these arguments whose ``original()`` is ``impl`` — so the monitor and `substitute` see lpfail's GPT whatever
+    its attention back end. Without an active interceptor: ``impl()``, nothing else. The handler runs with the
+    mode still active (the call did not come through ``__torch_function__``): its torch calls pass through it,
+    and an SDPA call made by the handler itself would be intercepted again (none of ours makes one)."""
+    if not _N_ACTIVE:
+        return impl()
+    stack = _active()
+    if not stack:  # active on another thread only
+        return impl()
+    return _dispatch(stack[-1], (q, k, v), {"is_causal": is_causal}, calling_module(2), original=impl)
+
+
 def _force_eager():
     """Set dynamo's stance to "force_eager" and return the object that restores the previous one; None where
     torch._dynamo was never imported (then nothing is compiled, and importing it would take seconds)."""
@@ -244,9 +283,9 @@ def _force_eager():
     return torch.compiler.set_stance("force_eager")
 
 
-def _dispatch(mode: SDPAInterceptor, args, kwargs, module: nn.Module | None = None):
+def _dispatch(mode: SDPAInterceptor, args, kwargs, module: nn.Module | None = None, original=None):
     """One intercepted SDPA call: number it (or, when recomputed in a backward, look its number up), then
-    hand it to the handler."""
+    hand it to the handler (`original`: what computes the call's own result; default the real SDPA)."""
     module = module if module is not None else calling_module(1)
     recomputed = in_backward()
     if recomputed:
@@ -259,7 +298,7 @@ def _dispatch(mode: SDPAInterceptor, args, kwargs, module: nn.Module | None = No
             mode.index_of.setdefault(id(module), []).append(index)
     call = parse_call(index, args, kwargs)
     call.module, call.recomputed = module, recomputed
-    return mode.handler(call, lambda: SDPA(*args, **kwargs))
+    return mode.handler(call, original if original is not None else (lambda: SDPA(*args, **kwargs)))
 
 
 _patch_lock = threading.RLock()

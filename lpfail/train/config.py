@@ -88,6 +88,9 @@ class TrainConfig:
     z_loss: float = 0.0  # coefficient of the z-loss mean(log² Z) of the output softmax (PaLM), added to the
     #                      training loss only (the logged training loss includes it; validation is plain CE)
     logit_softcap: float = 0.0  # > 0: output logits soft-capped as cap·tanh(logits / cap) (GPTConfig.logit_softcap)
+    # the diagnosis kit's monitor (and precision alarm) on the run, e.g. "every=10 window=10 alarm=16"
+    # (`lpfail.train.watch`); "" = none. Changes nothing the run computes; records in out_dir/monitor.jsonl
+    monitor: str = ""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -150,6 +153,10 @@ class TrainConfig:
         if self.checkpoint_every and not self.out_dir:
             raise ValueError("TrainConfig.checkpoint_every needs an out_dir to write checkpoints into")
         self.attention_table()  # parse the specs now: unknown backends and policies fail here
+        from lpfail.train.watch import parse as parse_monitor
+
+        if parse_monitor(self.monitor) and self.cuda_graph:
+            raise ValueError("TrainConfig.monitor needs cuda_graph=False (the monitor's hooks cannot be captured)")
 
     # -- derived -------------------------------------------------------------------------------------------
     @property

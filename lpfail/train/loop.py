@@ -23,6 +23,7 @@ from lpfail.train.log import RunFiles, TrainResult, checkpoint_path, load_checkp
 from lpfail.train.step import (GRAPH_WARMUP, _apply_hparams, _build_optimizer, _capture_logits, _CapturedStep,
                                _device_lr, _diagnostics, _Dist, _EagerStep, _finite, _nonfinite_error, _numerics,
                                _set_lr, lr_factor, validation_loss)
+from lpfail.train.watch import open_monitor
 
 
 def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | None = None,
@@ -73,6 +74,8 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
     the end the last validation, and the status."""
     run = _setup(cfg, dist, device, resume_from, replay, progress)
     result, optimizer = run.result, run.optimizer
+    mon = open_monitor(cfg, run.raw, run.files.out, run.start, dist.world, run.use_graph)
+    unwatched = mon.paused if mon is not None else contextlib.nullcontext  # validation forwards are not seen
     optimizer.zero_grad(set_to_none=True)
     t_prev = time.perf_counter()
     side = torch.cuda.Stream(device) if run.use_graph else None  # warm-up and capture off the default stream
@@ -81,7 +84,8 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
     try:
         for step in range(run.start, cfg.max_steps):
             if step == 0 or (cfg.val_every and step % cfg.val_every == 0):
-                _validate(run, step)
+                with unwatched():
+                    _validate(run, step)
                 t_prev = time.perf_counter()  # the evaluation is not part of the step's time
             factor = lr_factor(cfg, step)
             for g in optimizer.param_groups:
@@ -119,14 +123,19 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
             result.steps = step + 1
             if hook is not None:
                 hook(step, run.raw)
+            if mon is not None:
+                mon.step(loss=loss_v)
             if step % cfg.log_every == 0 or step == cfg.max_steps - 1:
                 result.log.append(rec)
                 run.files.write("log", rec)
             _show_progress(run.bar, loss_v, gn_v, rec)
             _checkpoint_if_due(run, step + 1)
         if result.status == "completed":
-            _validate(run, result.steps)
+            with unwatched():
+                _validate(run, result.steps)
     finally:
+        if mon is not None:
+            mon.detach()
         stream_ctx.__exit__(None, None, None)
         if side is not None:
             torch.cuda.current_stream(device).wait_stream(side)
