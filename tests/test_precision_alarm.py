@@ -83,3 +83,29 @@ def test_evaluate_counts_false_alarms_and_lead_times():
     lead = out["lead"]["0.032/s10"]
     assert lead["divergence_step"] == 400 and lead["alarm_step"] == 170
     assert lead["alarm_lead"] == 230 and lead["logit_lead"] == 100
+
+
+def test_the_grid_end_to_end_on_the_cpu(tmp_path):
+    """Two tiny runs (A and C) through the sweep framework with the monitor on: their records reach the part,
+    the result evaluates the rule on them, and the grid refuses a monitor without the alarm."""
+    from lpfail import sweep
+
+    tiny = dict(lrs=(1e-2,), seeds=(0,), variants=("A", "C"), small=(1, 2, 32), block_size=16, batch_size=4,
+                max_steps=6, warmup=2, val_rows=4, val_every=3, diag_every=3, curve_points=3,
+                monitor="every=2 window=2 sample_batch=1 alarm=2")
+    grid = P.PrecisionAlarmGrid(P.PrecisionAlarmConfig(**tiny))
+    assert all(r.config.monitor == tiny["monitor"] and not r.config.cuda_graph for r in grid.runs())
+    sweep.drive(grid, root=tmp_path / "root", directory=tmp_path, parallel=2, budget_s=600, log=lambda *_: None)
+    lk = sweep.lookup(grid, tmp_path)
+    assert lk.complete
+    a = lk.have["small/A/lr0.01/s0"]
+    assert [r["step"] for r in a["monitor"]] == [0, 2, 4]
+    assert np.shape(a["monitor"][0]["alarm_dq_rel"]) == (1, 2)
+    assert min(min(row) for row in a["monitor"][0]["alarm_dq_rel"]) > 1e-4     # A's BF16 gradient error is seen
+    res = grid.result(lk.have, [])
+    assert res["complete"] and res["runs_stored"] == 2
+    assert set(res["analysis"]["lead"]) == {"0.01/s0"} and "C" in res["analysis"]["false_alarm"]
+    with pytest.raises(ValueError, match="alarm"):
+        P.PrecisionAlarmConfig(monitor="every=10 window=10")
+    assert P.logit_alert([{"step": 0, "max_logit": [[3.0, 40.0]]}]) == 0
+    assert P.logit_alert([{"step": 0, "max_logit": [[3.0, None]]}]) is None

@@ -11,17 +11,24 @@ notes/beyond.md (2026-12-01), whose thresholds came from simulated error terms (
 equal and log-normal sizes); no run of the alarm on real training, on any card, existed. The evaluation grid
 (`GRID`) is fresh: seeds 10–14, which no experiment has trained.
 
-This module is the rule and its evaluation on monitor records; the grid's training runs need the monitor inside
-lpfail's own training loop (its attention does not go through SDPA), which is not built yet — so the experiment
-is not registered, and nothing here has been run on a GPU.
+The grid (`PrecisionAlarmConfig`, `python -m lpfail sweep precision_alarm status | plan | drive | collect`) trains
+lr_sweep's runs with `TrainConfig.monitor` set (the monitor inside lpfail's own loop, uncaptured, no checkpoints:
+a run cut off restarts, as the monitor's windows must start at step 0) into its own store, keeps each run's
+monitor records (rounded to 4 significant digits), and `evaluate`s the rule on them.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from lpfail import results
+from lpfail.experiments import lr_sweep as L
+from lpfail.sweep import GridBase, Run, Store, register, run_experiment, summarize_run
 
 # -- the pre-registration (fixed 2026-12-02, before any run of the alarm on training) -----------------------------
 PREREGISTERED_ON = "2026-12-02"
@@ -150,3 +157,108 @@ def evaluate(runs: Mapping[tuple[str, float, int], dict], rule: Rule = RULE) -> 
             "alarm_lead": div - alarm["step"] if alarm is not None and math.isfinite(div) else float("nan"),
             "logit_lead": div - logit if logit is not None and math.isfinite(div) else float("nan")}
     return out
+
+
+# -- the grid --------------------------------------------------------------------------------------------------
+#: `MONITOR` as a `TrainConfig.monitor` spec
+MONITOR_SPEC = (f"every={MONITOR['every']} window={MONITOR['window']} sample_batch={MONITOR['sample_batch']} "
+                f"alarm={MONITOR['alarm_window']} reference={MONITOR['reference']}")
+STORE = Store("precision_alarm_parts", "lpfail.precision_alarm.part", "python -m lpfail sweep precision_alarm drive")
+#: the monitor's fields a part keeps per record (per call or projection layer, per head)
+KEPT = ("step", "max_logit", "alarm_dq_rel", "alarm_dk_rel", "alarm_rho_q", "alarm_rho_k")
+
+
+@dataclass(frozen=True)
+class PrecisionAlarmConfig(L.LRSweepConfig):
+    """lr_sweep's setting at `GRID`'s rates, variants and fresh seeds, every run watched by the monitor and its
+    alarm (`MONITOR_SPEC`), uncaptured and without checkpoints."""
+
+    lrs: tuple[float, ...] = GRID["lrs"]
+    seeds: tuple[int, ...] = GRID["seeds"]
+    variants: tuple[str, ...] = GRID["variants"]
+    large_variants: tuple[str, ...] = ()
+    cuda_graph: bool = False
+    checkpoint_every: int = 0
+    monitor: str = MONITOR_SPEC
+
+    def __post_init__(self):
+        super().__post_init__()
+        from lpfail.train.watch import parse
+
+        if not parse(self.monitor).get("alarm"):
+            raise ValueError(f"PrecisionAlarmConfig.monitor must switch the alarm on (alarm=K; got {self.monitor!r})")
+        if self.cuda_graph:
+            raise ValueError("PrecisionAlarmConfig.cuda_graph must be False (the monitor's hooks are not captured)")
+
+
+def _round(x, digits: int = 4):
+    if isinstance(x, list):
+        return [_round(v, digits) for v in x]
+    if isinstance(x, float) and math.isfinite(x) and x != 0.0:
+        return float(f"{x:.{digits}g}")
+    return x
+
+
+def logit_alert(records: Sequence[Mapping], threshold: float | None = None) -> int | None:
+    """The monitor's max-logit alert on a run's records: the first step where a head's largest logit exceeds
+    `Thresholds().max_logit` (30) — chapter 7's logit alert, at the monitor's own resolution."""
+    from lpfail.monitor import Thresholds
+
+    limit = Thresholds().max_logit if threshold is None else threshold
+    for rec in records:
+        vals = [v for row in rec.get("max_logit") or [] for v in (row or []) if v is not None and math.isfinite(v)]
+        if vals and max(vals) > limit:
+            return int(rec["step"])
+    return None
+
+
+class PrecisionAlarmGrid(GridBase):
+    name = "precision_alarm"
+    store = STORE
+    description = "the precision alarm on fresh runs of A, C and D at lr_sweep's two highest rates (chapter 7)"
+
+    def __init__(self, config: PrecisionAlarmConfig):
+        self.config = config
+        self.curve_points = config.curve_points
+
+    def runs(self) -> list[Run]:
+        c = self.config
+        out = []
+        for p in L.plan(c):
+            tc = dataclasses.replace(L.train_config(c, p, ""), monitor=c.monitor)
+            out.append(Run(p.key, STORE, tc, group=p.variant, seed=p.seed, checkpoint_every=0))
+        return out
+
+    def summarize(self, run_dir, tc, key: str) -> dict:
+        from lpfail.monitor import read_jsonl
+
+        out = summarize_run(run_dir, tc, key, self.curve_points)
+        path = Path(run_dir) / "monitor.jsonl"
+        recs = [r for r in read_jsonl(path) if r.get("kind") == "record"] if path.is_file() else []
+        out["monitor"] = [{k: _round(r[k]) for k in KEPT if k in r} for r in recs]
+        return out
+
+    def result(self, have: dict, parts: list[dict]) -> dict:
+        c, runs = self.config, {}
+        planned = self.runs()
+        for r in planned:
+            s = have.get(r.id)
+            if s is None:
+                continue
+            runs[(r.group, float(r.config.lr), int(r.seed))] = {
+                "records": s.get("monitor", []), "loss": s["loss_curve"], "bin_steps": c.max_steps // c.curve_points,
+                "logit_alert": logit_alert(s.get("monitor", [])), "status": s["status"]}
+        return {"preregistered_on": PREREGISTERED_ON, "complete": len(runs) == len(planned),
+                "runs_stored": len(runs), "runs_planned": len(planned), "analysis": evaluate(runs)}
+
+
+@register("precision_alarm")
+def precision_alarm_grid(config: PrecisionAlarmConfig | None = None) -> PrecisionAlarmGrid:
+    return PrecisionAlarmGrid(config or PrecisionAlarmConfig())
+
+
+@results.experiment("precision_alarm", config=PrecisionAlarmConfig, gpu=True,
+                    description="the precision alarm against the logit alert on fresh runs (chapter 7; GPU)")
+def precision_alarm(c: PrecisionAlarmConfig) -> dict:
+    """Run the grid's missing runs, then evaluate the pre-registered rule on their monitor records."""
+    return run_experiment(precision_alarm_grid(c))
