@@ -139,10 +139,15 @@ class Tuning:
                    or ``"lpt"`` (longest first over all heads, in the forward and both backward kernels).
     * ``bwd``      ``"split"``: a dK/dV kernel and a dQ kernel, no atomics (7 matmuls per tile pair,
                    deterministic); ``"atomic"``: one kernel adds dQ into an FP32 buffer with atomics (5 matmuls,
-                   FlashAttention-2's way; dQ's last FP32 bits vary run to run). Needs ``grad_acc="fp32"``.
+                   FlashAttention-2's way; dQ's last FP32 bits vary run to run). Needs ``grad_acc="fp32"``;
+                   ``"fused"``: the split backward's two halves in one launch, no atomics — program j makes dK_j,
+                   dV_j and then dQ_j, which under the causal mask gives every program the same work (n + 1
+                   blocks); the bits of the split backward with the same tiles (deterministic, any grad_acc).
     * ``tie``      the fix's tie test: ``"max2"`` (a (max, second max) reduction) or ``"count"`` (a count of the
-                   scores at or above r_m − ε after the max, no second running value); same m' bit for bit. The
-                   two-pass emulation path (policy blocks > 128 keys) always uses max2.
+                   scores at or above r_m − ε after the max, no second running value); same m' bit for bit;
+                   ``"auto"``: count at head dim ≤ 64, max2 above (what the GPU run of 2026-12-02 measured as the
+                   cheaper form for each, with both fixes). The two-pass emulation path (policy blocks > 128
+                   keys) always uses max2.
     * ``ftz_exp``  the backward's P = exp(S − L) in sub mode through ex2.approx.ftz (the forward's and FMA mode's
                    exp already are): three instructions fewer per score; P below 2^−126 becomes 0.
     """
@@ -154,8 +159,8 @@ class Tuning:
     tie: str = "max2"
     ftz_exp: bool = False
 
-    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic"),
-                "tie": ("max2", "count")}
+    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic", "fused"),
+                "tie": ("max2", "count", "auto")}
 
     def __hash__(self):  # computed once: a tuning keys every launch's caches
         h = self.__dict__.get("_hash")
@@ -477,16 +482,18 @@ def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     consts = dict(RAW=raw, HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
                   EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc,
                   SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass,
-                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **_fwd_levers(kp, scale, causal, tuning))
+                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **_fwd_levers(kp, scale, causal, tuning, D))
     if not interp:
         consts["enable_fp_fusion"] = kp.sub_fma
     return (N, D, causal, kp, raw, dtype, tune, tuning), scalars, consts
 
 
-def _fwd_levers(kp: KernelPolicy, scale: float, causal: bool, tuning: Tuning) -> dict:
+def _fwd_levers(kp: KernelPolicy, scale: float, causal: bool, tuning: Tuning, head_dim: int = 64) -> dict:
     """The forward's tuning constexprs, each set only where it changes the code (so that variants that compute
-    the same code share one compiled kernel): TIE and POW2 with the fix on the fast path, ORDER when causal."""
-    tie = int(tuning.tie == "count" and kp.fix_mode != 0 and not kp.two_pass)
+    the same code share one compiled kernel): TIE and POW2 with the fix on the fast path, ORDER when causal.
+    Tuning.tie "auto" counts at head dim ≤ 64 and keeps max2 above."""
+    count = tuning.tie == "count" or (tuning.tie == "auto" and head_dim <= 64)
+    tie = int(count and kp.fix_mode != 0 and not kp.two_pass)
     return dict(TMA=tuning.tma, ORDER=int(causal and tuning.order == "lpt"), TIE=tie,
                 POW2=bool(tie and kp.sub_fma and math.frexp(scale)[0] == 0.5), L_PBAR=kp.l_pbar)
 
@@ -554,6 +561,10 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
                 dict(HEAD_DIM=D, BLOCK_M=64, PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    if tuning.bwd == "fused":
+        _launch(_bwd.FUSED_TUNERS[tuning.space], _GRIDS[0](N, bh, "BLOCK_N1"), key, (q, k, v, do, lse, delta, dq, dk, dv,
+                *strides, H, N, query_block, key_block, scale), consts["fused"], stream)
+        return dq, dk, dv
     args = (q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, *strides, H, N, query_block, scale)
     kv_kernel = _bwd.DKDV_TUNERS[(tuning.space, atomic)] if tuning.space != "v1" or atomic else _bwd._bwd_dkdv
     _launch(kv_kernel, grids(N, bh, "BLOCK_N"), key, args, consts["kv"], stream)
@@ -578,6 +589,8 @@ def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     whole = triton.cdiv(N, _bwd.GRAD_TILE) * _bwd.GRAD_TILE
     kv = {**common, "PBAR": kp.pbar, "PV_DT": kp.pv_dt, "PV_PREC": kp.pv_prec, "DQ_ATOMIC": tuning.bwd == "atomic"}
     consts = {"dq": {**common, "MODE": 0}, "dpp": {**common, "MODE": 1}, "o_hp": {**common, "MODE": 2}, "kv": kv}
+    if tuning.bwd == "fused":   # one grid order (its programs all do the same work), no atomics
+        consts["fused"] = {k: v for k, v in kv.items() if k not in ("ORDER", "DQ_ATOMIC")}
     return (N, D, causal, kp, dtype, do_dtype, tune, tuning), consts, kp.key_block or whole, kp.query_block or whole
 
 
