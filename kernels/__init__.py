@@ -130,7 +130,9 @@ class Tuning:
 
     * ``tma``      read Q, K, V (and dO in the backward) and write O through Hopper tensor descriptors
                    (`tl.make_tensor_descriptor`: the tensor memory accelerator copies whole tiles) instead of
-                   pointer tiles and cp.async; tensors that are not 16-byte aligned run without it.
+                   pointer tiles and cp.async; tensors that are not 16-byte aligned run without it. ``"bwd"``: in
+                   the backward only (2026-12-02: TMA sped up the d 64 backward by 5–10 % and slowed the d 64
+                   forward at N ≤ 2k by 12–18 %).
     * ``space``    the autotune space: ``"v1"`` (6 forward, 3 + 3 backward configs, as measured until 2026-12-01)
                    or ``"sm90"`` (v1 plus deeper pipelines, 256-row forward tiles at head dim ≤ 64 and configs
                    capped at 128 registers per thread; `kernels.fwd.FWD_SPACES`, `kernels.bwd.DKDV_SPACES`).
@@ -152,7 +154,7 @@ class Tuning:
                    exp already are): three instructions fewer per score; P below 2^−126 becomes 0.
     """
 
-    tma: bool = False
+    tma: bool | str = False
     space: str = "v1"
     order: str = "head"
     bwd: str = "split"
@@ -176,9 +178,10 @@ class Tuning:
         for name, allowed in self._CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Tuning.{name} must be one of {list(allowed)} (got {getattr(self, name)!r})")
-        for name in ("tma", "ftz_exp"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"Tuning.{name} must be True or False (got {getattr(self, name)!r})")
+        if not isinstance(self.tma, bool) and self.tma != "bwd":
+            raise ValueError(f"Tuning.tma must be True, False or 'bwd' (got {self.tma!r})")
+        if not isinstance(self.ftz_exp, bool):
+            raise ValueError(f"Tuning.ftz_exp must be True or False (got {self.ftz_exp!r})")
 
     def __str__(self) -> str:
         parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
@@ -204,6 +207,10 @@ class Tuning:
 DEFAULT_TUNING = Tuning()
 #: Every lever on (the candidate default, to be chosen by the GPU measurement of issue 25).
 ALL_LEVERS = Tuning(tma=True, space="sm90", order="lpt", bwd="atomic", tie="count", ftz_exp=True)
+#: The candidate default for the next GPU call (notes/kernels.md, 2026-12-02): the levers that did not lose on
+#: 2026-12-02 (TMA in the backward only, the sm90 space, the FTZ exp) and the new ones (the fused backward, the tie
+#: test's form chosen per head dim); not the LPT order or the atomic backward, which lost.
+NEXT_LEVERS = Tuning(tma="bwd", space="sm90", bwd="fused", tie="auto", ftz_exp=True)
 
 
 def _check_tuning(tuning, kp: "KernelPolicy") -> None:
@@ -494,7 +501,7 @@ def _fwd_levers(kp: KernelPolicy, scale: float, causal: bool, tuning: Tuning, he
     Tuning.tie "auto" counts at head dim ≤ 64 and keeps max2 above."""
     count = tuning.tie == "count" or (tuning.tie == "auto" and head_dim <= 64)
     tie = int(count and kp.fix_mode != 0 and not kp.two_pass)
-    return dict(TMA=tuning.tma, ORDER=int(causal and tuning.order == "lpt"), TIE=tie,
+    return dict(TMA=tuning.tma is True, ORDER=int(causal and tuning.order == "lpt"), TIE=tie,
                 POW2=bool(tie and kp.sub_fma and math.frexp(scale)[0] == 0.5), L_PBAR=kp.l_pbar)
 
 
@@ -516,7 +523,7 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuni
     if tuning.tma and not aligned:
         tuning = dataclasses.replace(tuning, tma=False)                 # a descriptor needs 16-byte alignment
     key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, _tune_env(), _fwd.INTERPRET, tuning)
-    if tuning.tma and not _fwd.INTERPRET:
+    if consts["TMA"] and not _fwd.INTERPRET:
         _ensure_tma_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride())
     _launch(_fwd._attn_fwd if tuning.space == "v1" else _fwd.FWD_TUNERS[tuning.space],
@@ -581,7 +588,7 @@ def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     """The backward launches' per-(shape, policy, tuning) constants (computed once instead of on every call)."""
     common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
                   DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
-                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=tuning.tma,
+                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=bool(tuning.tma),
                   ORDER=int(causal and tuning.order == "lpt"), FTZ=bool(tuning.ftz_exp and not kp.sub_fma))
     if not interp:
         common["enable_fp_fusion"] = kp.sub_fma

@@ -487,13 +487,15 @@ def _bwd_fused_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
 
 
 #: The fused backward's autotune spaces, (BLOCK_M1, BLOCK_N1, BLOCK_N2, warps, stages, maxnreg): BLOCK_N1 is both the
-#: key block of the dK/dV half and the query block of the dQ half. "v1" holds the split kernels' v1 picks of
-#: 2026-12-02 (d 128: dK/dV 64×128 and dQ 128×64 at 8 warps, 2 stages; d 64: 64×64 at 4 warps, 3 stages) and the
-#: 32-row / 32-key variant; "sm90" adds deeper pipelines. The reduction tiles (BLOCK_M1, BLOCK_N2) divide GRAD_TILE.
-FUSED_SPACES = {"v1": ((64, 128, 64, 8, 2, None), (64, 64, 64, 4, 3, None), (32, 128, 32, 4, 3, None),
-                       (32, 128, 32, 8, 2, None)),
-                "sm90": ((64, 128, 64, 8, 3, None), (32, 128, 32, 4, 5, None), (64, 64, 64, 4, 4, None),
-                         (64, 128, 32, 8, 3, None))}
+#: key block of the dK/dV half and the query block of the dQ half. "v1" starts with the split kernels' first (and
+#: their d 128 picks of 2026-12-02: dK/dV 64×128, dQ 128×64, 8 warps, 2 stages), so LPFAIL_KERNELS_AUTOTUNE=0 runs the
+#: split's tiles; then d 64's picks (64×64, 4 warps, 3 stages) and the 32-row dK/dV tiles at 8 warps, the only ones
+#: that compile without spills at d 128 (sm_90 SASS, tools/sass_count.py's count: 0 and 2 STL/LDL against 64 for
+#: the first; all ≤ 253 registers). "sm90" adds deeper pipelines. BLOCK_M1 and BLOCK_N2 divide GRAD_TILE.
+FUSED_SPACES = {"v1": ((64, 128, 64, 8, 2, None), (32, 128, 32, 8, 2, None), (64, 64, 64, 4, 3, None),
+                       (32, 128, 32, 8, 3, None)),
+                "sm90": ((64, 128, 32, 8, 3, None), (32, 128, 32, 4, 5, None), (64, 64, 64, 4, 4, None),
+                         (32, 64, 32, 4, 3, None))}
 _FUSED_SMALL = triton.Config({"BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_N2": 16}, num_warps=4, num_stages=1)
 
 
