@@ -18,8 +18,8 @@ constants of the kernels, so one source compiles every precision variant:
 * ``l_clamp``   the row-sum clamp of the paper's official code;
 * ``l_from``    ℓ summed from the FP32 P (as FlashAttention-2) or from P̄ as rounded for P̄V (PR #2721).
 
-How they run is a separate object, `Tuning` (TMA descriptors, the autotune space, the causal grid order, the split or
-atomic backward, the tie test's form, the FTZ exp), which never changes what is computed beyond the last FP32 bits
+How they run is a separate object, `Tuning` (TMA descriptors, the autotune space, the causal grid order, the split,
+atomic or fused backward, the tie test's form, the FTZ exp), which never changes what is computed beyond the last FP32 bits
 of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_TUNING` unless given.
 
 ``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
