@@ -18,8 +18,8 @@ constants of the kernels, so one source compiles every precision variant:
 * ``l_clamp``   the row-sum clamp of the paper's official code;
 * ``l_from``    ℓ summed from the FP32 P (as FlashAttention-2) or from P̄ as rounded for P̄V (PR #2721).
 
-How they run is a separate object, `Tuning` (TMA descriptors, the autotune space, the causal grid order, the split or
-atomic backward, the tie test's form, the FTZ exp), which never changes what is computed beyond the last FP32 bits
+How they run is a separate object, `Tuning` (TMA descriptors, the autotune space, the causal grid order, the split,
+atomic or fused backward, the tie test's form, the FTZ exp), which never changes what is computed beyond the last FP32 bits
 of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_TUNING` unless given.
 
 ``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
@@ -130,7 +130,9 @@ class Tuning:
 
     * ``tma``      read Q, K, V (and dO in the backward) and write O through Hopper tensor descriptors
                    (`tl.make_tensor_descriptor`: the tensor memory accelerator copies whole tiles) instead of
-                   pointer tiles and cp.async; tensors that are not 16-byte aligned run without it.
+                   pointer tiles and cp.async; tensors that are not 16-byte aligned run without it. ``"bwd"``: in
+                   the backward only (2026-12-02: TMA sped up the d 64 backward by 5–10 % and slowed the d 64
+                   forward at N ≤ 2k by 12–18 %).
     * ``space``    the autotune space: ``"v1"`` (6 forward, 3 + 3 backward configs, as measured until 2026-12-01)
                    or ``"sm90"`` (v1 plus deeper pipelines, 256-row forward tiles at head dim ≤ 64 and configs
                    capped at 128 registers per thread; `kernels.fwd.FWD_SPACES`, `kernels.bwd.DKDV_SPACES`).
@@ -139,23 +141,28 @@ class Tuning:
                    or ``"lpt"`` (longest first over all heads, in the forward and both backward kernels).
     * ``bwd``      ``"split"``: a dK/dV kernel and a dQ kernel, no atomics (7 matmuls per tile pair,
                    deterministic); ``"atomic"``: one kernel adds dQ into an FP32 buffer with atomics (5 matmuls,
-                   FlashAttention-2's way; dQ's last FP32 bits vary run to run). Needs ``grad_acc="fp32"``.
+                   FlashAttention-2's way; dQ's last FP32 bits vary run to run). Needs ``grad_acc="fp32"``;
+                   ``"fused"``: the split backward's two halves in one launch, no atomics — program j makes dK_j,
+                   dV_j and then dQ_j, which under the causal mask gives every program the same work (n + 1
+                   blocks); the bits of the split backward with the same tiles (deterministic, any grad_acc).
     * ``tie``      the fix's tie test: ``"max2"`` (a (max, second max) reduction) or ``"count"`` (a count of the
-                   scores at or above r_m − ε after the max, no second running value); same m' bit for bit. The
-                   two-pass emulation path (policy blocks > 128 keys) always uses max2.
+                   scores at or above r_m − ε after the max, no second running value); same m' bit for bit;
+                   ``"auto"``: count at head dim ≤ 64, max2 above (what the GPU run of 2026-12-02 measured as the
+                   cheaper form for each, with both fixes). The two-pass emulation path (policy blocks > 128
+                   keys) always uses max2.
     * ``ftz_exp``  the backward's P = exp(S − L) in sub mode through ex2.approx.ftz (the forward's and FMA mode's
                    exp already are): three instructions fewer per score; P below 2^−126 becomes 0.
     """
 
-    tma: bool = False
+    tma: bool | str = False
     space: str = "v1"
     order: str = "head"
     bwd: str = "split"
     tie: str = "max2"
     ftz_exp: bool = False
 
-    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic"),
-                "tie": ("max2", "count")}
+    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic", "fused"),
+                "tie": ("max2", "count", "auto")}
 
     def __hash__(self):  # computed once: a tuning keys every launch's caches
         h = self.__dict__.get("_hash")
@@ -171,9 +178,10 @@ class Tuning:
         for name, allowed in self._CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Tuning.{name} must be one of {list(allowed)} (got {getattr(self, name)!r})")
-        for name in ("tma", "ftz_exp"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"Tuning.{name} must be True or False (got {getattr(self, name)!r})")
+        if not isinstance(self.tma, bool) and self.tma != "bwd":
+            raise ValueError(f"Tuning.tma must be True, False or 'bwd' (got {self.tma!r})")
+        if not isinstance(self.ftz_exp, bool):
+            raise ValueError(f"Tuning.ftz_exp must be True or False (got {self.ftz_exp!r})")
 
     def __str__(self) -> str:
         parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
@@ -199,6 +207,10 @@ class Tuning:
 DEFAULT_TUNING = Tuning()
 #: Every lever on (the candidate default, to be chosen by the GPU measurement of issue 25).
 ALL_LEVERS = Tuning(tma=True, space="sm90", order="lpt", bwd="atomic", tie="count", ftz_exp=True)
+#: The candidate default for the next GPU call (notes/kernels.md, 2026-12-02): the levers that did not lose on
+#: 2026-12-02 (TMA in the backward only, the sm90 space, the FTZ exp) and the new ones (the fused backward, the tie
+#: test's form chosen per head dim); not the LPT order or the atomic backward, which lost.
+NEXT_LEVERS = Tuning(tma="bwd", space="sm90", bwd="fused", tie="auto", ftz_exp=True)
 
 
 def _check_tuning(tuning, kp: "KernelPolicy") -> None:
@@ -477,17 +489,19 @@ def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     consts = dict(RAW=raw, HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
                   EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc,
                   SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass,
-                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **_fwd_levers(kp, scale, causal, tuning))
+                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **_fwd_levers(kp, scale, causal, tuning, D))
     if not interp:
         consts["enable_fp_fusion"] = kp.sub_fma
     return (N, D, causal, kp, raw, dtype, tune, tuning), scalars, consts
 
 
-def _fwd_levers(kp: KernelPolicy, scale: float, causal: bool, tuning: Tuning) -> dict:
+def _fwd_levers(kp: KernelPolicy, scale: float, causal: bool, tuning: Tuning, head_dim: int = 64) -> dict:
     """The forward's tuning constexprs, each set only where it changes the code (so that variants that compute
-    the same code share one compiled kernel): TIE and POW2 with the fix on the fast path, ORDER when causal."""
-    tie = int(tuning.tie == "count" and kp.fix_mode != 0 and not kp.two_pass)
-    return dict(TMA=tuning.tma, ORDER=int(causal and tuning.order == "lpt"), TIE=tie,
+    the same code share one compiled kernel): TIE and POW2 with the fix on the fast path, ORDER when causal.
+    Tuning.tie "auto" counts at head dim ≤ 64 and keeps max2 above."""
+    count = tuning.tie == "count" or (tuning.tie == "auto" and head_dim <= 64)
+    tie = int(count and kp.fix_mode != 0 and not kp.two_pass)
+    return dict(TMA=tuning.tma is True, ORDER=int(causal and tuning.order == "lpt"), TIE=tie,
                 POW2=bool(tie and kp.sub_fma and math.frexp(scale)[0] == 0.5), L_PBAR=kp.l_pbar)
 
 
@@ -509,7 +523,7 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuni
     if tuning.tma and not aligned:
         tuning = dataclasses.replace(tuning, tma=False)                 # a descriptor needs 16-byte alignment
     key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, _tune_env(), _fwd.INTERPRET, tuning)
-    if tuning.tma and not _fwd.INTERPRET:
+    if consts["TMA"] and not _fwd.INTERPRET:
         _ensure_tma_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride())
     _launch(_fwd._attn_fwd if tuning.space == "v1" else _fwd.FWD_TUNERS[tuning.space],
@@ -554,6 +568,10 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
                 dict(HEAD_DIM=D, BLOCK_M=64, PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    if tuning.bwd == "fused":
+        _launch(_bwd.FUSED_TUNERS[tuning.space], _GRIDS[0](N, bh, "BLOCK_N1"), key, (q, k, v, do, lse, delta, dq, dk, dv,
+                *strides, H, N, query_block, key_block, scale), consts["fused"], stream)
+        return dq, dk, dv
     args = (q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, *strides, H, N, query_block, scale)
     kv_kernel = _bwd.DKDV_TUNERS[(tuning.space, atomic)] if tuning.space != "v1" or atomic else _bwd._bwd_dkdv
     _launch(kv_kernel, grids(N, bh, "BLOCK_N"), key, args, consts["kv"], stream)
@@ -570,7 +588,7 @@ def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     """The backward launches' per-(shape, policy, tuning) constants (computed once instead of on every call)."""
     common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
                   DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
-                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=tuning.tma,
+                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=bool(tuning.tma),
                   ORDER=int(causal and tuning.order == "lpt"), FTZ=bool(tuning.ftz_exp and not kp.sub_fma))
     if not interp:
         common["enable_fp_fusion"] = kp.sub_fma
@@ -578,6 +596,8 @@ def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     whole = triton.cdiv(N, _bwd.GRAD_TILE) * _bwd.GRAD_TILE
     kv = {**common, "PBAR": kp.pbar, "PV_DT": kp.pv_dt, "PV_PREC": kp.pv_prec, "DQ_ATOMIC": tuning.bwd == "atomic"}
     consts = {"dq": {**common, "MODE": 0}, "dpp": {**common, "MODE": 1}, "o_hp": {**common, "MODE": 2}, "kv": kv}
+    if tuning.bwd == "fused":   # one grid order (its programs all do the same work), no atomics
+        consts["fused"] = {k: v for k, v in kv.items() if k not in ("ORDER", "DQ_ATOMIC")}
     return (N, D, causal, kp, dtype, do_dtype, tune, tuning), consts, kp.key_block or whole, kp.query_block or whole
 
 

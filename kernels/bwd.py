@@ -217,6 +217,27 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
         start_m = n_blocks - 1 - pid
     else:
         start_m = pid
+    _dq_program(Q, K, V, DO, LSE, DELTA, DQ, stride_qz, stride_qh, stride_qm, stride_qd,
+                stride_kz, stride_kh, stride_kn, stride_kd, stride_vz, stride_vh, stride_vn, stride_vd,
+                stride_dz, stride_dh, stride_dm, stride_dd, H, N_CTX, KEY_BLOCK, scale, start_m, off_hz,
+                HEAD_DIM, BLOCK_M, BLOCK_N, MATMUL, QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, CAUSAL, MODE,
+                DOT_PREC, DS_PREC, RAW, TMA, FTZ)
+
+
+@triton.jit
+def _dq_program(Q, K, V, DO, LSE, DELTA, DQ,
+                stride_qz, stride_qh, stride_qm, stride_qd,
+                stride_kz, stride_kh, stride_kn, stride_kd,
+                stride_vz, stride_vh, stride_vn, stride_vd,
+                stride_dz, stride_dh, stride_dm, stride_dd,
+                H, N_CTX, KEY_BLOCK, scale, start_m, off_hz,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, DP: tl.constexpr,
+                DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr,
+                CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr,
+                RAW: tl.constexpr, TMA: tl.constexpr, FTZ: tl.constexpr):
+    """The query-side work of query block `start_m` of (batch, head) `off_hz` (see `_bwd_dq_kernel`); also the
+    second half of each program of the fused backward (`_bwd_fused_kernel`)."""
     q_base = _bh_offset(off_hz, H, stride_qz, stride_qh)
     K += _bh_offset(off_hz, H, stride_kz, stride_kh)
     V += _bh_offset(off_hz, H, stride_vz, stride_vh)
@@ -352,6 +373,28 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     sequence; unused for FP32 GACC). DQ_ATOMIC: dQ too, atomically into DQ (FP32, Q's strides; zeroed before).
     In causal attention key block 0 has the most work: ORDER 1 runs every (batch, head)'s first blocks first."""
     start_n, off_hz, n_blocks = _grid_pos(ORDER)
+    _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, stride_qz, stride_qh, stride_qm, stride_qd,
+                  stride_kz, stride_kh, stride_kn, stride_kd, stride_vz, stride_vh, stride_vn, stride_vd,
+                  stride_dz, stride_dh, stride_dm, stride_dd, H, N_CTX, QUERY_BLOCK, scale, start_n, off_hz,
+                  HEAD_DIM, BLOCK_M, BLOCK_N, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT, GACC, SUB_FMA,
+                  CAUSAL, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, DQ_ATOMIC)
+
+
+@triton.jit
+def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+                  stride_qz, stride_qh, stride_qm, stride_qd,
+                  stride_kz, stride_kh, stride_kn, stride_kd,
+                  stride_vz, stride_vh, stride_vn, stride_vd,
+                  stride_dz, stride_dh, stride_dm, stride_dd,
+                  H, N_CTX, QUERY_BLOCK, scale, start_n, off_hz,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
+                  PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
+                  GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
+                  DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
+                  TMA: tl.constexpr, FTZ: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+    """The key-side work of key block `start_n` of (batch, head) `off_hz` (see `_bwd_dkdv_kernel`); also the first
+    half of each program of the fused backward (`_bwd_fused_kernel`)."""
     Q += _bh_offset(off_hz, H, stride_qz, stride_qh)
     DO += _bh_offset(off_hz, H, stride_dz, stride_dh)
     DQ += _bh_offset(off_hz, H, stride_qz, stride_qh)
@@ -406,3 +449,76 @@ DKDV_TUNERS = {(space, atomic): triton.autotune(configs=_kv_side_configs(space),
                for space in DKDV_SPACES for atomic in (False, True)}
 _bwd_dkdv = DKDV_TUNERS[("v1", False)]
 _bwd_dkdv_atomic = DKDV_TUNERS[("v1", True)]
+
+
+# -- the fused backward (`kernels.Tuning(bwd="fused")`): dK/dV of key block j, then dQ of query block j ---------------
+@triton.jit
+def _bwd_fused_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
+                      stride_qz, stride_qh, stride_qm, stride_qd,
+                      stride_kz, stride_kh, stride_kn, stride_kd,
+                      stride_vz, stride_vh, stride_vn, stride_vd,
+                      stride_dz, stride_dh, stride_dm, stride_dd,
+                      H, N_CTX, QUERY_BLOCK, KEY_BLOCK, scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                      BLOCK_N2: tl.constexpr,
+                      MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
+                      PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
+                      GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
+                      DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
+                      TMA: tl.constexpr = False, FTZ: tl.constexpr = False):
+    """Both halves of the split backward in one launch, no atomics: program j computes dK_j, dV_j for key block j
+    (BLOCK_N1 keys, walking query tiles of BLOCK_M1 rows, as `_bwd_dkdv_kernel`) and then dQ_j for query block j
+    (BLOCK_N1 rows, walking key tiles of BLOCK_N2, as `_bwd_dq_kernel` in MODE 0). Causal: key block j meets the
+    n − j query blocks at or below the diagonal and query block j the j + 1 key blocks at or left of it, so every
+    program does n + 1 blocks' work — no triangular tail, and one launch fewer. Each gradient is computed by exactly
+    the code of the split kernels with these tiles, so with the same tiles the bits are the same."""
+    pid = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, stride_qz, stride_qh, stride_qm, stride_qd,
+                  stride_kz, stride_kh, stride_kn, stride_kd, stride_vz, stride_vh, stride_vn, stride_vd,
+                  stride_dz, stride_dh, stride_dm, stride_dd, H, N_CTX, QUERY_BLOCK, scale, pid, off_hz,
+                  HEAD_DIM, BLOCK_M1, BLOCK_N1, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT, GACC, SUB_FMA,
+                  CAUSAL, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, False)
+    _dq_program(Q, K, V, DO, LSE, DELTA, DQ, stride_qz, stride_qh, stride_qm, stride_qd,
+                stride_kz, stride_kh, stride_kn, stride_kd, stride_vz, stride_vh, stride_vn, stride_vd,
+                stride_dz, stride_dh, stride_dm, stride_dd, H, N_CTX, KEY_BLOCK, scale, pid, off_hz,
+                HEAD_DIM, BLOCK_N1, BLOCK_N2, MATMUL, QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, CAUSAL, 0,
+                DOT_PREC, DS_PREC, RAW, TMA, FTZ)
+
+
+#: The fused backward's autotune spaces, (BLOCK_M1, BLOCK_N1, BLOCK_N2, warps, stages, maxnreg): BLOCK_N1 is both the
+#: key block of the dK/dV half and the query block of the dQ half. "v1" starts with the split kernels' first (and
+#: their d 128 picks of 2026-12-02: dK/dV 64×128, dQ 128×64, 8 warps, 2 stages), so LPFAIL_KERNELS_AUTOTUNE=0 runs the
+#: split's tiles; then d 64's picks (64×64, 4 warps, 3 stages) and the 32-row dK/dV tiles at 8 warps, the only ones
+#: that compile without spills at d 128 (sm_90 SASS, tools/sass_count.py's count: 0 and 2 STL/LDL against 64 for
+#: the first; all ≤ 253 registers). "sm90" adds deeper pipelines. BLOCK_M1 and BLOCK_N2 divide GRAD_TILE.
+FUSED_SPACES = {"v1": ((64, 128, 64, 8, 2, None), (32, 128, 32, 8, 2, None), (64, 64, 64, 4, 3, None),
+                       (32, 128, 32, 8, 3, None)),
+                "sm90": ((64, 128, 32, 8, 3, None), (32, 128, 32, 4, 5, None), (64, 64, 64, 4, 4, None),
+                         (32, 64, 32, 4, 3, None))}
+_FUSED_SMALL = triton.Config({"BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_N2": 16}, num_warps=4, num_stages=1)
+
+
+def _fused_config(m1, n1, n2, warps, stages, maxnreg):
+    return triton.Config({"BLOCK_M1": m1, "BLOCK_N1": n1, "BLOCK_N2": n2}, num_warps=warps, num_stages=stages,
+                         maxnreg=maxnreg)
+
+
+def _fused_configs(space: str = "v1"):
+    """The interpreter's one config has the split kernels' interpreter tiles (dK/dV 32 × 64, dQ 64 × 32), so that
+    CPU tests compare the two backward forms bit for bit; the FP32 fallback (`_FUSED_SMALL`) has theirs too."""
+    if INTERPRET:
+        return [triton.Config({"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_N2": 32}, num_warps=4, num_stages=1)]
+    return [_fused_config(*t) for t in FUSED_SPACES["v1"] + (FUSED_SPACES["sm90"] if space == "sm90" else ())]
+
+
+for _c in (*_fused_configs("sm90"), _FUSED_SMALL):
+    assert GRAD_TILE % _c.kwargs["BLOCK_M1"] == 0 and GRAD_TILE % _c.kwargs["BLOCK_N2"] == 0, \
+        "a fused backward's reduction tile does not divide GRAD_TILE: policy blocks would not be whole tiles"
+
+_FUSED_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "FTZ"]
+#: space → the fused backward's autotuner (it writes dQ, dK, dV once each, so repeated timing launches are harmless)
+FUSED_TUNERS = {space: triton.autotune(configs=_fused_configs(space), key=_FUSED_KEY, do_bench=_bench,
+                                       prune_configs_by={"early_config_prune": _fp32_prune(_FUSED_SMALL)})(
+                    _bwd_fused_kernel)
+                for space in FUSED_SPACES}

@@ -438,11 +438,14 @@ LEVER_POLICY = FP32.replace(block_k=32).with_fix()
 
 
 @pytest.mark.parametrize("tuning", [kernels.Tuning(tma=True), kernels.Tuning(order="lpt"),
-                                    kernels.Tuning(tie="count"), kernels.Tuning(space="sm90")], ids=str)
+                                    kernels.Tuning(tie="count"), kernels.Tuning(space="sm90"),
+                                    kernels.Tuning(bwd="fused"), kernels.Tuning(tie="auto"),
+                                    kernels.Tuning(tma="bwd")], ids=str)
 @pytest.mark.parametrize("causal", [True, False])
 def test_tuning_levers_change_no_bit(tuning, causal):
-    """TMA descriptors, the grid order, the tie test's form and the autotune space (one config in the
-    interpreter) must leave O and all three gradients bit for bit as the default tuning gives them, on rows with
+    """TMA descriptors (both passes, or the backward's only), the grid order, the tie test's form (count, or "auto":
+    count at d 64), the autotune space (one config in the interpreter) and the fused backward (the split's code and
+    interpreter tiles in one launch) must leave O and all three gradients bit for bit as the default tuning gives them, on rows with
     tied maxima (so that the fix's test fires) and a masked tail."""
     q, k, v, do = tied_rows(n=100)
     base = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, LEVER_POLICY, causal=causal), q, k, v,
@@ -516,7 +519,7 @@ def test_ftz_exp_is_close_and_refusals_are_clear():
         kernels.flash_attention(q, k, v, PAPER_BF16.replace(matmul="fp32"), tuning=kernels.Tuning(bwd="atomic"))
     with pytest.raises(ValueError, match=r"Tuning.order must be one of \['head', 'lpt'\]"):
         kernels.Tuning(order="random")
-    with pytest.raises(ValueError, match="Tuning.tma must be True or False"):
+    with pytest.raises(ValueError, match="Tuning.tma must be True, False or 'bwd'"):
         kernels.Tuning(tma=1)
     with pytest.raises(TypeError, match="kernels.Tuning"):
         kernels.flash_attention(q, k, v, FP32, tuning="tma")
@@ -557,6 +560,51 @@ def test_autotune_spaces_prune_to_their_configs(monkeypatch):
     assert bwd.DKDV_TUNERS[("sm90", True)].fn is bwd._bwd_dkdv.fn and bwd.DQ_TUNERS["sm90"].fn is bwd._bwd_dq.fn
 
 
+def test_tie_auto_and_tma_bwd_pick_the_code_they_say():
+    """Tuning(tie="auto") compiles the count form of the tie test at head dim ≤ 64 and max2 above (with a fix on the
+    fast path only); Tuning(tma="bwd") turns the descriptors on in the backward's kernels and off in the forward."""
+    fa2 = FA2_BF16.replace(matmul="fp32")                         # (the interpreter refuses BF16 dots)
+    fix, robust = kernels.kernel_policy(fa2.with_fix()), kernels.kernel_policy(fa2.with_bounded_fix())
+    auto = kernels.Tuning(tie="auto")
+    for kp in (fix, robust):
+        assert kernels._fwd_levers(kp, 0.125, True, auto, 64)["TIE"] == 1
+        assert kernels._fwd_levers(kp, 128 ** -0.5, True, auto, 128)["TIE"] == 0
+        assert kernels._fwd_levers(kp, 128 ** -0.5, True, kernels.Tuning(tie="count"), 128)["TIE"] == 1
+    assert kernels._fwd_levers(kernels.kernel_policy(fa2), 0.125, True, auto, 64)["TIE"] == 0
+    t = kernels.Tuning(tma="bwd")
+    assert kernels._fwd_levers(fix, 0.125, True, t, 64)["TMA"] is False
+    _, consts, _, _ = kernels._bwd_plan(256, 64, True, fix, 0.125, torch.bfloat16, torch.bfloat16, None, True, t)
+    assert consts["kv"]["TMA"] is True and consts["dq"]["TMA"] is True
+    assert kernels.Tuning.parse(str(t)) == t and kernels.Tuning.parse(str(kernels.NEXT_LEVERS)) == kernels.NEXT_LEVERS
+    _, consts, _, _ = kernels._bwd_plan(256, 64, True, fix, 0.125, torch.bfloat16, torch.bfloat16, None, True,
+                                        kernels.Tuning(bwd="fused", order="lpt"))
+    assert "ORDER" not in consts["fused"] and "DQ_ATOMIC" not in consts["fused"] and "MODE" not in consts["fused"]
+
+
+def test_fused_backward_spaces(monkeypatch):
+    """The fused backward's autotune spaces as on the GPU: its first config has the split kernels' first tiles (so
+    LPFAIL_KERNELS_AUTOTUNE=0 gives the split's bits), "sm90" is "v1" plus its additions, FP32 dots get the small
+    config with the split kernels' small tiles, and both spaces wrap one JIT function."""
+    from kernels import bwd, fwd
+
+    monkeypatch.setattr(bwd, "INTERPRET", False)
+    monkeypatch.setenv(fwd.TUNE_ENV, "1")
+    v1, sm90 = bwd._fused_configs("v1"), bwd._fused_configs("sm90")
+    assert len(sm90) == len(bwd.FUSED_SPACES["v1"]) + len(bwd.FUSED_SPACES["sm90"]) and sm90[:len(v1)] == v1
+    first, kv, dq = v1[0], fwd._config(*bwd.DKDV_SPACES["v1"][0]), fwd._config(*bwd.DQ_SPACES["v1"][0])
+    assert (first.kwargs["BLOCK_M1"], first.kwargs["BLOCK_N1"]) == (kv.kwargs["BLOCK_M"], kv.kwargs["BLOCK_N"])
+    assert (first.kwargs["BLOCK_N1"], first.kwargs["BLOCK_N2"]) == (dq.kwargs["BLOCK_M"], dq.kwargs["BLOCK_N"])
+    assert first.num_warps == kv.num_warps == dq.num_warps and first.num_stages == kv.num_stages == dq.num_stages
+    small = bwd._FUSED_SMALL.kwargs
+    assert (small["BLOCK_M1"], small["BLOCK_N1"]) == (bwd._DKDV_SMALL.kwargs["BLOCK_M"], bwd._DKDV_SMALL.kwargs["BLOCK_N"])
+    assert (small["BLOCK_N1"], small["BLOCK_N2"]) == (bwd._DQ_SMALL.kwargs["BLOCK_M"], bwd._DQ_SMALL.kwargs["BLOCK_N"])
+    prune = bwd._fp32_prune(bwd._FUSED_SMALL)
+    bf16 = dict(MATMUL=kernels._TL["bf16"], PV_DT=kernels._TL["bf16"], DS_DT=kernels._TL["bf16"])
+    assert prune(sm90, {}, **bf16) == sm90 and prune(sm90, {}, **{**bf16, "MATMUL": kernels._TL["fp32"]}) == [
+        bwd._FUSED_SMALL]
+    assert bwd.FUSED_TUNERS["v1"].fn is bwd.FUSED_TUNERS["sm90"].fn
+
+
 # -- the normaliser's source (l_from, issue 25) ------------------------------------------------------------------
 @pytest.mark.parametrize("block_k", [32, None], ids=["one tile", "two-pass"])
 def test_l_from_pbar_kernel_matches_the_reference(block_k):
@@ -584,7 +632,12 @@ def test_l_from_pbar_kernel_matches_the_reference(block_k):
 # -- GPU: the levers and ℓ from P̄ in BF16 ---------------------------------------------------------------------------
 GPU_LEVERS = [kernels.Tuning(tma=True), kernels.Tuning(order="lpt"), kernels.Tuning(tie="count"),
               kernels.Tuning(bwd="atomic"), kernels.Tuning(ftz_exp=True), kernels.Tuning(space="sm90"),
-              kernels.ALL_LEVERS]
+              kernels.ALL_LEVERS, kernels.Tuning(bwd="fused"), kernels.Tuning(tie="auto"), kernels.Tuning(tma="bwd"),
+              kernels.NEXT_LEVERS]
+#: levers that must keep every bit on the card under LPFAIL_KERNELS_AUTOTUNE=0 (the fused backward's first config has
+#: the split kernels' first tiles, so it runs their code on the same tiles)
+GPU_EXACT = [kernels.Tuning(tma=True), kernels.Tuning(order="lpt"), kernels.Tuning(tie="count"),
+             kernels.Tuning(bwd="fused"), kernels.Tuning(tie="auto"), kernels.Tuning(tma="bwd")]
 
 
 @pytest.mark.gpu
@@ -600,7 +653,7 @@ def test_bf16_levers_keep_the_forward_bits_and_the_gradients(policy, tuning):
     fn = lambda t: (lambda a, b, c: kernels.flash_attention(a, b, c, policy, tuning=t))  # noqa: E731
     base, got = run_with_grads(fn(kernels.Tuning()), q, k, v, do), run_with_grads(fn(tuning), q, k, v, do)
     ref = truth_with_grads(q, k, v, do, True)
-    exact = tuning in (kernels.Tuning(tma=True), kernels.Tuning(order="lpt"), kernels.Tuning(tie="count"))
+    exact = tuning in GPU_EXACT
     print(f"{policy.name} {tuning}: " + ", ".join(f"{n} {rel(x, y.double()):.1e}"
                                                  for n, x, y in zip("O dQ dK dV".split(), got, base)))
     assert torch.equal(got[0], base[0])

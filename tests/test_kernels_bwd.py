@@ -182,3 +182,28 @@ def test_bf16_grads_agree_with_the_reference_bits(n, d, causal, record_property)
     assert all(torch.isfinite(x).all() for x in got)
     for name, rate in rates.items():
         assert rate < 0.05, (name, rate)
+
+
+# -- the fused backward (kernels.Tuning(bwd="fused"), issue 25): the split's two halves in one launch ---------------
+@interpreter_only
+@pytest.mark.parametrize("policy,n,causal", [
+    (PAPER_FP32_DOTS.replace(block_q=128, block_k=64), 200, True),   # 16-bit grad_acc: the policy tiles' roundings
+    (PAPER_FP32_DOTS.replace(block_q=128, block_k=64), 200, False),
+    (FP32.replace(delta="dP.P"), 150, True),                         # δ from its own pass over K, V first
+], ids=lambda x: (f"{x.grad_acc}/{x.delta}" if hasattr(x, "grad_acc") else str(x)))
+def test_fused_backward_gives_the_split_bits(policy, n, causal):
+    """Program j of the fused backward runs the split kernels' code for key block j and then for query block j, with
+    the split's interpreter tiles: dQ, dK, dV bit for bit as the split backward gives them (a 16-bit grad_acc
+    rounded once per policy tile, a partial last tile, causal and full, δ from dP ∘ P), and one launch fewer."""
+    (q, k, v, do), o, lse = reference_forward(policy, n, causal)
+    kp, lse = kernels.kernel_policy(policy), lse.squeeze(-1).contiguous()
+    split = kernels._backward(do, q, k, v, o, lse, kp, causal, 0.125)
+    launches, real = [], kernels._launch
+    kernels._launch = lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw))[1]
+    try:
+        fused = kernels._backward(do, q, k, v, o, lse, kp, causal, 0.125, kernels.Tuning(bwd="fused"))
+    finally:
+        kernels._launch = real
+    for name, x, y in zip(("dQ", "dK", "dV"), fused, split):
+        assert x.dtype == y.dtype and bit_mismatch(x, y) == 0, name
+    assert launches[-1] is bwd.FUSED_TUNERS["v1"] and len(launches) == 2

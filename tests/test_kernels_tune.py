@@ -18,29 +18,33 @@ SCRIPT = r"""
 import collections, math, pickle, sys
 sys.path.insert(0, "tools")
 import gpu_kernels_tune as g
-from kernels import ALL_LEVERS, Tuning
+from kernels import NEXT_LEVERS, Tuning
 
 jobs = g.compile_jobs("cpu")
 kinds = collections.Counter(j[0][0] for j in jobs)
-assert set(kinds) == {"fwd", "dq", "dkdv", "delta"} and 200 < len(jobs) < 800, (len(jobs), kinds)
+assert set(kinds) == {"fwd", "dq", "dkdv", "delta", "fused"} and 200 < len(jobs) < 800, (len(jobs), kinds)
 assert len({repr(j) for j in jobs}) == len(jobs)
 pickle.loads(pickle.dumps(jobs))
 consts = [dict(j[2]) for j in jobs if j[0][0] == "fwd"]
 assert any(c["TMA"] == ("raw", True) for c in consts) and any(c["TIE"] == ("raw", 1) for c in consts)
 assert any(c["CAUSAL"] == ("raw", False) for c in consts)                       # the normaliser's full attention
-assert any(j[0] == ("dkdv", ("sm90", True)) for j in jobs) and any(j[0] == ("dq", "sm90") for j in jobs)
+assert any(j[0] == ("fused", "sm90") for j in jobs) and any(j[0] == ("dq", "sm90") for j in jobs)
+assert not any(j[0][0] == "dkdv" and j[0][1][1] for j in jobs)                   # no atomic backward timed any more
+fused = [dict(j[2]) for j in jobs if j[0][0] == "fused"]
+assert any(c["TMA"] == ("raw", True) for c in fused) and all("ORDER" not in c for c in fused)
 assert all(g._decode(v) is not None for j in jobs for _, v in j[2])
 warps = {dict(j[3]).get("num_warps") for j in jobs if j[3]}
 assert warps == {4, 8}, warps
-assert g._uses_failed("all_fma", {"tma"}) and g._uses_failed("fma_atomic", {"atomic"})
-assert not g._uses_failed("base_fma", {"tma", "all"}) and not g._uses_failed("sdpa_cudnn", {"tma"})
-for name in ("all_fma_alg3_max2", "all_fma_robust_max2", "all_sub_robust_max2"):
+assert g._uses_failed("next_fma", {"fused"}) and g._uses_failed("fma_tmab_fused", {"tmab"})
+assert g._uses_failed("next_fma_robust", {"auto"}) and not g._uses_failed("fma_tmab_fused", {"tma"})
+assert not g._uses_failed("base_fma", {"tma", "next"}) and not g._uses_failed("sdpa_cudnn", {"tma"})
+for name, tie in (("next_fma_robust_count", "count"), ("next_fma_robust_max2", "max2")):
     t = g.FIX_METHODS[name][1]
-    assert t.tie == "max2" and all(getattr(t, f) == getattr(ALL_LEVERS, f) for f in ("tma", "space", "order", "bwd"))
+    assert t.tie == tie and all(getattr(t, f) == getattr(NEXT_LEVERS, f) for f in ("tma", "space", "order", "bwd"))
     assert g.FIX_METHODS[name][2] in g.FIX_METHODS and any(p[1] == name for p in g.PAIRS)
 cells = {f"{m} d={d} N={n}": {"fwd": {"tflops": 100.0 * (m == "sdpa_cudnn") + 80.0},
                               "fwd_bwd": {"tflops": 50.0}} for m in g.METHODS for d in g.HEAD_DIMS for n in g.SEQ_LENS}
-pairs = {f"all_fma_alg3/all_fma d=64 N={n}": {"fwd": {"cost": 0.04}, "fwd_bwd": {"cost": 0.01}} for n in g.SEQ_LENS}
+pairs = {f"next_fma_alg3/next_fma d=64 N={n}": {"fwd": {"cost": 0.04}, "fwd_bwd": {"cost": 0.01}} for n in g.SEQ_LENS}
 text = g.summary({"cells": cells}, pairs, {"dropin fwd": {"median_us": 31.0}}, {"checks": {"a": {"ok": True}},
                                                                               "check_failures": []})
 assert "checks: 1 of 1 passed" in text and "180 /  180 /  180 /  180 ;" in text and "0.44 / 0.44" in text, text

@@ -7,15 +7,17 @@ normaliser experiment. Run on the GPU machine from the repo root (it fits one ca
 Phases, each under the one deadline (a phase that would start too late is skipped and said so):
   1. compile: every kernel variant the later phases launch is compiled ahead, in parallel worker processes
      (Triton's on-disk cache then serves the timing process); serial compilation would take ≈ 5 of the 9 minutes;
-  2. checks (fail loudly): each lever against the default kernel — bits where a lever must not change them (TMA,
-     the causal order, the tie count, the forward of every lever), closeness where it may (the atomic backward's
-     dQ, the FTZ exp) — the kernels against the reference and float64, ℓ from P̄ against the reference, the
+  2. checks (fail loudly): each lever against the default kernel — bits where a lever must not change them (TMA in
+     both passes or the backward's only, the tie count, the tie form "auto", the forward of every lever),
+     closeness where it may (the fused backward, whose bits are recorded, the FTZ exp) — the kernels against the reference and float64, ℓ from P̄ against the reference, the
      drop-in against SDPA (default is_causal, enable_gqa); a failed variant is not timed and the exit code is 1;
   3. optionally (--pytest) the gpu-marked kernel tests (LPFAIL_KERNELS_AUTOTUNE=0), output in tests.txt;
   4. timings: BF16, causal, width 2048, d 64 and 128, N 1k–8k, 16k tokens per call, fwd and fwd+bwd, every
-     variant (autotuned in its space) beside SDPA cuDNN and flash; each timed variant's forward is compared bit
+     variant (autotuned in its space: the split backward, the fused one, the candidate default NEXT_LEVERS)
+     beside SDPA cuDNN and flash; each timed variant's forward is compared bit
      for bit with its base's on the timed inputs, its gradients for closeness;
-  5. the fix's cost: Algorithm 3 and the robust fix against the same kernel without a fix, alternating timings;
+  5. the fix's cost: Algorithm 3 and the robust fix against the same kernel without a fix, alternating timings
+     (on NEXT_LEVERS, the tie test's form "auto" beside both explicit forms);
   6. host time per call (1 × 1 × 128 × 64), every method interleaved round by round;
   7. `prod_normaliser` (chapter 6) stored in the results cache format under $OUT.
 (6 and 7 run before 4 and 5, which take what the budget leaves.)
@@ -25,6 +27,7 @@ summary.txt, tests.txt (with --pytest). The summary table is printed last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -40,39 +43,45 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
-from kernels import ALL_LEVERS, Tuning  # noqa: E402
+from kernels import NEXT_LEVERS, Tuning  # noqa: E402
 from kernels.bench import _flops, _time, _time_paired  # noqa: E402
 from lpfail.precision import FA2_BF16  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
 SUB, FMA = FA2_BF16, FA2_BF16.replace(sub="fma")
-ALL_SUB = ALL_LEVERS
-ALL_FMA = ALL_LEVERS                       # FTZ acts in sub mode only; the same tuning for both modes
-LEVERS_MAX2 = Tuning(tma=True, space="sm90", order="lpt", bwd="atomic", tie="max2", ftz_exp=True)  # the tie test's
-#                                            other form (SASS: fewer instructions for the robust fix, more registers)
-#: timed methods: name → (policy, tuning, base method whose forward bits it must give); None: SDPA
+#: the candidate default (kernels.NEXT_LEVERS: TMA in the backward, sm90 space, fused backward, tie "auto", FTZ exp);
+#: FTZ acts in sub mode only, so the same tuning serves both modes
+NEXT = NEXT_LEVERS
+#: timed methods: name → (policy, tuning, base method whose forward bits it must give); None: SDPA.
+#: Dropped after the call of 2026-12-02 (tree 526baca, results/kernels_gpu/tune_20261202): the LPT order (−5…−15 %
+#: fwd and fwd+bwd, both d), the atomic backward (−15…−25 % fwd+bwd), all levers together (their product) and the
+#: FTZ exp on its own (inside NEXT now); the split backward stays as the base.
 METHODS = {
     "sdpa_cudnn": None, "sdpa_flash": None,
     "base_sub": (SUB, Tuning(), None), "base_fma": (FMA, Tuning(), None),
     "fma_tma": (FMA, Tuning(tma=True), "base_fma"), "fma_sm90": (FMA, Tuning(space="sm90"), "base_fma"),
-    "fma_lpt": (FMA, Tuning(order="lpt"), "base_fma"), "fma_atomic": (FMA, Tuning(bwd="atomic"), "base_fma"),
-    "sub_ftz": (SUB, Tuning(ftz_exp=True), "base_sub"),
-    "all_fma": (FMA, ALL_FMA, "base_fma"), "all_sub": (SUB, ALL_SUB, "base_sub"),
+    "fma_fused": (FMA, Tuning(bwd="fused"), "base_fma"),
+    "fma_fused_sm90": (FMA, Tuning(bwd="fused", space="sm90"), "base_fma"),
+    "fma_tmab_fused": (FMA, Tuning(tma="bwd", bwd="fused"), "base_fma"),
+    "next_fma": (FMA, NEXT, "base_fma"), "next_sub": (SUB, NEXT, "base_sub"),
 }
-#: the fix's cost: (method without a fix, method with it), timed in alternation
+#: the fix's cost: (method without a fix, method with it), timed in alternation; the tie test's two explicit forms
+#: beside "auto" (at each head dim one of them is auto's code: a repeat that shows the pairs' noise)
 FIX_METHODS = {
     "base_fma_alg3": (FMA.with_fix(), Tuning(), None),
-    "all_fma_alg3": (FMA.with_fix(), ALL_FMA, None),
-    "all_fma_alg3_max2": (FMA.with_fix(), LEVERS_MAX2, "all_fma_alg3"),
-    "all_fma_robust": (FMA.with_bounded_fix(), ALL_FMA, None),
-    "all_fma_robust_max2": (FMA.with_bounded_fix(), LEVERS_MAX2, "all_fma_robust"),
-    "all_sub_robust": (SUB.with_bounded_fix(), ALL_SUB, None),
-    "all_sub_robust_max2": (SUB.with_bounded_fix(), LEVERS_MAX2, "all_sub_robust"),
-    "all_sub_alg3": (SUB.with_fix(), ALL_SUB, None),
+    "next_fma_alg3": (FMA.with_fix(), NEXT, None),
+    "next_fma_robust": (FMA.with_bounded_fix(), NEXT, None),
+    "next_fma_robust_count": (FMA.with_bounded_fix(), dataclasses.replace(NEXT, tie="count"), "next_fma_robust"),
+    "next_fma_robust_max2": (FMA.with_bounded_fix(), dataclasses.replace(NEXT, tie="max2"), "next_fma_robust"),
+    "next_sub_robust": (SUB.with_bounded_fix(), NEXT, None),
+    "next_sub_alg3": (SUB.with_fix(), NEXT, None),
 }
-PAIRS = (("base_fma", "base_fma_alg3"), ("all_fma", "all_fma_alg3"), ("all_fma", "all_fma_alg3_max2"),
-         ("all_fma", "all_fma_robust"), ("all_fma", "all_fma_robust_max2"), ("all_sub", "all_sub_robust"),
-         ("all_sub", "all_sub_robust_max2"), ("all_sub", "all_sub_alg3"))
+PAIRS = (("base_fma", "base_fma_alg3"), ("next_fma", "next_fma_alg3"), ("next_fma", "next_fma_robust"),
+         ("next_fma", "next_fma_robust_count"), ("next_fma", "next_fma_robust_max2"), ("next_sub", "next_sub_robust"),
+         ("next_sub", "next_sub_alg3"))
+#: the checks' levers (phase 2), each against the default tuning
+LEVERS = {"tma": Tuning(tma=True), "tmab": Tuning(tma="bwd"), "count": Tuning(tie="count"), "auto": Tuning(tie="auto"),
+          "ftz": Tuning(ftz_exp=True), "fused": Tuning(bwd="fused"), "next": NEXT}
 HEAD_DIMS, SEQ_LENS, TOKENS, WIDTH = (64, 128), (1024, 2048, 4096, 8192), 16384, 2048
 MODES = ("fwd", "fwd_bwd")
 
@@ -119,15 +128,14 @@ def _compile_variants():
     "= 1" and "divisible by 16", so one head compiles apart from 16 or 32, while N and B do not matter here."""
     timed = [(p, t) for spec in (*METHODS.values(), *FIX_METHODS.values()) if spec for p, t, _ in [spec]]
     checked = [(pol, t) for pol in (FMA.with_fix(), SUB.with_bounded_fix())
-               for t in (Tuning(), Tuning(tma=True), Tuning(order="lpt"), Tuning(tie="count"), Tuning(ftz_exp=True),
-                         Tuning(bwd="atomic"), ALL_LEVERS)]
+               for t in (Tuning(), *LEVERS.values())]
     checked += [(p.replace(l_from="pbar"), Tuning()) for p in (SUB, FMA)] + [(SUB, Tuning()), (FMA, Tuning())]
     checked += [(FA2_BF16.replace(out="fp32", l_from=lf), Tuning()) for lf in ("p", "pbar")]
     out = [(p, t, d, 16, True, d ** -0.5, True) for p, t in dict.fromkeys(timed) for d in HEAD_DIMS]
     out += [(p, t, d, 16, True, d ** -0.5, False) for p, t in dict.fromkeys(checked) for d in HEAD_DIMS]
     out += [(p, Tuning(), 64, 1, False, 1.0, True) for p in (SUB, SUB.replace(l_from="pbar"), FMA,
                                                              FMA.replace(l_from="pbar"))]
-    out += [(p, t, 64, 1, True, 0.125, True) for p in (SUB, SUB.with_bounded_fix()) for t in (Tuning(), ALL_LEVERS)]
+    out += [(p, t, 64, 1, True, 0.125, True) for p in (SUB, SUB.with_bounded_fix()) for t in (Tuning(), NEXT)]
     return out                                               # ↑ the host-time phase's drop-in calls (one head)
 
 
@@ -152,7 +160,8 @@ def _record_launches(policy, tuning, d, heads=16, causal=True, scale=None, devic
 
 def _tuner_id(kernel):
     from kernels import bwd, fwd
-    for table, name in ((fwd.FWD_TUNERS, "fwd"), (bwd.DQ_TUNERS, "dq"), (bwd.DKDV_TUNERS, "dkdv")):
+    for table, name in ((fwd.FWD_TUNERS, "fwd"), (bwd.DQ_TUNERS, "dq"), (bwd.DKDV_TUNERS, "dkdv"),
+                        (bwd.FUSED_TUNERS, "fused")):
         for key, tuner in table.items():
             if tuner is kernel:
                 return name, key
@@ -200,7 +209,8 @@ def run_job(job):
     from kernels import bwd, fwd
     (name, key), args, consts, cfg = job
     jit = {"fwd": lambda: fwd.FWD_TUNERS[key].fn, "dq": lambda: bwd.DQ_TUNERS[key].fn,
-           "dkdv": lambda: bwd.DKDV_TUNERS[key].fn, "delta": lambda: bwd._bwd_delta_dot}[name]()
+           "dkdv": lambda: bwd.DKDV_TUNERS[key].fn, "fused": lambda: bwd.FUSED_TUNERS[key].fn,
+           "delta": lambda: bwd._bwd_delta_dot}[name]()
     t0 = time.time()
     try:
         jit.warmup(*[_decode(a) for a in args], grid=(1,), **{k: _decode(v) for k, v in consts}, **dict(cfg))
@@ -267,26 +277,26 @@ def check_levers(d, out):
     """Each lever against the default kernel, on tied rows (the fix fires) with a partial last tile."""
     q, k, v, do = _inputs(d, tied=True, seed=d)
     fails = []
-    for policy, levers in ((FMA.with_fix(), ("tma", "lpt", "count", "atomic", "all")),
-                           (SUB.with_bounded_fix(), ("tma", "lpt", "count", "ftz", "atomic", "all"))):
+    for policy, levers in ((FMA.with_fix(), ("tma", "tmab", "count", "auto", "fused", "next")),
+                           (SUB.with_bounded_fix(), ("tma", "tmab", "count", "auto", "ftz", "fused", "next"))):
         base = _grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, tuning=Tuning()), q, k, v, do)
         for lever in levers:
-            t = {"tma": Tuning(tma=True), "lpt": Tuning(order="lpt"), "count": Tuning(tie="count"),
-                 "ftz": Tuning(ftz_exp=True), "atomic": Tuning(bwd="atomic"), "all": ALL_LEVERS}[lever]
+            t = LEVERS[lever]
             try:
                 got = _grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, tuning=t), q, k, v, do)
             except Exception as e:  # noqa: BLE001 - a lever that does not run on the card fails its check
                 out[f"lever d={d} {policy.name} {lever}"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
                 fails.append(f"{lever} ({policy.name}, d={d})")
                 continue
-            exact = lever in ("tma", "lpt", "count")
+            exact = lever in ("tma", "tmab", "count", "auto")
             r = {f"{n}_mismatch": _mismatch(x, y) for n, x, y in zip(("O", "dQ", "dK", "dV"), got, base)}
             r.update({f"{n}_rel": _rel(x, y) for n, x, y in zip(("dQ", "dK", "dV"), got[1:], base[1:])})
             ok = r["O_mismatch"] == 0 and (all(r[f"{n}_mismatch"] == 0 for n in ("dQ", "dK", "dV")) if exact else
                                            all(r[f"{n}_rel"] < 1e-2 for n in ("dQ", "dK", "dV")))
-            # (the atomic backward computes dK and dV by the split one's code: their bit mismatch, expected 0 as in
-            # the interpreter, is recorded; the pass rule is closeness, so that a compiler's other schedule of the
-            # larger kernel does not keep the lever from being timed)
+            # (the fused backward runs the split one's code on its first config's tiles, the split's: its bit
+            # mismatch, expected 0 as in the interpreter and tests/test_kernels.py's gpu test, is recorded; the pass
+            # rule is closeness, so that a compiler's other schedule of the larger kernel does not keep the lever
+            # from being timed)
             out[f"lever d={d} {policy.name} {lever}"] = {**r, "ok": bool(ok), "rule": "bits" if exact else "close"}
             if not ok:
                 fails.append(f"{lever} ({policy.name}, d={d})")
@@ -357,8 +367,8 @@ def _uses_failed(name: str, failed: set) -> bool:
     if spec is None:
         return False
     t = spec[1]
-    on = {"tma": t.tma, "lpt": t.order == "lpt", "count": t.tie == "count", "ftz": t.ftz_exp,
-          "atomic": t.bwd == "atomic", "all": t == ALL_LEVERS}
+    on = {"tma": t.tma is True, "tmab": bool(t.tma), "count": t.tie == "count", "auto": t.tie == "auto",
+          "ftz": t.ftz_exp, "fused": t.bwd == "fused", "next": t == NEXT}
     return any(on.get(f, False) for f in failed)
 
 
@@ -476,9 +486,9 @@ def host_times(dl: Deadline, record: dict, calls=200, rounds=7):
     attn = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
             "dropin": lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True),
             "dropin_robust": lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust"),
-            "dropin_all_levers": lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, tuning=ALL_LEVERS),
-            "dropin_robust_all_levers": lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True,
-                                                                                fix="robust", tuning=ALL_LEVERS)}
+            "dropin_next": lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, tuning=NEXT),
+            "dropin_robust_next": lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust",
+                                                                          tuning=NEXT)}
     runs = {}
     for name, fn in attn.items():
         runs[f"{name} fwd"] = lambda fn=fn: fn(q, k, v)
