@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _f,
+                                _load_or_none, _prov, pending)
 
 
 def check_rows(res: Mapping) -> list[list[str]]:
@@ -360,3 +362,74 @@ def coherence_figure(summ: Mapping, toy_k: int | None = None):
     np.atleast_1d(axes)[-1].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# -- chapter 3's claim (C2) -------------------------------------------------------------------------------------
+def _accumulation_evidence(acc: Mapping | None) -> str:
+    """C2's evidence beside its rule (the rule does not read it): the coherence ratio ρ_K of Eq. 2's δ-term
+    accumulated over K real steps of A (`lpfail.book.gradient_report.coherence_summary`), its range over
+    policies and heads at the last K, the unbiased band, and the heads outside that band. "" without it."""
+    if not acc:
+        return ""
+    from lpfail.book.gradient_report import coherence_summary
+
+    s = coherence_summary(acc, reps=1000)
+    rk = [x for d in s.values() for x in d["rho_k"]]
+    band = [b for d in s.values() for b in d["null_k"]]
+    out = [f"{n} head {h}" for n, d in s.items() for h, o in enumerate(d["outside"]) if o]
+    return (f" Accumulated over {acc['k']} consecutive steps of A's run (layer {acc['layer']}; "
+            f"{', '.join(s)}), the coherence ratio ρ_K = ‖E_K‖ / RMS‖Σ ±t_k‖ is {min(rk):.2f} to {max(rk):.2f} "
+            f"(unbiased signs: {min(band):.2f} to {max(band):.2f}); outside that band: "
+            f"{', '.join(out) if out else 'none'}.")
+
+def judge_gradient_error(res: Mapping) -> Verdict:
+    """C2. Contradicted when Eq. 1–2 do not match autograd on our tensors (the derivation would be wrong).
+    With GPU records of a real A run (``res["gpu"]``): reproduced when the checks pass, the median cosine of the
+    rank-one terms is ≥ 0.5 and Σ Δδ is positive at every checked step in the layer with the largest dW_Q
+    error; partly when one of the two holds; not reproduced when neither. Without them: not yet tested (the CPU
+    tensors check the algebra only, not the claims about real runs)."""
+    tol = _f(res["tol"])
+    cpu_ok = bool(res["passed"])
+    cpu = (f"On CPU tensors ({len(res['synthetic'])} synthetic large-logit cases and "
+           f"{len(res['model'])} (checkpoint, layer) pairs of a small model trained under A on the CPU), Eq. 1 and "
+           f"Eq. 2 match autograd to a relative {_f(res['max_rel_err']):.1e} (tolerance {tol:g}).")
+    gpu = res.get("gpu")
+    if not cpu_ok:
+        v, plain = CONTRADICTED, "The formula does not match autograd: the derivation fails on our tensors."
+    elif not gpu:
+        v, plain = NOT_TESTED, ("The claims about real runs (similar rank-one terms, a positive Σ Δδ) need the "
+                                "tensors of A's GPU checkpoints, not stored yet.")
+    else:
+        recs = gpu["records"]
+        ok = bool(gpu["passed"])
+        cos = float(np.median([c for r in recs for c in r["eq3_cos_mean"]]))
+        worst = max(recs, key=lambda r: max(r["dw_err_norm"]))["layer"]
+        pos = all(sum(r["sum_dd"]) > 0 for r in recs if r["layer"] == worst)
+        if not ok:
+            v = CONTRADICTED
+        else:
+            v = REPRODUCED if (cos >= 0.5 and pos) else PARTLY if (cos >= 0.5 or pos) else NOT_REPRODUCED
+        where = res.get("gpu_provenance") or {}
+        on = (f" ({where.get('device')}, {str(where.get('created', ''))[:10]})" if where.get("device") else "")
+        err = f" (worst relative error {_f(gpu['max_rel_err']):.1e})" if "max_rel_err" in gpu else ""
+        plain = (f"On A's GPU checkpoints{on}: checks {'pass' if ok else 'FAIL'}{err}; median cosine of the "
+                 f"rank-one terms {cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked "
+                 f"step: {pos}.")
+        plain += _accumulation_evidence(res.get("accumulation"))
+    return Verdict("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
+                         "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
+                   v, f"{cpu} {plain} See {{doc}}`03_gradient_error`; {_prov(res)}.",
+                   "contradicted if Eq. 1–2 miss autograd; with GPU records: reproduced when the median rank-one "
+                   "cosine ≥ 0.5 and Σ Δδ > 0 at every checked step of the layer with the largest dW_Q error, partly "
+                   "when one holds; without them not yet tested",
+                   "δ_hp is the exact (float64) value, the paper's FP32; our model is 4 × 256, not GPT-2 small.")
+
+
+def claims(load, stored) -> list[Verdict]:
+    """C2 from the stored ``gradient_error`` result, or pending without it."""
+    res = _load_or_none(load, "gradient_error")
+    if res is None:
+        return [pending("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
+                              "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
+                        "gradient_error", "03_gradient_error", stored)]
+    return [judge_gradient_error(res)]

@@ -6,12 +6,15 @@ Figures, the explorer as an ipywidgets box with a kernel-free twin (`lpfail.book
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import html
 
 import numpy as np
 
 from lpfail.book.text import interval
 from lpfail.experiments import lr_sweep as L
+from lpfail.book.verdict import (SWEEP_RULE, Verdict, _f, _hyp, _load_or_none, _prov, _stat, pending)
 
 #: Colours and line styles per variant (the chapter's legend).
 STYLE = {
@@ -448,3 +451,217 @@ def compiled_section() -> str:
              f"**{a['same_as_eager']['verdict']}**.",
              "", f"*{res.provenance}*"]
     return "\n".join(rows)
+
+
+# -- chapter 1's claims (C0, C0-bias, C0-qk, C0-size), by the sweep's pre-registered hypotheses ----------------
+_SIZE = {"small": "smaller", "large": "larger"}
+
+def _s(a: Mapping, variant: str, size: str = "small") -> str:
+    d = a.get("sizes", {}).get(size, {}).get(variant)
+    if d is None:
+        return f"S({variant}) not measured"
+    return f"S({variant}) = {_f(d['S']):.3f} [{_f(d['ci'][0]):.3f}, {_f(d['ci'][1]):.3f}]"
+
+def _closed(a: Mapping, treated: str, control: str) -> str:
+    """How much of the smaller size's A − C gap the pair (treated, control) closes, from the point estimates."""
+    sz = a.get("sizes", {}).get("small", {})
+    if not all(k in sz for k in ("A", "C", treated, control)):
+        return ""
+    gap, left = _f(sz["A"]["S"]) - _f(sz["C"]["S"]), _f(sz[treated]["S"]) - _f(sz[control]["S"])
+    if gap <= 0:
+        return ""
+    frac = 1 - left / gap
+    how = (f"closes {frac * 100:.0f} % of the gap" if frac >= 0
+           else f"closes none of the gap: it widens it by {-frac * 100:.0f} %")
+    return f"S({treated}) − S({control}) = {left:+.3f} against S(A) − S(C) = {gap:+.3f} ({how}, point estimates)"
+
+def sweep_scope(res: Mapping) -> str:
+    """Empty for a complete grid; else which runs are missing and that verdicts are on the complete part."""
+    if res.get("complete", True):
+        return ""
+    a = res["analysis"]
+    inc = a.get("incomplete", {})
+    miss = "; ".join(f"{_SIZE.get(size, size)} size: " + ", ".join(f"{v} {d['stored']}/{d['runs']}"
+                                                                     for v, d in per.items())
+                     for size, per in inc.items() if per)
+    done = "; ".join(f"{_SIZE.get(size, size)} size: {', '.join(per)}" for size, per in a.get("sizes", {}).items()
+                     if per)
+    n = (f"{int(res['runs_stored'])} of {int(res['runs_planned'])} runs stored"
+         if "runs_stored" in res and "runs_planned" in res else "not every run stored")
+    return (f"**Partial evidence:** the grid is incomplete, {n} (runs stored of the variants with missing ones — "
+            f"{miss or 'none listed'}); the verdict is on the complete part: {done or 'no complete variant'}.")
+
+def _sweep_note(res: Mapping) -> str:
+    return "" if res.get("complete", True) else "partial grid"
+
+def _sweep_differs(res: Mapping) -> str:
+    cfg = (getattr(res, "meta", None) or {}).get("config") or {}
+    if cfg.get("small"):
+        (nl, _, ne), lrs = cfg["small"], [float(x) for x in cfg.get("lrs", [])]
+        setting = (f"{nl} layers × {ne} (the smaller size), {cfg['max_steps']:,} steps of "
+                   f"{int(cfg['batch_size']) * int(cfg['block_size']):,} byte-level tokens per run at learning "
+                   f"rates {min(lrs):g}–{max(lrs):g}, {len(cfg.get('seeds', []))} seeds")
+    else:
+        setting = "small byte-level GPTs trained briefly over a grid of learning rates (see the stored config)"
+    return (f"A small-scale proxy (Wortsman et al. {{cite}}`wortsman2023small`): {setting}; the final held-out loss "
+            "summarised as LR sensitivity, not the paper's loss explosion of GPT-2 small over 3.5 B tokens.")
+
+def _production_text(res: Mapping) -> str:
+    """Descriptive, not part of any rule: the share of the A − C gap that D (production-kernel arithmetic) and
+    S (SDPA) close, where both are stored ('' otherwise)."""
+    from lpfail.experiments import lr_sweep as L
+
+    if "small_variants" not in res or "small_val_final" not in res:
+        return ""
+    try:
+        rows = {r["variant"]: r for r in L.versus_control(res, "small")}
+    except (KeyError, L.SweepIncomplete):
+        return ""
+    parts = [f"{name} closes {100 * rows[v]['closed']['point']:.0f} % [{100 * rows[v]['closed']['ci'][0]:.0f}, "
+             f"{100 * rows[v]['closed']['ci'][1]:.0f}]" for v, name in (("D", "D (production-kernel arithmetic)"),
+                                                                       ("S", "PyTorch SDPA"))
+             if v in rows and rows[v]["closed"] is not None]
+    if not parts:
+        return ""
+    return "Descriptively (no hypothesis was registered for them), of that gap " + " and ".join(parts) + "."
+
+def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
+    """C0, by the sweep's pre-registered H1: the LR sensitivity of A (PAPER_BF16) exceeds that of C (FP32) at
+    the smaller size. Its word maps by `SWEEP_WORDS`. ``old`` — the explosion search's verdict
+    (`judge_symptom`) — is reported beside it and does not decide it."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H1")
+    per_lr = a.get("a_minus_c_per_lr", {}).get("small", [])
+    where = [f"{_f(d['lr']):g}" for d in per_lr if d.get("ci") is not None and _f(d["ci"][0]) > 0]
+    small = a.get("sizes", {}).get("small", {})
+    nonfinite = sum(int(small[k].get("nonfinite", 0)) for k in ("A", "C") if k in small)
+    ev = (f"Pre-registered ({a.get('preregistered_on', '?')}) H1, S(A) − S(C) at the smaller size: "
+          f"{_stat(h)} — **{h['verdict']}**. {_s(a, 'A')}, {_s(a, 'C')} (LR sensitivity of the held-out loss, "
+          "95 % bootstrap intervals over seeds).")
+    if per_lr:
+        ev += (" Per learning rate, A's final loss is significantly above C's at "
+               + (f"lr {', '.join(where)}" if where else "no learning rate")
+               + f" of {len(per_lr)}; {nonfinite} runs of A and C turned non-finite.")
+    if prod := _production_text(res):
+        ev += " " + prod
+    ev += f" See {{numref}}`fig-lr-curves`; {_prov(res)}."
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    oldtxt, note = "", _sweep_note(res)
+    if old is not None:
+        oldtxt = (f"explosion search (`symptom`), by its own pre-registered rule: **{old.verdict}**. "
+                  f"{old.evidence} Its rule: {old.rule}.")
+        note = "; ".join(x for x in (note, f"old criterion, explosion search: {old.verdict}") if x)
+    return Verdict(
+        "C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than with "
+              "high-precision (FP32) attention — measured as learning-rate sensitivity.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H1', 'H1: S(A) − S(C) > 0')}; {SWEEP_RULE}. The explosion search's "
+        "criterion is reported beside it and no longer decides",
+        _sweep_differs(res), note=note, old=oldtxt)
+
+def judge_bias_not_noise(res: Mapping) -> Verdict:
+    """C0-bias, by H2: stochastic rounding of A's output path (P̄V, Ō, O: the same 8-bit mantissas without the
+    bias) closes at least half of the A − C gap. Needs H1 supported ("no gap to close" → not yet tested)."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H2")
+    closed = _closed(a, "A_sr", "C")
+    word = h["verdict"]
+    if word == "refuted":
+        plain = ("The A − C gap survives stochastic rounding: removing the bias at the same precision closes "
+                 "significantly less than half of it, so on this proxy the harm does not come from the bias alone.")
+    elif word == "supported":
+        plain = ("Stochastic rounding closes at least half of the A − C gap: the bias, not the precision, does "
+                 "the harm.")
+    elif word == "inconclusive":
+        plain = "The interval cannot tell whether stochastic rounding closes half of the A − C gap."
+    elif word == "no gap to close":
+        plain = "H1 is not supported, so there is no A − C gap for stochastic rounding to close."
+    else:
+        plain = "The runs it needs (A, C and A_sr at the smaller size) are not all stored."
+    ev = (f"{plain} Pre-registered H2, S(A_sr) − S(C) − ½·(S(A) − S(C)): {_stat(h)} — **{word}**"
+          + (f"; {closed}" if closed else "") + f". {_s(a, 'A_sr')}. See {{doc}}`01_symptom`; {_prov(res)}.")
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself: the same "
+                   "8-bit rounding made unbiased (stochastic rounding of P̄V, Ō and O) trains like FP32 attention.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H2', 'H2')}; {SWEEP_RULE}; H1 not supported → no gap to close → not yet "
+        "tested",
+        "Stochastic rounding only of P̄V, Ō and O in the reference attention (the rest of A's arithmetic as it "
+        "is); " + _sweep_differs(res)[0].lower() + _sweep_differs(res)[1:], note=_sweep_note(res))
+
+def judge_qk_norm(res: Mapping) -> Verdict:
+    """C0-qk, by H3: QK-norm closes at least half of the A − C gap (S(A_qk) − S(C_qk) against S(A) − S(C)).
+    Not a claim of the paper: a remedy from the follow-up literature, tested with the same rule."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H3")
+    closed = _closed(a, "A_qk", "C_qk")
+    word = h["verdict"]
+    plain = {"supported": "QK-norm closes at least half of the A − C gap.",
+             "refuted": "QK-norm leaves more than half of the A − C gap.",
+             "inconclusive": "The interval cannot tell whether QK-norm closes half of the A − C gap.",
+             "no gap to close": "H1 is not supported, so there is no A − C gap for QK-norm to close."
+             }.get(word, "The runs it needs (A, C, A_qk and C_qk at the smaller size) are not all stored.")
+    ev = (f"{plain} Pre-registered H3, S(A_qk) − S(C_qk) − ½·(S(A) − S(C)): {_stat(h)} — **{word}**"
+          + (f"; {closed}" if closed else "") + f". {_s(a, 'A_qk')}, {_s(a, 'C_qk')}. See {{doc}}`01_symptom`; "
+          f"{_prov(res)}.")
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-qk", "QK-norm (LayerNorm of q and k per head) blocks it: with QK-norm in both, BF16 flash attention's "
+                 "extra LR sensitivity over FP32 attention shrinks by at least half. Not a claim of the paper: a "
+                 "remedy from the instability literature {cite}`dehghani2023scaling,wortsman2023small`.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H3', 'H3')}; {SWEEP_RULE}; H1 not supported → no gap to close → not yet "
+        "tested",
+        _sweep_differs(res), note=_sweep_note(res))
+
+def judge_size(res: Mapping) -> Verdict:
+    """C0-size, by the descriptive H4: the A − C gap at the larger size is at least the gap at the smaller."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H4")
+    word = h["verdict"]
+    if word == "not measured (runs missing)":
+        inc = a.get("incomplete", {}).get("large", {})
+        ev = ("Not measured: the larger size's A and C runs are not all stored"
+              + (" (" + ", ".join(f"{k} {d['stored']}/{d['runs']}" for k, d in inc.items()) + ")" if inc else "")
+              + ".")
+    else:
+        gl, gs = h.get("gap_large"), h.get("gap_small")
+        ev = (f"Pre-registered H4 (descriptive), (S(A) − S(C))_larger − (S(A) − S(C))_smaller: {_stat(h)} — "
+              f"**{word}**" + (f"; the gap is {_stat(gl)} at the larger size, {_stat(gs)} at the smaller"
+                               if gl and gs else "") + ".")
+    ev += f" See {{doc}}`01_symptom`; {_prov(res)}."
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-size", "Larger models are at least as sensitive: the A − C gap does not shrink with model size (the "
+                   "premise of a small-scale proxy; the paper's failures are at GPT-2 scale).",
+        v, ev, f"{a.get('hypotheses', {}).get('H4', 'H4')}; {SWEEP_RULE}",
+        "Two sizes only, ≈ 8× apart in parameters; " + _sweep_differs(res)[0].lower() + _sweep_differs(res)[1:],
+        note=_sweep_note(res))
+
+
+def claims(load, stored) -> list[Verdict]:
+    """C0, C0-bias, C0-qk and C0-size from the stored ``lr_sweep`` (pending without it); C0 carries the explosion
+    search's verdict (`lpfail.book.symptom_report.judge_symptom`) beside its own."""
+    import dataclasses
+
+    from lpfail.book import symptom_report
+
+    search = symptom_report.search_evidence(load)
+    old = symptom_report.judge_symptom(*search) if search is not None else None
+    lr = _load_or_none(load, "lr_sweep")
+    if lr is not None:
+        return [judge_lr_symptom(lr, old), judge_bias_not_noise(lr), judge_qk_norm(lr), judge_size(lr)]
+    c0 = pending("C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than "
+                       "with high-precision attention.", "lr_sweep", "01_symptom", stored)
+    if old is not None:
+        c0 = dataclasses.replace(c0, note=f"old criterion, explosion search: {old.verdict}",
+                                 old=f"explosion search (`symptom`): **{old.verdict}**. {old.evidence}")
+    return [c0] + [pending(c, s, "lr_sweep", "01_symptom", stored) for c, s in (
+        ("C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself."),
+        ("C0-qk", "QK-norm blocks it."),
+        ("C0-size", "Larger models are at least as sensitive."))]

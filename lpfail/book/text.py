@@ -39,3 +39,50 @@ def interval(d, fmt: str = "+.3f", none: str = "—", scale: float = 1.0) -> str
         return none
     p, (lo, hi) = float(d["point"]) * scale, (float(x) * scale for x in d["ci"])
     return f"{p:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+# -- generated Markdown that cannot break -------------------------------------------------------------------------
+def md_cell(x) -> str:
+    """One Markdown table cell: ``|`` escaped (a bare one would split the row, also inside `code` or a role) and
+    line breaks folded into spaces (a newline would end the row)."""
+    s = " ".join(str(x).split())
+    return s.replace("\\|", "|").replace("|", "\\|")
+
+
+def md_table(header, rows) -> str:
+    """A Markdown table whose cells are escaped (`md_cell`). Every row must have as many cells as the header:
+    a short or long row is an error here, not a broken table on the page."""
+    header = [md_cell(h) for h in header]
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for k, row in enumerate(rows):
+        row = list(row)
+        if len(row) != len(header):
+            raise ValueError(f"md_table: row {k} has {len(row)} cells, the header {len(header)}: {row!r}")
+        out.append("| " + " | ".join(md_cell(c) for c in row) + " |")
+    return "\n".join(out)
+
+
+def span(lo, hi, fmt: str = "", sep: str = " to ", unit: str = "") -> str:
+    """A range as text: 'lo to hi' (each formatted with ``fmt``, ``unit`` after each), or the one value when both
+    ends read the same (never 'x to x')."""
+    a, b = format(lo, fmt) + unit, format(hi, fmt) + unit
+    return a if a == b else f"{a}{sep}{b}"
+
+
+def listing(items, none: str = "none", last: str = "and") -> str:
+    """'a', 'a and b', 'a, b and c' (``none`` for no item)."""
+    items = [str(x) for x in items]
+    if not items:
+        return none
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" {last} " + items[-1]
+
+
+def sentence(text: str) -> str:
+    """``text`` as a sentence: its first letter upper-case (an inline code span or a role is left as it is), a
+    full stop at the end when it has none."""
+    t = " ".join(str(text).split())
+    if not t:
+        raise ValueError("sentence: empty text")
+    if t[0].isalpha():
+        t = t[0].upper() + t[1:]
+    return t if t[-1] in ".!?:" else t + "."
