@@ -110,28 +110,29 @@ def facts(res) -> dict:
     return out
 
 
-def prod_figure(res, show=None):
+def prod_figure(res, show=("sdpa_flash", "sdpa_cudnn", "sdpa_math", "triton_sub", "mimic_exp2_fma",
+                             "ref_PAPER_BF16")):
     """Error toward larger |O| (×10⁻⁴, 95 % CIs) against the gap (2 ties) and the number of ties (gap 16)."""
     import matplotlib.pyplot as plt
 
-    show = show or {"sdpa_flash": ("SDPA flash (CUDA)", "tab:red"), "sdpa_cudnn": ("SDPA cuDNN", "tab:orange"),
-                    "triton_sub": ("our Triton kernel", "tab:purple"), "sdpa_math": ("SDPA math (CUDA)", "tab:blue"),
-                    "ref_PAPER_BF16": ("PAPER_BF16", "k"), "mimic_exp2_fma": ("FA2 order mimic", "tab:green")}
+    from lpfail.book import plots
+
     gaps, ties = np.asarray(res["gaps"], dtype=float), np.asarray(res["ties"]).astype(int)
     base = RowSpec()
     ti, gi = list(ties).index(base.n_ties), list(gaps).index(base.gap)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for m, (label, color) in show.items():
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.8))
+    for m in show:
         if not bool(res.get(f"available_{m}", False)):
             continue
         a, ci = np.asarray(res[f"grid_{m}_away"]) * 1e4, np.asarray(res[f"grid_{m}_away_ci"]) * 1e4
-        axes[0].errorbar(gaps, a[:, ti], ci[:, ti], color=color, label=label, marker="o", ms=3, capsize=2)
-        axes[1].errorbar(ties, a[gi], ci[gi], color=color, label=label, marker="o", ms=3, capsize=2)
+        st = dict(color=plots.color(m), label=plots.WORDS.get(m, m), marker="o", ms=3, capsize=2)
+        axes[0].errorbar(gaps, a[:, ti], ci[:, ti], **st)
+        axes[1].errorbar(ties, a[gi], ci[gi], **st)
     for ax, xl in zip(axes, (f"gap of the tied maximum ({base.n_ties} ties)",
                              f"number of tied maxima (gap {base.gap:g})")):
         ax.axhline(0, color="grey", lw=0.5)
         ax.set(xlabel=xl, ylabel="error toward larger |O| (×10⁻⁴)")
-    axes[0].legend(fontsize=7)
+    axes[0].legend()
     fig.tight_layout()
     return fig
 

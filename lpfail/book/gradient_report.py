@@ -35,26 +35,28 @@ def delta_figure(res: Mapping):
     δ-term of Eq. 2 and A's whole dW_Q error, per head, for every checked case."""
     import matplotlib.pyplot as plt
 
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.6))
+    from lpfail.book import plots
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.6, 3.6))
     recs = res["model"]
     labels = [f"s{r['step']}\nL{r['layer']}" for r in recs]
     n_head = len(recs[0]["sum_dd"]) if recs else 0
     width = 0.8 / max(n_head, 1)
-    for h in range(n_head):
-        ax0.bar(np.arange(len(recs)) + h * width, [r["sum_dd"][h] for r in recs], width, label=f"head {h}")
+    for h, c in zip(range(n_head), plots.series_colors(n_head)):
+        ax0.bar(np.arange(len(recs)) + h * width, [r["sum_dd"][h] for r in recs], width, color=c, label=f"head {h}")
     ax0.axhline(0, color="k", lw=0.6)
-    ax0.set_xticks(np.arange(len(recs)) + 0.4 - width / 2, labels, fontsize=8)
+    ax0.set_xticks(np.arange(len(recs)) + 0.4 - width / 2, labels)
     ax0.set_ylabel("Σ Δδ over the batch")
-    ax0.set_title("CPU model under A: Σ (δ_lp − δ_hp)", fontsize=10)
-    ax0.legend(fontsize=8)
+    ax0.set_title("CPU model under A: Σ (δ_lp − δ_hp)")
+    ax0.legend()
     for i, (name, group) in enumerate((("synthetic", res["synthetic"]), ("CPU model", recs))):
         cs = [c for r in group for c in r["share_cos"]]
-        ax1.scatter(np.full(len(cs), i) + np.linspace(-0.15, 0.15, len(cs)), cs, s=18)
+        ax1.scatter(np.full(len(cs), i) + np.linspace(-0.15, 0.15, len(cs)), cs, s=18, color=plots.color("A"))
     ax1.axhline(0, color="k", lw=0.6)
     ax1.set_xticks([0, 1], ["synthetic", "CPU model"])
     ax1.set_ylim(-1.05, 1.05)
     ax1.set_ylabel("cosine")
-    ax1.set_title("δ-term of Eq. 2 vs A's whole dW_Q error", fontsize=10)
+    ax1.set_title("δ-term vs A's whole dW_Q error")
     fig.tight_layout()
     return fig
 
@@ -63,16 +65,18 @@ def toy_figure(runs: list[Mapping]):
     """‖accumulated error‖ against the number of steps K (log–log) for toy runs, with K and √K guides."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for r in runs:
-        ax.loglog(r["k"], r["norm"], label=f"bias {r['bias']:g}: exponent {r['exponent']:.2f}")
+    from lpfail.book import plots
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    for r, c in zip(runs, plots.series_colors(len(runs))):
+        ax.loglog(r["k"], r["norm"], color=c, label=f"bias {r['bias']:g}: exponent {r['exponent']:.2f}")
     k = runs[0]["k"]
     ref = runs[0]["norm"][9]
     ax.loglog(k, ref * k / k[9], "k--", lw=0.7, label="∝ K")
     ax.loglog(k, ref * np.sqrt(k / k[9]), "k:", lw=0.7, label="∝ √K")
     ax.set_xlabel("steps K")
-    ax.set_ylabel("‖accumulated error‖ (RMS over runs)")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("‖accumulated error‖ (RMS)")
+    ax.legend()
     fig.tight_layout()
     return fig
 
@@ -141,8 +145,10 @@ def gpu_figure(res: Mapping):
     recs = res["gpu"]["records"]
     steps = sorted({r["step"] for r in recs})
     layers = sorted({r["layer"] for r in recs})
-    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(12, 3.6))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from lpfail.book import plots
+
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(10.8, 3.8))
+    colors = plots.series_colors(len(steps))
     for r in recs:
         x = layers.index(r["layer"]) + (steps.index(r["step"]) - 1) * 0.22
         c = colors[steps.index(r["step"]) % len(colors)]
@@ -158,18 +164,18 @@ def gpu_figure(res: Mapping):
     ax0.axhline(0.5, color="k", lw=0.6, ls=":")
     ax0.set_ylim(-0.05, 1.0)
     ax0.set_ylabel("mean pairwise cosine")
-    ax0.set_title("rank-one terms, across tokens", fontsize=10)
-    ax0.legend(fontsize=7)
+    ax0.set_title("rank-one terms, across tokens")
+    ax0.legend()
     ax1.axhline(0, color="k", lw=0.6)
     ax1.set_xlabel("position in the sequence")
     ax1.set_ylabel("running Σ Δδ")
-    ax1.set_title("running sum of δ_lp − δ_hp over rows", fontsize=10)
-    ax1.legend(fontsize=6, ncol=3)
+    ax1.set_title("running Σ Δδ over the rows")
+    ax1.legend(ncol=2)
     for y in (-2, 2):
         ax2.axhline(y, color="k", lw=0.6, ls=":")
     ax2.set_ylabel("Σ Δδ / (√N·σ)")
-    ax2.set_title("bias of Σ Δδ vs random-walk size", fontsize=10)
-    ax2.legend(fontsize=7)
+    ax2.set_title("Σ Δδ against its random-walk size")
+    ax2.legend()
     fig.tight_layout()
     return fig
 
@@ -265,8 +271,11 @@ def tied_cross_figure(res: Mapping):
 
     recs = res["gpu"]["records"]
     layers = sorted({r["layer"] for r in recs})
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8))
+    from lpfail.book import plots
+
+    colors = plots.series_colors(len(layers))
+    pair = [plots.color("A"), plots.series_colors(1)[0]]
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.8, 3.8))
     for r in recs:
         c = colors[layers.index(r["layer"]) % len(colors)]
         ax0.scatter(r["frac_tied"], tied_share(r), s=14, color=c,
@@ -276,20 +285,20 @@ def tied_cross_figure(res: Mapping):
     ax0.set_ylim(0, 1.02)
     ax0.set_xlabel("fraction of rows with a tied maximum")
     ax0.set_ylabel("tied rows' share of |Σ Δδ|")
-    ax0.set_title("do the tied rows carry Σ Δδ?", fontsize=10)
-    ax0.legend(fontsize=7)
+    ax0.set_title("do the tied rows carry Σ Δδ?")
+    ax0.legend()
     for j, (key, name, dx) in enumerate((("sketch_rbar", "R̄", -0.15), ("sketch_dterm", "δ-term", 0.15))):
         for d in cross_step(res, key):
             x = layers.index(d["layer"]) + dx
             ax1.scatter(np.full(len(d["cos"]), x) + np.linspace(-0.06, 0.06, len(d["cos"])), d["cos"], s=12,
-                        color=colors[j], label=name if (d["layer"], d["s1"], d["s2"]) == (layers[0], *sorted(
+                        color=pair[j], label=name if (d["layer"], d["s1"], d["s2"]) == (layers[0], *sorted(
                             {r["step"] for r in recs})[:2]) else None)
     ax1.axhline(0, color="k", lw=0.6)
     ax1.set_xticks(range(len(layers)), [f"layer {l_}" for l_ in layers])
     ax1.set_ylim(-1.05, 1.05)
     ax1.set_ylabel("cosine between two checked steps")
-    ax1.set_title("the same matrix at two steps (all step pairs, heads)", fontsize=10)
-    ax1.legend(fontsize=8)
+    ax1.set_title("the same matrix at two steps")
+    ax1.legend()
     fig.tight_layout()
     return fig
 
@@ -340,7 +349,11 @@ def coherence_figure(summ: Mapping, toy_k: int | None = None):
     import matplotlib.pyplot as plt
 
     names = list(summ)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 3.2), sharey=True)
+    from lpfail.book import plots
+
+    fig, all_axes = plt.subplots(1, len(names) + 1, figsize=(3.3 * len(names) + 2.7, 3.4),
+                                 width_ratios=[3.3] * len(names) + [2.7])
+    axes = all_axes[:-1]
     for ax, name in zip(np.atleast_1d(axes), names):
         d = summ[name]
         rho = d["rho"]
@@ -350,16 +363,16 @@ def coherence_figure(summ: Mapping, toy_k: int | None = None):
         if "signs_lo" in d:
             ax.fill_between(ks, d["signs_lo"].min(axis=1), d["signs_hi"].max(axis=1), color="0.7", lw=0,
                             label="the stored sign draws (range)")
-        for h in range(rho.shape[1]):
-            ax.loglog(ks, rho[:, h], lw=1.0, label=f"head {h}")
+        for h, c in zip(range(rho.shape[1]), plots.series_colors(rho.shape[1])):
+            ax.loglog(ks, rho[:, h], lw=1.0, color=c, label=f"head {h}")
         ax.loglog(ks, d["coherent"].mean(axis=1), "k--", lw=0.9, label="one direction, one sign")
         ax.loglog(ks, np.sqrt(ks), "k-.", lw=0.6, label="√K (the toy's law)")
         ax.axhline(1, color="k", lw=0.6, ls=":")
-        ax.set_title(name, fontsize=10)
+        ax.set_title(plots.label(name) if name in plots.WORDS else name, color=plots.color(name))
         ax.set_xlabel("steps K")
-    np.atleast_1d(axes)[0].set_ylabel("ρ_K = ‖E_K‖ / RMS‖Σ ±t_k‖")
-    np.atleast_1d(axes)[0].set_ylim(0.02, 20)
-    np.atleast_1d(axes)[-1].legend(fontsize=7)
+        ax.set_ylabel("ρ_K")
+        ax.set_ylim(0.02, 20)
+    plots.legend_axes(all_axes[-1], *np.atleast_1d(axes)[-1].get_legend_handles_labels())
     fig.tight_layout()
     return fig
 

@@ -16,16 +16,28 @@ from lpfail.book.text import interval
 from lpfail.experiments import lr_sweep as L
 from lpfail.book.verdict import (SWEEP_RULE, Verdict, _f, _hyp, _load_or_none, _prov, _stat, pending)
 
-#: Colours and line styles per variant (the chapter's legend).
-STYLE = {
-    "A": ("#c0392b", "-"), "C": ("#2c3e50", "-"), "D": ("#e67e22", "-"), "B": ("#8e44ad", "-"),
-    "S": ("#7f8c8d", ":"), "A_sr": ("#c0392b", "--"), "A_qk": ("#16a085", "-"), "C_qk": ("#16a085", "--"),
-}
+
+
+def _style(v: str) -> tuple[str, str]:
+    """(colour, line style) of a variant, from the book's one palette (`lpfail.book.plots`)."""
+    from lpfail.book import plots
+
+    st = plots.style(v)
+    return st["color"], st["ls"]
+
+
 SIZE_NAME = {"small": "4 layers × 256 (3.2 M parameters)", "large": "8 layers × 512 (25 M parameters)"}
 
 
 def label(v: str) -> str:
     return L.VARIANTS[v].label
+
+
+def _legend(v: str) -> str:
+    """A variant's name in a figure's legend: its letter and its words (the book's palette module)."""
+    from lpfail.book import plots
+
+    return plots.label(v)
 
 
 def _variants(res, size: str) -> list[str]:
@@ -52,7 +64,7 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
     ss = [x for x in sizes(res) if only_sizes is None or x in only_sizes]
     if not ss:
         raise ValueError(f"lr_curves_figure: none of the sizes {only_sizes} is stored (have {sizes(res)})")
-    fig, axes = plt.subplots(1, len(ss), figsize=(5.2 * len(ss), 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(ss), figsize=(4.9 * len(ss), 4.0), squeeze=False)
     for ax, size in zip(axes[0], ss):
         eff = L.effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])  # (V, L, S)
         stored = np.asarray(res[f"{size}_stored"])
@@ -61,13 +73,13 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
         for i, v in enumerate(_variants(res, size)):
             if (variants is not None and v not in variants) or not stored[i].any():
                 continue
-            color, ls = STYLE.get(v, ("k", "-"))
+            color, ls = _style(v)
             with np.errstate(all="ignore"):
                 mean = np.nanmean(eff[i], axis=-1)
             done = analysis["sizes"].get(size, {}).get(v)
-            tag = (f"S = {done['S']:.3f}" if done else
+            tag = (f"sensitivity {done['S']:.3f}" if done else
                    f"{int(stored[i].sum())} of {stored[i].size} runs: no S")
-            ax.plot(lrs, mean, ls, color=color, marker="o", ms=3.5, lw=1.6, label=f"{v}  ({tag})")
+            ax.plot(lrs, mean, ls, color=color, marker="o", ms=3.5, lw=1.6, label=f"{_legend(v)}: {tag}")
             ax.fill_between(lrs, np.nanmin(eff[i], axis=-1), np.nanmax(eff[i], axis=-1), color=color,
                             alpha=0.10, lw=0)
             bad = status[i].any(axis=-1)
@@ -75,10 +87,10 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
                 ax.plot(lrs[bad], mean[bad], "o", mfc="none", mec=color, ms=10, mew=1.5)
         ax.set_xscale("log")
         ax.set_xlabel("peak learning rate")
-        ax.set_title(SIZE_NAME.get(size, size), fontsize=10)
+        ax.set_title(SIZE_NAME.get(size, size))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7.5, loc="upper left")
-    axes[0][0].set_ylabel("held-out loss at step 1,000 (nats/byte)")
+        ax.legend(loc="upper left")
+        ax.set_ylabel("held-out loss at step 1,000 (nats/byte)")
     fig.tight_layout()
     return fig
 
@@ -88,13 +100,13 @@ def sensitivity_figure(analysis):
     import matplotlib.pyplot as plt
 
     rows = [(size, v, d) for size, sz in analysis["sizes"].items() for v, d in sz.items()]
-    fig, ax = plt.subplots(figsize=(7.2, 0.32 * len(rows) + 1.0))
+    fig, ax = plt.subplots(figsize=(5.0, 0.32 * len(rows) + 1.0))
     for y, (size, v, d) in enumerate(rows):
-        color, _ = STYLE.get(v, ("k", "-"))
+        color, _ = _style(v)
         ax.errorbar(d["S"], y, xerr=[[d["S"] - d["ci"][0]], [d["ci"][1] - d["S"]]], fmt="o", color=color,
                     capsize=3, ms=5)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{'large' if s == 'large' else 'small'}: {v}" for s, v, _ in rows], fontsize=8)
+    ax.set_yticklabels([f"{'large' if s == 'large' else 'small'}: {v}" for s, v, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("LR sensitivity (nats/byte): mean − min of the loss-vs-lr curve")
     ax.grid(alpha=0.3, axis="x")
@@ -111,10 +123,10 @@ def growth_figure(res, size: str = "small", lr_index: int = -1, variants=("A", "
     steps = np.asarray(res["diag_step"])
     lr = float(np.asarray(res["lrs"])[lr_index])
     vs = [v for v in variants if v in _variants(res, size)]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.3))
+    fig, axes = plt.subplots(1, 3, figsize=(10.5, 3.4))
     for v in vs:
         i = _variants(res, size).index(v)
-        color, ls = STYLE.get(v, ("k", "-"))
+        color, ls = _style(v)
         series = (np.nanmax(np.asarray(res[f"{size}_max_logit"])[i, lr_index], axis=-1),  # (S, n_diag)
                   np.nanmean(np.asarray(res[f"{size}_tied_frac"])[i, lr_index], axis=-1),
                   np.nanmax(np.asarray(res[f"{size}_wq"])[i, lr_index], axis=(-1, -2)))
@@ -122,16 +134,15 @@ def growth_figure(res, size: str = "small", lr_index: int = -1, variants=("A", "
             for s in range(y.shape[0]):
                 ax.plot(steps, y[s], ls, color=color, alpha=0.25, lw=0.8)
             with np.errstate(all="ignore"):
-                ax.plot(steps, np.nanmean(y, axis=0), ls, color=color, lw=1.8, label=v)
+                ax.plot(steps, np.nanmean(y, axis=0), ls, color=color, lw=1.8, label=_legend(v))
     axes[0].set_yscale("log")
-    axes[0].set_title("largest attention logit (max over layers)", fontsize=9)
-    axes[1].set_title("rows with a tied maximum (BF16 scores, mean over layers)", fontsize=9)
-    axes[2].set_title("‖W_Q‖ of the largest head", fontsize=9)
+    axes[0].set_ylabel("largest attention logit")
+    axes[1].set_ylabel("rows with a tied maximum")
+    axes[2].set_ylabel("‖W_Q‖ of the largest head")
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{SIZE_NAME.get(size, size)}, lr {_fmt_lr(lr)}", fontsize=10)
+    axes[0].legend()
     fig.tight_layout()
     return fig
 
@@ -149,8 +160,8 @@ def run_figure(res, size: str, variant: str, lr_index: int, seed_index: int | No
     n = int(np.asarray(res["val_step"])[-1])
     x = (np.arange(P) + 0.5) * n / P
     lr = float(np.asarray(res["lrs"])[lr_index])
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.0), dpi=dpi)
-    color, _ = STYLE.get(variant, ("k", "-"))
+    fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.0), dpi=dpi)
+    color, _ = _style(variant)
     notes = []
     for n_k, k in enumerate(ks):
         idx = (i, lr_index, k)
@@ -165,15 +176,14 @@ def run_figure(res, size: str, variant: str, lr_index: int, seed_index: int | No
                          alpha=alpha)
         if res[f"{size}_status"][idx]:
             notes.append(f"seed {int(seeds[k])} non-finite at step {int(res[f'{size}_nonfinite_step'][idx])}")
-    axes[0].set_title("loss (line: training, dots: held-out)", fontsize=9)
-    axes[0].legend(fontsize=7)
-    axes[1].set_title("gradient norm before clipping (geometric mean)", fontsize=9)
-    axes[2].set_title("largest attention logit", fontsize=9)
+    axes[0].set_title("loss (dots: held-out)")
+    axes[0].legend()
+    axes[1].set_title("gradient norm (before clipping)")
+    axes[2].set_title("largest attention logit")
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{label(variant)} — {size}, lr {_fmt_lr(lr)}" + (f" ({'; '.join(notes)})" if notes else ""),
-                 fontsize=10)
+    fig._lp_alt = f"{label(variant)} — {size}, lr {_fmt_lr(lr)}" + (f" ({'; '.join(notes)})" if notes else "")
     fig.tight_layout()
     return fig
 
@@ -318,34 +328,33 @@ def closure_table(res, size: str = "small", variants=("D", "B", "S", "A_sr")) ->
 
 def calls_rows(directory=None, grid: bool = True) -> list[dict]:
     """One row per stored part (a GPU call's driver): when, where, how many runs, the driver's wall time, the
-    median run time per size, how many ran at once and which variants ran uncaptured, from the part files and
-    the drivers' logs under ``results/lr_sweep_gpu`` (``None`` where a log does not say)."""
-    import re
-    from pathlib import Path
-
-    from lpfail import results
+    median run time per size, and how the call ran its runs — how many at once (``parallel``), on which GPUs,
+    which variant groups uncaptured, its budget — from the part file's own metadata (`lpfail.sweep.run` records
+    them); ``None`` for a key the part does not record (the parts written before it did)."""
+    import json
 
     from lpfail import sweep
 
     runs, metas = L.STORE.load(directory)
     if grid:  # only the parts that hold runs of lr_sweep's own grid (cures and fix_training share the folder)
         metas = sweep.lookup(L.lr_sweep_grid(), directory).parts
-    logs = Path(directory if directory is not None else results.results_dir()) / "lr_sweep_gpu"
-    texts = [f.read_text() for f in sorted(logs.glob("drive*.log"))] if logs.is_dir() else []
+    folder = L.STORE.path(directory)
     out = []
     for m in metas:
-        head = next((ln for t in texts for ln in t.splitlines() if f"part {m['file']}" in ln), "")
-        par = re.search(r"(\d+) at a time", head)
-        unc = re.search(r"uncaptured: (\[.*?\]|none)", head)
+        part = json.loads((folder / m["file"]).read_text())
         med = {}
         for size in ("small", "large"):
             w = [runs[k]["wall_s"] for k in m["keys"] if k.startswith(size + "/")]
             med[size] = (float(np.median(w)), len(w)) if w else None
+        unc = part.get("uncaptured")
         out.append({"file": m["file"], "device": m["device"], "created": str(m["created"]), "git": str(m["git"]),
                     "runs": m["runs"], "wall_s": float(m["wall_s"]), "median_wall_s": med,
-                    "parallel": int(par.group(1)) if par else None,
-                    "uncaptured": None if unc is None else unc.group(1).strip("[]").replace("'", "") or "none"})
+                    "parallel": part.get("parallel"), "gpus": part.get("gpus"), "budget_s": part.get("budget_s"),
+                    "uncaptured": None if unc is None else (", ".join(unc) if unc else "none")})
     return out
+
+
+NOT_RECORDED = "not recorded"
 
 
 def calls_table(directory=None, grid: bool = True) -> str:
@@ -353,8 +362,9 @@ def calls_table(directory=None, grid: bool = True) -> str:
     for r in calls_rows(directory, grid):
         med = "; ".join(f"{size} {m[0]:.0f} s ({m[1]} runs)" for size, m in r["median_wall_s"].items() if m)
         rows.append([html.escape(f"{r['created'][:16].replace('T', ' ')} UTC"), html.escape(r["git"][:7]),
-                     str(r["runs"]), f"{r['wall_s'] / 60:.1f} min", "—" if r["parallel"] is None else str(r["parallel"]),
-                     html.escape("not in the log" if r["uncaptured"] is None else r["uncaptured"]),
+                     str(r["runs"]), f"{r['wall_s'] / 60:.1f} min",
+                     NOT_RECORDED if r["parallel"] is None else str(r["parallel"]),
+                     html.escape(NOT_RECORDED if r["uncaptured"] is None else r["uncaptured"]),
                      html.escape(med)])
     return _table(["driver started", "git", "runs", "driver wall", "at once", "uncaptured variants",
                    "median run wall"], rows)
@@ -373,7 +383,7 @@ def provenance_html(res) -> str:
 
 
 # -- the explorer -------------------------------------------------------------------------------------------
-def runs_twin(res, size: str = "small", dpi: int = 55, variants=None):
+def runs_twin(res, size: str = "small", dpi: int = 90, variants=None):
     """Kernel-free twin of `runs_explorer`: every stored (variant, lr) of one size precomputed, its seeds
     drawn together, behind one <select>."""
     from lpfail.book import widgets

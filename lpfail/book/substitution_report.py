@@ -159,18 +159,19 @@ def wq_figure(lr_res, lr: float = 3.2e-2, seed: int = 0):
     wq = np.asarray(lr_res["small_wq"], dtype=np.float64)  # (V, L, S, n_diag, layer, head)
     steps = np.asarray(lr_res["diag_step"])
     n_layer, n_head = wq.shape[-2], wq.shape[-1]
-    fig, axes = plt.subplots(1, n_layer, figsize=(3.0 * n_layer, 3.0), sharey=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from lpfail.book import plots
+
+    fig, axes = plt.subplots(1, n_layer, figsize=(3.0 * n_layer, 3.1))
     for layer, ax in enumerate(np.atleast_1d(axes)):
-        for name, style in (("A", "-"), ("C", "--")):
+        for name in ("A", "C"):
             y = wq[variants.index(name), lrs.index(lr), seeds.index(seed), :, layer]  # (n_diag, head)
             for h in range(n_head):
-                ax.plot(steps, y[:, h], style, color=colors[h % len(colors)], lw=1.2,
-                        label=f"{name} head {h}" if layer == 0 else None)
-        ax.set_title(f"layer {layer}", fontsize=10)
+                ax.plot(steps, y[:, h], color=plots.color(name), lw=1.1, alpha=0.85,
+                        label=(plots.LETTER[name] + ", each head") if (layer == 0 and h == 0) else None)
+        ax.set_title(f"layer {layer}")
         ax.set_xlabel("step")
-    np.atleast_1d(axes)[0].set_ylabel("‖W_Q^h‖ (spectral)")
-    np.atleast_1d(axes)[0].legend(fontsize=7, ncol=2)
+        ax.set_ylabel("‖W_Q^h‖ (spectral)")
+    np.atleast_1d(axes)[0].legend()
     fig.tight_layout()
     return fig
 
@@ -273,27 +274,28 @@ def replay_figure(rep: Mapping, smooth: int = 20, departure: tuple[int, int] | N
 
     br = _branches(rep)
     step = int(rep["step"])
-    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(7.5, 5.6), sharex=True, height_ratios=(3, 2))
+    from lpfail.book import plots
+
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(5.2, 5.4), sharex=True, height_ratios=(3, 2))
     kern = np.ones(smooth) / smooth
     base = np.asarray(rep["replay"]["losses"], dtype=np.float64)
     yb = np.convolve(base, kern, mode="valid")
     xs = step + smooth - 1 + np.arange(len(yb))
-    ax0.plot(xs, yb, lw=2.2, color="k", label="replay (= the recorded run)")
-    for name, d in br.items():
-        x = np.asarray(d["losses"], dtype=np.float64)
-        if len(x) != len(base) or not np.isfinite(x).all():
-            continue
-        y = np.convolve(x, kern, mode="valid")
-        line, = ax0.plot(xs, y, lw=1.0, label=name)
-        ax1.plot(xs, y - yb, lw=1.0, color=line.get_color())
-    ax1.axhline(0, color="k", lw=1.2)
+    ax0.plot(xs, yb, lw=2.2, color=plots.color("A"), label="the record (A)")
+    shown = [(n, d) for n, d in br.items()
+             if len(d["losses"]) == len(base) and np.isfinite(np.asarray(d["losses"], dtype=np.float64)).all()]
+    for (name, d), c in zip(shown, plots.series_colors(len(shown))):
+        y = np.convolve(np.asarray(d["losses"], dtype=np.float64), kern, mode="valid")
+        ax0.plot(xs, y, lw=1.0, color=c, label=name)
+        ax1.plot(xs, y - yb, lw=1.0, color=c)
+    ax1.axhline(0, color=plots.color("A"), lw=1.2)
     for ax in (ax0, ax1):
         if departure:
             ax.axvspan(*departure, color="0.9", lw=0, zorder=0)
     ax0.set_ylabel(f"training loss (mean of {smooth})")
     ax1.set_ylabel("branch − record")
     ax1.set_xlabel("step")
-    ax0.legend(fontsize=7, ncol=2)
+    ax0.legend(ncol=2)
     fig.tight_layout()
     return fig
 
