@@ -50,7 +50,7 @@ def test_generated_garbage_is_rejected(text, what):
 
 
 def test_what_reads_fine_is_not_flagged():
-    r = B.check_page("fine.html", page("<p>from -8.86 to -8.70; 3–4 runs; turned NaN at step 5; results: "
+    r = B.check_page("fine.html", page("<p>None of the fixes works. From -8.86 to -8.70; 3–4 runs; turned NaN at step 5; results: "
                                        "<code>results/x.json</code>; <code>fix=None</code></p>"
                                        "<table><tr><td>run</td></tr><tr><td>run</td></tr></table>"))
     assert r.ok, r.errors

@@ -38,7 +38,10 @@ _NUM = r"[−-]?\d[\d,]*(?:\.\d+)?(?:\s?[×x]\s?10[⁻⁰¹²³⁴⁵⁶⁷⁸�
 #: "x to x", "x – x", "x–x" with the same x on both sides (a degenerate range), and "word: word" repeats.
 _SAME_RANGE = re.compile(rf"(?<![\w.−-])({_NUM})\s*(?:to|–|—)\s*\1(?![\w.])")
 _SAME_COLON = re.compile(r"(?<![\w-])([A-Za-z][\w-]{2,}): \1\b")
-_PLACEHOLDER = re.compile(r"(?<![\w.])(?:nan|None)(?![\w.(])|\{glue:|\{numref\}|\{doc\}|\?\?\?")
+#: A value that is not one: Python's nan and None where a number or a word belongs (English "None of …" is fine),
+#: an unrendered role, or "???".
+_PLACEHOLDER = re.compile(r"(?<![\w.])nan(?![\w.(])|(?<![\w.])None(?![\w.(])(?!\s+(?:of|is|are|was|were|has|have|"
+                          r"closes|needs|does)\b)|\{glue:|\{numref\}|\{doc\}|\?\?\?")
 
 
 @dataclasses.dataclass

@@ -30,18 +30,23 @@ def _e4(x: float) -> str:
     return f"{x * 1e4:+.2f}"
 
 
-def kernels_table(res) -> str:
-    """Markdown table: per method at the base rows, the signed error and the error toward larger |O|
-    (×10⁻⁴, ± the 95 % CI half-width), and the fraction of tied keys with P̄ = 1 (FP32 p = 1 in brackets)."""
-    rows = ["| method | signed error (×10⁻⁴) | toward larger \\|O\\| (×10⁻⁴) | P̄ = 1 at ties |", "|---|---|---|---|"]
+def kernels_table(res, methods=None) -> str:
+    """Markdown table: per method at the base rows (``methods``: all by default), the signed error and the error
+    toward larger |O| (×10⁻⁴, ± the 95 % CI half-width), and the fraction of tied keys with P̄ = 1 (FP32 p = 1 in
+    brackets)."""
+    from lpfail.book.text import md_table
+
+    rows = []
     for r in pk.summary(res):
+        if methods is not None and r["method"] not in methods:
+            continue
         if not r["available"]:
-            rows.append(f"| `{r['method']}` | not available: {r['reason'][:70]} | | |")
+            rows.append([f"`{r['method']}`", f"not available: {r['reason'][:70]}", "", ""])
             continue
         pb = "not observable" if np.isnan(r["pbar_one"]) else f"{r['pbar_one']:.0%} (p: {r['p_one']:.0%})"
-        rows.append(f"| `{r['method']}` | {_e4(r['signed'])} ± {r['signed_ci'] * 1e4:.2f} | "
-                    f"{_e4(r['away'])} ± {r['away_ci'] * 1e4:.2f} | {pb} |")
-    return "\n".join(rows)
+        rows.append([f"`{r['method']}`", f"{_e4(r['signed'])} ± {r['signed_ci'] * 1e4:.2f}",
+                     f"{_e4(r['away'])} ± {r['away_ci'] * 1e4:.2f}", pb])
+    return md_table(["method", "signed error (×10⁻⁴)", "toward larger |O| (×10⁻⁴)", "P̄ = 1 at ties"], rows)
 
 
 def match(res, a: str, b: str) -> float:
@@ -102,6 +107,9 @@ def facts(res) -> dict:
         out["paper_away_neg50"] = _e4(float(np.asarray(res["neg_ref_PAPER_BF16_away"])[i5]))
         out["prod_away_neg50_lo"] = _e4(min(float(np.asarray(res[f"neg_{m}_away"])[i5]) for m in live))
         out["prod_away_neg50_hi"] = _e4(max(float(np.asarray(res[f"neg_{m}_away"])[i5]) for m in live))
+        from lpfail.book.text import span
+
+        out["prod_away_neg50"] = span(out["prod_away_neg50_lo"], out["prod_away_neg50_hi"])
     out["statement"] = (
         "On these rows every production kernel measured is biased the other way from the paper's kernel: "
         "toward smaller |O|, where PAPER_BF16 is biased toward larger |O|." if out["opposite"] else
@@ -165,6 +173,36 @@ def cures_table(part: dict, variants) -> str:
                      html.escape(y["K2"]["verdict"]) if "K2" in y else "—", f"{y['throughput_vs_A']:.2f}"])
     return html_table(["cure", "acts in", "runs stored", "LR sensitivity S [95 % CI]", "K1: S lower than A",
                        "K2: half the A − C gap closed", "rel. throughput"], rows, escape=False)
+
+
+#: The cures in two groups for chapter 6's tables: aimed at the bias or at δ; changing the arithmetic or the model.
+CURE_GROUPS = {"bias": ("B", "Bp", "R", "A_sr", "A_hp", "A_res", "A_ds"), "other": ("D", "A_qk", "A_z", "A_cap")}
+
+
+def cures_summary_table(res, group: str) -> str:
+    """Markdown: for the cures of one `CURE_GROUPS` group of a stored ``cures`` result, where each acts, the share
+    of the gap it closes [95 % CI] (descriptive; none for a cure with non-finite runs, which count at their initial
+    loss and make a share of thousands of per cent) and its pre-registered K2 word (closes at least half)."""
+    from lpfail.book import plots
+    from lpfail.book.text import md_table
+
+    analysis = res["cures_analysis"]
+    variants = [str(x) for x in np.asarray(res["small_variants"])]
+    bad = {v: int((np.asarray(res["small_status"])[i] != 0).sum()) for i, v in enumerate(variants)}
+    rows = []
+    for v in CURE_GROUPS[group]:
+        y = analysis["cures"].get(v)
+        if y is None:
+            rows.append([plots.label(v), "—", "not stored", "not judged"])
+            continue
+        if bad.get(v):
+            share = f"none: {bad[v]} runs non-finite"
+        elif y.get("gap_closed") is not None and y.get("gap_closed_ci") is not None:
+            share = interval({"point": y["gap_closed"], "ci": y["gap_closed_ci"]}, ".0f", scale=100) + " %"
+        else:
+            share = "—"
+        rows.append([plots.label(v), y["where"], share, f"**{y['K2']['verdict']}**" if "K2" in y else "—"])
+    return md_table(["cure", "acts in", "share of the gap closed [95 % CI]", "K2: closes half"], rows)
 
 
 def cures_outcome(analysis: dict) -> dict:

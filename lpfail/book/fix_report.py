@@ -169,3 +169,116 @@ def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
         out.append(pending("β", "β ∈ [2, 8]: β near 1 rounds back to exactly 1 (the bias returns), a large β "
                                 "underflows the row sum (ℓ = 0 → NaN).", "beta_sweep", "05_fix", stored))
     return out
+
+
+# -- the numbers chapter 5's text quotes (and its lab page's) ---------------------------------------------------------
+def sweep_facts(sweep: Mapping) -> dict[str, str]:
+    """From the stored ``fix_sweep``: where Algorithm 3 turns non-finite and the official clamp silences rows at
+    β = 2, how often each fix removes the bias, and the robust fix against Algorithm 3."""
+    from lpfail.experiments import fix_sweep as FS
+    from lpfail.book.text import listing
+
+    r_ms, betas = np.asarray(sweep["r_ms"]), np.asarray(sweep["betas"])
+    i2 = list(betas).index(2.0)
+    a3_bad = (np.asarray(sweep["alg3_nonfinite"]) > 0)[i2]
+    sil = (np.asarray(sweep["official_silenced"]) > 0)[i2]
+    out = {"a3_nonfinite_neg": f"{r_ms[a3_bad & (r_ms < 0)].max():g}",
+           "a3_nonfinite_pos": f"{r_ms[a3_bad & (r_ms > 0)].min():g}",
+           "off_silenced_pos": f"{r_ms[sil & (r_ms > 0)].min():g}", "off_silenced_neg": f"{r_ms[sil & (r_ms < 0)].max():g}",
+           "official_silenced_pts": f"{int(sweep['official_silenced_points'])}",
+           "alg3_pbar_one_pts": f"{int(sweep['alg3_pbar_one_points'])}",
+           "robust_ge_alg3_pct": f"{100 * float(sweep['robust_ge_alg3']):.0f} %",
+           "n_points": f"{len(betas) * len(r_ms)}", "n_rows": f"{sweep.meta['config']['n_rows']}",
+           "betas": listing([f"{b:g}" for b in betas]), "r_m_lo": f"{r_ms.min():g}", "r_m_hi": f"{r_ms.max():g}"}
+    for k in ("alg3", "official", "robust"):
+        out[f"{k}_removed_pct"] = f"{100 * float(sweep[k + '_removed_frac']):.0f} %"
+        out[f"{k}_nonfinite_pts"] = f"{int(sweep[k + '_nonfinite_points'])}"
+    nf, lz = np.asarray(sweep["alg3_nonfinite"]) > 0, np.asarray(sweep["alg3_l_zero"]) > 0
+    out["a3_lzero_share"] = f"{(nf & lz).sum()} of {nf.sum()}"
+    a3, rb = FS.removed(sweep, "alg3"), FS.removed(sweep, "robust")
+    miss = [f"β = {float(betas[i]):g}, r_m = {float(r_ms[j]):g}" for i, j in zip(*np.nonzero(a3 & ~rb))]
+    out["robust_misses"] = listing(miss)
+    return out
+
+
+def training_facts(ft: Mapping) -> dict[str, str]:
+    """From the stored ``fix_training``: per fix where it closes the gap (`fix_training_report.where`), the
+    sensitivities, the pre-registered words, and the non-finite runs of Algorithm 3 without its clamp."""
+    from lpfail.book import fix_training_report as FTR
+    from lpfail.book.text import span
+
+    w = FTR.where(ft)
+    a = ft["fix_analysis"]
+    out = {f"ft_where_{x}": w[x] for x in ("B", "Bp", "R") if x in w}
+    out.update(ft_gap_lrs=w["gap_lrs"], ft_none_helps=w["none_helps"], ft_word=a["fix_b"])
+    for v, d in a["S"].items():
+        out[f"ft_S_{v}"] = f"{d['S']:.3f}"
+    for x, f in a["fixes"].items():
+        out[f"ft_{x}_word"] = f["closes_half"]["verdict"]
+    rows = FTR.per_lr(ft)
+    bad = [r for r in rows if r["fixes"].get("Bp", {}).get("nonfinite")]
+    if bad:
+        steps = [s for r in bad for s in r["fixes"]["Bp"]["steps"]]
+        out["ft_bp_nf_runs"] = (f"{sum(r['fixes']['Bp']['nonfinite'] for r in bad)} of "
+                                f"{sum(r['fixes']['Bp']['runs'] for r in rows)}")
+        out["ft_bp_nf_from"] = f"{min(r['lr'] for r in bad):.3g}"
+        out["ft_bp_nf_steps"] = span(min(steps), max(steps), sep="–") if steps else "not recorded"
+    part = max(ft["parts"], key=lambda p: str(p["created"])) if "parts" in ft else None
+    out["ft_card"] = str(part["device"]) if part else str(ft.meta.get("device"))
+    out["ft_when"] = str(part["created"])[:10] if part else str(ft.meta.get("created"))[:10]
+    return out
+
+
+def kernel_facts(bench: Mapping) -> dict[str, str]:
+    """From the stored ``bench_kernels``: the fix's cost over the shapes (both ways of forming S − m), and the
+    kernel against its targets and against cuDNN."""
+    from kernels.bench import summary, targets
+    from lpfail.book.text import span
+
+    sub, fma = summary(bench, "triton"), summary(bench, "triton_fma")
+    pct = lambda rows, key: span(100 * min(r[key] for r in rows), 100 * max(r[key] for r in rows), "+.1f",  # noqa
+                                 unit=" %")
+    ratio = lambda t: span(t["worst"], t["best"], ".2f", unit="×")  # noqa: E731
+    t_sub = {t["target"]: t for t in targets(bench, "triton")}
+    t_fma = {t["target"]: t for t in targets(bench, "triton_fma")}
+    big = [r for r in sub + fma if r["n"] >= 2048]
+    cud = [r[k] for r in big for k in ("fwd_vs_cudnn", "fwd_bwd_vs_cudnn")]
+    return {"fix_cost_range": pct(sub, "fix_cost_fwd_bwd"), "fix_cost_fwd_range": pct(sub, "fix_cost_fwd"),
+            "fix_cost_fma_range": pct(fma, "fix_cost_fwd_bwd"), "fix_cost_fma_fwd_range": pct(fma, "fix_cost_fwd"),
+            "fwd_flash_sub": ratio(t_sub["fwd / SDPA flash"]), "fwd_flash_fma": ratio(t_fma["fwd / SDPA flash"]),
+            "fb_flash_sub": ratio(t_sub["fwd+bwd / SDPA flash"]), "fb_flash_fma": ratio(t_fma["fwd+bwd / SDPA flash"]),
+            "cudnn_range": span(min(cud), max(cud), ".2f", unit="×"),
+            "paper_speedup": span(t_sub["PAPER_BF16 kernel / reference"]["worst"],
+                                  t_sub["PAPER_BF16 kernel / reference"]["best"], ".1f", unit="×"),
+            "bench_card": str(bench.meta.get("device")), "bench_when": str(bench.meta.get("created"))[:10]}
+
+
+def robust_cost_facts(rcost: Mapping) -> dict[str, str]:
+    """From the stored ``robust_cost``: the robust fix's cost range per base and pass, and how many targets it
+    misses."""
+    from kernels.bench import robust_summary
+    from lpfail.book.text import span
+
+    rs = {(r["base"], r["mode"]): r for r in robust_summary(rcost)}
+    out = {}
+    for (base, mode), r in rs.items():
+        out[f"rc_{base}_{mode}"] = span(100 * r["best"], 100 * r["worst"], "+.1f", unit=" %")
+    missed = [r for r in rs.values() if r["met"] is False]
+    out["rc_missed"] = f"{len(missed)} of {sum(r['met'] is not None for r in rs.values())}"
+    out["rc_card"], out["rc_when"] = str(rcost.meta.get("device")), str(rcost.meta.get("created"))[:10]
+    return out
+
+
+def facts(load=None) -> dict[str, str]:
+    """Every number chapter 5 and its lab page quote, from the stored results (each part only when its result
+    is stored)."""
+    from lpfail import results
+
+    load = load or results.load
+    out = {}
+    for name, fn in (("fix_sweep", sweep_facts), ("fix_training", training_facts), ("bench_kernels", kernel_facts),
+                     ("robust_cost", robust_cost_facts)):
+        res = _load_or_none(load, name)
+        if res is not None:
+            out.update(fn(res))
+    return out

@@ -72,9 +72,9 @@ def toy_figure(runs: list[Mapping]):
         ax.loglog(r["k"], r["norm"], color=c, label=f"bias {r['bias']:g}: exponent {r['exponent']:.2f}")
     k = runs[0]["k"]
     ref = runs[0]["norm"][9]
-    ax.loglog(k, ref * k / k[9], "k--", lw=0.7, label="∝ K")
-    ax.loglog(k, ref * np.sqrt(k / k[9]), "k:", lw=0.7, label="∝ √K")
-    ax.set_xlabel("steps K")
+    ax.loglog(k, ref * k / k[9], "k--", lw=0.7, label="∝ n")
+    ax.loglog(k, ref * np.sqrt(k / k[9]), "k:", lw=0.7, label="∝ √n")
+    ax.set_xlabel("steps n")
     ax.set_ylabel("‖accumulated error‖ (RMS)")
     ax.legend()
     fig.tight_layout()
@@ -331,14 +331,20 @@ def coherence_summary(acc: Mapping, reps: int = 2000) -> dict:
     return out
 
 
-COHERENCE_HEADER = ["policy", "‖E_K‖ per head", "raw exponent (random signs)", "ρ_K per head",
-                    "unbiased band of ρ_K", "ρ_K if coherent", "growth exponent of ρ per head"]
+COHERENCE_HEADER = ["policy", "‖E_n‖ per head", "raw exponent (random signs)", "ρ_n per head",
+                    "unbiased band of ρ_n", "ρ_n if coherent", "growth exponent of ρ per head"]
+
+
+def _span(lo, hi, fmt):
+    from lpfail.book.text import span
+
+    return span(lo, hi, fmt)
 
 
 def coherence_rows(summ: Mapping) -> list[list[str]]:
     return [[name, ", ".join(f"{x:.3g}" for x in d["norm_k"]),
              ", ".join(f"{a:.2f} ({b:.2f})" for a, b in zip(d["exponent"], d["exponent_signs"])),
-             ", ".join(f"{x:.2f}" for x in d["rho_k"]), f"{d['null_k'][0]:.2f} to {d['null_k'][1]:.2f}",
+             ", ".join(f"{x:.2f}" for x in d["rho_k"]), _span(*d["null_k"], ".2f"),
              ", ".join(f"{x:.1f}" for x in d["coherent_k"]), ", ".join(f"{x:+.2f}" for x in d["rho_exp"])] for name, d in summ.items()]
 
 
@@ -366,11 +372,11 @@ def coherence_figure(summ: Mapping, toy_k: int | None = None):
         for h, c in zip(range(rho.shape[1]), plots.series_colors(rho.shape[1])):
             ax.loglog(ks, rho[:, h], lw=1.0, color=c, label=f"head {h}")
         ax.loglog(ks, d["coherent"].mean(axis=1), "k--", lw=0.9, label="one direction, one sign")
-        ax.loglog(ks, np.sqrt(ks), "k-.", lw=0.6, label="√K (the toy's law)")
+        ax.loglog(ks, np.sqrt(ks), "k-.", lw=0.6, label="√n (the toy's law)")
         ax.axhline(1, color="k", lw=0.6, ls=":")
         ax.set_title(plots.label(name) if name in plots.WORDS else name, color=plots.color(name))
-        ax.set_xlabel("steps K")
-        ax.set_ylabel("ρ_K")
+        ax.set_xlabel("steps n")
+        ax.set_ylabel("ρ_n")
         ax.set_ylim(0.02, 20)
     plots.legend_axes(all_axes[-1], *np.atleast_1d(axes)[-1].get_legend_handles_labels())
     fig.tight_layout()
@@ -446,3 +452,76 @@ def claims(load, stored) -> list[Verdict]:
                               "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
                         "gradient_error", "03_gradient_error", stored)]
     return [judge_gradient_error(res)]
+
+
+# -- the numbers chapter 3's text quotes (and its lab page's) ---------------------------------------------------------
+def facts(res: Mapping, reps: int = 2000) -> dict[str, str]:
+    """Every number chapter 3 and its lab page quote, formatted, from a stored ``gradient_error`` result: the CPU
+    checks, A's GPU checkpoints (`gpu_summary`), the tied rows (`tied_summary`), the cross-step cosines
+    (`cross_step_summary`), and the accumulation over consecutive steps (`coherence_summary` with ``reps``
+    simulated sign draws), with the card and day of the GPU records."""
+    from lpfail.book.text import listing, span
+
+    out = {"ge_max_err": f"{float(res['max_rel_err']):.1e}", "ge_tol": f"{float(res['tol']):g}",
+           "ge_n": f"{len(res['synthetic']) + len(res['model'])}"}
+    cos_model = [c for r in res["model"] for c in r["share_cos"]]
+    out["ge_cos_range"] = span(min(cos_model), max(cos_model), "+.2f")
+    out["ge_pos"] = f"{sum(x > 0 for r in res['model'] for x in r['sum_dd'])} of {len(cos_model)}"
+    gp = res.get("gpu_provenance") or {}
+    out["card"], out["when"] = str(gp.get("device", "not recorded")), str(gp.get("created", "not recorded"))[:10]
+    out["git"] = str(gp.get("git", "not recorded"))[:7]
+    if res.get("gpu"):
+        gs = gpu_summary(res)
+        out.update(gg_steps=listing([str(s) for s in gs["steps"]]), gg_n=f"{gs['n']}", gg_err=f"{gs['max_rel_err']:.1e}",
+                   gg_tol=f"{gs['tol']:g}", gg_cos=f"{gs['median_cos']:.2f}",
+                   gg_cos_range=span(*gs["cos_range"], ".2f"),
+                   gg_cos_layers=listing([f"layer {k}: {v:.2f}" for k, v in gs["median_cos_by_layer"].items()]),
+                   gg_worst=f"{gs['worst_layer']}",
+                   gg_worst_sums=listing([f"step {k}: {v:+.1e}" for k, v in gs["worst_layer_sum_dd"].items()]),
+                   gg_pos=f"{gs['n_pos']} of {gs['n_sums']}", gg_fpos=span(*gs["frac_pos_range"], ".2f"),
+                   gg_z_med=f"{gs['z_abs_median']:.0f}", gg_z_max=f"{gs['z_abs_max']:.0f}")
+        if gs["has_ties"]:
+            ts = tied_summary(res)
+            out.update(tie_frac=f"{ts['frac_median'] * 100:.1f} %",
+                       tie_frac_range=span(ts["frac_range"][0] * 100, ts["frac_range"][1] * 100, ".1f", unit=" %"),
+                       tie_share=f"{ts['share_median']:.2f}", tie_share_range=span(*ts["share_range"], ".2f"),
+                       tie_half=f"{ts['n_share_half']} of {ts['n']}", tie_pos=f"{ts['n_tied_pos']} of {ts['n']}",
+                       tie_same=f"{ts['n_same_sign']} of {ts['n']}")
+        if gs["has_sketches"]:
+            xs = cross_step_summary(res)
+            for k in ("rbar", "dterm"):
+                out[f"xs_{k}"] = f"{xs[k]['median']:+.2f}"
+                out[f"xs_{k}_range"] = span(*xs[k]["range"], "+.2f")
+                out[f"xs_{k}_neg"] = f"{xs[k]['n_neg']} of {xs[k]['n']}"
+    acc = res.get("accumulation")
+    if acc:
+        summ = coherence_summary(acc, reps=reps)
+        ap = acc["provenance"]
+        nk = {n: d["norm_k"] for n, d in summ.items()}
+        rk = [x for d in summ.values() for x in d["rho_k"]]
+        ex = [x for d in summ.values() for x in d["rho_exp"]]
+        band = [b for d in summ.values() for b in d["null_k"]]
+        coh = [x for d in summ.values() for x in d["coherent_k"]]
+        rawx = [x for d in summ.values() for x in d["exponent"] + d["exponent_signs"]]
+        outside = [f"{n} head {h}" for n, d in summ.items() for h, o in enumerate(d["outside"]) if o]
+        out.update(acc_card=str(ap["device"]), acc_when=str(ap["created"])[:10], acc_wall=f"{acc['wall_s']:.0f}",
+                   acc_on_run=str(acc["on_run_bit_exact"]), acc_layer=f"{acc['layer']}", acc_k=f"{acc['k']}",
+                   acc_rows=f"{acc['rows']}", acc_window=span(acc["step"] + 1, acc["step"] + acc["k"]),
+                   acc_step=f"{acc['step']}", acc_rho_range=span(min(rk), max(rk), ".2f"),
+                   acc_rho_exp_range=span(min(ex), max(ex), "+.2f"), acc_band=span(min(band), max(band), ".2f"),
+                   acc_coh=span(min(coh), max(coh), ".1f"), acc_outside=listing(outside),
+                   acc_raw_range=span(min(rawx), max(rawx), ".2f"),
+                   acc_raw_a=", ".join(f"{x:.2f}" for x in summ["A"]["exponent"]),
+                   acc_raw_a_signs=", ".join(f"{x:.2f}" for x in summ["A"]["exponent_signs"]))
+        for name, key in (("A", "a"), ("A_fix", "fix"), ("A_sr", "sr"), ("D", "d")):
+            if name in nk:
+                out[f"acc_norm_{key}"] = ", ".join(f"{x:.3g}" for x in nk[name])
+        if "A" in nk and "A_sr" in nk:
+            out["acc_sr_diff"] = f"{max(abs(x / y - 1) for x, y in zip(nk['A_sr'], nk['A'])) * 100:.1f} %"
+        if "A" in nk and "A_fix" in nk:
+            out["acc_fix_larger"] = f"{sum(x > y for x, y in zip(nk['A_fix'], nk['A']))} of {len(nk['A'])}"
+        from lpfail.experiments.gradient_error import accumulation_run
+        import inspect
+
+        out["acc_nsigns"] = f"{inspect.signature(accumulation_run).parameters['n_signs'].default}"
+    return out

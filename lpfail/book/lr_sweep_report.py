@@ -89,7 +89,7 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
         ax.set_xlabel("peak learning rate")
         ax.set_title(SIZE_NAME.get(size, size))
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper left")
+        ax.legend(loc="lower right")
         ax.set_ylabel("held-out loss at step 1,000 (nats/byte)")
     fig.tight_layout()
     return fig
@@ -675,3 +675,85 @@ def claims(load, stored) -> list[Verdict]:
         ("C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself."),
         ("C0-qk", "QK-norm blocks it."),
         ("C0-size", "Larger models are at least as sensitive."))]
+
+
+# -- the numbers chapter 1's text quotes (and its lab page's) -------------------------------------------------------
+def _iv(d, fmt: str = "+.3f") -> str:
+    return interval(d, fmt)
+
+
+def card(res) -> dict[str, str]:
+    """On what card and when the runs ran, for a GPU figure's caption: {"card": "NVIDIA H200", "when": the days}."""
+    parts = res["parts"]
+    days = sorted({str(p["created"])[:10] for p in parts})
+    cards = sorted({str(p["device"]) for p in parts})
+    from lpfail.book.text import listing, span
+
+    return {"card": listing(cards), "when": span(days[0], days[-1]) if days else "not recorded"}
+
+
+def facts(res) -> dict[str, str]:
+    """Every number chapter 1 and its lab page quote, formatted, from a stored ``lr_sweep`` result: the
+    pre-registration's date, the sensitivities, the per-learning-rate A − C gaps, the logits and ties at the
+    highest rate (the growth figure), the descriptive shares of the gap closed by D, SDPA, B and A_sr, H4 at both
+    sizes, the larger size's turning point, the run times; and the card and day the runs ran on."""
+    a = res["analysis"]
+    small, large = a["sizes"]["small"], a["sizes"].get("large", {})
+    out = {"prereg_date": a["preregistered_on"], "n_seeds": f"{a['n_seeds']}", **card(res)}
+    for v, d in small.items():
+        out[f"S_{v}"] = f"{d['S']:.3f}"
+        out[f"S_{v}_ci"] = interval({"point": d["S"], "ci": d["ci"]}, ".3f")
+    for v, d in large.items():
+        out[f"S_{v}_large"] = f"{d['S']:.3f}"
+    for size, items in a["a_minus_c_per_lr"].items():
+        for it in items:
+            out[f"gap_{size}_{it['lr']:g}"] = _iv(it, "+.2f")
+    sig = [f"{it['lr']:g}" for it in a["a_minus_c_per_lr"]["small"] if it["ci"][0] > 0]
+    from lpfail.book.text import listing
+
+    out["gap_lrs"] = listing(sig)
+    v = list(np.asarray(res["small_variants"]))
+    at_end = lambda key, name: np.asarray(res[f"small_{key}"])[v.index(name), -1, :, -1]  # noqa: E731  (seeds, layers)
+    for name in ("A", "C", "A_sr", "A_qk"):
+        if name in v:
+            out[f"logit_{name}"] = f"{np.median(at_end('max_logit', name).max(axis=-1)):,.0f}"
+            out[f"tied_{name}"] = f"{np.median(at_end('tied_frac', name).mean(axis=-1)) * 100:.0f} %"
+    out["diag_last"] = f"{int(np.asarray(res['diag_step'])[-1])}"
+    out["lr_top"] = _fmt_lr(float(np.asarray(res["lrs"])[-1]))
+    vc = {r["variant"]: r for r in L.versus_control(res, "small")}
+    for name in ("D", "S", "B", "A_sr"):
+        if name in vc and vc[name]["closed"] is not None:
+            out[f"closed_{name}"] = interval(vc[name]["closed"], ".0f", scale=100) + " %"
+        if name in vc:
+            for d in vc[name]["per_lr"]:
+                out[f"{name}_minus_C_{d['lr']:g}"] = _iv(d)
+    h4 = a["verdicts"].get("H4")
+    if h4 and h4.get("gap_large"):
+        out.update(h4_stat=_iv(h4), h4_word=h4["verdict"], gap_large=_iv(h4["gap_large"]),
+                   gap_small=_iv(h4["gap_small"]))
+    for name, h in a["verdicts"].items():
+        out[f"{name}_word"] = h["verdict"]
+        out[f"{name}_stat"] = _stat(h)
+    if "A" in large:
+        out["large_turn"] = _fmt_lr(large["A"]["lr_10pct"])
+    out["small_turn"] = _fmt_lr(small["A"]["lr_10pct"])
+    c = cost(res, 1)
+    for size in sizes(res):
+        out[f"wall_{size}"] = f"{c[size]['median_wall_s']:.0f}"
+        out[f"runs_{size}"] = f"{c[size]['planned']}"
+    out["drive_min"] = f"{sum(p['wall_s'] for p in res['parts']) / 60:.0f}"
+    out["n_calls"] = f"{len(res['parts'])}"
+    return out
+
+
+def hypotheses_table(analysis) -> str:
+    """Markdown: each pre-registered hypothesis in a few words, its statistic [95 % CI] and its word."""
+    from lpfail.book.text import md_table
+
+    short = {"H1": "the paper's arithmetic is more sensitive than FP32 attention",
+             "H2": "stochastic rounding closes at least half of that gap",
+             "H3": "QK-norm closes at least half of it",
+             "H4": "(descriptive) the gap is at least as large at the larger size"}
+    return md_table(["", "hypothesis, fixed before the runs", "statistic [95 % CI]", "verdict"],
+                    [[r["name"], short.get(r["name"], r["hypothesis"]), interval(r), f"**{r['verdict']}**"]
+                     for r in verdict_rows(analysis)])

@@ -166,3 +166,83 @@ def claims(load: Callable, stored: Callable[[str], bool], worked_addition: tuple
         out += [pending("C3b", "The rounding bias on rows with tied maxima.", "rounding", "04_rounding", stored),
                 pending("Fix-a", "The fix removes the rounding bias.", "rounding", "04_rounding", stored)]
     return out
+
+
+# -- the numbers chapter 4's text quotes ---------------------------------------------------------------------------
+#: "Strong" accumulation bias, in units of the output: the chapter's words for the gaps where it is large.
+STRONG = 5e-4
+
+
+def _ci(res: Mapping, name: str) -> str:
+    return f"{float(res[name]) * 1e4:+.2f} ± {float(res[name + '_ci']) * 1e4:.2f}"
+
+
+def facts(res: Mapping) -> dict[str, str]:
+    """Every number chapter 4's text quotes from the stored ``rounding`` result, formatted (×10⁻⁴ where a bias):
+    the default rows' biases without and with the fix, the bias by number of ties, the gaps where it is strong,
+    weak or of the other sign, the fix's largest residual and where it stays significant."""
+    from lpfail.book.text import listing
+
+    gaps = np.asarray(res["gap_values"], dtype=float)
+    acc, acc_ci = np.asarray(res["gap_nofix_acc_away"]), np.asarray(res["gap_nofix_acc_away_ci"])
+    fix_sig = np.abs(np.asarray(res["gap_fix_acc_away"])) > np.asarray(res["gap_fix_acc_away_ci"])
+    fmt = lambda xs: listing([f"{x:g}" for x in xs])  # noqa: E731
+    axes = ("ties", "neg_frac", "gap")
+    fix_all = np.concatenate([np.asarray(res[f"{a}_fix_acc_away"]) for a in axes])
+    nofix_all = np.concatenate([np.asarray(res[f"{a}_nofix_acc_away"]) for a in axes])
+    ties = np.asarray(res["ties_values"]).astype(int)
+    tb = np.asarray(res["ties_nofix_acc_away"])
+    out = {"gap_strong": fmt(gaps[acc > STRONG]), "gap_weak": fmt(gaps[(acc - acc_ci > 0) & (acc <= STRONG)]),
+           "gap_neg": fmt(gaps[acc + acc_ci < 0]), "fix_sig_gaps": fmt(gaps[fix_sig]), "n_gaps": f"{len(gaps)}",
+           "strong_e4": f"{STRONG * 1e4:g}",
+           "fix_max": f"{np.abs(fix_all).max() * 1e4:.2f}", "nofix_max": f"{np.abs(nofix_all).max() * 1e4:.2f}",
+           "ties_list": listing([f"{n}: {a * 1e4:+.2f}" for n, a in zip(ties, tb)], last="and"),
+           "ties_argmax": f"{ties[np.argmax(tb)]}"}
+    for p in ("nofix", "fix"):
+        out[f"acc_{p}"] = _ci(res, f"default_{p}_acc_away")
+        out[f"out_{p}"] = _ci(res, f"default_{p}_out_away")
+        out[f"signed_{p}"] = _ci(res, f"default_{p}_out_signed")
+    meta = getattr(res, "meta", None) or {}
+    out["n_rows"] = f"{(meta.get('config') or {}).get('n_rows', '?')}"
+    return out
+
+
+def default_table(res: Mapping) -> str:
+    """Markdown: the default rows' three errors (×10⁻⁴, mean ± 95 % CI) without and with the fix."""
+    from lpfail.book.text import md_table
+
+    names = {"acc_away": "P̄V accumulation, toward larger |Ō|", "out_away": "stored O, toward larger |O|",
+             "out_signed": "stored O, signed"}
+    return md_table(["error on the default rows (×10⁻⁴)", "no fix", "Algorithm 3"],
+                    [[names[s], _ci(res, f"default_nofix_{s}"), _ci(res, f"default_fix_{s}")] for s in names])
+
+
+def gap_table(res: Mapping) -> str:
+    """Markdown: the accumulation bias at every gap (×10⁻⁴, mean ± 95 % CI) without and with the fix."""
+    from lpfail.book.text import md_table
+
+    gaps = np.asarray(res["gap_values"], dtype=float)
+    rows = []
+    for k, g in enumerate(gaps):
+        f, fc = float(res["gap_fix_acc_away"][k]), float(res["gap_fix_acc_away_ci"][k])
+        rows.append([f"{g:g}", f"{float(res['gap_nofix_acc_away'][k]) * 1e4:+.2f} ± "
+                               f"{float(res['gap_nofix_acc_away_ci'][k]) * 1e4:.2f}",
+                     f"{f * 1e4:+.2f} ± {fc * 1e4:.2f}" + (" (significant)" if abs(f) > fc else "")])
+    return md_table(["gap", "no fix", "Algorithm 3"], rows)
+
+
+def class_facts() -> dict[str, str]:
+    """The values of chapter 4's exercises on paper, computed by `lpfail.bf16` (their solutions glue them)."""
+    from lpfail import bf16
+
+    x = -2.40625
+    t2 = bf16.add_trace(-2.375, -2.296875)
+    t3a = bf16.add_trace(-1.0078125, -1.0)
+    t3b = bf16.add_trace_acc(float(np.float32(-1.0078125 - 0.003)), -1.0)
+    return {"p1_bits": bf16.bits(x), "p1_ulp": f"{bf16.ulp(x):.10g}", "p1_down": f"{bf16.next_down(x):.10g}",
+            "p1_up": f"{bf16.next_up(x):.10g}",
+            "p2_exact": f"{float(t2.exact):.10g}", "p2_result": f"{float(t2.result):.10g}", "p2_decision": t2.decision,
+            "p2_direction": t2.direction, "p2_bits": t2.result_bits,
+            "p3_tie_result": f"{float(t3a.result):.10g}", "p3_tie_direction": t3a.direction,
+            "p3_exact": f"{float(t3b.exact):.7g}", "p3_result": f"{float(t3b.result):.10g}",
+            "p3_direction": t3b.direction, "p3_error": f"{float(t3b.error):+.3g}"}

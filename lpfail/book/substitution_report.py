@@ -533,3 +533,107 @@ def claims(load, stored) -> list[Verdict]:
     if res is None:
         return [pending(c, s, "substitution", "02_substitution", stored) for c, s in PENDING]
     return [judge_one_tile(res), judge_one_layer(res), judge_through_delta(res)]
+
+
+# -- the numbers chapter 2's text quotes, and its one table ---------------------------------------------------------
+#: The main path's table: the paper's chain, one row each, in its order (row names of the grid and its amendment).
+PAPER_CHAIN = (("layer_a", "the paper's arithmetic in one layer alone (the rest FP32)",
+                "fails in its second layer"),
+               ("layer_c", "FP32 in one layer alone (the rest the paper's)", "stable in that layer"),
+               ("delta_dPP", "δ = rowsum(dP ∘ P)", "stable"),
+               ("delta_hp", "O recomputed in FP32, for δ only", "stable"),
+               ("out", "O stored in FP32", "stable"),
+               ("obar", "only Ō = P̄V in FP32", "stable"),
+               ("heads_top", "the paper's arithmetic only in the 2 largest heads", "carry it"),
+               ("score_path_l", "FP32 scores, with m and L in FP32 (the amendment)", "not tested"))
+
+
+def _word(d: Mapping | None) -> str:
+    if d is None:
+        return "not run"
+    fr = d.get("fraction_closed")
+    return d["verdict"] + ("" if fr is None else f" ({fr * 100:.0f} %)")
+
+
+def _layers(analysis: Mapping, kind: str, lr: str) -> str:
+    rows = analysis.get("rows", {})
+    names = sorted(n for n in rows if n.startswith("layer") and n.endswith("_" + kind))
+    if not any(lr in rows[n]["by_lr"] for n in names):
+        return "not run"
+    by = {}
+    for n in names:
+        w = rows[n]["by_lr"].get(lr, {}).get("verdict")
+        if w:
+            by.setdefault(w, []).append(n[5:-2])
+    from lpfail.book.text import listing
+
+    return "; ".join(f"{w}: layer{'s' if len(ls) > 1 else ''} {listing(ls)}" for w, ls in by.items())
+
+
+def chain_table(analysis: Mapping, amendment: Mapping | None, c: sub.SubstitutionConfig | None = None) -> str:
+    """Markdown: the paper's chain (`PAPER_CHAIN`), one row each, with its verdict and the share of the gap closed
+    at each learning rate, from the grid's analysis and the amendment's (None while it is not stored)."""
+    from lpfail.book.text import md_table
+
+    c = c or sub.SubstitutionConfig()
+    lrs = [f"{lr:g}" for lr in c.lrs]
+    rows = []
+    for name, change, paper in PAPER_CHAIN:
+        cells = [change, paper]
+        for lr in lrs:
+            if name in ("layer_a", "layer_c"):
+                cells.append(_layers(analysis, name[-1], lr))
+            else:
+                src = amendment if name in {r.name for r in sub.AMENDED_ROWS} else analysis
+                d = (src or {}).get("rows", {}).get(name, {}).get("by_lr", {}).get(lr)
+                cells.append(_word(d) if src is not None else "pending (GPU)")
+        rows.append(cells)
+    return md_table(["change from the paper's arithmetic", "the paper found", *[f"lr {x}" for x in lrs]], rows)
+
+
+def facts(res: Mapping, lr_res: Mapping, amend: Mapping) -> dict[str, str]:
+    """Every number chapter 2 and its lab page quote: the A − C gaps the grid starts from (from lr_sweep), each row's
+    verdict and share at each learning rate, the rows that close the gap, the amendment's outcome, the per-head
+    ‖W_Q‖ pointers, and where and when the grid ran."""
+    from lpfail.book.text import listing
+
+    a = res["analysis"]
+    out = {}
+    per_lr = {f"{d['lr']:g}": d for d in lr_res["analysis"]["a_minus_c_per_lr"]["small"]}
+    for lr in sub.LRS:
+        k = f"{lr:g}"
+        out[f"gap_{k}"] = interval(per_lr[k], "+.2f")
+        closes = [n for n, r in a["rows"].items() if r["by_lr"].get(k, {}).get("verdict") == CLOSES]
+        out[f"closes_{k}"] = listing(closes)
+        out[f"n_open_{k}"] = f"{sum(r['by_lr'].get(k, {}).get('verdict') == OPEN for r in a['rows'].values())}"
+        out[f"n_rows_{k}"] = f"{sum(k in r['by_lr'] for r in a['rows'].values())}"
+    for n, r in a["rows"].items():
+        for k, d in r["by_lr"].items():
+            out[f"{n}_{k}"] = _word(d)
+    am = amend.get("analysis") or {}
+    for n, r in am.get("rows", {}).items():
+        for k, d in r["by_lr"].items():
+            out[f"am_{n}_{k}"] = _word(d)
+    out["amend_state"] = ("stored" if amend["state"] == "fresh"
+                          else f"pending (GPU): {amend['n_stored']} of {amend['n_runs']} runs stored")
+    out["amend_runs"] = f"{amend['n_stored']} of {amend['n_runs']}"
+    out["am_completed"] = f"{amend['n_completed']} of {amend['n_stored']}"
+    layer, heads = sub.head_choice(lr_res, sub.LRS[-1], sub.SEEDS[0])
+    out["wq_layer"], out["wq_heads"] = f"{layer}", listing([str(h) for h in heads])
+    vs = [str(x) for x in np.asarray(lr_res["small_variants"])]
+    li = [float(x) for x in np.asarray(lr_res["lrs"])].index(sub.LRS[-1])
+    wq = np.asarray(lr_res["small_wq"], dtype=np.float64)
+    a_last, c_last = wq[vs.index("A"), li, 0, -1], wq[vs.index("C"), li, 0, -1]
+    L_, H_ = np.unravel_index(np.nanargmax(a_last), a_last.shape)
+    out["wq_a_max"], out["wq_a_where"] = f"{a_last[L_, H_]:.0f}", f"layer {L_}, head {H_}"
+    out["wq_c_max"] = f"{np.nanmax(c_last[L_]):.0f}"
+    where = [np.unravel_index(np.nanargmax(wq[vs.index("A"), li, k, -1]), a_last.shape) for k in range(wq.shape[2])]
+    out["wq_seeds"] = "; ".join(f"seed {k}: layer {w[0]}, head {w[1]}" for k, w in enumerate(where))
+    part = res["parts"][0]
+    out.update(card=str(part["device"]), when=str(part["created"])[:10], git=str(part["git"])[:7],
+               n_new=f"{part['runs'] - 1}", wall_min=f"{part['wall_s'] / 60:.0f}",
+               baseline_ok=str(a.get("baseline_reproduced", "not checked")), n_seeds=f"{len(a['seeds'])}")
+    meta = amend.get("meta") or {}
+    out.update(amend_card=str(meta.get("device", "not run")), amend_when=str(meta.get("created", "not run"))[:10],
+               amend_wall=f"{meta['wall_s']:.0f}" if "wall_s" in meta else "not recorded")
+    return out
