@@ -48,6 +48,7 @@ _PLACEHOLDER = re.compile(r"(?<![\w.])nan(?![\w.(])|(?<![\w.])None(?![\w.(])(?!\
 class PageText:
     page: str
     words: int = 0
+    all_words: int = 0  # every word a reader sees: prose, tables, outputs (not code inputs, math or images)
     tables: int = 0
     longest_table: int = 0
     main: bool = False
@@ -90,6 +91,16 @@ def prose_words(html_or_soup) -> int:
             el.decompose()
     for el in art.select("code"):   # inline code: one word however long
         el.replace_with(" code ")
+    return len(_WORD.findall(art.get_text(" ")))
+
+
+def all_words(soup) -> int:
+    """Every word of the page's article a reader sees: prose, tables and outputs; not code inputs, math, scripts."""
+    art = _soup(str(article(soup)))
+    for sel in ("div.cell_input", "script", "style", "span.math", "div.math", "mjx-container", "a.headerlink",
+                "select"):
+        for el in art.select(sel):
+            el.decompose()
     return len(_WORD.findall(art.get_text(" ")))
 
 
@@ -162,6 +173,7 @@ def check_page(page: str, html: str, main: bool = False) -> PageText:
     r = PageText(page, main=main)
     art = article(soup)
     r.words = prose_words(soup)
+    r.all_words = all_words(soup)
     tables = [t for t in art.find_all("table")]
     r.tables = len(tables)
     for t in tables:
@@ -203,7 +215,8 @@ def main(argv=None) -> int:
     bad = [r for r in res if not r.ok]
     main_words = sum(r.words for r in res if r.main)
     print(f"book checks: {len(res) - len(bad)} pages passed, {len(bad)} failed; {sum(r.words for r in res):,} words "
-          f"of prose in all, {main_words:,} on the main path (≈ {main_words / WPM:.0f} min at {WPM} words/min)")
+          f"of prose in all ({sum(r.all_words for r in res):,} with tables and outputs), {main_words:,} on the main "
+          f"path (≈ {main_words / WPM:.0f} min at {WPM} words/min)")
     return 1 if bad else 0
 
 

@@ -21,8 +21,9 @@ For each HTML page (served from a local HTTP server on 127.0.0.1, so the pages a
   more than ``OVERFLOW_TOLERANCE_PX``;
 * a page that scrolls sideways as a whole at a phone's width (``PHONE_WIDTH`` = 400 px): the window can be
   scrolled to the right by more than ``OVERFLOW_TOLERANCE_PX`` (the widest elements past the edge are named);
-* a word broken inside a table cell at 1280 px: a word of a cell whose text the browser laid out on more than
-  one line (a column too narrow for its longest word, or CSS that breaks anywhere);
+* a word broken inside a table cell at 1280 px: a word of a cell that the browser laid out on more than one line
+  (a column too narrow for its longest word, or CSS that breaks anywhere), except a line break right after a
+  hyphen, a dash, a slash or a zero-width space; a number never breaks;
 * figure text too small on a phone: at 400 px, a figure's panel (an ``img`` in a figure, an output or an
   ``.lp-fig``) whose legend text would be shown smaller than ``MIN_LEGEND_PX`` or whose smallest text smaller
   than ``MIN_TEXT_PX``, from the sizes the panel carries (``data-lp-legend-pt``, ``data-lp-text-pt``, its width
@@ -248,16 +249,28 @@ return {width: vw, scroll: sx, pageWidth: document.documentElement.scrollWidth, 
 _BROKEN_WORDS_JS = r"""
 const out = [];
 const root = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+const numeric = /^[\[(]?[-+−±]?\d[\d.,]*(e[-+]?\d+)?[%×\]),;]*$/;
+const topOf = (node, i) => { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
+                              const b = Array.from(r.getClientRects()).filter(x => x.width > 0)[0];
+                              return b ? Math.round(b.top) : null; };
 root.querySelectorAll('td, th').forEach(cell => {
   if (!cell.offsetWidth) return;
   const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
   for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-    const re = /\S{2,}/g; let m;
-    while ((m = re.exec(node.textContent)) !== null) {
-      const r = document.createRange();
-      r.setStart(node, m.index); r.setEnd(node, m.index + m[0].length);
-      const tops = new Set(Array.from(r.getClientRects()).filter(b => b.width > 0).map(b => Math.round(b.top)));
-      if (tops.size > 1 && out.length < 20) out.push(m[0].slice(0, 40));
+    const text = node.textContent, re = /\S{2,}/g; let m;
+    while ((m = re.exec(text)) !== null) {
+      let prev = null;
+      for (let i = m.index; i < m.index + m[0].length; i++) {
+        const t = topOf(node, i);
+        if (t === null) continue;
+        // a new line inside the word: allowed only after a hyphen, a dash, a slash or a zero-width space (the
+        // break points lpfail.book.text.breakable inserts), and never inside a number
+        if (prev !== null && t !== prev && (numeric.test(m[0]) || !/[-–\/\u200b]/.test(text[i - 1]))) {
+          if (out.length < 20) out.push(m[0].replace(/\u200b/g, '').slice(0, 40));
+          break;
+        }
+        prev = t;
+      }
     }
   }
 });

@@ -57,14 +57,20 @@ def match(res, a: str, b: str) -> float:
     return float("nan")
 
 
+#: Short names of the reference orders in the match table's header (its caption says what each is).
+MATCH_LABELS = {"ref_FA2_BF16": "FA2 ref.", "mimic_exp2_fma": "FA2 mimic", "ref_PAPER_BF16": "paper ref.",
+                "mimic_exp2_fma_roundfirst": "round-first mimic", "math_mimic": "math mimic"}
+
+
 def match_table(res, methods=PRODUCTION, against=("ref_FA2_BF16", "mimic_exp2_fma", "ref_PAPER_BF16",
                                                   "mimic_exp2_fma_roundfirst", "math_mimic")) -> str:
-    """Markdown: per production method, the bit-for-bit agreement with each reference order."""
+    """Markdown: per production method, the bit-for-bit agreement with each reference order (short names in the
+    header, `MATCH_LABELS`)."""
+    from lpfail.book.text import md_table
+
     live = [m for m in methods if bool(res.get(f"available_{m}", False))]
-    head = "| method | " + " | ".join(f"`{a}`" for a in against) + " |"
-    rows = [head, "|---|" + "---|" * len(against)]
-    rows += [f"| `{m}` | " + " | ".join(f"{match(res, m, a):.1%}" for a in against) + " |" for m in live]
-    return "\n".join(rows)
+    return md_table(["method", *[MATCH_LABELS.get(a, a) for a in against]],
+                    [[f"`{m}`", *[f"{match(res, m, a):.1%}" for a in against]] for m in live])
 
 
 def facts(res) -> dict:

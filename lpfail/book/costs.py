@@ -80,9 +80,11 @@ def provenance_short(meta: Mapping) -> str:
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    """A Markdown table whose cells cannot break it (`lpfail.book.text.md_table`: ``|`` escaped, ragged rows
+    refused, numbers kept on one line)."""
+    from lpfail.book.text import md_table
+
+    return md_table(header, rows)
 
 
 _TABLE = "<table class='lpfail-table' style='font-size:0.85em;border-collapse:collapse'>"
@@ -96,7 +98,9 @@ def html_table(header: Sequence[str], rows: Sequence[Sequence], caption: str | N
                escape: bool = True) -> str:
     """A small HTML table in the style of the book's tables: what a chapter shows instead of a printed dict or
     a column layout made of spaces. Cells are escaped, unless ``escape=False`` (cells already HTML)."""
-    esc = (lambda x: html.escape(str(x))) if escape else str
+    from lpfail.book.text import nowrap_numbers
+
+    esc = (lambda x: nowrap_numbers(html.escape(str(x)))) if escape else (lambda x: nowrap_numbers(str(x)))
     out = [_TABLE]
     if caption:
         out.append(f"<caption style='text-align:left;caption-side:top'>{html.escape(caption)}</caption>")

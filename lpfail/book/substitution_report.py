@@ -17,7 +17,9 @@ ROWS_HEADER = ["row", "change from A", "group", "learning rates", "the paper's f
 
 def _change(r: sub.Row) -> str:
     if r.kind == "policy":
-        return f"<code>{r.changes}</code>"
+        from lpfail.book.text import breakable
+
+        return f"<code>{breakable(r.changes)}</code>"
     return {"layer_a": f"layer {r.layer}: PAPER_BF16, the rest FP32", "layer_c": f"layer {r.layer}: FP32, the rest A",
             "heads_top": f"{sub.HEADS_PER_ROW} heads with the largest ‖W_Q^h‖ (per seed): PAPER_BF16, the rest FP32",
             "heads_rest": "the other heads of that layer: PAPER_BF16, the rest FP32"}[r.kind]
@@ -120,7 +122,9 @@ def amendment_rows(state: Mapping, c: sub.AmendmentConfig | None = None) -> list
     c = c or sub.AmendmentConfig()
     out = []
     for r in c.row_objects():
-        cells = [f"{r.name}: {r.label}", f"<code>{r.changes}</code>", r.amends]
+        from lpfail.book.text import breakable
+
+        cells = [f"{r.name}: {r.label}", f"<code>{breakable(r.changes)}</code>", r.amends]
         for lr in c.lrs:
             d = _stat(state.get("analysis"), r.name, lr)
             k = state["stored"][r.name][f"{lr:g}"]
@@ -276,7 +280,7 @@ def replay_figure(rep: Mapping, smooth: int = 20, departure: tuple[int, int] | N
     step = int(rep["step"])
     from lpfail.book import plots
 
-    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(5.2, 5.4), sharex=True, height_ratios=(3, 2))
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(4.9, 5.4), sharex=True, height_ratios=(3, 2))
     kern = np.ones(smooth) / smooth
     base = np.asarray(rep["replay"]["losses"], dtype=np.float64)
     yb = np.convolve(base, kern, mode="valid")

@@ -3,6 +3,7 @@ sideways (the browser check, tools/browser_check.py, fails an output box wider t
 from __future__ import annotations
 
 import html
+import re
 import textwrap
 
 #: Characters of monospace text that fit the text column at 1280 px (688 px at ≈ 8.8 px per character, as the
@@ -58,7 +59,7 @@ def md_table(header, rows) -> str:
         row = list(row)
         if len(row) != len(header):
             raise ValueError(f"md_table: row {k} has {len(row)} cells, the header {len(header)}: {row!r}")
-        out.append("| " + " | ".join(md_cell(c) for c in row) + " |")
+        out.append("| " + " | ".join(nowrap_numbers(md_cell(c)) for c in row) + " |")
     return "\n".join(out)
 
 
@@ -86,3 +87,33 @@ def sentence(text: str) -> str:
     if t[0].isalpha():
         t = t[0].upper() + t[1:]
     return t if t[-1] in ".!?:" else t + "."
+
+
+# -- table cells that never break a word: numbers kept whole, long identifiers broken only where allowed -----------
+ZWSP = "\u200b"
+#: Numbers a browser would break at their hyphen-minus ("1.2e-05", "-0.5"): kept on one line by `nowrap_numbers`.
+_NUMBER = re.compile(r"(?<![\w.\-])([-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(?![\w.])")
+
+
+def breakable(ident: str) -> str:
+    """A long identifier or policy string (``PAPER_BF16_COMPILED,l_div=fp32``) with break opportunities after
+    ``_``, ``,`` and ``=`` (zero-width spaces), so that a narrow table column breaks it there, never inside a word."""
+    return re.sub(r"([_,=])", r"\1" + ZWSP, str(ident))
+
+
+def nowrap_numbers(html_text: str) -> str:
+    """Each number with a sign or an exponent in the text parts of ``html_text`` (not inside tags, not inside
+    ``code``) wrapped in ``<span class="lp-num">`` (white-space: nowrap), so that a table cell never breaks
+    "1.2e-05" at its hyphen."""
+    parts = re.split(r"(<[^>]+>|`[^`]*`)", str(html_text))
+    out, in_code = [], 0
+    for p in parts:
+        if p.startswith("<"):
+            in_code += 1 if re.match(r"<code\b", p) else -1 if p.startswith("</code") else 0
+            out.append(p)
+        elif p.startswith("`") or in_code > 0:
+            out.append(p)
+        else:
+            out.append(_NUMBER.sub(lambda m: (f'<span class="lp-num">{m.group(1)}</span>'
+                                              if re.search(r"[-+−e]", m.group(1)) else m.group(1)), p))
+    return "".join(out)
