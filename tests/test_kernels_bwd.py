@@ -75,7 +75,11 @@ def row_diff(x, ref):
 # rate and over 100× under the rate of per-hardware-tile rounding; a flipped rounding moves an element by a few
 # BF16 ulps of its row's largest entry (≤ 1.2e-2 of it measured), so ROW_DIFF would still catch one wrong row
 # (a missing or misplaced partial product is of the order of the row's entries).
-MISMATCH_LIMIT = {"dq": 1e-3, "dk": 1e-3, "dv": 5e-3}
+# Re-measured 2026-12-02 under the pinned CPU numerics `make test` sets (ATEN_CPU_CAPABILITY=default: ATen's
+# portable exp and reductions, another FP32 order than the AVX2 ones measured above): dQ ≤ 0.141 %, dK ≤ 0.086 %,
+# dV ≤ 0.177 % (block 512×None, N = 600, full), which the old limits of 0.1 % for dQ and dK did not admit. The
+# limits below are again 2.8–3.5× the largest rate and still over 100× under per-hardware-tile rounding's.
+MISMATCH_LIMIT = {"dq": 4e-3, "dk": 3e-3, "dv": 5e-3}
 ROW_DIFF = 2.0 ** -5
 
 

@@ -204,7 +204,7 @@ def test_every_stored_result_is_fresh_and_has_provenance():
     """The committed results cache: each file pair loads, names its device, and matches its experiment's
     current config (otherwise the book would be showing numbers its code no longer makes)."""
     directory = results.REPO_ROOT / "results"
-    names = sorted(p.stem for p in directory.glob("*.json"))
+    names = sorted(p.stem for p in directory.glob("*.json") if not p.name.startswith("quick_"))
     reg = results.registry()
     for name in names:
         assert name in reg, f"results/{name}.json belongs to no registered experiment"
@@ -212,3 +212,15 @@ def test_every_stored_result_is_fresh_and_has_provenance():
         if res is not None:
             assert res.meta["device"] and res.meta["created"] and res.meta["git"]
             assert json.loads((directory / f"{name}.json").read_text())["name"] == name
+
+
+def test_every_stored_quick_profile_names_its_grid_and_its_machine():
+    """results/quick_NAME.json: a grid's quick profile as measured once on a GPU (lpfail.sweep.quick)."""
+    from lpfail import sweep
+
+    grids = set(sweep.names())
+    for path in sorted((results.REPO_ROOT / "results").glob("quick_*.json")):
+        rec = json.loads(path.read_text())
+        assert path.stem.removeprefix("quick_") in grids and rec["name"] == path.stem.removeprefix("quick_")
+        assert rec["device"] and rec["created"] and rec["git"] and rec["wall_s"] > 0 and rec["runs"] >= 1
+        assert rec["complete"] and "headline" in rec and np.isfinite(rec["value"])

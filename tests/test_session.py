@@ -61,3 +61,34 @@ def test_quick_records(tiny, tmp_path):
         rec = json.loads(tf.extractfile("quick_tiny_lr.json").read())
     assert rec["name"] == "lr_sweep" and rec["complete"] and rec["bit_identical_runs"] == 4 and rec["wall_s"] > 0
     assert session.unpack(tmp_path / "out" / "quick.tgz", repo) == [str(repo / "quick_tiny_lr.json")]
+
+
+def test_mps_daemon_left_running_is_kept(monkeypatch, tmp_path):
+    """`quick` then `start` in two device calls: the second `-d` fails with "already running"; the daemon answers
+    on its pipe and must be kept (2026-12-02 00:43 it was stopped, and the driver's runs time-sliced the GPU)."""
+    calls, said = [], []
+
+    class Done:
+        def __init__(self, rc):
+            self.returncode, self.stdout, self.stderr = rc, "", ""
+
+    def fake_run(args, input=None, **kw):
+        calls.append((tuple(args), input))
+        if args[-1] == "-d":
+            return Done(1)  # "An instance of this daemon is already running"
+        return Done(0)  # get_server_list answers; the CUDA probe works
+
+    monkeypatch.setattr(session.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(session.subprocess, "run", fake_run)
+    monkeypatch.setattr(session, "MPS", {k: str(tmp_path / k) for k in session.MPS})
+    monkeypatch.setattr(session.os, "environ", dict(session.os.environ))
+    monkeypatch.setattr(session, "log", said.append)
+    session.start_mps()
+    assert said == ["MPS control daemon already running: kept"]
+    assert ("quit\n" not in [inp for _, inp in calls])
+    # no daemon at all (both `-d` and the pipe fail): stopped and said so
+    calls.clear(), said.clear()
+    monkeypatch.setattr(session.subprocess, "run", lambda args, input=None, **kw: Done(
+        0 if "-c" in args else 1))
+    session.start_mps()
+    assert said[0].startswith("MPS did not work")

@@ -228,3 +228,21 @@ def test_stored_grid_result_recollects_identically(name):
         _same(fresh[k], stored[k], k)
     stored_files = {p["file"] for p in stored.get("parts") or []}
     assert stored_files <= {p["file"] for p in lk.parts}  # every part it lists is still there
+
+
+def test_quick_compare_on_a_store_without_held_out_loss():
+    """symptom's summaries have a training-loss curve and no held-out one: the quick comparison tells bit-identical
+    reruns by the first trajectory field present (2026-12-02: KeyError 'val_loss' after the GPU run)."""
+    assert Q.fingerprint({"val_loss": [1, 2], "loss": [3]}) == [1, 2]
+    assert Q.fingerprint({"loss": [3]}) == [3] and Q.fingerprint({"final_loss": 3.0}) is None
+    from lpfail.sweep import grid as G
+
+    grid = G.get("symptom")
+    q = grid.quick()
+    stored = sweep.lookup(grid).have
+    rec = Q.compare(grid, q, {r.id: stored[r.id] for r in q.runs})
+    assert rec["bit_identical_runs"] == len(q.runs) == 2
+    assert rec["value"] == pytest.approx(rec["stored_per_seed"][q.seed])
+    changed = {r.id: {**stored[r.id], "loss": stored[r.id]["loss"][:-1]} for r in q.runs}
+    assert Q.compare(grid, q, changed)["bit_identical_runs"] == 0
+    assert Q.compare(grid, q, {r.id: {"final_loss": 1.0} for r in q.runs})["bit_identical_runs"] == 0

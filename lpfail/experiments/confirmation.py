@@ -164,6 +164,16 @@ class ConfirmationGrid(GridBase):
     def runs(self) -> list[Run]:
         return [L.grid_run(self.config, p) for p in plan(self.config)]
 
+    def quick(self):
+        """A and C at every rate of the smaller size, the first fresh seed (3): S(A) − S(C) of that seed, beside
+        the interval one seed is expected in from all ten."""
+        from lpfail.sweep.quick import Quick
+
+        c = self.config
+        lr_grid = L.LRGrid(c)
+        runs = [L.grid_run(c, L.Point("small", v, float(lr), CONFIRM[0])) for v in ("A", "C") for lr in c.lrs]
+        return Quick(runs, lr_grid.headline, "S(A) − S(C) at 4 × 256, one seed", CONFIRM[0], tuple(c.seeds))
+
     def result(self, have: dict, parts: list[dict]) -> dict:
         c = self.config
         ps = plan(c)

@@ -673,6 +673,12 @@ class SymptomSweepGrid(GridBase):
     def checks(self, root: Path, log=print) -> dict:
         return self.points[0].checks(root, log=log)
 
+    def quick(self):
+        """The first neighbouring configuration's A and C, seed 0: A − C in final loss, as `SymptomGrid.quick`."""
+        q = self.points[0].quick()
+        q.label = f"final loss of A − C at the search's first neighbour ({self.config.points[0]}), one seed"
+        return q
+
 
 @register("symptom_sweep")
 def symptom_sweep_grid(config: SymptomSweepConfig | None = None) -> SymptomSweepGrid:

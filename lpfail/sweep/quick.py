@@ -55,6 +55,19 @@ def prediction(values: list[float]) -> dict:
                                                                              float(x.mean() + half)]}
 
 
+#: the summary fields that identify a run's trajectory, first present wins: the held-out curve (lr_sweep's
+#: store) or the training-loss curve (symptom's, which has no held-out loss; 2026-12-02: KeyError 'val_loss')
+FINGERPRINT_FIELDS = ("val_loss", "loss")
+
+
+def fingerprint(summary: dict):
+    """The trajectory a summary stores (`FINGERPRINT_FIELDS`), to tell bit-identical reruns; None if it has none."""
+    for field in FINGERPRINT_FIELDS:
+        if field in summary:
+            return summary[field]
+    return None
+
+
 def compare(grid: Grid, q: Quick, quick_have: dict[str, dict], directory: Path | None = None) -> dict:
     """The quick headline beside the stored grid's: its value, the stored seeds' values and mean, the interval
     one seed is expected in, whether it falls inside, and whether the quick runs equal the stored ones bit for
@@ -64,8 +77,8 @@ def compare(grid: Grid, q: Quick, quick_have: dict[str, dict], directory: Path |
     per_seed = {int(s): float(q.statistic(stored, s)) for s in q.seeds}
     pred = prediction(list(per_seed.values()))
     inside = pred["interval"] is not None and pred["interval"][0] <= value <= pred["interval"][1]
-    same = [stored.get(r.id, {}).get("val_loss") == s["val_loss"] for r in q.runs
-            for s in [quick_have.get(r.id)] if s is not None]
+    same = [fp is not None and fingerprint(stored.get(r.id, {})) == fp for r in q.runs
+            for fp in [fingerprint(quick_have.get(r.id, {}))]]
     return {"headline": q.label, "value": value, "stored_per_seed": per_seed, "stored": pred,
             "inside": bool(inside), "bit_identical_runs": int(sum(same)), "runs": len(q.runs)}
 

@@ -75,11 +75,15 @@ def start_mps():
     os.environ.update(MPS)
     for d in MPS.values():
         Path(d).mkdir(parents=True, exist_ok=True)
-    ok = subprocess.run(["nvidia-cuda-mps-control", "-d"], start_new_session=True).returncode == 0
+    started = subprocess.run(["nvidia-cuda-mps-control", "-d"], start_new_session=True).returncode == 0
+    # a daemon left by an earlier call (`quick`, then `start`) answers on its pipe: keep it (2026-12-02 00:43:
+    # `-d` failed with "already running", the daemon was stopped, and the driver's runs time-sliced the GPU)
+    running = started or subprocess.run(["nvidia-cuda-mps-control"], input="get_server_list\n", text=True,
+                                        capture_output=True, timeout=30).returncode == 0
     probe = subprocess.run([sys.executable, "-c", "import torch; print(float(torch.ones(4, device='cuda').sum()))"],
                            capture_output=True, text=True, timeout=180)
-    if ok and probe.returncode == 0:
-        log("MPS control daemon started")
+    if running and probe.returncode == 0:
+        log("MPS control daemon started" if started else "MPS control daemon already running: kept")
     else:
         log(f"MPS did not work ({probe.stderr[-300:]}): stopping it")
         subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True)
@@ -193,14 +197,17 @@ def quick(names: list[str], out: Path, budget_s: float):
     start_mps()  # as the grids' drivers run (2026-12-01 22:08: without it the 12-run profiles time-sliced)
     recs = BASE / "quick"
     recs.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     for name in names:
         rec = Q.run_quick(G.get(name), BASE / "quick_runs" / name, budget_s=budget_s, log=lambda m: None)
         Q.save(rec, recs / f"quick_{name}.json")
         log(Q.text(rec))
-    out.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out / "quick.tgz", "w:gz") as tf:
-        for f in sorted(recs.glob("quick_*.json")):
-            tf.add(f, arcname=f.name)
+        # packed after every profile: a call cut off by its time limit keeps the profiles already measured
+        tmp = out / "quick.tgz.tmp"
+        with tarfile.open(tmp, "w:gz") as tf:
+            for f in sorted(recs.glob("quick_*.json")):
+                tf.add(f, arcname=f.name)
+        os.replace(tmp, out / "quick.tgz")
 
 
 def unpack(archive: Path, repo_results: Path | None = None) -> list[str]:
