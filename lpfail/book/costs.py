@@ -373,7 +373,7 @@ GRID_CHAPTER = {"lr_sweep": "01_symptom", "compiled_sweep": "lab_01_symptom", "s
 def quick_rows(directory=None) -> list[dict]:
     """One row per registered grid (`lpfail.sweep.names`): its quick profile's headline and number of runs (None
     without a profile), and, where ``results/quick_NAME.json`` stores a measurement, its wall time, device, date,
-    value and whether it fell inside the interval the stored seeds predict; "not measured yet" otherwise."""
+    value and whether it fell inside the interval the stored seeds predict; "not yet measured on an H200" otherwise."""
     from lpfail import sweep
 
     out = []
@@ -403,10 +403,11 @@ def quick_table(rows: list[dict]) -> str:
             body.append([f"`{r['grid']}`", "no quick profile", "—", "—"])
             continue
         if r["measured"]:
+            same = (f"{r['bit_identical']} runs bit-identical" if r["bit_identical"]
+                    else "bit-identity of its runs not recorded")
             t = (f"{fmt_seconds(r['wall_s'])} on an {short_device(r['device'])}, {r['created']}; "
-                 f"{'inside' if r['inside'] else 'outside'} the stored seeds' interval, "
-                 f"{r['bit_identical']} runs bit-identical")
+                 f"{'inside' if r['inside'] else 'outside'} the stored seeds' interval, {same}")
         else:
-            t = "not measured yet"
+            t = "not yet measured on an H200"
         body.append([f"`{r['grid']}`", r["headline"], f"{r['runs']}", t])
     return md_table(["grid", "headline (one seed)", "runs", "measured time"], body)
