@@ -72,6 +72,8 @@ def _num(x: float, fmt: str) -> str:
 
 
 def state_html(r_m, n_ties, beta, eps, spread) -> str:
+    from lpfail.book.text import nowrap_numbers  # a number never breaks at its hyphen-minus
+
     head = ("<tr><th>policy</th><th>m′ (row 0)</th><th>P̄ at a tie</th><th>ℓ</th><th>error of row 0</th>"
             "<th>bias, 64 rows (± 95 % CI)</th><th>non-finite rows</th></tr>")
     body = []
@@ -80,9 +82,10 @@ def state_html(r_m, n_ties, beta, eps, spread) -> str:
         style = " style='color:#c0392b'" if bad else ""
         bias = (f"{st['bias']:+.2e} ± {st['bias_ci']:.1e}" if np.isfinite(st["bias"]) else
                 "none: fewer than 2 finite rows")
-        body.append(f"<tr{style}><td>{html.escape(st['policy'])}</td><td>{_num(st['m'], '.6g')}</td>"
-                    f"<td>{_num(st['pbar'], '.4g')}</td><td>{_num(st['l'], '.4g')}</td>"
-                    f"<td>{_num(st['rel_err'], '.3g')}</td><td>{bias}</td><td>{st['nonfinite']:.0%}</td></tr>")
+        body.append(nowrap_numbers(
+            f"<tr{style}><td>{html.escape(st['policy'])}</td><td>{_num(st['m'], '.6g')}</td>"
+            f"<td>{_num(st['pbar'], '.4g')}</td><td>{_num(st['l'], '.4g')}</td>"
+            f"<td>{_num(st['rel_err'], '.3g')}</td><td>{bias}</td><td>{st['nonfinite']:.0%}</td></tr>"))
     return (f"<p>r_m = {r_m:g}, {n_ties} ties, β = {beta:g}, ε = {eps:g}, spread {spread:g} (error of row 0: "
             "|O − O*| / |O*|, O* the exact output)</p>"
             f"<table class='lpfail-table'>{head}{''.join(body)}</table>")
