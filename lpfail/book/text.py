@@ -91,8 +91,9 @@ def sentence(text: str) -> str:
 
 # -- table cells that never break a word: numbers kept whole, long identifiers broken only where allowed -----------
 ZWSP = "\u200b"
-#: Numbers a browser would break at their hyphen-minus ("1.2e-05", "-0.5"): kept on one line by `nowrap_numbers`.
-_NUMBER = re.compile(r"(?<![\w.\-])([-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(?![\w.])")
+#: Numbers a browser would break at their hyphen-minus ("1.2e-05", "-0.5"): kept on one line by `nowrap_numbers`. An
+#: exponent has its sign, as Python writes it, so that a short git hash ("048e337") is not taken for a number.
+_NUMBER = re.compile(r"(?<![\w.\-])([-+−]?\d[\d,]*(?:\.\d+)?(?:e[-+]\d+)?)(?![\w.])")
 
 
 def breakable(ident: str) -> str:
