@@ -1,7 +1,8 @@
 # `make book`: create .venv from nothing, install, build the HTML book into _build/html from stored results.
 # `make test`: pytest over tests/ and nbval over every chapter (one run), then the book build with -W, then the
-#              browser check: every page opened in headless Chromium (apt-get install chromium chromium-driver),
-#              screenshots in _build/screenshots/.
+#              checks of the built text (tools/book_checks.py: words per main-path chapter, table shapes, generated
+#              garbage), then the browser check: every page opened in headless Chromium (apt-get install chromium
+#              chromium-driver), screenshots of every page at 1280 and 400 px in _build/screenshots/.
 PYTHON ?= python3
 # CPU numerics independent of the machine (the chapters' stored outputs are compared by nbval on whatever CPU runs
 # the tests): ATen's portable kernels instead of its AVX2/AVX-512 ones, MKL's and oneDNN's CPU-independent code
@@ -15,7 +16,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test pytest build-strict browser-check notebooks clean
+.PHONY: book test pytest build-strict book-checks browser-check notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,13 +36,19 @@ pytest: $(STAMP)
 build-strict: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
 
+# The built pages' text (no browser): at most 3,000 words of prose and no table over 10 rows per main-path chapter,
+# no table with rows of unequal cell count, no "x to x" range, "stored: stored" repeat or placeholder.
+book-checks: $(STAMP)
+	$(BIN)/python tools/book_checks.py _build/html --toc _toc.yml --json _build/book_checks.json
+
 # Every page in headless Chromium: console errors, off-site resources, broken internal links and anchors,
 # images that did not load, untypeset math, widgets without a static twin, output boxes wider than the text
-# column at 1280 px, pages that scroll sideways at 400 px; whole-page screenshots at both widths (tools/browser_check.py).
+# column at 1280 px, words broken inside table cells at 1280 px, pages that scroll sideways and figure text under
+# 9 px at 400 px; whole-page screenshots at both widths (tools/browser_check.py).
 browser-check: $(STAMP)
 	$(BIN)/python tools/browser_check.py _build/html --screenshots _build/screenshots
 
-test: pytest build-strict browser-check
+test: pytest build-strict book-checks browser-check
 
 # Re-execute every chapter in place (on a GPU machine, LPFAIL_RECOMPUTE=1 recomputes stored results).
 notebooks: $(STAMP)

@@ -23,3 +23,19 @@ def test_interval_formats_a_statistic_or_says_none():
     assert interval(d) == "+0.083 [+0.057, +0.139]"
     assert interval({"point": 0.35, "ci": [0.2, 0.48]}, ".0f", scale=100) == "35 [20, 48]"
     assert interval(None) == "—" and interval({"point": None, "ci": None}, none="not measured") == "not measured"
+
+
+def test_numbers_in_table_cells_never_break_and_identifiers_break_only_where_allowed():
+    import re
+
+    from lpfail.book import fix_widgets
+    from lpfail.book.text import ZWSP, breakable, nowrap_numbers
+
+    assert nowrap_numbers("<td>-1.4e-03 ± 7.4e-05</td>") == (
+        '<td><span class="lp-num">-1.4e-03</span> ± <span class="lp-num">7.4e-05</span></td>')
+    assert nowrap_numbers("<td>0.00169</td><code>1e-05</code>") == "<td>0.00169</td><code>1e-05</code>"
+    assert nowrap_numbers("<td>048e337</td>") == "<td>048e337</td>"  # a git hash, not a number
+    assert breakable("PAPER_BF16,l_div=fp32") == f"PAPER_{ZWSP}BF16,{ZWSP}l_{ZWSP}div={ZWSP}fp32"
+    h = fix_widgets.state_html(*fix_widgets.GALLERY[0][1:])  # the fix explorer's table (chapter 5)
+    cells = re.findall(r"<td>(.*?)</td>", h)
+    assert cells and all("e-" not in re.sub(r'<span class="lp-num">[^<]*</span>', "", c) for c in cells), cells

@@ -106,3 +106,33 @@ def test_screenshots_cover_the_whole_page_at_both_widths(tmp_path):
         rows = [y for y in range(grey.size[1]) if grey.getpixel((15, y)) < 160 and grey.getpixel((200, y)) < 160]
         runs = [y for y in rows if y - 1 not in rows]
         assert len(runs) >= 5, runs
+
+
+def test_word_broken_inside_a_table_cell_is_rejected():
+    r = _by_page(browser_check.check_site(FIXTURES / "broken_site", pages=["narrow_table.html"]))["narrow_table.html"]
+    print(r.line())
+    broken = [e for e in r.errors if e.startswith("word broken inside a table cell")]
+    assert any("'unsupportedness'" in e for e in broken) and any("0.0012345678901" in e for e in broken), broken
+    assert any("'4.5e-05'" in e for e in broken), broken  # a number never breaks, not even at its hyphen
+    assert not any(w in e for e in broken for w in ("'ok'", "'fine'", "internationalisation", "non-finite",
+                                                      "PAPER_BF16"))  # not flagged
+    assert len(broken) == 3, broken
+
+
+def test_small_figure_text_on_a_phone_is_rejected():
+    r = _by_page(browser_check.check_site(FIXTURES / "broken_site", pages=["small_legend.html"]))["small_legend.html"]
+    print(r.line())
+    text = "\n".join(r.errors)
+    import re
+
+    wide = re.search(r"legend text ([\d.]+) px tall \(at least 9\) in wide panel", text)
+    assert wide and float(wide.group(1)) < 5  # 9 pt at 10 inches, shown under 400 px wide
+    assert "figure panel without its text sizes (data-lp-width-in): bare image" in text
+    assert "legend text 8.0 px tall (at least 9) in hidden state" in text  # a hidden twin state counts too
+    assert text.count("figure text") == 1  # only the wide panel's 9-point text is also below 8 px
+
+
+def test_good_figure_and_table_pass():
+    r = _by_page(browser_check.check_site(FIXTURES / "good_site", pages=["other.html"]))["other.html"]
+    print(r.line())
+    assert r.ok and r.images == 1

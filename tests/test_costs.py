@@ -221,3 +221,27 @@ def test_bench_table_reports_the_alternating_fix_cost():
            "pair_ratio": np.array([[[[1.05, 1.02]], [[1.10, 0.99]]]])}
     text = table(res)
     assert "fix cost (triton_fix vs triton), alternating timings: fwd +5.0% / +10.0%, fwd_bwd +2.0% / -1.0%" in text
+
+
+# -- the quick profiles' table (the appendix) -----------------------------------------------------------------
+def test_quick_table_reads_the_measured_times_and_names_what_is_missing(tmp_path):
+    import json
+
+    rows = C.quick_rows()  # the stored records
+    by = {r["grid"]: r for r in rows}
+    for name in ("fix_training", "cures", "confirmation"):
+        rec = json.loads((results.results_dir() / f"quick_{name}.json").read_text())
+        assert by[name]["measured"] and by[name]["wall_s"] == rec["wall_s"]
+    table = C.quick_table(rows)
+    for r in rows:
+        line = next(ln for ln in table.splitlines() if ln.startswith(f"| `{r['grid']}` |"))
+        if r["measured"]:
+            assert C.fmt_seconds(r["wall_s"]) in line and "not yet measured" not in line
+        elif r["headline"] is not None:
+            assert "not yet measured on an H200" in line
+    (tmp_path / "quick_symptom.json").write_text(json.dumps(
+        {"wall_s": 12.0, "device": "NVIDIA H200", "created": "2026-12-02T01:00:00+00:00", "inside": False,
+         "value": 0.1}))  # a record without the bit-identity count
+    row = next(r for r in C.quick_rows(tmp_path) if r["grid"] == "symptom")
+    line = C.quick_table([row]).splitlines()[-1]
+    assert "12.0 s on an H200, 2026-12-02; outside" in line and "not recorded" in line and "None" not in line

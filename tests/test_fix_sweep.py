@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lpfail.book import verdict as V
+from lpfail.book import fix_report as R5
 from lpfail.book.fix_sweep_report import outcome_map, plot_bias_vs_rm, plot_safe_region
 from lpfail.experiments import fix_sweep as FS
 from lpfail.experiments import fix_training as FT
@@ -62,7 +63,7 @@ def fake_sweep(alg3_bias=1e-5, robust_bias=1e-5, robust_nonfinite=0, alg3_nonfin
     (dict(alg3_bias=-1.3e-3), V.NOT_REPRODUCED),
 ])
 def test_fix_beta_rule(kw, expected):
-    assert V.judge_fix_beta(fake_sweep(**kw)).verdict == expected
+    assert R5.judge_fix_beta(fake_sweep(**kw)).verdict == expected
 
 
 @pytest.mark.parametrize("kw, expected", [
@@ -71,7 +72,7 @@ def test_fix_beta_rule(kw, expected):
     (dict(robust_bias=-1.3e-3), V.PARTLY),
 ])
 def test_robust_fix_rule(kw, expected):
-    v = V.judge_robust_fix(fake_sweep(**kw))
+    v = R5.judge_robust_fix(fake_sweep(**kw))
     assert v.verdict == expected, v.evidence
 
 
@@ -99,14 +100,14 @@ def fake_training(gap=0.08, fix_s=None, nonfinite_r=0):
 def test_fix_training_rule(kw, fix_b, r_word):
     a = FT.judge_fixes(fake_training(**kw))
     assert a["fix_b"] == fix_b and a["fixes"]["R"]["closes_half"]["verdict"] == r_word
-    v = V.judge_fix_training_sweep(a)
+    v = R5.judge_fix_training_sweep(a)
     assert v.verdict == V.SWEEP_WORDS[fix_b]
 
 
 def test_fix_training_reports_nonfinite_runs_and_pending():
     a = FT.judge_fixes(fake_training(nonfinite_r=2))
     assert a["fixes"]["R"]["finite"][5]["nonfinite"] == 2
-    assert V.judge_fix_training_sweep(None).verdict == V.NOT_TESTED
+    assert R5.judge_fix_training_sweep(None).verdict == V.NOT_TESTED
 
 
 def test_fix_training_reuses_lr_sweep_runs():
@@ -201,13 +202,13 @@ def _fake_cost(fwd_pct: float, fwd_bwd_pct: float):
 
 
 def test_robust_verdict_reports_its_cost_without_depending_on_it():
-    ok, slow = V.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 2.0)), V.judge_robust_fix(fake_sweep(), _fake_cost(20.0, 4.0))
+    ok, slow = R5.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 2.0)), R5.judge_robust_fix(fake_sweep(), _fake_cost(20.0, 4.0))
     assert ok.verdict == slow.verdict == V.REPRODUCED
     assert ok.note == "cost targets met" and "missed" not in ok.evidence
     assert slow.note == "cost targets missed (4 of 4)" and "+20.0 to +20.0 % (target ≤ 8 %: missed)" in slow.evidence
-    mixed = V.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 4.0))
+    mixed = R5.judge_robust_fix(fake_sweep(), _fake_cost(5.0, 4.0))
     assert mixed.note == "cost targets missed (2 of 4)"
-    assert V.judge_robust_fix(fake_sweep()).note == ""                    # no cost stored: nothing said
+    assert R5.judge_robust_fix(fake_sweep()).note == ""                    # no cost stored: nothing said
 
 
 def test_fix_training_verdict_table_gives_no_share_for_a_fix_with_nonfinite_runs():

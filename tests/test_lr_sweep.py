@@ -142,23 +142,26 @@ def test_versus_control_shares_of_the_gap():
         L.versus_control(res)
 
 
-def test_report_tables_from_parts_and_logs(tmp_path):
+def test_report_tables_from_parts_and_their_metadata(tmp_path):
     from lpfail.book import lr_sweep_report as LR
 
+    old = L.STORE.part(tmp_path)  # a part written before the parts recorded how their call ran
+    old.path = old.path.with_name("part-20261130T000000-1.json")  # not the same second's name as the next
+    old.add({"key": "small/C/lr0.002/s0", "run_hash": "h0", "wall_s": 5.0})
     part = L.STORE.part(tmp_path)
+    part.meta.update(parallel=5, gpus=["0"], uncaptured=["A_sr"], budget_s=9.0)  # as lpfail.sweep.run records it
     for k, w in (("small/A/lr0.001/s0", 10.0), ("small/C/lr0.001/s0", 30.0), ("large/A/lr0.001/s0", 99.0)):
         part.add({"key": k, "run_hash": "h", "wall_s": w})
-    (tmp_path / "lr_sweep_gpu").mkdir()
-    (tmp_path / "lr_sweep_gpu" / "drive-x.log").write_text(
-        f"lr_sweep: 3 runs, 5 at a time on GPUs ['0'], budget 9 s, root r, part {part.path.name}, uncaptured: ['A_sr']\n")
+    (tmp_path / "lr_sweep_gpu").mkdir()  # a driver's log is not read, whatever it says
+    (tmp_path / "lr_sweep_gpu" / "drive-x.log").write_text(f"lr_sweep: 3 runs, 7 at a time, part {part.path.name}\n")
     assert LR.calls_rows(tmp_path) == []  # none of these keys is in lr_sweep's grid
-    (row,) = LR.calls_rows(tmp_path, grid=False)
-    assert row["runs"] == 3 and row["parallel"] == 5 and row["uncaptured"] == "A_sr"
+    rows = {r["file"]: r for r in LR.calls_rows(tmp_path, grid=False)}
+    row = rows[part.path.name]
+    assert row["runs"] == 3 and row["parallel"] == 5 and row["uncaptured"] == "A_sr" and row["budget_s"] == 9.0
     assert row["median_wall_s"] == {"small": (20.0, 2), "large": (99.0, 1)}
-    assert "A_sr" in LR.calls_table(tmp_path, grid=False)
-    (tmp_path / "lr_sweep_gpu" / "drive-x.log").write_text("an older log without the header\n")
-    assert LR.calls_rows(tmp_path, grid=False)[0]["parallel"] is None
-    assert "not in the log" in LR.calls_table(tmp_path, grid=False)
+    assert rows[old.path.name]["parallel"] is None and rows[old.path.name]["uncaptured"] is None
+    table = LR.calls_table(tmp_path, grid=False)
+    assert "A_sr" in table and "not recorded" in table and ">7<" not in table
     t = LR.closure_table(_fake({"A": 0.6, "C": 0.0, "D": 0.0}, noise=0.002), "small", ("D", "S"))
     assert "D: FA2_BF16" in t and "S: PyTorch" not in t and "at lr 0.016" in t
     with pytest.raises(ValueError, match="none of"):

@@ -155,4 +155,4 @@ def test_runs_twin_holds_every_configuration_and_seed(stored):
     h = widgets.runs_twin(confs[:2], dpi=30)._repr_html_()
     n = sum(len(c.seeds) for c in confs[:2])
     assert h.count("<option") == n and len(re.findall(r"data-case='\d+'", h)) == n
-    assert h.count("data:image/png;base64,") == n and "data-lpfail-twin='runs_explorer'" in h
+    assert h.count("data:image/png;base64,") == 3 * n and "data-lpfail-twin='runs_explorer'" in h  # 3 panels a run

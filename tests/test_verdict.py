@@ -3,6 +3,12 @@ import numpy as np
 import pytest
 
 from lpfail.book import verdict as V
+from lpfail.book import gradient_report as GR
+from lpfail.book import lr_sweep_report as LR
+from lpfail.book import rounding_report as R4
+from lpfail.book import fix_report as R5
+from lpfail.book import substitution_report as SUB
+from lpfail.book import symptom_report as SYM
 from lpfail.results import ResultMissing
 
 
@@ -25,7 +31,7 @@ def rounding(acc=12.8e-4, acc_ci=0.2e-4, signed=-13.8e-4, signed_ci=0.2e-4, tie1
 
 
 def test_bias_reproduced_on_numbers_like_ours():
-    v = V.judge_rounding_bias(rounding())
+    v = R4.judge_rounding_bias(rounding())
     assert v.verdict == V.REPRODUCED
     assert "A: yes" in v.evidence and "B: yes" in v.evidence and "C: yes" in v.evidence
     assert "Synthetic rows" in v.differs
@@ -39,11 +45,11 @@ def test_bias_reproduced_on_numbers_like_ours():
     (dict(signed=+13.8e-4, tie1=12.9e-4), V.NOT_REPRODUCED),  # only A
 ])
 def test_bias_verdict_flips(kw, expected):
-    assert V.judge_rounding_bias(rounding(**kw)).verdict == expected
+    assert R4.judge_rounding_bias(rounding(**kw)).verdict == expected
 
 
 def test_fix_reproduced_on_numbers_like_ours():
-    v = V.judge_fix_bias(rounding())
+    v = R4.judge_fix_bias(rounding())
     assert v.verdict == V.REPRODUCED
     assert "(reproduced)" in v.evidence
 
@@ -55,13 +61,13 @@ def test_fix_reproduced_on_numbers_like_ours():
     (dict(acc=0.1e-4), V.NOT_TESTED),            # no bias without the fix: nothing to remove
 ])
 def test_fix_verdict_flips(kw, expected):
-    assert V.judge_fix_bias(rounding(**kw)).verdict == expected
+    assert R4.judge_fix_bias(rounding(**kw)).verdict == expected
 
 
 def test_worked_addition():
-    assert V.judge_worked_addition(-4.71875, -0.014759540557861328,
+    assert R4.judge_worked_addition(-4.71875, -0.014759540557861328,
                                    "1 10000001 00101101000011100010111").verdict == V.REPRODUCED
-    assert V.judge_worked_addition(-4.6875, 0.015625,   # the tie broken to even: not the paper's result
+    assert R4.judge_worked_addition(-4.6875, 0.015625,   # the tie broken to even: not the paper's result
                                    "1 10000001 00101101000000000000000").verdict == V.NOT_REPRODUCED
 
 
@@ -112,7 +118,7 @@ def sym_ev(a=((0, 3), (1, 3)), c=((0, 3), (0, 3)), b=((0, 3), None), pairs=11, w
     (dict(a=((0, 3), (0, 3)), pairs=4, worse=4), V.NOT_REPRODUCED),  # too few pairs to say anything
 ])
 def test_symptom_verdict_flips(kw, expected):
-    v = V.judge_symptom(sym_ev(**kw))
+    v = SYM.judge_symptom(sym_ev(**kw))
     assert v.verdict == expected, (kw, v.verdict)
     assert "cfg0: A" in v.evidence
 
@@ -124,7 +130,7 @@ def test_symptom_verdict_flips(kw, expected):
     (dict(a=((2, 3), (1, 3)), b=((2, 3), None)), V.NOT_REPRODUCED),
 ])
 def test_fix_training_verdict_flips(kw, expected):
-    v = V.judge_fix_training(sym_ev(**kw))
+    v = SYM.judge_fix_training(sym_ev(**kw))
     assert v.verdict == expected, (kw, v.verdict)
     assert "NaN in 6 of 6" in v.evidence
 
@@ -148,10 +154,10 @@ def test_fix_cost_prefers_alternating_timings():
     """Fix-c states the alternating (paired) measurement when the benchmark has it, else the separate medians."""
     from tests.test_bench import fake
     res = fake(fix_cost=(0.10, 0.02))
-    v = V.fix_cost(res)
+    v = R5.fix_cost(res)
     assert "+2.0 % to +2.0 %" in v.evidence and "+10.0 % to +10.0 %" in v.evidence and "alternation" in v.evidence
     single = {k: x for k, x in res.items() if not k.startswith("pair")}
-    v = V.fix_cost(single)
+    v = R5.fix_cost(single)
     assert "+22.2 % to +22.2 %" in v.evidence and "single runs" in v.evidence  # 110 vs 90 TFLOP/s
 
 
@@ -189,12 +195,12 @@ def sweep(h1="supported", h2="refuted", h3="supported", h4="not measured (runs m
 def test_sweep_words_cover_every_pre_registered_outcome():
     assert V.SWEEP_WORDS == WORDS
     with pytest.raises(ValueError):
-        V.judge_lr_symptom(sweep(h1="maybe"))
+        LR.judge_lr_symptom(sweep(h1="maybe"))
 
 
 @pytest.mark.parametrize("word", list(WORDS))
 def test_c0_is_judged_by_h1(word):
-    v = V.judge_lr_symptom(sweep(h1=word), old=V.judge_symptom(sym_ev()))
+    v = LR.judge_lr_symptom(sweep(h1=word), old=SYM.judge_symptom(sym_ev()))
     assert v.claim == "C0" and v.verdict == WORDS[word], (word, v.verdict)
     assert f"**{word}**" in v.evidence
     # the old criterion (explosion search) is reported beside the verdict, whatever it says, and does not decide
@@ -205,22 +211,22 @@ def test_c0_is_judged_by_h1(word):
 
 
 def test_c0_old_criterion_does_not_decide():
-    failing_old = V.judge_symptom(sym_ev(a=((3, 3), (0, 3))))  # the explosion search alone would say reproduced
+    failing_old = SYM.judge_symptom(sym_ev(a=((3, 3), (0, 3))))  # the explosion search alone would say reproduced
     assert failing_old.verdict == V.REPRODUCED
-    v = V.judge_lr_symptom(sweep(h1="inconclusive"), old=failing_old)
+    v = LR.judge_lr_symptom(sweep(h1="inconclusive"), old=failing_old)
     assert v.verdict == V.NOT_REPRODUCED and "explosion search: reproduced" in v.note
-    assert V.judge_lr_symptom(sweep(h1="refuted"), old=failing_old).verdict == V.CONTRADICTED
-    assert V.judge_lr_symptom(sweep(), old=None).old == ""  # no explosion search stored: nothing beside it
+    assert LR.judge_lr_symptom(sweep(h1="refuted"), old=failing_old).verdict == V.CONTRADICTED
+    assert LR.judge_lr_symptom(sweep(), old=None).old == ""  # no explosion search stored: nothing beside it
 
 
 def test_c0_evidence_numbers_and_where_the_gap_is():
-    v = V.judge_lr_symptom(sweep())
+    v = LR.judge_lr_symptom(sweep())
     assert "+0.095 [+0.050, +0.140]" in v.evidence and "S(A) = 0.595" in v.evidence
     assert "significantly above C's at lr 0.032 of 2" in v.evidence
 
 
 def test_partial_grid_is_stated():
-    for judge in (V.judge_lr_symptom, V.judge_bias_not_noise, V.judge_qk_norm, V.judge_size):
+    for judge in (LR.judge_lr_symptom, LR.judge_bias_not_noise, LR.judge_qk_norm, LR.judge_size):
         v = judge(sweep())
         assert "Partial evidence" in v.evidence and "102 of 198 runs" in v.evidence
         assert "D 0/18" in v.evidence and "the verdict is on the complete part" in v.evidence
@@ -231,36 +237,36 @@ def test_partial_grid_is_stated():
 
 @pytest.mark.parametrize("word", list(WORDS))
 def test_bias_not_noise_by_h2(word):
-    v = V.judge_bias_not_noise(sweep(h2=word))
+    v = LR.judge_bias_not_noise(sweep(h2=word))
     assert v.claim == "C0-bias" and v.verdict == WORDS[word] and f"**{word}**" in v.evidence
 
 
 def test_bias_not_noise_refuted_says_so_plainly():
-    v = V.judge_bias_not_noise(sweep())  # ≈ ours: S(A_sr) above S(A)
+    v = LR.judge_bias_not_noise(sweep())  # ≈ ours: S(A_sr) above S(A)
     assert v.verdict == V.CONTRADICTED
     assert v.evidence.startswith("The A − C gap survives stochastic rounding")
     assert "S(A_sr) − S(C) = +0.096 against S(A) − S(C) = +0.083" in v.evidence
     assert "closes none of the gap: it widens it by 16 %" in v.evidence
-    half = V.judge_bias_not_noise(sweep(h2="supported", s=dict(A=0.595, C=0.512, A_sr=0.52, A_qk=0.2, C_qk=0.2)))
+    half = LR.judge_bias_not_noise(sweep(h2="supported", s=dict(A=0.595, C=0.512, A_sr=0.52, A_qk=0.2, C_qk=0.2)))
     assert half.verdict == V.REPRODUCED and "closes 90 % of the gap" in half.evidence
-    assert "no A − C gap" in V.judge_bias_not_noise(sweep(h1="inconclusive", h2="no gap to close")).evidence
+    assert "no A − C gap" in LR.judge_bias_not_noise(sweep(h1="inconclusive", h2="no gap to close")).evidence
 
 
 @pytest.mark.parametrize("word", list(WORDS))
 def test_qk_norm_by_h3(word):
-    v = V.judge_qk_norm(sweep(h3=word))
+    v = LR.judge_qk_norm(sweep(h3=word))
     assert v.claim == "C0-qk" and v.verdict == WORDS[word] and f"**{word}**" in v.evidence
     assert "Not a claim of the paper" in v.statement
 
 
 def test_qk_norm_closes_the_gap_on_numbers_like_ours():
-    v = V.judge_qk_norm(sweep())
+    v = LR.judge_qk_norm(sweep())
     assert v.verdict == V.REPRODUCED and "closes 94 % of the gap" in v.evidence
 
 
 @pytest.mark.parametrize("word", ["supported", "refuted", "inconclusive", "not measured (runs missing)"])
 def test_size_by_h4(word):
-    v = V.judge_size(sweep(h4=word))
+    v = LR.judge_size(sweep(h4=word))
     assert v.claim == "C0-size" and v.verdict == WORDS[word]
     if word.startswith("not measured"):
         assert "Not measured" in v.evidence and "A 6/18, C 6/18" in v.evidence
@@ -291,10 +297,10 @@ def test_production_text_reports_shares_only_when_stored():
     from test_lr_sweep import _fake  # tests/ is on sys.path (rootdir-relative, no package)
 
     res = _fake({"A": 0.6, "C": 0.0, "D": 0.0, "S": 0.0}, noise=0.002)
-    t = V._production_text(res)
+    t = LR._production_text(res)
     assert t.startswith("Descriptively") and "D (production-kernel arithmetic) closes 10" in t and "SDPA closes" in t
-    assert V._production_text(_fake({"A": 0.6, "C": 0.0})) == ""
-    assert V._production_text({"analysis": {}}) == ""
+    assert LR._production_text(_fake({"A": 0.6, "C": 0.0})) == ""
+    assert LR._production_text({"analysis": {}}) == ""
 
 
 def test_provenance_names_every_commit_of_a_merged_result():
@@ -317,51 +323,51 @@ def _sub(rows: dict, gap_lo: float = 0.05) -> dict:
 
 
 def test_c1a_one_tile_is_a():
-    assert V.judge_one_tile(_sub({"tiles_fa2": {"0.032": V.OPEN}})).verdict == V.REPRODUCED
-    assert V.judge_one_tile(_sub({"tiles_fa2": {"0.032": V.NO_GAP}}, gap_lo=-0.01)).verdict == V.NOT_REPRODUCED
-    assert V.judge_one_tile(_sub({})).verdict == V.NOT_TESTED
+    assert SUB.judge_one_tile(_sub({"tiles_fa2": {"0.032": SUB.OPEN}})).verdict == V.REPRODUCED
+    assert SUB.judge_one_tile(_sub({"tiles_fa2": {"0.032": SUB.NO_GAP}}, gap_lo=-0.01)).verdict == V.NOT_REPRODUCED
+    assert SUB.judge_one_tile(_sub({})).verdict == V.NOT_TESTED
 
 
 def test_c1b_one_layer():
-    def res(a1, c1, others_a=V.CLOSES, others_c=V.OPEN):
+    def res(a1, c1, others_a=SUB.CLOSES, others_c=SUB.OPEN):
         rows = {f"layer{i}_a": {"0.032": a1 if i == 1 else others_a} for i in range(4)}
         rows |= {f"layer{i}_c": {"0.032": c1 if i == 1 else others_c} for i in range(4)}
         return _sub(rows)
-    assert V.judge_one_layer(res(V.OPEN, V.CLOSES)).verdict == V.REPRODUCED
-    assert V.judge_one_layer(res(V.UNSURE, V.CLOSES)).verdict == V.PARTLY
-    assert V.judge_one_layer(res(V.CLOSES, V.OPEN)).verdict == V.CONTRADICTED
-    assert V.judge_one_layer(res(V.UNSURE, V.UNSURE, V.UNSURE, V.UNSURE)).verdict == V.NOT_REPRODUCED
-    assert V.judge_one_layer(res(V.NO_GAP, V.NO_GAP, V.NO_GAP, V.NO_GAP)).verdict == V.NOT_TESTED
-    assert "layer1_a" in V.judge_one_layer(res(V.OPEN, V.CLOSES)).evidence
+    assert SUB.judge_one_layer(res(SUB.OPEN, SUB.CLOSES)).verdict == V.REPRODUCED
+    assert SUB.judge_one_layer(res(SUB.UNSURE, SUB.CLOSES)).verdict == V.PARTLY
+    assert SUB.judge_one_layer(res(SUB.CLOSES, SUB.OPEN)).verdict == V.CONTRADICTED
+    assert SUB.judge_one_layer(res(SUB.UNSURE, SUB.UNSURE, SUB.UNSURE, SUB.UNSURE)).verdict == V.NOT_REPRODUCED
+    assert SUB.judge_one_layer(res(SUB.NO_GAP, SUB.NO_GAP, SUB.NO_GAP, SUB.NO_GAP)).verdict == V.NOT_TESTED
+    assert "layer1_a" in SUB.judge_one_layer(res(SUB.OPEN, SUB.CLOSES)).evidence
 
 
 def test_c1c_through_delta():
     def res(words):
-        return _sub({n: {"0.016": w, "0.032": w} for n, w in zip(V.C1C_ROWS, words)})
-    assert V.judge_through_delta(res([V.CLOSES] * 4)).verdict == V.REPRODUCED
-    assert V.judge_through_delta(res([V.CLOSES, V.OPEN, V.OPEN, V.UNSURE])).verdict == V.PARTLY
-    assert V.judge_through_delta(res([V.OPEN] * 4)).verdict == V.CONTRADICTED
-    assert V.judge_through_delta(res([V.UNSURE, V.OPEN, V.OPEN, V.OPEN])).verdict == V.NOT_REPRODUCED
-    assert V.judge_through_delta(res([V.NO_GAP] * 4)).verdict == V.NOT_TESTED
-    assert V.judge_through_delta(res(["not measured (runs missing)"] + [V.CLOSES] * 3)).verdict == V.NOT_TESTED
+        return _sub({n: {"0.016": w, "0.032": w} for n, w in zip(SUB.C1C_ROWS, words)})
+    assert SUB.judge_through_delta(res([SUB.CLOSES] * 4)).verdict == V.REPRODUCED
+    assert SUB.judge_through_delta(res([SUB.CLOSES, SUB.OPEN, SUB.OPEN, SUB.UNSURE])).verdict == V.PARTLY
+    assert SUB.judge_through_delta(res([SUB.OPEN] * 4)).verdict == V.CONTRADICTED
+    assert SUB.judge_through_delta(res([SUB.UNSURE, SUB.OPEN, SUB.OPEN, SUB.OPEN])).verdict == V.NOT_REPRODUCED
+    assert SUB.judge_through_delta(res([SUB.NO_GAP] * 4)).verdict == V.NOT_TESTED
+    assert SUB.judge_through_delta(res(["not measured (runs missing)"] + [SUB.CLOSES] * 3)).verdict == V.NOT_TESTED
 
 
 def test_c2_gradient_error():
     rec = {"eq1_rel_err": [1e-14], "eq2_rel_err": [1e-14]}
     base = {"tol": 1e-9, "passed": True, "max_rel_err": 1e-14, "synthetic": [rec], "model": [rec]}
-    assert V.judge_gradient_error(base).verdict == V.NOT_TESTED  # the algebra alone is not the claim
-    assert V.judge_gradient_error({**base, "passed": False, "max_rel_err": 0.3}).verdict == V.CONTRADICTED
+    assert GR.judge_gradient_error(base).verdict == V.NOT_TESTED  # the algebra alone is not the claim
+    assert GR.judge_gradient_error({**base, "passed": False, "max_rel_err": 0.3}).verdict == V.CONTRADICTED
 
     def gpu(cos, sums, passed=True):
         recs = [{"step": s, "layer": 1, "eq3_cos_mean": [cos], "sum_dd": [x], "dw_err_norm": [2.0]}
                 for s, x in zip((300, 600, 900), sums)]
         recs.append({"step": 300, "layer": 0, "eq3_cos_mean": [cos], "sum_dd": [-1.0], "dw_err_norm": [1.0]})
         return {**base, "gpu": {"records": recs, "passed": passed}}
-    assert V.judge_gradient_error(gpu(0.8, [0.1, 0.2, 0.3])).verdict == V.REPRODUCED
-    assert V.judge_gradient_error(gpu(0.8, [0.1, -0.2, 0.3])).verdict == V.PARTLY
-    assert V.judge_gradient_error(gpu(0.1, [0.1, 0.2, 0.3])).verdict == V.PARTLY
-    assert V.judge_gradient_error(gpu(0.1, [-0.1, 0.2, 0.3])).verdict == V.NOT_REPRODUCED
-    assert V.judge_gradient_error(gpu(0.8, [0.1, 0.2, 0.3], passed=False)).verdict == V.CONTRADICTED
+    assert GR.judge_gradient_error(gpu(0.8, [0.1, 0.2, 0.3])).verdict == V.REPRODUCED
+    assert GR.judge_gradient_error(gpu(0.8, [0.1, -0.2, 0.3])).verdict == V.PARTLY
+    assert GR.judge_gradient_error(gpu(0.1, [0.1, 0.2, 0.3])).verdict == V.PARTLY
+    assert GR.judge_gradient_error(gpu(0.1, [-0.1, 0.2, 0.3])).verdict == V.NOT_REPRODUCED
+    assert GR.judge_gradient_error(gpu(0.8, [0.1, 0.2, 0.3], passed=False)).verdict == V.CONTRADICTED
 
 
 def test_c2_evidence_names_the_gpu_records_card_and_error():
@@ -371,7 +377,7 @@ def test_c2_evidence_names_the_gpu_records_card_and_error():
     res = {"tol": 1e-9, "passed": True, "max_rel_err": 1e-14, "synthetic": [rec], "model": [rec],
            "gpu": {"records": recs, "passed": True, "max_rel_err": 1.5e-12},
            "gpu_provenance": {"device": "NVIDIA H200", "created": "2026-12-01T07:50:45+00:00"}}
-    v = V.judge_gradient_error(res)
+    v = GR.judge_gradient_error(res)
     assert v.verdict == V.NOT_REPRODUCED
     assert "(NVIDIA H200, 2026-12-01)" in v.evidence and "worst relative error 1.5e-12" in v.evidence
     assert "coherence ratio" not in v.evidence
@@ -382,7 +388,7 @@ def test_c2_evidence_names_the_gpu_records_card_and_error():
     acc = {"k": 100, "layer": 0, "by_policy": {"A": {"norm": np.hstack([ns, np.cumsum(k, axis=0)]).tolist(),
                                                      "norm_signs": np.hstack([ns, ns]).tolist(),
                                                      "exponent": [1.5, 2.0], "exponent_signs": [1.5, 1.5]}}}
-    v2 = V.judge_gradient_error({**res, "accumulation": acc})
+    v2 = GR.judge_gradient_error({**res, "accumulation": acc})
     assert v2.verdict == v.verdict and "coherence ratio" in v2.evidence
     assert "outside that band: A head 1." in v2.evidence
 
@@ -395,8 +401,8 @@ def test_chapter_2_and_3_verdicts_from_the_stored_results():
         subst, grad = results.load("substitution"), results.load("gradient_error")
     except results.ResultError:
         pytest.skip("substitution or gradient_error not stored")
-    got = [V.judge_one_tile(subst), V.judge_one_layer(subst), V.judge_through_delta(subst),
-           V.judge_gradient_error(grad)]
+    got = [SUB.judge_one_tile(subst), SUB.judge_one_layer(subst), SUB.judge_through_delta(subst),
+           GR.judge_gradient_error(grad)]
     assert all(v.verdict != V.NOT_TESTED for v in got), [(v.claim, v.verdict) for v in got]
     assert "NVIDIA H200" in got[0].evidence and "NVIDIA H200" in got[3].evidence
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from lpfail.book import verdict as V
+from lpfail.book import beyond_report as BR
 
 
 def _pk(away=5e-4, ci=1e-4, p_one=0.05, pbar_one=1.0, available=True):
@@ -21,19 +22,19 @@ def _pk(away=5e-4, ci=1e-4, p_one=0.05, pbar_one=1.0, available=True):
 @pytest.mark.parametrize("away,ci,want", [(5e-4, 1e-4, V.REPRODUCED), (-5e-4, 1e-4, V.CONTRADICTED),
                                           (1e-5, 1e-4, V.NOT_REPRODUCED)])
 def test_backend_bias(away, ci, want):
-    v = V.judge_backend_bias(_pk(away, ci), "sdpa_flash")
+    v = BR.judge_backend_bias(_pk(away, ci), "sdpa_flash")
     assert v.verdict == want and "×10⁻⁴" in v.evidence
 
 
 def test_backend_not_available_is_not_tested():
-    v = V.judge_backend_bias(_pk(available=False), "sdpa_flash")
+    v = BR.judge_backend_bias(_pk(available=False), "sdpa_flash")
     assert v.verdict == V.NOT_TESTED and "no flash here" in v.evidence
 
 
 @pytest.mark.parametrize("p_one,pbar_one,want", [(0.05, 1.0, V.CONTRADICTED), (0.0, 0.3, V.REPRODUCED),
                                                  (0.9, 0.95, V.PARTLY)])
 def test_fma_pbar(p_one, pbar_one, want):
-    assert V.judge_fma_pbar(_pk(p_one=p_one, pbar_one=pbar_one)).verdict == want
+    assert BR.judge_fma_pbar(_pk(p_one=p_one, pbar_one=pbar_one)).verdict == want
 
 
 def _cures(k1, k2):
@@ -48,17 +49,17 @@ def _cures(k1, k2):
                                         ("inconclusive", "inconclusive", V.NOT_REPRODUCED),
                                         ("inconclusive", "no gap to close", V.NOT_TESTED)])
 def test_cure_rule(k1, k2, want):
-    assert V.judge_cure(_cures(k1, k2), "A_res").verdict == want
+    assert BR.judge_cure(_cures(k1, k2), "A_res").verdict == want
 
 
 def test_cure_without_runs_and_beyond_rows_without_results():
-    assert V.judge_cure(_cures("supported", "supported"), "A_ds").verdict == V.NOT_TESTED
+    assert BR.judge_cure(_cures("supported", "supported"), "A_ds").verdict == V.NOT_TESTED
     from lpfail.results import ResultMissing
 
     def load(name):
         raise ResultMissing(name)
 
-    rows = V.beyond_verdicts(load)
+    rows = BR.claims(load)
     assert rows and all(r.verdict == V.NOT_TESTED for r in rows)
 
 
@@ -69,6 +70,6 @@ def test_beyond_rows_read_stored_results():
         from lpfail.results import ResultMissing
         raise ResultMissing(name)
 
-    rows = {r.claim: r for r in V.beyond_verdicts(load)}
+    rows = {r.claim: r for r in BR.claims(load)}
     assert rows["K-bias:sdpa_flash"].verdict == V.REPRODUCED
     assert rows["K-fma"].verdict == V.CONTRADICTED

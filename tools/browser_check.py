@@ -20,7 +20,16 @@ For each HTML page (served from a local HTTP server on 127.0.0.1, so the pages a
   of a static twin's <select> tried) is wider than the text column (``article.bd-article``'s content box) by
   more than ``OVERFLOW_TOLERANCE_PX``;
 * a page that scrolls sideways as a whole at a phone's width (``PHONE_WIDTH`` = 400 px): the window can be
-  scrolled to the right by more than ``OVERFLOW_TOLERANCE_PX`` (the widest elements past the edge are named).
+  scrolled to the right by more than ``OVERFLOW_TOLERANCE_PX`` (the widest elements past the edge are named);
+* a word broken inside a table cell at 1280 px: a word of a cell that the browser laid out on more than one line
+  (a column too narrow for its longest word, or CSS that breaks anywhere), except a line break right after a
+  hyphen, a dash, a slash or a zero-width space; a number never breaks;
+* figure text too small on a phone: at 400 px, a figure's panel (an ``img`` in a figure, an output or an
+  ``.lp-fig``) whose legend text would be shown smaller than ``MIN_LEGEND_PX`` or whose smallest text smaller
+  than ``MIN_TEXT_PX``, from the sizes the panel carries (``data-lp-legend-pt``, ``data-lp-text-pt``, its width
+  ``data-lp-width-in``; `lpfail.book.plots.figure_html` writes them) and the width the page gives it; a panel
+  without them is an error too (its text size cannot be known). Hidden states of a static twin count, at the
+  width they would be shown at.
 
 It writes a screenshot of every page whole, top to bottom, at both widths (``X.png`` at 1280 px, ``X.w400.png``
 at 400 px), and report.json to the screenshots folder, prints one line per page, and exits 1 when any page has
@@ -53,6 +62,9 @@ PHONE_WIDTH = 400
 # whole CSS pixels but sub-pixel layout (borders, rounded font metrics, a table's 0.5 px border) can add one or
 # two; anything a reader would have to scroll for is far wider (the smallest real overflow found was ~20 px).
 OVERFLOW_TOLERANCE_PX = 2
+#: Figure text at a phone's width, in CSS pixels: legends at least this tall, any other text at least MIN_TEXT_PX.
+MIN_LEGEND_PX = 9.0
+MIN_TEXT_PX = 8.0
 
 
 @dataclasses.dataclass
@@ -232,6 +244,65 @@ if (sx > tol) {
 return {width: vw, scroll: sx, pageWidth: document.documentElement.scrollWidth, culprits: out};
 """
 
+# Words broken inside table cells (at the desktop width): every word of two or more characters of every visible
+# cell is laid out as a range; more than one line box (distinct tops) means the browser broke it.
+_BROKEN_WORDS_JS = r"""
+const out = [];
+const root = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+const numeric = /^[\[(]?[-+−±]?\d[\d.,]*(e[-+]?\d+)?[%×\]),;]*$/;
+const topOf = (node, i) => { const r = document.createRange(); r.setStart(node, i); r.setEnd(node, i + 1);
+                              const b = Array.from(r.getClientRects()).filter(x => x.width > 0)[0];
+                              return b ? Math.round(b.top) : null; };
+root.querySelectorAll('td, th').forEach(cell => {
+  if (!cell.offsetWidth) return;
+  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    const text = node.textContent, re = /\S{2,}/g; let m;
+    while ((m = re.exec(text)) !== null) {
+      let prev = null;
+      for (let i = m.index; i < m.index + m[0].length; i++) {
+        const t = topOf(node, i);
+        if (t === null) continue;
+        // a new line inside the word: allowed only after a hyphen, a dash, a slash or a zero-width space (the
+        // break points lpfail.book.text.breakable inserts), and never inside a number
+        if (prev !== null && t !== prev && (numeric.test(m[0]) || !/[-–\/\u200b]/.test(text[i - 1]))) {
+          if (out.length < 20) out.push(m[0].replace(/\u200b/g, '').slice(0, 40));
+          break;
+        }
+        prev = t;
+      }
+    }
+  }
+});
+return out;
+"""
+
+# Figure text at the phone width: each panel's text sizes (points, at its width in inches) scaled to the width the
+# page shows it at: its CSS width, at most the width of the box it sits in (max-width: 100 %).
+_FIGURE_TEXT_JS = r"""
+const minLegend = arguments[0], minText = arguments[1];
+const out = [];
+const imgs = Array.from(document.querySelectorAll('figure img, .cell_output img, .lp-fig img'));
+imgs.forEach((img, k) => {
+  const name = (img.getAttribute('alt') || img.src.split('/').pop() || 'image').slice(0, 60);
+  const win = parseFloat(img.getAttribute('data-lp-width-in'));
+  if (!win) { out.push('figure panel without its text sizes (data-lp-width-in): ' + name); return; }
+  let box = img.parentElement;
+  while (box && !box.clientWidth) box = box.parentElement;  // a hidden twin state: the width it would get
+  const avail = box ? box.clientWidth : window.innerWidth;
+  const own = parseFloat(img.style.width) || img.naturalWidth;
+  const shown = Math.min(own, avail);
+  const px = pt => pt * shown / (72 * win);
+  const leg = parseFloat(img.getAttribute('data-lp-legend-pt')), txt = parseFloat(img.getAttribute('data-lp-text-pt'));
+  if (leg && px(leg) < minLegend)
+    out.push('legend text ' + px(leg).toFixed(1) + ' px tall (at least ' + minLegend + ') in ' + name);
+  if (txt && px(txt) < minText)
+    out.push('figure text ' + px(txt).toFixed(1) + ' px tall (at least ' + minText + ') in ' + name);
+});
+return out;
+"""
+
+
 # One viewport-height capture at a time: where the window is scrolled to, how tall the document and the window
 # are, and the bottom edge of any sticky or fixed bar across the top (its strip is covered in every capture).
 _SCROLL_JS = r"""
@@ -393,6 +464,8 @@ def check_page(driver, base: str, site: Site, page: str, shots: Path | None, sou
     for b in wide["wide"]:
         r.errors.append(f"output box {b['box']} is {b['width']} px wide, the text column {wide['colWidth']} px "
                         f"at {DESKTOP[0]} px: {b['text']}")
+    r.errors += [f"word broken inside a table cell at {DESKTOP[0]} px: {w!r}"
+                 for w in driver.execute_script(_BROKEN_WORDS_JS)]
     stem = page[:-len(".html")].replace("/", "__")
     if shots is not None:
         shots.mkdir(parents=True, exist_ok=True)
@@ -402,6 +475,8 @@ def check_page(driver, base: str, site: Site, page: str, shots: Path | None, sou
     driver.set_window_size(PHONE_WIDTH, DESKTOP[1])
     time.sleep(0.2)
     phone = driver.execute_script(_PHONE_JS, OVERFLOW_TOLERANCE_PX)
+    r.errors += [f"at {PHONE_WIDTH} px: {m}" for m in driver.execute_script(_FIGURE_TEXT_JS, MIN_LEGEND_PX,
+                                                                              MIN_TEXT_PX)]
     if phone["scroll"] > OVERFLOW_TOLERANCE_PX:
         r.errors.append(f"the page scrolls sideways at {phone['width']} px (by {phone['scroll']} px, "
                         f"{phone['pageWidth']} px wide)" + "".join(f"; {c}" for c in phone["culprits"]))

@@ -8,11 +8,15 @@ negative, so a positive signed error is an error toward zero, i.e. a negative "a
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from lpfail.book.text import interval
 from lpfail.experiments import prod_kernels as pk
 from lpfail.experiments.rounding import RowSpec
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _e4 as _e4_ci,
+                                _load_or_none, _prov, sig_neg, sig_pos)
 
 #: The production implementations: PyTorch SDPA's CUDA back ends and lpfail's Triton kernel.
 PRODUCTION = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "triton_sub", "triton_fma")
@@ -26,18 +30,23 @@ def _e4(x: float) -> str:
     return f"{x * 1e4:+.2f}"
 
 
-def kernels_table(res) -> str:
-    """Markdown table: per method at the base rows, the signed error and the error toward larger |O|
-    (×10⁻⁴, ± the 95 % CI half-width), and the fraction of tied keys with P̄ = 1 (FP32 p = 1 in brackets)."""
-    rows = ["| method | signed error (×10⁻⁴) | toward larger \\|O\\| (×10⁻⁴) | P̄ = 1 at ties |", "|---|---|---|---|"]
+def kernels_table(res, methods=None) -> str:
+    """Markdown table: per method at the base rows (``methods``: all by default), the signed error and the error
+    toward larger |O| (×10⁻⁴, ± the 95 % CI half-width), and the fraction of tied keys with P̄ = 1 (FP32 p = 1 in
+    brackets)."""
+    from lpfail.book.text import md_table
+
+    rows = []
     for r in pk.summary(res):
+        if methods is not None and r["method"] not in methods:
+            continue
         if not r["available"]:
-            rows.append(f"| `{r['method']}` | not available: {r['reason'][:70]} | | |")
+            rows.append([f"`{r['method']}`", f"not available: {r['reason'][:70]}", "", ""])
             continue
         pb = "not observable" if np.isnan(r["pbar_one"]) else f"{r['pbar_one']:.0%} (p: {r['p_one']:.0%})"
-        rows.append(f"| `{r['method']}` | {_e4(r['signed'])} ± {r['signed_ci'] * 1e4:.2f} | "
-                    f"{_e4(r['away'])} ± {r['away_ci'] * 1e4:.2f} | {pb} |")
-    return "\n".join(rows)
+        rows.append([f"`{r['method']}`", f"{_e4(r['signed'])} ± {r['signed_ci'] * 1e4:.2f}",
+                     f"{_e4(r['away'])} ± {r['away_ci'] * 1e4:.2f}", pb])
+    return md_table(["method", "signed error (×10⁻⁴)", "toward larger |O| (×10⁻⁴)", "P̄ = 1 at ties"], rows)
 
 
 def match(res, a: str, b: str) -> float:
@@ -48,14 +57,20 @@ def match(res, a: str, b: str) -> float:
     return float("nan")
 
 
+#: Short names of the reference orders in the match table's header (its caption says what each is).
+MATCH_LABELS = {"ref_FA2_BF16": "FA2 ref.", "mimic_exp2_fma": "FA2 mimic", "ref_PAPER_BF16": "paper ref.",
+                "mimic_exp2_fma_roundfirst": "round-first mimic", "math_mimic": "math mimic"}
+
+
 def match_table(res, methods=PRODUCTION, against=("ref_FA2_BF16", "mimic_exp2_fma", "ref_PAPER_BF16",
                                                   "mimic_exp2_fma_roundfirst", "math_mimic")) -> str:
-    """Markdown: per production method, the bit-for-bit agreement with each reference order."""
+    """Markdown: per production method, the bit-for-bit agreement with each reference order (short names in the
+    header, `MATCH_LABELS`)."""
+    from lpfail.book.text import md_table
+
     live = [m for m in methods if bool(res.get(f"available_{m}", False))]
-    head = "| method | " + " | ".join(f"`{a}`" for a in against) + " |"
-    rows = [head, "|---|" + "---|" * len(against)]
-    rows += [f"| `{m}` | " + " | ".join(f"{match(res, m, a):.1%}" for a in against) + " |" for m in live]
-    return "\n".join(rows)
+    return md_table(["method", *[MATCH_LABELS.get(a, a) for a in against]],
+                    [[f"`{m}`", *[f"{match(res, m, a):.1%}" for a in against]] for m in live])
 
 
 def facts(res) -> dict:
@@ -98,6 +113,9 @@ def facts(res) -> dict:
         out["paper_away_neg50"] = _e4(float(np.asarray(res["neg_ref_PAPER_BF16_away"])[i5]))
         out["prod_away_neg50_lo"] = _e4(min(float(np.asarray(res[f"neg_{m}_away"])[i5]) for m in live))
         out["prod_away_neg50_hi"] = _e4(max(float(np.asarray(res[f"neg_{m}_away"])[i5]) for m in live))
+        from lpfail.book.text import span
+
+        out["prod_away_neg50"] = span(out["prod_away_neg50_lo"], out["prod_away_neg50_hi"])
     out["statement"] = (
         "On these rows every production kernel measured is biased the other way from the paper's kernel: "
         "toward smaller |O|, where PAPER_BF16 is biased toward larger |O|." if out["opposite"] else
@@ -106,28 +124,29 @@ def facts(res) -> dict:
     return out
 
 
-def prod_figure(res, show=None):
+def prod_figure(res, show=("sdpa_flash", "sdpa_cudnn", "sdpa_math", "triton_sub", "mimic_exp2_fma",
+                             "ref_PAPER_BF16")):
     """Error toward larger |O| (×10⁻⁴, 95 % CIs) against the gap (2 ties) and the number of ties (gap 16)."""
     import matplotlib.pyplot as plt
 
-    show = show or {"sdpa_flash": ("SDPA flash (CUDA)", "tab:red"), "sdpa_cudnn": ("SDPA cuDNN", "tab:orange"),
-                    "triton_sub": ("our Triton kernel", "tab:purple"), "sdpa_math": ("SDPA math (CUDA)", "tab:blue"),
-                    "ref_PAPER_BF16": ("PAPER_BF16", "k"), "mimic_exp2_fma": ("FA2 order mimic", "tab:green")}
+    from lpfail.book import plots
+
     gaps, ties = np.asarray(res["gaps"], dtype=float), np.asarray(res["ties"]).astype(int)
     base = RowSpec()
     ti, gi = list(ties).index(base.n_ties), list(gaps).index(base.gap)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for m, (label, color) in show.items():
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.8))
+    for m in show:
         if not bool(res.get(f"available_{m}", False)):
             continue
         a, ci = np.asarray(res[f"grid_{m}_away"]) * 1e4, np.asarray(res[f"grid_{m}_away_ci"]) * 1e4
-        axes[0].errorbar(gaps, a[:, ti], ci[:, ti], color=color, label=label, marker="o", ms=3, capsize=2)
-        axes[1].errorbar(ties, a[gi], ci[gi], color=color, label=label, marker="o", ms=3, capsize=2)
+        st = dict(color=plots.color(m), label=plots.WORDS.get(m, m), marker="o", ms=3, capsize=2)
+        axes[0].errorbar(gaps, a[:, ti], ci[:, ti], **st)
+        axes[1].errorbar(ties, a[gi], ci[gi], **st)
     for ax, xl in zip(axes, (f"gap of the tied maximum ({base.n_ties} ties)",
                              f"number of tied maxima (gap {base.gap:g})")):
         ax.axhline(0, color="grey", lw=0.5)
         ax.set(xlabel=xl, ylabel="error toward larger |O| (×10⁻⁴)")
-    axes[0].legend(fontsize=7)
+    axes[0].legend()
     fig.tight_layout()
     return fig
 
@@ -162,6 +181,36 @@ def cures_table(part: dict, variants) -> str:
                        "K2: half the A − C gap closed", "rel. throughput"], rows, escape=False)
 
 
+#: The cures in two groups for chapter 6's tables: aimed at the bias or at δ; changing the arithmetic or the model.
+CURE_GROUPS = {"bias": ("B", "Bp", "R", "A_sr", "A_hp", "A_res", "A_ds"), "other": ("D", "A_qk", "A_z", "A_cap")}
+
+
+def cures_summary_table(res, group: str) -> str:
+    """Markdown: for the cures of one `CURE_GROUPS` group of a stored ``cures`` result, where each acts, the share
+    of the gap it closes [95 % CI] (descriptive; none for a cure with non-finite runs, which count at their initial
+    loss and make a share of thousands of per cent) and its pre-registered K2 word (closes at least half)."""
+    from lpfail.book import plots
+    from lpfail.book.text import md_table
+
+    analysis = res["cures_analysis"]
+    variants = [str(x) for x in np.asarray(res["small_variants"])]
+    bad = {v: int((np.asarray(res["small_status"])[i] != 0).sum()) for i, v in enumerate(variants)}
+    rows = []
+    for v in CURE_GROUPS[group]:
+        y = analysis["cures"].get(v)
+        if y is None:
+            rows.append([plots.label(v), "—", "not stored", "not judged"])
+            continue
+        if bad.get(v):
+            share = f"none: {bad[v]} runs non-finite"
+        elif y.get("gap_closed") is not None and y.get("gap_closed_ci") is not None:
+            share = interval({"point": y["gap_closed"], "ci": y["gap_closed_ci"]}, ".0f", scale=100) + " %"
+        else:
+            share = "—"
+        rows.append([plots.label(v), y["where"], share, f"**{y['K2']['verdict']}**" if "K2" in y else "—"])
+    return md_table(["cure", "acts in", "share of the gap closed [95 % CI]", "K2: closes half"], rows)
+
+
 def cures_outcome(analysis: dict) -> dict:
     """The cures grouped by their K2 verdict (closes at least half of the A − C gap), from a `cures`
     analysis (``res["cures_analysis"]``): {"closes": [...], "does_not": [...], "inconclusive": [...],
@@ -192,3 +241,129 @@ def cures_outcome_text(analysis: dict) -> str:
             f"Does not (K2 refuted): {name(o['does_not'])}. Inconclusive: {name(o['inconclusive'])}. "
             f"Of the cures predicted in writing to close little, {len(hits)} of {len(o['predicted_little'])} "
             "did as predicted.")
+
+
+# -- chapter 6's claims (the production kernels, the cures) --------------------------------------------------
+#: Which stored method stands for "the production kernel" in each prod_kernels result.
+PROD_BACKEND = {"prod_kernels": "sdpa_flash", "prod_kernels_cpu": "sdpa_flash"}
+
+def _base_index(res: Mapping) -> tuple[int, int]:
+    from lpfail.experiments.rounding import RowSpec
+
+    gaps, ties = list(np.asarray(res["gaps"]).tolist()), list(np.asarray(res["ties"]).tolist())
+    base = RowSpec()
+    return (gaps.index(base.gap) if base.gap in gaps else 0, ties.index(base.n_ties) if base.n_ties in ties else 0)
+
+def judge_backend_bias(res: Mapping, method: str, name: str = "prod_kernels") -> Verdict:
+    """K-bias: a back end rounds the stored O toward larger |O| on rows with tied maxima, as PAPER_BF16 does
+    (chapter 4's bias), at the base rows (2 ties at 16, 90 % negative V).
+
+    Rule: the error toward larger |O| (``grid_{method}_away``) significantly positive → reproduced (the
+    paper's direction); significantly negative → contradicted (a bias of the other sign); otherwise not
+    reproduced; a method that could not run on the machine → not yet tested, with its error."""
+    statement = (f"The back end `{method}` has the paper's bias on tied rows: its stored O is rounded toward "
+                 "larger |O|.")
+    rule = ("away-from-zero error of the stored O at the base rows: 95 % CI above 0 → reproduced, below 0 → "
+            "contradicted, else not reproduced; not run on the machine → not yet tested")
+    if not bool(res.get(f"available_{method}", False)):
+        why = res.get(f"unavailable_{method}", "not in this result")
+        return Verdict(f"K-bias:{method}", statement, NOT_TESTED, f"`{method}` did not run: {why}. {_prov(res)}.",
+                       rule)
+    gi, ti = _base_index(res)
+    m = np.asarray(res[f"grid_{method}_away"])[gi, ti]
+    ci = np.asarray(res[f"grid_{method}_away_ci"])[gi, ti]
+    v = REPRODUCED if sig_pos(m, ci) else CONTRADICTED if sig_neg(m, ci) else NOT_REPRODUCED
+    dev = str(res.get("device_used", "?"))
+    return Verdict(f"K-bias:{method}", statement, v,
+                   f"Error toward larger |O| {_e4_ci(m, ci)} (experiment `{name}`, device {dev}); see {{doc}}`06_beyond`; "
+                   f"{_prov(res)}.", rule,
+                   "Synthetic rows fed to the kernel through q = e₀, k_j = s_j·e₀ with scale 1 (exact scores), "
+                   "not a trained model's attention." + (" Measured on a CPU: PyTorch's CPU kernel, not the CUDA "
+                                                         "one." if dev == "cpu" else ""),
+                   note="PyTorch's CPU kernel; the CUDA one pending" if dev == "cpu" else "")
+
+def judge_fma_pbar(res: Mapping) -> Verdict:
+    """K-fma (arXiv 2609.34272): production kernels form S − m with a fused multiply-add, so the tied maximum
+    does not give P̄ = 1. Judged on the FA2-order mimic with exp2 and FMA (`mimic_exp2_fma`) at the base rows.
+
+    Rule: fraction of tied keys with P̄ = bf16(p) exactly 1 (what the P̄V product multiplies) ≤ 0.5 →
+    reproduced; p itself (FP32) ≠ 1 for most ties while P̄ = 1 for ≥ 99 % → contradicted for the P̄ that the
+    product uses (the residual is lost in the BF16 rounding); otherwise partly."""
+    gi, ti = _base_index(res)
+    if not bool(res.get("available_mimic_exp2_fma", False)):
+        return Verdict("K-fma", "A fused S − m leaves P̄ ≠ 1 at tied maxima.", NOT_TESTED,
+                       "The mimic `mimic_exp2_fma` is not in this result.", "needs mimic_exp2_fma")
+    p1 = float(np.asarray(res["grid_mimic_exp2_fma_p_one"])[gi, ti])
+    pb1 = float(np.asarray(res["grid_mimic_exp2_fma_pbar_one"])[gi, ti])
+    if pb1 <= 0.5:
+        v = REPRODUCED
+    elif p1 < 0.5 and pb1 >= 0.99:
+        v = CONTRADICTED
+    else:
+        v = PARTLY
+    return Verdict(
+        "K-fma", "In a production kernel the max subtraction is fused into an FMA, so P̄ = 1 may never occur at "
+                 "a tied maximum (arXiv 2609.34272).", v,
+        f"FA2's order with exp2 and a fused S·c − m·c: p = 1 exactly for {p1:.0%} of the tied keys in FP32, "
+        f"P̄ = bf16(p) = 1 for {pb1:.0%}; see {{doc}}`06_beyond`; {_prov(res)}.",
+        "P̄ = 1 for ≤ 50 % of ties → reproduced; p ≠ 1 for most but P̄ = 1 for ≥ 99 % → contradicted (for the "
+        "P̄ the P̄V product uses); else partly",
+        "Our emulation of the FMA (float64, one rounding) and of FA2's order, not a CUDA kernel's output.",
+        note="on our emulation, not a CUDA kernel")
+
+CURE_CLAIMS = {
+    "A_res": ("K-cure:res", "Output-residual compensation (δ from O plus a stored BF16 residual) cures the failure "
+                            "(after arXiv 2610.05854)."),
+    "A_ds": ("K-cure:ds", "Correcting dS's row sum after the BF16 cast cures the failure (after arXiv 2609.34272)."),
+    "A_qk": ("K-cure:qk", "QK-norm guards the QK channel and prevents the failure (after arXiv 2608.02091)."),
+    "A_hp": ("K-cure:hp", "δ from an FP32 output (dO·O_hp) cures the failure (the paper's Sec. 3)."),
+}
+
+def judge_cure(res: Mapping, variant: str) -> Verdict:
+    """A cure 'cures the failure' on the LR-sensitivity proxy (experiment `cures`): pre-registered K2 (closes at
+    least half of the A − C gap) supported → reproduced; K1 (lowers S) supported but K2 not → partly; K1
+    refuted (raises S) → contradicted; otherwise not reproduced; no gap between A and C → not yet tested."""
+    claim, statement = CURE_CLAIMS.get(variant, (f"K-cure:{variant}", f"The cure `{variant}` cures the failure."))
+    a = res["cures_analysis"] if "cures_analysis" in res else res
+    row = a["cures"].get(variant)
+    rule = ("pre-registered (2026-12-01) K2 supported → reproduced; K1 supported only → partly; K1 refuted → "
+            "contradicted; else not reproduced")
+    if row is None or "K1" not in row:
+        return Verdict(claim, statement, NOT_TESTED, f"No runs of `{variant}` in the `cures` result.", rule)
+    k1, k2 = row["K1"], row["K2"]
+    if k2["verdict"] == "no gap to close":
+        return Verdict(claim, statement, NOT_TESTED, "A and C do not differ: nothing to cure.", rule)
+    v = (REPRODUCED if k2["verdict"] == "supported" else PARTLY if k1["verdict"] == "supported"
+         else CONTRADICTED if k1["verdict"] == "refuted" else NOT_REPRODUCED)
+    ci1, ci2 = k1["ci"], k2["ci"]
+    return Verdict(claim, statement, v,
+                   f"S(cure) − S(A) = {k1['point']:+.3f} [{ci1[0]:+.3f}, {ci1[1]:+.3f}] ({k1['verdict']}); "
+                   f"S(cure) − S(C) − ½(S(A) − S(C)) = {k2['point']:+.3f} [{ci2[0]:+.3f}, {ci2[1]:+.3f}] "
+                   f"({k2['verdict']}); see {{doc}}`06_beyond`; {_prov(res)}.", rule,
+                   "A 3.2 M-parameter byte-level proxy trained 1,000 steps at 6 learning rates, not GPT-2 small.")
+
+
+def claims(load=None, stored=None) -> list[Verdict]:
+    """Chapter 6's claims, from whatever is stored: the CUDA back ends (prod_kernels) or, before that GPU run,
+    the CPU part (prod_kernels_cpu); the cures (cures). ``stored`` is not read (every claim here says itself
+    why it is not yet tested)."""
+    from lpfail import results
+    load = load or results.load
+    out = []
+    name, res = "prod_kernels", _load_or_none(load, "prod_kernels")
+    if res is None:
+        name, res = "prod_kernels_cpu", _load_or_none(load, "prod_kernels_cpu")
+    if res is not None:
+        out += [judge_backend_bias(res, PROD_BACKEND[name], name), judge_fma_pbar(res)]
+    else:
+        out.append(Verdict("K-bias", "Production kernels have the bias.", NOT_TESTED,
+                           "No stored `prod_kernels` result yet; see {doc}`06_beyond`.", "no evidence yet"))
+    cures = _load_or_none(load, "cures")
+    for variant in CURE_CLAIMS:
+        if cures is not None:
+            out.append(judge_cure(cures, variant))
+        else:
+            claim, statement = CURE_CLAIMS[variant]
+            out.append(Verdict(claim, statement, NOT_TESTED, "No stored `cures` result yet (GPU run pending: "
+                               "tools/gpu.sh start cures); see {doc}`06_beyond`.", "no evidence yet"))
+    return out

@@ -23,6 +23,7 @@ import io
 import json
 import re
 import subprocess
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -79,9 +80,11 @@ def provenance_short(meta: Mapping) -> str:
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    """A Markdown table whose cells cannot break it (`lpfail.book.text.md_table`: ``|`` escaped, ragged rows
+    refused, numbers kept on one line)."""
+    from lpfail.book.text import md_table
+
+    return md_table(header, rows)
 
 
 _TABLE = "<table class='lpfail-table' style='font-size:0.85em;border-collapse:collapse'>"
@@ -95,7 +98,9 @@ def html_table(header: Sequence[str], rows: Sequence[Sequence], caption: str | N
                escape: bool = True) -> str:
     """A small HTML table in the style of the book's tables: what a chapter shows instead of a printed dict or
     a column layout made of spaces. Cells are escaped, unless ``escape=False`` (cells already HTML)."""
-    esc = (lambda x: html.escape(str(x))) if escape else str
+    from lpfail.book.text import nowrap_numbers
+
+    esc = (lambda x: nowrap_numbers(html.escape(str(x)))) if escape else (lambda x: nowrap_numbers(str(x)))
     out = [_TABLE]
     if caption:
         out.append(f"<caption style='text-align:left;caption-side:top'>{html.escape(caption)}</caption>")
@@ -355,3 +360,54 @@ def stored_at_commit(name: str, commit: str) -> dict:
     with np.load(io.BytesIO(npz), allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     return {"meta": meta, **arrays, **meta.get("scalars", {})}
+
+
+# -- the quick profiles (lpfail.sweep.quick): each grid's headline on one GPU in minutes ----------------------------
+#: The chapter that shows each grid's headline.
+GRID_CHAPTER = {"lr_sweep": "01_symptom", "compiled_sweep": "lab_01_symptom", "symptom": "lab_01_symptom",
+                "symptom_sweep": "lab_01_symptom", "substitution": "02_substitution",
+                "substitution_amendment": "02_substitution", "fix_training": "05_fix", "cures": "06_beyond",
+                "confirmation": "verdict"}
+
+
+def quick_rows(directory=None) -> list[dict]:
+    """One row per registered grid (`lpfail.sweep.names`): its quick profile's headline and number of runs (None
+    without a profile), and, where ``results/quick_NAME.json`` stores a measurement, its wall time, device, date,
+    value and whether it fell inside the interval the stored seeds predict; "not yet measured on an H200" otherwise."""
+    from lpfail import sweep
+
+    out = []
+    d = Path(directory) if directory is not None else results.results_dir()
+    for name in sweep.names():
+        grid = sweep.get(name)
+        q = grid.quick() if hasattr(grid, "quick") else None
+        p = d / f"quick_{name}.json"
+        rec = json.loads(p.read_text()) if p.is_file() else None
+        out.append({"grid": name, "chapter": GRID_CHAPTER.get(name), "headline": q.label if q else None,
+                    "runs": len(q.runs) if q else None, "measured": rec is not None,
+                    "wall_s": rec.get("wall_s") if rec else None, "device": rec.get("device") if rec else None,
+                    "created": str(rec.get("created", ""))[:10] if rec else None,
+                    "value": rec.get("value") if rec else None, "inside": rec.get("inside") if rec else None,
+                    "bit_identical": (f"{rec['bit_identical_runs']} of {rec['runs']}"
+                                      if rec and "bit_identical_runs" in rec else None)})
+    return out
+
+
+def quick_table(rows: list[dict]) -> str:
+    """Markdown: per grid, its quick profile (headline, runs) and its measured time, or what it lacks."""
+    from lpfail.book.text import md_table
+
+    body = []
+    for r in rows:
+        if r["headline"] is None:
+            body.append([f"`{r['grid']}`", "no quick profile", "—", "—"])
+            continue
+        if r["measured"]:
+            same = (f"{r['bit_identical']} runs bit-identical" if r["bit_identical"]
+                    else "bit-identity of its runs not recorded")
+            t = (f"{fmt_seconds(r['wall_s'])} on an {short_device(r['device'])}, {r['created']}; "
+                 f"{'inside' if r['inside'] else 'outside'} the stored seeds' interval, {same}")
+        else:
+            t = "not yet measured on an H200"
+        body.append([f"`{r['grid']}`", r["headline"], f"{r['runs']}", t])
+    return md_table(["grid", "headline (one seed)", "runs", "measured time"], body)

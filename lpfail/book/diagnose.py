@@ -87,9 +87,12 @@ def monitor_figure(runs: dict):
     tied BF16 maximum (max over heads), per layer, against the step, for each run in `runs` {label: run}."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    from lpfail.book import plots
+
+    fig, axes = plt.subplots(1, 3, figsize=(10.2, 3.4))
     styles = ["-", "--", ":"]
-    for (label, run), color in zip(runs.items(), ["tab:red", "tab:blue", "tab:green"]):
+    # the runs are not variants (both are FP32 SDPA): shades of the sequential series map, never a variant colour
+    for (label, run), color in zip(runs.items(), plots.series_colors(max(len(runs), 2))[::-1]):
         st, ml = series(run["records"], "max_logit")
         _, tf = series(run["records"], "tied_frac")
         for layer in range(ml.shape[1]):
@@ -97,11 +100,11 @@ def monitor_figure(runs: dict):
             axes[0].plot(st, ml[:, layer].max(axis=1), **kw)
             axes[1].plot(st, tf[:, layer].max(axis=1), **kw)
         axes[2].plot(np.arange(len(run["losses"])), run["losses"], color=color, label=label, lw=0.8)
-    axes[0].set(xlabel="step", ylabel="max attention logit", title="largest logit (max over heads)")
-    axes[1].set(xlabel="step", ylabel="fraction of rows", title="tied BF16 row maximum (max over heads)")
+    axes[0].set(xlabel="step", ylabel="max attention logit", title="largest logit")
+    axes[1].set(xlabel="step", ylabel="fraction of rows", title="tied BF16 row maximum")
     axes[2].set(xlabel="step", ylabel="training loss (nats/byte)", title="loss")
-    axes[0].legend(fontsize=7)
-    axes[2].legend(fontsize=7)
+    axes[0].legend()
+    axes[2].legend()
     fig.tight_layout()
     return fig
 

@@ -66,18 +66,29 @@ def fix_state(r_m: float, n_ties: int, beta: float, eps: float, spread: float, n
     return out
 
 
+def _num(x: float, fmt: str) -> str:
+    """A number of the table, or what it is when it is not one (never 'nan')."""
+    return format(x, fmt) if np.isfinite(x) else "non-finite"
+
+
 def state_html(r_m, n_ties, beta, eps, spread) -> str:
-    head = ("<tr><th>policy</th><th>m′ (row 0)</th><th>P̄ of a tied key</th><th>ℓ</th><th>|O − O*|/|O*| (row 0)"
-            "</th><th>bias over 64 rows (± 95 % CI)</th><th>non-finite rows</th></tr>")
+    from lpfail.book.text import nowrap_numbers  # a number never breaks at its hyphen-minus
+
+    head = ("<tr><th>policy</th><th>m′ (row 0)</th><th>P̄ at a tie</th><th>ℓ</th><th>error of row 0</th>"
+            "<th>bias, 64 rows (± 95 % CI)</th><th>non-finite rows</th></tr>")
     body = []
     for st in fix_state(r_m, n_ties, beta, eps, spread):
         bad = st["nonfinite"] > 0 or not np.isfinite(st["rel_err"]) or st["rel_err"] > 0.5
         style = " style='color:#c0392b'" if bad else ""
-        body.append(f"<tr{style}><td>{html.escape(st['policy'])}</td><td>{st['m']:.6g}</td><td>{st['pbar']:.4g}</td>"
-                    f"<td>{st['l']:.4g}</td><td>{st['rel_err']:.3g}</td><td>{st['bias']:+.2e} ± {st['bias_ci']:.1e}"
-                    f"</td><td>{st['nonfinite']:.0%}</td></tr>")
-    return (f"<p>r_m = {r_m:g}, {n_ties} ties, β = {beta:g}, ε = {eps:g}, spread {spread:g}</p>"
-            f"<table>{head}{''.join(body)}</table>")
+        bias = (f"{st['bias']:+.2e} ± {st['bias_ci']:.1e}" if np.isfinite(st["bias"]) else
+                "none: fewer than 2 finite rows")
+        body.append(nowrap_numbers(
+            f"<tr{style}><td>{html.escape(st['policy'])}</td><td>{_num(st['m'], '.6g')}</td>"
+            f"<td>{_num(st['pbar'], '.4g')}</td><td>{_num(st['l'], '.4g')}</td>"
+            f"<td>{_num(st['rel_err'], '.3g')}</td><td>{bias}</td><td>{st['nonfinite']:.0%}</td></tr>"))
+    return (f"<p>r_m = {r_m:g}, {n_ties} ties, β = {beta:g}, ε = {eps:g}, spread {spread:g} (error of row 0: "
+            "|O − O*| / |O*|, O* the exact output)</p>"
+            f"<table class='lpfail-table'>{head}{''.join(body)}</table>")
 
 
 def fix_twin(cases=GALLERY):

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _f,
+                                _load_or_none, _prov, pending)
 
 
 def check_rows(res: Mapping) -> list[list[str]]:
@@ -33,26 +35,28 @@ def delta_figure(res: Mapping):
     δ-term of Eq. 2 and A's whole dW_Q error, per head, for every checked case."""
     import matplotlib.pyplot as plt
 
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.6))
+    from lpfail.book import plots
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.6, 3.6))
     recs = res["model"]
     labels = [f"s{r['step']}\nL{r['layer']}" for r in recs]
     n_head = len(recs[0]["sum_dd"]) if recs else 0
     width = 0.8 / max(n_head, 1)
-    for h in range(n_head):
-        ax0.bar(np.arange(len(recs)) + h * width, [r["sum_dd"][h] for r in recs], width, label=f"head {h}")
+    for h, c in zip(range(n_head), plots.series_colors(n_head)):
+        ax0.bar(np.arange(len(recs)) + h * width, [r["sum_dd"][h] for r in recs], width, color=c, label=f"head {h}")
     ax0.axhline(0, color="k", lw=0.6)
-    ax0.set_xticks(np.arange(len(recs)) + 0.4 - width / 2, labels, fontsize=8)
+    ax0.set_xticks(np.arange(len(recs)) + 0.4 - width / 2, labels)
     ax0.set_ylabel("Σ Δδ over the batch")
-    ax0.set_title("CPU model under A: Σ (δ_lp − δ_hp)", fontsize=10)
-    ax0.legend(fontsize=8)
+    ax0.set_title("CPU model under A: Σ (δ_lp − δ_hp)")
+    ax0.legend()
     for i, (name, group) in enumerate((("synthetic", res["synthetic"]), ("CPU model", recs))):
         cs = [c for r in group for c in r["share_cos"]]
-        ax1.scatter(np.full(len(cs), i) + np.linspace(-0.15, 0.15, len(cs)), cs, s=18)
+        ax1.scatter(np.full(len(cs), i) + np.linspace(-0.15, 0.15, len(cs)), cs, s=18, color=plots.color("A"))
     ax1.axhline(0, color="k", lw=0.6)
     ax1.set_xticks([0, 1], ["synthetic", "CPU model"])
     ax1.set_ylim(-1.05, 1.05)
     ax1.set_ylabel("cosine")
-    ax1.set_title("δ-term of Eq. 2 vs A's whole dW_Q error", fontsize=10)
+    ax1.set_title("δ-term vs A's whole dW_Q error")
     fig.tight_layout()
     return fig
 
@@ -61,16 +65,18 @@ def toy_figure(runs: list[Mapping]):
     """‖accumulated error‖ against the number of steps K (log–log) for toy runs, with K and √K guides."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    for r in runs:
-        ax.loglog(r["k"], r["norm"], label=f"bias {r['bias']:g}: exponent {r['exponent']:.2f}")
+    from lpfail.book import plots
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    for r, c in zip(runs, plots.series_colors(len(runs))):
+        ax.loglog(r["k"], r["norm"], color=c, label=f"bias {r['bias']:g}: exponent {r['exponent']:.2f}")
     k = runs[0]["k"]
     ref = runs[0]["norm"][9]
-    ax.loglog(k, ref * k / k[9], "k--", lw=0.7, label="∝ K")
-    ax.loglog(k, ref * np.sqrt(k / k[9]), "k:", lw=0.7, label="∝ √K")
-    ax.set_xlabel("steps K")
-    ax.set_ylabel("‖accumulated error‖ (RMS over runs)")
-    ax.legend(fontsize=8)
+    ax.loglog(k, ref * k / k[9], "k--", lw=0.7, label="∝ n")
+    ax.loglog(k, ref * np.sqrt(k / k[9]), "k:", lw=0.7, label="∝ √n")
+    ax.set_xlabel("steps n")
+    ax.set_ylabel("‖accumulated error‖ (RMS)")
+    ax.legend()
     fig.tight_layout()
     return fig
 
@@ -139,8 +145,10 @@ def gpu_figure(res: Mapping):
     recs = res["gpu"]["records"]
     steps = sorted({r["step"] for r in recs})
     layers = sorted({r["layer"] for r in recs})
-    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(12, 3.6))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from lpfail.book import plots
+
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(10.8, 3.8))
+    colors = plots.series_colors(len(steps))
     for r in recs:
         x = layers.index(r["layer"]) + (steps.index(r["step"]) - 1) * 0.22
         c = colors[steps.index(r["step"]) % len(colors)]
@@ -156,18 +164,18 @@ def gpu_figure(res: Mapping):
     ax0.axhline(0.5, color="k", lw=0.6, ls=":")
     ax0.set_ylim(-0.05, 1.0)
     ax0.set_ylabel("mean pairwise cosine")
-    ax0.set_title("rank-one terms, across tokens", fontsize=10)
-    ax0.legend(fontsize=7)
+    ax0.set_title("rank-one terms, across tokens")
+    ax0.legend()
     ax1.axhline(0, color="k", lw=0.6)
     ax1.set_xlabel("position in the sequence")
     ax1.set_ylabel("running Σ Δδ")
-    ax1.set_title("running sum of δ_lp − δ_hp over rows", fontsize=10)
-    ax1.legend(fontsize=6, ncol=3)
+    ax1.set_title("running Σ Δδ over the rows")
+    ax1.legend(ncol=2)
     for y in (-2, 2):
         ax2.axhline(y, color="k", lw=0.6, ls=":")
     ax2.set_ylabel("Σ Δδ / (√N·σ)")
-    ax2.set_title("bias of Σ Δδ vs random-walk size", fontsize=10)
-    ax2.legend(fontsize=7)
+    ax2.set_title("Σ Δδ against its random-walk size")
+    ax2.legend()
     fig.tight_layout()
     return fig
 
@@ -263,8 +271,11 @@ def tied_cross_figure(res: Mapping):
 
     recs = res["gpu"]["records"]
     layers = sorted({r["layer"] for r in recs})
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8))
+    from lpfail.book import plots
+
+    colors = plots.series_colors(len(layers))
+    pair = [plots.color("A"), plots.series_colors(1)[0]]
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.8, 3.8))
     for r in recs:
         c = colors[layers.index(r["layer"]) % len(colors)]
         ax0.scatter(r["frac_tied"], tied_share(r), s=14, color=c,
@@ -274,20 +285,20 @@ def tied_cross_figure(res: Mapping):
     ax0.set_ylim(0, 1.02)
     ax0.set_xlabel("fraction of rows with a tied maximum")
     ax0.set_ylabel("tied rows' share of |Σ Δδ|")
-    ax0.set_title("do the tied rows carry Σ Δδ?", fontsize=10)
-    ax0.legend(fontsize=7)
+    ax0.set_title("do the tied rows carry Σ Δδ?")
+    ax0.legend()
     for j, (key, name, dx) in enumerate((("sketch_rbar", "R̄", -0.15), ("sketch_dterm", "δ-term", 0.15))):
         for d in cross_step(res, key):
             x = layers.index(d["layer"]) + dx
             ax1.scatter(np.full(len(d["cos"]), x) + np.linspace(-0.06, 0.06, len(d["cos"])), d["cos"], s=12,
-                        color=colors[j], label=name if (d["layer"], d["s1"], d["s2"]) == (layers[0], *sorted(
+                        color=pair[j], label=name if (d["layer"], d["s1"], d["s2"]) == (layers[0], *sorted(
                             {r["step"] for r in recs})[:2]) else None)
     ax1.axhline(0, color="k", lw=0.6)
     ax1.set_xticks(range(len(layers)), [f"layer {l_}" for l_ in layers])
     ax1.set_ylim(-1.05, 1.05)
     ax1.set_ylabel("cosine between two checked steps")
-    ax1.set_title("the same matrix at two steps (all step pairs, heads)", fontsize=10)
-    ax1.legend(fontsize=8)
+    ax1.set_title("the same matrix at two steps")
+    ax1.legend()
     fig.tight_layout()
     return fig
 
@@ -320,14 +331,20 @@ def coherence_summary(acc: Mapping, reps: int = 2000) -> dict:
     return out
 
 
-COHERENCE_HEADER = ["policy", "‖E_K‖ per head", "raw exponent (random signs)", "ρ_K per head",
-                    "unbiased band of ρ_K", "ρ_K if coherent", "growth exponent of ρ per head"]
+COHERENCE_HEADER = ["policy", "‖E_n‖ per head", "raw exponent (random signs)", "ρ_n per head",
+                    "unbiased band of ρ_n", "ρ_n if coherent", "growth exponent of ρ per head"]
+
+
+def _span(lo, hi, fmt):
+    from lpfail.book.text import span
+
+    return span(lo, hi, fmt)
 
 
 def coherence_rows(summ: Mapping) -> list[list[str]]:
     return [[name, ", ".join(f"{x:.3g}" for x in d["norm_k"]),
              ", ".join(f"{a:.2f} ({b:.2f})" for a, b in zip(d["exponent"], d["exponent_signs"])),
-             ", ".join(f"{x:.2f}" for x in d["rho_k"]), f"{d['null_k'][0]:.2f} to {d['null_k'][1]:.2f}",
+             ", ".join(f"{x:.2f}" for x in d["rho_k"]), _span(*d["null_k"], ".2f"),
              ", ".join(f"{x:.1f}" for x in d["coherent_k"]), ", ".join(f"{x:+.2f}" for x in d["rho_exp"])] for name, d in summ.items()]
 
 
@@ -338,7 +355,11 @@ def coherence_figure(summ: Mapping, toy_k: int | None = None):
     import matplotlib.pyplot as plt
 
     names = list(summ)
-    fig, axes = plt.subplots(1, len(names), figsize=(3.0 * len(names), 3.2), sharey=True)
+    from lpfail.book import plots
+
+    fig, all_axes = plt.subplots(1, len(names) + 1, figsize=(3.3 * len(names) + 2.7, 3.4),
+                                 width_ratios=[3.3] * len(names) + [2.7])
+    axes = all_axes[:-1]
     for ax, name in zip(np.atleast_1d(axes), names):
         d = summ[name]
         rho = d["rho"]
@@ -348,15 +369,159 @@ def coherence_figure(summ: Mapping, toy_k: int | None = None):
         if "signs_lo" in d:
             ax.fill_between(ks, d["signs_lo"].min(axis=1), d["signs_hi"].max(axis=1), color="0.7", lw=0,
                             label="the stored sign draws (range)")
-        for h in range(rho.shape[1]):
-            ax.loglog(ks, rho[:, h], lw=1.0, label=f"head {h}")
+        for h, c in zip(range(rho.shape[1]), plots.series_colors(rho.shape[1])):
+            ax.loglog(ks, rho[:, h], lw=1.0, color=c, label=f"head {h}")
         ax.loglog(ks, d["coherent"].mean(axis=1), "k--", lw=0.9, label="one direction, one sign")
-        ax.loglog(ks, np.sqrt(ks), "k-.", lw=0.6, label="√K (the toy's law)")
+        ax.loglog(ks, np.sqrt(ks), "k-.", lw=0.6, label="√n (the toy's law)")
         ax.axhline(1, color="k", lw=0.6, ls=":")
-        ax.set_title(name, fontsize=10)
-        ax.set_xlabel("steps K")
-    np.atleast_1d(axes)[0].set_ylabel("ρ_K = ‖E_K‖ / RMS‖Σ ±t_k‖")
-    np.atleast_1d(axes)[0].set_ylim(0.02, 20)
-    np.atleast_1d(axes)[-1].legend(fontsize=7)
+        ax.set_title(plots.label(name) if name in plots.WORDS else name, color=plots.color(name))
+        ax.set_xlabel("steps n")
+        ax.set_ylabel("ρ_n")
+        ax.set_ylim(0.02, 20)
+    plots.legend_axes(all_axes[-1], *np.atleast_1d(axes)[-1].get_legend_handles_labels())
     fig.tight_layout()
     return fig
+
+
+# -- chapter 3's claim (C2) -------------------------------------------------------------------------------------
+def _accumulation_evidence(acc: Mapping | None) -> str:
+    """C2's evidence beside its rule (the rule does not read it): the coherence ratio ρ_K of Eq. 2's δ-term
+    accumulated over K real steps of A (`lpfail.book.gradient_report.coherence_summary`), its range over
+    policies and heads at the last K, the unbiased band, and the heads outside that band. "" without it."""
+    if not acc:
+        return ""
+    from lpfail.book.gradient_report import coherence_summary
+
+    s = coherence_summary(acc, reps=1000)
+    rk = [x for d in s.values() for x in d["rho_k"]]
+    band = [b for d in s.values() for b in d["null_k"]]
+    out = [f"{n} head {h}" for n, d in s.items() for h, o in enumerate(d["outside"]) if o]
+    return (f" Accumulated over {acc['k']} consecutive steps of A's run (layer {acc['layer']}; "
+            f"{', '.join(s)}), the coherence ratio ρ_K = ‖E_K‖ / RMS‖Σ ±t_k‖ is {min(rk):.2f} to {max(rk):.2f} "
+            f"(unbiased signs: {min(band):.2f} to {max(band):.2f}); outside that band: "
+            f"{', '.join(out) if out else 'none'}.")
+
+def judge_gradient_error(res: Mapping) -> Verdict:
+    """C2. Contradicted when Eq. 1–2 do not match autograd on our tensors (the derivation would be wrong).
+    With GPU records of a real A run (``res["gpu"]``): reproduced when the checks pass, the median cosine of the
+    rank-one terms is ≥ 0.5 and Σ Δδ is positive at every checked step in the layer with the largest dW_Q
+    error; partly when one of the two holds; not reproduced when neither. Without them: not yet tested (the CPU
+    tensors check the algebra only, not the claims about real runs)."""
+    tol = _f(res["tol"])
+    cpu_ok = bool(res["passed"])
+    cpu = (f"On CPU tensors ({len(res['synthetic'])} synthetic large-logit cases and "
+           f"{len(res['model'])} (checkpoint, layer) pairs of a small model trained under A on the CPU), Eq. 1 and "
+           f"Eq. 2 match autograd to a relative {_f(res['max_rel_err']):.1e} (tolerance {tol:g}).")
+    gpu = res.get("gpu")
+    if not cpu_ok:
+        v, plain = CONTRADICTED, "The formula does not match autograd: the derivation fails on our tensors."
+    elif not gpu:
+        v, plain = NOT_TESTED, ("The claims about real runs (similar rank-one terms, a positive Σ Δδ) need the "
+                                "tensors of A's GPU checkpoints, not stored yet.")
+    else:
+        recs = gpu["records"]
+        ok = bool(gpu["passed"])
+        cos = float(np.median([c for r in recs for c in r["eq3_cos_mean"]]))
+        worst = max(recs, key=lambda r: max(r["dw_err_norm"]))["layer"]
+        pos = all(sum(r["sum_dd"]) > 0 for r in recs if r["layer"] == worst)
+        if not ok:
+            v = CONTRADICTED
+        else:
+            v = REPRODUCED if (cos >= 0.5 and pos) else PARTLY if (cos >= 0.5 or pos) else NOT_REPRODUCED
+        where = res.get("gpu_provenance") or {}
+        on = (f" ({where.get('device')}, {str(where.get('created', ''))[:10]})" if where.get("device") else "")
+        err = f" (worst relative error {_f(gpu['max_rel_err']):.1e})" if "max_rel_err" in gpu else ""
+        plain = (f"On A's GPU checkpoints{on}: checks {'pass' if ok else 'FAIL'}{err}; median cosine of the "
+                 f"rank-one terms {cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked "
+                 f"step: {pos}.")
+        plain += _accumulation_evidence(res.get("accumulation"))
+    return Verdict("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
+                         "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
+                   v, f"{cpu} {plain} See {{doc}}`03_gradient_error`; {_prov(res)}.",
+                   "contradicted if Eq. 1–2 miss autograd; with GPU records: reproduced when the median rank-one "
+                   "cosine ≥ 0.5 and Σ Δδ > 0 at every checked step of the layer with the largest dW_Q error, partly "
+                   "when one holds; without them not yet tested",
+                   "δ_hp is the exact (float64) value, the paper's FP32; our model is 4 × 256, not GPT-2 small.")
+
+
+def claims(load, stored) -> list[Verdict]:
+    """C2 from the stored ``gradient_error`` result, or pending without it."""
+    res = _load_or_none(load, "gradient_error")
+    if res is None:
+        return [pending("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
+                              "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
+                        "gradient_error", "03_gradient_error", stored)]
+    return [judge_gradient_error(res)]
+
+
+# -- the numbers chapter 3's text quotes (and its lab page's) ---------------------------------------------------------
+def facts(res: Mapping, reps: int = 2000) -> dict[str, str]:
+    """Every number chapter 3 and its lab page quote, formatted, from a stored ``gradient_error`` result: the CPU
+    checks, A's GPU checkpoints (`gpu_summary`), the tied rows (`tied_summary`), the cross-step cosines
+    (`cross_step_summary`), and the accumulation over consecutive steps (`coherence_summary` with ``reps``
+    simulated sign draws), with the card and day of the GPU records."""
+    from lpfail.book.text import listing, span
+
+    out = {"ge_max_err": f"{float(res['max_rel_err']):.1e}", "ge_tol": f"{float(res['tol']):g}",
+           "ge_n": f"{len(res['synthetic']) + len(res['model'])}"}
+    cos_model = [c for r in res["model"] for c in r["share_cos"]]
+    out["ge_cos_range"] = span(min(cos_model), max(cos_model), "+.2f")
+    out["ge_pos"] = f"{sum(x > 0 for r in res['model'] for x in r['sum_dd'])} of {len(cos_model)}"
+    gp = res.get("gpu_provenance") or {}
+    out["card"], out["when"] = str(gp.get("device", "not recorded")), str(gp.get("created", "not recorded"))[:10]
+    out["git"] = str(gp.get("git", "not recorded"))[:7]
+    if res.get("gpu"):
+        gs = gpu_summary(res)
+        out.update(gg_steps=listing([str(s) for s in gs["steps"]]), gg_n=f"{gs['n']}", gg_err=f"{gs['max_rel_err']:.1e}",
+                   gg_tol=f"{gs['tol']:g}", gg_cos=f"{gs['median_cos']:.2f}",
+                   gg_cos_range=span(*gs["cos_range"], ".2f"),
+                   gg_cos_layers=listing([f"layer {k}: {v:.2f}" for k, v in gs["median_cos_by_layer"].items()]),
+                   gg_worst=f"{gs['worst_layer']}",
+                   gg_worst_sums=listing([f"step {k}: {v:+.1e}" for k, v in gs["worst_layer_sum_dd"].items()]),
+                   gg_pos=f"{gs['n_pos']} of {gs['n_sums']}", gg_fpos=span(*gs["frac_pos_range"], ".2f"),
+                   gg_z_med=f"{gs['z_abs_median']:.0f}", gg_z_max=f"{gs['z_abs_max']:.0f}")
+        if gs["has_ties"]:
+            ts = tied_summary(res)
+            out.update(tie_frac=f"{ts['frac_median'] * 100:.1f} %",
+                       tie_frac_range=span(ts["frac_range"][0] * 100, ts["frac_range"][1] * 100, ".1f", unit=" %"),
+                       tie_share=f"{ts['share_median']:.2f}", tie_share_range=span(*ts["share_range"], ".2f"),
+                       tie_half=f"{ts['n_share_half']} of {ts['n']}", tie_pos=f"{ts['n_tied_pos']} of {ts['n']}",
+                       tie_same=f"{ts['n_same_sign']} of {ts['n']}")
+        if gs["has_sketches"]:
+            xs = cross_step_summary(res)
+            for k in ("rbar", "dterm"):
+                out[f"xs_{k}"] = f"{xs[k]['median']:+.2f}"
+                out[f"xs_{k}_range"] = span(*xs[k]["range"], "+.2f")
+                out[f"xs_{k}_neg"] = f"{xs[k]['n_neg']} of {xs[k]['n']}"
+    acc = res.get("accumulation")
+    if acc:
+        summ = coherence_summary(acc, reps=reps)
+        ap = acc["provenance"]
+        nk = {n: d["norm_k"] for n, d in summ.items()}
+        rk = [x for d in summ.values() for x in d["rho_k"]]
+        ex = [x for d in summ.values() for x in d["rho_exp"]]
+        band = [b for d in summ.values() for b in d["null_k"]]
+        coh = [x for d in summ.values() for x in d["coherent_k"]]
+        rawx = [x for d in summ.values() for x in d["exponent"] + d["exponent_signs"]]
+        outside = [f"{n} head {h}" for n, d in summ.items() for h, o in enumerate(d["outside"]) if o]
+        out.update(acc_card=str(ap["device"]), acc_when=str(ap["created"])[:10], acc_wall=f"{acc['wall_s']:.0f}",
+                   acc_on_run=str(acc["on_run_bit_exact"]), acc_layer=f"{acc['layer']}", acc_k=f"{acc['k']}",
+                   acc_rows=f"{acc['rows']}", acc_window=span(acc["step"] + 1, acc["step"] + acc["k"]),
+                   acc_step=f"{acc['step']}", acc_rho_range=span(min(rk), max(rk), ".2f"),
+                   acc_rho_exp_range=span(min(ex), max(ex), "+.2f"), acc_band=span(min(band), max(band), ".2f"),
+                   acc_coh=span(min(coh), max(coh), ".1f"), acc_outside=listing(outside),
+                   acc_raw_range=span(min(rawx), max(rawx), ".2f"),
+                   acc_raw_a=", ".join(f"{x:.2f}" for x in summ["A"]["exponent"]),
+                   acc_raw_a_signs=", ".join(f"{x:.2f}" for x in summ["A"]["exponent_signs"]))
+        for name, key in (("A", "a"), ("A_fix", "fix"), ("A_sr", "sr"), ("D", "d")):
+            if name in nk:
+                out[f"acc_norm_{key}"] = ", ".join(f"{x:.3g}" for x in nk[name])
+        if "A" in nk and "A_sr" in nk:
+            out["acc_sr_diff"] = f"{max(abs(x / y - 1) for x, y in zip(nk['A_sr'], nk['A'])) * 100:.1f} %"
+        if "A" in nk and "A_fix" in nk:
+            out["acc_fix_larger"] = f"{sum(x > y for x, y in zip(nk['A_fix'], nk['A']))} of {len(nk['A'])}"
+        from lpfail.experiments.gradient_error import accumulation_run
+        import inspect
+
+        out["acc_nsigns"] = f"{inspect.signature(accumulation_run).parameters['n_signs'].default}"
+    return out

@@ -6,23 +6,38 @@ Figures, the explorer as an ipywidgets box with a kernel-free twin (`lpfail.book
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import html
 
 import numpy as np
 
 from lpfail.book.text import interval
 from lpfail.experiments import lr_sweep as L
+from lpfail.book.verdict import (SWEEP_RULE, Verdict, _f, _hyp, _load_or_none, _prov, _stat, pending)
 
-#: Colours and line styles per variant (the chapter's legend).
-STYLE = {
-    "A": ("#c0392b", "-"), "C": ("#2c3e50", "-"), "D": ("#e67e22", "-"), "B": ("#8e44ad", "-"),
-    "S": ("#7f8c8d", ":"), "A_sr": ("#c0392b", "--"), "A_qk": ("#16a085", "-"), "C_qk": ("#16a085", "--"),
-}
+
+
+def _style(v: str) -> tuple[str, str]:
+    """(colour, line style) of a variant, from the book's one palette (`lpfail.book.plots`)."""
+    from lpfail.book import plots
+
+    st = plots.style(v)
+    return st["color"], st["ls"]
+
+
 SIZE_NAME = {"small": "4 layers × 256 (3.2 M parameters)", "large": "8 layers × 512 (25 M parameters)"}
 
 
 def label(v: str) -> str:
     return L.VARIANTS[v].label
+
+
+def _legend(v: str) -> str:
+    """A variant's name in a figure's legend: its letter and its words (the book's palette module)."""
+    from lpfail.book import plots
+
+    return plots.label(v)
 
 
 def _variants(res, size: str) -> list[str]:
@@ -49,7 +64,7 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
     ss = [x for x in sizes(res) if only_sizes is None or x in only_sizes]
     if not ss:
         raise ValueError(f"lr_curves_figure: none of the sizes {only_sizes} is stored (have {sizes(res)})")
-    fig, axes = plt.subplots(1, len(ss), figsize=(5.2 * len(ss), 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(ss), figsize=(4.9 * len(ss), 4.0), squeeze=False)
     for ax, size in zip(axes[0], ss):
         eff = L.effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])  # (V, L, S)
         stored = np.asarray(res[f"{size}_stored"])
@@ -58,13 +73,13 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
         for i, v in enumerate(_variants(res, size)):
             if (variants is not None and v not in variants) or not stored[i].any():
                 continue
-            color, ls = STYLE.get(v, ("k", "-"))
+            color, ls = _style(v)
             with np.errstate(all="ignore"):
                 mean = np.nanmean(eff[i], axis=-1)
             done = analysis["sizes"].get(size, {}).get(v)
-            tag = (f"S = {done['S']:.3f}" if done else
+            tag = (f"sensitivity {done['S']:.3f}" if done else
                    f"{int(stored[i].sum())} of {stored[i].size} runs: no S")
-            ax.plot(lrs, mean, ls, color=color, marker="o", ms=3.5, lw=1.6, label=f"{v}  ({tag})")
+            ax.plot(lrs, mean, ls, color=color, marker="o", ms=3.5, lw=1.6, label=f"{_legend(v)}: {tag}")
             ax.fill_between(lrs, np.nanmin(eff[i], axis=-1), np.nanmax(eff[i], axis=-1), color=color,
                             alpha=0.10, lw=0)
             bad = status[i].any(axis=-1)
@@ -72,10 +87,10 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
                 ax.plot(lrs[bad], mean[bad], "o", mfc="none", mec=color, ms=10, mew=1.5)
         ax.set_xscale("log")
         ax.set_xlabel("peak learning rate")
-        ax.set_title(SIZE_NAME.get(size, size), fontsize=10)
+        ax.set_title(SIZE_NAME.get(size, size))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7.5, loc="upper left")
-    axes[0][0].set_ylabel("held-out loss at step 1,000 (nats/byte)")
+        ax.legend(loc="lower right")
+        ax.set_ylabel("held-out loss at step 1,000 (nats/byte)")
     fig.tight_layout()
     return fig
 
@@ -85,13 +100,13 @@ def sensitivity_figure(analysis):
     import matplotlib.pyplot as plt
 
     rows = [(size, v, d) for size, sz in analysis["sizes"].items() for v, d in sz.items()]
-    fig, ax = plt.subplots(figsize=(7.2, 0.32 * len(rows) + 1.0))
+    fig, ax = plt.subplots(figsize=(5.0, 0.32 * len(rows) + 1.0))
     for y, (size, v, d) in enumerate(rows):
-        color, _ = STYLE.get(v, ("k", "-"))
+        color, _ = _style(v)
         ax.errorbar(d["S"], y, xerr=[[d["S"] - d["ci"][0]], [d["ci"][1] - d["S"]]], fmt="o", color=color,
                     capsize=3, ms=5)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{'large' if s == 'large' else 'small'}: {v}" for s, v, _ in rows], fontsize=8)
+    ax.set_yticklabels([f"{'large' if s == 'large' else 'small'}: {v}" for s, v, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("LR sensitivity (nats/byte): mean − min of the loss-vs-lr curve")
     ax.grid(alpha=0.3, axis="x")
@@ -108,10 +123,10 @@ def growth_figure(res, size: str = "small", lr_index: int = -1, variants=("A", "
     steps = np.asarray(res["diag_step"])
     lr = float(np.asarray(res["lrs"])[lr_index])
     vs = [v for v in variants if v in _variants(res, size)]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.3))
+    fig, axes = plt.subplots(1, 3, figsize=(10.5, 3.4))
     for v in vs:
         i = _variants(res, size).index(v)
-        color, ls = STYLE.get(v, ("k", "-"))
+        color, ls = _style(v)
         series = (np.nanmax(np.asarray(res[f"{size}_max_logit"])[i, lr_index], axis=-1),  # (S, n_diag)
                   np.nanmean(np.asarray(res[f"{size}_tied_frac"])[i, lr_index], axis=-1),
                   np.nanmax(np.asarray(res[f"{size}_wq"])[i, lr_index], axis=(-1, -2)))
@@ -119,16 +134,15 @@ def growth_figure(res, size: str = "small", lr_index: int = -1, variants=("A", "
             for s in range(y.shape[0]):
                 ax.plot(steps, y[s], ls, color=color, alpha=0.25, lw=0.8)
             with np.errstate(all="ignore"):
-                ax.plot(steps, np.nanmean(y, axis=0), ls, color=color, lw=1.8, label=v)
+                ax.plot(steps, np.nanmean(y, axis=0), ls, color=color, lw=1.8, label=_legend(v))
     axes[0].set_yscale("log")
-    axes[0].set_title("largest attention logit (max over layers)", fontsize=9)
-    axes[1].set_title("rows with a tied maximum (BF16 scores, mean over layers)", fontsize=9)
-    axes[2].set_title("‖W_Q‖ of the largest head", fontsize=9)
+    axes[0].set_ylabel("largest attention logit")
+    axes[1].set_ylabel("rows with a tied maximum")
+    axes[2].set_ylabel("‖W_Q‖ of the largest head")
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"{SIZE_NAME.get(size, size)}, lr {_fmt_lr(lr)}", fontsize=10)
+    axes[0].legend()
     fig.tight_layout()
     return fig
 
@@ -146,8 +160,8 @@ def run_figure(res, size: str, variant: str, lr_index: int, seed_index: int | No
     n = int(np.asarray(res["val_step"])[-1])
     x = (np.arange(P) + 0.5) * n / P
     lr = float(np.asarray(res["lrs"])[lr_index])
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.0), dpi=dpi)
-    color, _ = STYLE.get(variant, ("k", "-"))
+    fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.0), dpi=dpi)
+    color, _ = _style(variant)
     notes = []
     for n_k, k in enumerate(ks):
         idx = (i, lr_index, k)
@@ -162,15 +176,14 @@ def run_figure(res, size: str, variant: str, lr_index: int, seed_index: int | No
                          alpha=alpha)
         if res[f"{size}_status"][idx]:
             notes.append(f"seed {int(seeds[k])} non-finite at step {int(res[f'{size}_nonfinite_step'][idx])}")
-    axes[0].set_title("loss (line: training, dots: held-out)", fontsize=9)
-    axes[0].legend(fontsize=7)
-    axes[1].set_title("gradient norm before clipping (geometric mean)", fontsize=9)
-    axes[2].set_title("largest attention logit", fontsize=9)
+    axes[0].set_title("loss (dots: held-out)")
+    axes[0].legend()
+    axes[1].set_title("gradient norm (before clipping)")
+    axes[2].set_title("largest attention logit")
     for ax in axes:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{label(variant)} — {size}, lr {_fmt_lr(lr)}" + (f" ({'; '.join(notes)})" if notes else ""),
-                 fontsize=10)
+    fig._lp_alt = f"{label(variant)} — {size}, lr {_fmt_lr(lr)}" + (f" ({'; '.join(notes)})" if notes else "")
     fig.tight_layout()
     return fig
 
@@ -315,34 +328,33 @@ def closure_table(res, size: str = "small", variants=("D", "B", "S", "A_sr")) ->
 
 def calls_rows(directory=None, grid: bool = True) -> list[dict]:
     """One row per stored part (a GPU call's driver): when, where, how many runs, the driver's wall time, the
-    median run time per size, how many ran at once and which variants ran uncaptured, from the part files and
-    the drivers' logs under ``results/lr_sweep_gpu`` (``None`` where a log does not say)."""
-    import re
-    from pathlib import Path
-
-    from lpfail import results
+    median run time per size, and how the call ran its runs — how many at once (``parallel``), on which GPUs,
+    which variant groups uncaptured, its budget — from the part file's own metadata (`lpfail.sweep.run` records
+    them); ``None`` for a key the part does not record (the parts written before it did)."""
+    import json
 
     from lpfail import sweep
 
     runs, metas = L.STORE.load(directory)
     if grid:  # only the parts that hold runs of lr_sweep's own grid (cures and fix_training share the folder)
         metas = sweep.lookup(L.lr_sweep_grid(), directory).parts
-    logs = Path(directory if directory is not None else results.results_dir()) / "lr_sweep_gpu"
-    texts = [f.read_text() for f in sorted(logs.glob("drive*.log"))] if logs.is_dir() else []
+    folder = L.STORE.path(directory)
     out = []
     for m in metas:
-        head = next((ln for t in texts for ln in t.splitlines() if f"part {m['file']}" in ln), "")
-        par = re.search(r"(\d+) at a time", head)
-        unc = re.search(r"uncaptured: (\[.*?\]|none)", head)
+        part = json.loads((folder / m["file"]).read_text())
         med = {}
         for size in ("small", "large"):
             w = [runs[k]["wall_s"] for k in m["keys"] if k.startswith(size + "/")]
             med[size] = (float(np.median(w)), len(w)) if w else None
+        unc = part.get("uncaptured")
         out.append({"file": m["file"], "device": m["device"], "created": str(m["created"]), "git": str(m["git"]),
                     "runs": m["runs"], "wall_s": float(m["wall_s"]), "median_wall_s": med,
-                    "parallel": int(par.group(1)) if par else None,
-                    "uncaptured": None if unc is None else unc.group(1).strip("[]").replace("'", "") or "none"})
+                    "parallel": part.get("parallel"), "gpus": part.get("gpus"), "budget_s": part.get("budget_s"),
+                    "uncaptured": None if unc is None else (", ".join(unc) if unc else "none")})
     return out
+
+
+NOT_RECORDED = "not recorded"
 
 
 def calls_table(directory=None, grid: bool = True) -> str:
@@ -350,8 +362,9 @@ def calls_table(directory=None, grid: bool = True) -> str:
     for r in calls_rows(directory, grid):
         med = "; ".join(f"{size} {m[0]:.0f} s ({m[1]} runs)" for size, m in r["median_wall_s"].items() if m)
         rows.append([html.escape(f"{r['created'][:16].replace('T', ' ')} UTC"), html.escape(r["git"][:7]),
-                     str(r["runs"]), f"{r['wall_s'] / 60:.1f} min", "—" if r["parallel"] is None else str(r["parallel"]),
-                     html.escape("not in the log" if r["uncaptured"] is None else r["uncaptured"]),
+                     str(r["runs"]), f"{r['wall_s'] / 60:.1f} min",
+                     NOT_RECORDED if r["parallel"] is None else str(r["parallel"]),
+                     html.escape(NOT_RECORDED if r["uncaptured"] is None else r["uncaptured"]),
                      html.escape(med)])
     return _table(["driver started", "git", "runs", "driver wall", "at once", "uncaptured variants",
                    "median run wall"], rows)
@@ -370,7 +383,7 @@ def provenance_html(res) -> str:
 
 
 # -- the explorer -------------------------------------------------------------------------------------------
-def runs_twin(res, size: str = "small", dpi: int = 55, variants=None):
+def runs_twin(res, size: str = "small", dpi: int = 90, variants=None):
     """Kernel-free twin of `runs_explorer`: every stored (variant, lr) of one size precomputed, its seeds
     drawn together, behind one <select>."""
     from lpfail.book import widgets
@@ -448,3 +461,299 @@ def compiled_section() -> str:
              f"**{a['same_as_eager']['verdict']}**.",
              "", f"*{res.provenance}*"]
     return "\n".join(rows)
+
+
+# -- chapter 1's claims (C0, C0-bias, C0-qk, C0-size), by the sweep's pre-registered hypotheses ----------------
+_SIZE = {"small": "smaller", "large": "larger"}
+
+def _s(a: Mapping, variant: str, size: str = "small") -> str:
+    d = a.get("sizes", {}).get(size, {}).get(variant)
+    if d is None:
+        return f"S({variant}) not measured"
+    return f"S({variant}) = {_f(d['S']):.3f} [{_f(d['ci'][0]):.3f}, {_f(d['ci'][1]):.3f}]"
+
+def _closed(a: Mapping, treated: str, control: str) -> str:
+    """How much of the smaller size's A − C gap the pair (treated, control) closes, from the point estimates."""
+    sz = a.get("sizes", {}).get("small", {})
+    if not all(k in sz for k in ("A", "C", treated, control)):
+        return ""
+    gap, left = _f(sz["A"]["S"]) - _f(sz["C"]["S"]), _f(sz[treated]["S"]) - _f(sz[control]["S"])
+    if gap <= 0:
+        return ""
+    frac = 1 - left / gap
+    how = (f"closes {frac * 100:.0f} % of the gap" if frac >= 0
+           else f"closes none of the gap: it widens it by {-frac * 100:.0f} %")
+    return f"S({treated}) − S({control}) = {left:+.3f} against S(A) − S(C) = {gap:+.3f} ({how}, point estimates)"
+
+def sweep_scope(res: Mapping) -> str:
+    """Empty for a complete grid; else which runs are missing and that verdicts are on the complete part."""
+    if res.get("complete", True):
+        return ""
+    a = res["analysis"]
+    inc = a.get("incomplete", {})
+    miss = "; ".join(f"{_SIZE.get(size, size)} size: " + ", ".join(f"{v} {d['stored']}/{d['runs']}"
+                                                                     for v, d in per.items())
+                     for size, per in inc.items() if per)
+    done = "; ".join(f"{_SIZE.get(size, size)} size: {', '.join(per)}" for size, per in a.get("sizes", {}).items()
+                     if per)
+    n = (f"{int(res['runs_stored'])} of {int(res['runs_planned'])} runs stored"
+         if "runs_stored" in res and "runs_planned" in res else "not every run stored")
+    return (f"**Partial evidence:** the grid is incomplete, {n} (runs stored of the variants with missing ones — "
+            f"{miss or 'none listed'}); the verdict is on the complete part: {done or 'no complete variant'}.")
+
+def _sweep_note(res: Mapping) -> str:
+    return "" if res.get("complete", True) else "partial grid"
+
+def _sweep_differs(res: Mapping) -> str:
+    cfg = (getattr(res, "meta", None) or {}).get("config") or {}
+    if cfg.get("small"):
+        (nl, _, ne), lrs = cfg["small"], [float(x) for x in cfg.get("lrs", [])]
+        setting = (f"{nl} layers × {ne} (the smaller size), {cfg['max_steps']:,} steps of "
+                   f"{int(cfg['batch_size']) * int(cfg['block_size']):,} byte-level tokens per run at learning "
+                   f"rates {min(lrs):g}–{max(lrs):g}, {len(cfg.get('seeds', []))} seeds")
+    else:
+        setting = "small byte-level GPTs trained briefly over a grid of learning rates (see the stored config)"
+    return (f"A small-scale proxy (Wortsman et al. {{cite}}`wortsman2023small`): {setting}; the final held-out loss "
+            "summarised as LR sensitivity, not the paper's loss explosion of GPT-2 small over 3.5 B tokens.")
+
+def _production_text(res: Mapping) -> str:
+    """Descriptive, not part of any rule: the share of the A − C gap that D (production-kernel arithmetic) and
+    S (SDPA) close, where both are stored ('' otherwise)."""
+    from lpfail.experiments import lr_sweep as L
+
+    if "small_variants" not in res or "small_val_final" not in res:
+        return ""
+    try:
+        rows = {r["variant"]: r for r in L.versus_control(res, "small")}
+    except (KeyError, L.SweepIncomplete):
+        return ""
+    parts = [f"{name} closes {100 * rows[v]['closed']['point']:.0f} % [{100 * rows[v]['closed']['ci'][0]:.0f}, "
+             f"{100 * rows[v]['closed']['ci'][1]:.0f}]" for v, name in (("D", "D (production-kernel arithmetic)"),
+                                                                       ("S", "PyTorch SDPA"))
+             if v in rows and rows[v]["closed"] is not None]
+    if not parts:
+        return ""
+    return "Descriptively (no hypothesis was registered for them), of that gap " + " and ".join(parts) + "."
+
+def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
+    """C0, by the sweep's pre-registered H1: the LR sensitivity of A (PAPER_BF16) exceeds that of C (FP32) at
+    the smaller size. Its word maps by `SWEEP_WORDS`. ``old`` — the explosion search's verdict
+    (`judge_symptom`) — is reported beside it and does not decide it."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H1")
+    per_lr = a.get("a_minus_c_per_lr", {}).get("small", [])
+    where = [f"{_f(d['lr']):g}" for d in per_lr if d.get("ci") is not None and _f(d["ci"][0]) > 0]
+    small = a.get("sizes", {}).get("small", {})
+    nonfinite = sum(int(small[k].get("nonfinite", 0)) for k in ("A", "C") if k in small)
+    ev = (f"Pre-registered ({a.get('preregistered_on', '?')}) H1, S(A) − S(C) at the smaller size: "
+          f"{_stat(h)} — **{h['verdict']}**. {_s(a, 'A')}, {_s(a, 'C')} (LR sensitivity of the held-out loss, "
+          "95 % bootstrap intervals over seeds).")
+    if per_lr:
+        ev += (" Per learning rate, A's final loss is significantly above C's at "
+               + (f"lr {', '.join(where)}" if where else "no learning rate")
+               + f" of {len(per_lr)}; {nonfinite} runs of A and C turned non-finite.")
+    if prod := _production_text(res):
+        ev += " " + prod
+    ev += f" See {{numref}}`fig-lr-curves`; {_prov(res)}."
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    oldtxt, note = "", _sweep_note(res)
+    if old is not None:
+        oldtxt = (f"explosion search (`symptom`), by its own pre-registered rule: **{old.verdict}**. "
+                  f"{old.evidence} Its rule: {old.rule}.")
+        note = "; ".join(x for x in (note, f"old criterion, explosion search: {old.verdict}") if x)
+    return Verdict(
+        "C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than with "
+              "high-precision (FP32) attention — measured as learning-rate sensitivity.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H1', 'H1: S(A) − S(C) > 0')}; {SWEEP_RULE}. The explosion search's "
+        "criterion is reported beside it and no longer decides",
+        _sweep_differs(res), note=note, old=oldtxt)
+
+def judge_bias_not_noise(res: Mapping) -> Verdict:
+    """C0-bias, by H2: stochastic rounding of A's output path (P̄V, Ō, O: the same 8-bit mantissas without the
+    bias) closes at least half of the A − C gap. Needs H1 supported ("no gap to close" → not yet tested)."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H2")
+    closed = _closed(a, "A_sr", "C")
+    word = h["verdict"]
+    if word == "refuted":
+        plain = ("The A − C gap survives stochastic rounding: removing the bias at the same precision closes "
+                 "significantly less than half of it, so on this proxy the harm does not come from the bias alone.")
+    elif word == "supported":
+        plain = ("Stochastic rounding closes at least half of the A − C gap: the bias, not the precision, does "
+                 "the harm.")
+    elif word == "inconclusive":
+        plain = "The interval cannot tell whether stochastic rounding closes half of the A − C gap."
+    elif word == "no gap to close":
+        plain = "H1 is not supported, so there is no A − C gap for stochastic rounding to close."
+    else:
+        plain = "The runs it needs (A, C and A_sr at the smaller size) are not all stored."
+    ev = (f"{plain} Pre-registered H2, S(A_sr) − S(C) − ½·(S(A) − S(C)): {_stat(h)} — **{word}**"
+          + (f"; {closed}" if closed else "") + f". {_s(a, 'A_sr')}. See {{doc}}`01_symptom`; {_prov(res)}.")
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself: the same "
+                   "8-bit rounding made unbiased (stochastic rounding of P̄V, Ō and O) trains like FP32 attention.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H2', 'H2')}; {SWEEP_RULE}; H1 not supported → no gap to close → not yet "
+        "tested",
+        "Stochastic rounding only of P̄V, Ō and O in the reference attention (the rest of A's arithmetic as it "
+        "is); " + _sweep_differs(res)[0].lower() + _sweep_differs(res)[1:], note=_sweep_note(res))
+
+def judge_qk_norm(res: Mapping) -> Verdict:
+    """C0-qk, by H3: QK-norm closes at least half of the A − C gap (S(A_qk) − S(C_qk) against S(A) − S(C)).
+    Not a claim of the paper: a remedy from the follow-up literature, tested with the same rule."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H3")
+    closed = _closed(a, "A_qk", "C_qk")
+    word = h["verdict"]
+    plain = {"supported": "QK-norm closes at least half of the A − C gap.",
+             "refuted": "QK-norm leaves more than half of the A − C gap.",
+             "inconclusive": "The interval cannot tell whether QK-norm closes half of the A − C gap.",
+             "no gap to close": "H1 is not supported, so there is no A − C gap for QK-norm to close."
+             }.get(word, "The runs it needs (A, C, A_qk and C_qk at the smaller size) are not all stored.")
+    ev = (f"{plain} Pre-registered H3, S(A_qk) − S(C_qk) − ½·(S(A) − S(C)): {_stat(h)} — **{word}**"
+          + (f"; {closed}" if closed else "") + f". {_s(a, 'A_qk')}, {_s(a, 'C_qk')}. See {{doc}}`01_symptom`; "
+          f"{_prov(res)}.")
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-qk", "QK-norm (LayerNorm of q and k per head) blocks it: with QK-norm in both, BF16 flash attention's "
+                 "extra LR sensitivity over FP32 attention shrinks by at least half. Not a claim of the paper: a "
+                 "remedy from the instability literature {cite}`dehghani2023scaling,wortsman2023small`.",
+        v, ev,
+        f"{a.get('hypotheses', {}).get('H3', 'H3')}; {SWEEP_RULE}; H1 not supported → no gap to close → not yet "
+        "tested",
+        _sweep_differs(res), note=_sweep_note(res))
+
+def judge_size(res: Mapping) -> Verdict:
+    """C0-size, by the descriptive H4: the A − C gap at the larger size is at least the gap at the smaller."""
+    a = res["analysis"]
+    v, h = _hyp(a, "H4")
+    word = h["verdict"]
+    if word == "not measured (runs missing)":
+        inc = a.get("incomplete", {}).get("large", {})
+        ev = ("Not measured: the larger size's A and C runs are not all stored"
+              + (" (" + ", ".join(f"{k} {d['stored']}/{d['runs']}" for k, d in inc.items()) + ")" if inc else "")
+              + ".")
+    else:
+        gl, gs = h.get("gap_large"), h.get("gap_small")
+        ev = (f"Pre-registered H4 (descriptive), (S(A) − S(C))_larger − (S(A) − S(C))_smaller: {_stat(h)} — "
+              f"**{word}**" + (f"; the gap is {_stat(gl)} at the larger size, {_stat(gs)} at the smaller"
+                               if gl and gs else "") + ".")
+    ev += f" See {{doc}}`01_symptom`; {_prov(res)}."
+    if scope := sweep_scope(res):
+        ev += " " + scope
+    return Verdict(
+        "C0-size", "Larger models are at least as sensitive: the A − C gap does not shrink with model size (the "
+                   "premise of a small-scale proxy; the paper's failures are at GPT-2 scale).",
+        v, ev, f"{a.get('hypotheses', {}).get('H4', 'H4')}; {SWEEP_RULE}",
+        "Two sizes only, ≈ 8× apart in parameters; " + _sweep_differs(res)[0].lower() + _sweep_differs(res)[1:],
+        note=_sweep_note(res))
+
+
+def claims(load, stored) -> list[Verdict]:
+    """C0, C0-bias, C0-qk and C0-size from the stored ``lr_sweep`` (pending without it); C0 carries the explosion
+    search's verdict (`lpfail.book.symptom_report.judge_symptom`) beside its own."""
+    import dataclasses
+
+    from lpfail.book import symptom_report
+
+    search = symptom_report.search_evidence(load)
+    old = symptom_report.judge_symptom(*search) if search is not None else None
+    lr = _load_or_none(load, "lr_sweep")
+    if lr is not None:
+        return [judge_lr_symptom(lr, old), judge_bias_not_noise(lr), judge_qk_norm(lr), judge_size(lr)]
+    c0 = pending("C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than "
+                       "with high-precision attention.", "lr_sweep", "01_symptom", stored)
+    if old is not None:
+        c0 = dataclasses.replace(c0, note=f"old criterion, explosion search: {old.verdict}",
+                                 old=f"explosion search (`symptom`): **{old.verdict}**. {old.evidence}")
+    return [c0] + [pending(c, s, "lr_sweep", "01_symptom", stored) for c, s in (
+        ("C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself."),
+        ("C0-qk", "QK-norm blocks it."),
+        ("C0-size", "Larger models are at least as sensitive."))]
+
+
+# -- the numbers chapter 1's text quotes (and its lab page's) -------------------------------------------------------
+def _iv(d, fmt: str = "+.3f") -> str:
+    return interval(d, fmt)
+
+
+def card(res) -> dict[str, str]:
+    """On what card and when the runs ran, for a GPU figure's caption: {"card": "NVIDIA H200", "when": the days}."""
+    parts = res["parts"]
+    days = sorted({str(p["created"])[:10] for p in parts})
+    cards = sorted({str(p["device"]) for p in parts})
+    from lpfail.book.text import listing, span
+
+    return {"card": listing(cards), "when": span(days[0], days[-1]) if days else "not recorded"}
+
+
+def facts(res) -> dict[str, str]:
+    """Every number chapter 1 and its lab page quote, formatted, from a stored ``lr_sweep`` result: the
+    pre-registration's date, the sensitivities, the per-learning-rate A − C gaps, the logits and ties at the
+    highest rate (the growth figure), the descriptive shares of the gap closed by D, SDPA, B and A_sr, H4 at both
+    sizes, the larger size's turning point, the run times; and the card and day the runs ran on."""
+    a = res["analysis"]
+    small, large = a["sizes"]["small"], a["sizes"].get("large", {})
+    out = {"prereg_date": a["preregistered_on"], "n_seeds": f"{a['n_seeds']}", **card(res)}
+    for v, d in small.items():
+        out[f"S_{v}"] = f"{d['S']:.3f}"
+        out[f"S_{v}_ci"] = interval({"point": d["S"], "ci": d["ci"]}, ".3f")
+    for v, d in large.items():
+        out[f"S_{v}_large"] = f"{d['S']:.3f}"
+    for size, items in a["a_minus_c_per_lr"].items():
+        for it in items:
+            out[f"gap_{size}_{it['lr']:g}"] = _iv(it, "+.2f")
+    sig = [f"{it['lr']:g}" for it in a["a_minus_c_per_lr"]["small"] if it["ci"][0] > 0]
+    from lpfail.book.text import listing
+
+    out["gap_lrs"] = listing(sig)
+    v = list(np.asarray(res["small_variants"]))
+    at_end = lambda key, name: np.asarray(res[f"small_{key}"])[v.index(name), -1, :, -1]  # noqa: E731  (seeds, layers)
+    for name in ("A", "C", "A_sr", "A_qk"):
+        if name in v:
+            out[f"logit_{name}"] = f"{np.median(at_end('max_logit', name).max(axis=-1)):,.0f}"
+            out[f"tied_{name}"] = f"{np.median(at_end('tied_frac', name).mean(axis=-1)) * 100:.0f} %"
+    out["diag_last"] = f"{int(np.asarray(res['diag_step'])[-1])}"
+    out["lr_top"] = _fmt_lr(float(np.asarray(res["lrs"])[-1]))
+    vc = {r["variant"]: r for r in L.versus_control(res, "small")}
+    for name in ("D", "S", "B", "A_sr"):
+        if name in vc and vc[name]["closed"] is not None:
+            out[f"closed_{name}"] = interval(vc[name]["closed"], ".0f", scale=100) + " %"
+        if name in vc:
+            for d in vc[name]["per_lr"]:
+                out[f"{name}_minus_C_{d['lr']:g}"] = _iv(d)
+    h4 = a["verdicts"].get("H4")
+    if h4 and h4.get("gap_large"):
+        out.update(h4_stat=_iv(h4), h4_word=h4["verdict"], gap_large=_iv(h4["gap_large"]),
+                   gap_small=_iv(h4["gap_small"]))
+    for name, h in a["verdicts"].items():
+        out[f"{name}_word"] = h["verdict"]
+        out[f"{name}_stat"] = _stat(h)
+    if "A" in large:
+        out["large_turn"] = _fmt_lr(large["A"]["lr_10pct"])
+    out["small_turn"] = _fmt_lr(small["A"]["lr_10pct"])
+    c = cost(res, 1)
+    for size in sizes(res):
+        out[f"wall_{size}"] = f"{c[size]['median_wall_s']:.0f}"
+        out[f"runs_{size}"] = f"{c[size]['planned']}"
+    out["drive_min"] = f"{sum(p['wall_s'] for p in res['parts']) / 60:.0f}"
+    out["n_calls"] = f"{len(res['parts'])}"
+    return out
+
+
+def hypotheses_table(analysis) -> str:
+    """Markdown: each pre-registered hypothesis in a few words, its statistic [95 % CI] and its word."""
+    from lpfail.book.text import md_table
+
+    short = {"H1": "the paper's arithmetic is more sensitive than FP32 attention",
+             "H2": "stochastic rounding closes at least half of that gap",
+             "H3": "QK-norm closes at least half of it",
+             "H4": "(descriptive) the gap is at least as large at the larger size"}
+    return md_table(["", "hypothesis, fixed before the runs", "statistic [95 % CI]", "verdict"],
+                    [[r["name"], short.get(r["name"], r["hypothesis"]), interval(r), f"**{r['verdict']}**"]
+                     for r in verdict_rows(analysis)])

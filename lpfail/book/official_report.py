@@ -132,3 +132,17 @@ def tied_same(res) -> bool:
     keys += [f"tied_official_{run}" for run, _ in RUNS if f"tied_official_{run}" in res]
     v = np.array([res[k] for k in keys], dtype=float)
     return bool(np.ptp(v[:, 0]) <= 0.1 * v[:, 1].min())
+
+
+def agreement_table(res, extra: bool = False) -> str:
+    """`agreement_rows` as a narrow HTML table: the four tensors' shares in one cell (O / dQ / dK / dV), policy
+    names breakable at their underscores and commas (`lpfail.book.text.breakable`)."""
+    import html
+
+    from lpfail.book.costs import html_table
+    from lpfail.book.text import breakable
+
+    rows = [[html.escape(r[0]), html.escape(r[1]), f"<code>{html.escape(breakable(r[2]))}</code>",
+             r[3], " / ".join(r[4:8]), r[8]] for r in agreement_rows(res, extra)]
+    return html_table(["official code run", "fix", "our policy", "cases", "O / dQ / dK / dV, % bit-identical",
+                       f"≥ {CRITERION} %"], rows, caption="the minimum over the cases", escape=False)

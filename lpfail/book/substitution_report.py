@@ -8,13 +8,18 @@ import numpy as np
 
 from lpfail.book.text import interval
 from lpfail.experiments import substitution as sub
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _f,
+                                _load_or_none, _prov, pending)
+from lpfail.book.verdict import _stat as _stat_text
 
 ROWS_HEADER = ["row", "change from A", "group", "learning rates", "the paper's finding"]
 
 
 def _change(r: sub.Row) -> str:
     if r.kind == "policy":
-        return f"<code>{r.changes}</code>"
+        from lpfail.book.text import breakable
+
+        return f"<code>{breakable(r.changes)}</code>"
     return {"layer_a": f"layer {r.layer}: PAPER_BF16, the rest FP32", "layer_c": f"layer {r.layer}: FP32, the rest A",
             "heads_top": f"{sub.HEADS_PER_ROW} heads with the largest ‖W_Q^h‖ (per seed): PAPER_BF16, the rest FP32",
             "heads_rest": "the other heads of that layer: PAPER_BF16, the rest FP32"}[r.kind]
@@ -117,7 +122,9 @@ def amendment_rows(state: Mapping, c: sub.AmendmentConfig | None = None) -> list
     c = c or sub.AmendmentConfig()
     out = []
     for r in c.row_objects():
-        cells = [f"{r.name}: {r.label}", f"<code>{r.changes}</code>", r.amends]
+        from lpfail.book.text import breakable
+
+        cells = [f"{r.name}: {r.label}", f"<code>{breakable(r.changes)}</code>", r.amends]
         for lr in c.lrs:
             d = _stat(state.get("analysis"), r.name, lr)
             k = state["stored"][r.name][f"{lr:g}"]
@@ -156,18 +163,19 @@ def wq_figure(lr_res, lr: float = 3.2e-2, seed: int = 0):
     wq = np.asarray(lr_res["small_wq"], dtype=np.float64)  # (V, L, S, n_diag, layer, head)
     steps = np.asarray(lr_res["diag_step"])
     n_layer, n_head = wq.shape[-2], wq.shape[-1]
-    fig, axes = plt.subplots(1, n_layer, figsize=(3.0 * n_layer, 3.0), sharey=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from lpfail.book import plots
+
+    fig, axes = plt.subplots(1, n_layer, figsize=(3.0 * n_layer, 3.1))
     for layer, ax in enumerate(np.atleast_1d(axes)):
-        for name, style in (("A", "-"), ("C", "--")):
+        for name in ("A", "C"):
             y = wq[variants.index(name), lrs.index(lr), seeds.index(seed), :, layer]  # (n_diag, head)
             for h in range(n_head):
-                ax.plot(steps, y[:, h], style, color=colors[h % len(colors)], lw=1.2,
-                        label=f"{name} head {h}" if layer == 0 else None)
-        ax.set_title(f"layer {layer}", fontsize=10)
+                ax.plot(steps, y[:, h], color=plots.color(name), lw=1.1, alpha=0.85,
+                        label=(plots.LETTER[name] + ", each head") if (layer == 0 and h == 0) else None)
+        ax.set_title(f"layer {layer}")
         ax.set_xlabel("step")
-    np.atleast_1d(axes)[0].set_ylabel("‖W_Q^h‖ (spectral)")
-    np.atleast_1d(axes)[0].legend(fontsize=7, ncol=2)
+        ax.set_ylabel("‖W_Q^h‖ (spectral)")
+    np.atleast_1d(axes)[0].legend()
     fig.tight_layout()
     return fig
 
@@ -270,27 +278,28 @@ def replay_figure(rep: Mapping, smooth: int = 20, departure: tuple[int, int] | N
 
     br = _branches(rep)
     step = int(rep["step"])
-    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(7.5, 5.6), sharex=True, height_ratios=(3, 2))
+    from lpfail.book import plots
+
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(4.9, 5.4), sharex=True, height_ratios=(3, 2))
     kern = np.ones(smooth) / smooth
     base = np.asarray(rep["replay"]["losses"], dtype=np.float64)
     yb = np.convolve(base, kern, mode="valid")
     xs = step + smooth - 1 + np.arange(len(yb))
-    ax0.plot(xs, yb, lw=2.2, color="k", label="replay (= the recorded run)")
-    for name, d in br.items():
-        x = np.asarray(d["losses"], dtype=np.float64)
-        if len(x) != len(base) or not np.isfinite(x).all():
-            continue
-        y = np.convolve(x, kern, mode="valid")
-        line, = ax0.plot(xs, y, lw=1.0, label=name)
-        ax1.plot(xs, y - yb, lw=1.0, color=line.get_color())
-    ax1.axhline(0, color="k", lw=1.2)
+    ax0.plot(xs, yb, lw=2.2, color=plots.color("A"), label="the record (A)")
+    shown = [(n, d) for n, d in br.items()
+             if len(d["losses"]) == len(base) and np.isfinite(np.asarray(d["losses"], dtype=np.float64)).all()]
+    for (name, d), c in zip(shown, plots.series_colors(len(shown))):
+        y = np.convolve(np.asarray(d["losses"], dtype=np.float64), kern, mode="valid")
+        ax0.plot(xs, y, lw=1.0, color=c, label=name)
+        ax1.plot(xs, y - yb, lw=1.0, color=c)
+    ax1.axhline(0, color=plots.color("A"), lw=1.2)
     for ax in (ax0, ax1):
         if departure:
             ax.axvspan(*departure, color="0.9", lw=0, zorder=0)
     ax0.set_ylabel(f"training loss (mean of {smooth})")
     ax1.set_ylabel("branch − record")
     ax1.set_xlabel("step")
-    ax0.legend(fontsize=7, ncol=2)
+    ax0.legend(ncol=2)
     fig.tight_layout()
     return fig
 
@@ -395,3 +404,240 @@ def departure(have: Mapping, lr: float = 3.2e-2, seed: int = 0) -> tuple[int, in
     while i > 0 and above[i - 1]:
         i -= 1
     return (steps[i - 1], steps[i]) if i > 0 else None
+
+
+# -- chapter 2's claims (C1a–c), by the pre-registered substitution rule ---------------------------------------
+#: The words of `lpfail.experiments.substitution.judge_row`, per row and learning rate.
+CLOSES, OPEN, UNSURE, NO_GAP = "closes the gap", "does not close it", "inconclusive", "no gap to close"
+
+SUB_RULE = ("pre-registered in lpfail.experiments.substitution (2026-12-01): at each learning rate a row closes the "
+            "A − C gap when the 95 % bootstrap interval (seeds, paired) of (L_row − L_C) − ½·(L_A − L_C) lies below "
+            "0, does not close it when above, else inconclusive; no A − C gap there → no gap to close")
+
+def _row_words(a: Mapping, name: str) -> dict[str, str]:
+    """{lr: verdict word} of one substitution row ({} when the row is not in the result)."""
+    r = a.get("rows", {}).get(name)
+    return {lr: d["verdict"] for lr, d in r["by_lr"].items()} if r else {}
+
+def _row_text(a: Mapping, name: str) -> str:
+    r = a.get("rows", {}).get(name)
+    if not r:
+        return f"{name}: not in the result"
+    parts = []
+    for lr, d in r["by_lr"].items():
+        if d.get("ci") is None:
+            parts.append(f"lr {lr}: {d['verdict']}")
+            continue
+        fr = d.get("fraction_closed")
+        parts.append(f"lr {lr}: **{d['verdict']}** ({_stat_text(d)}" + (f", {fr * 100:.0f} % closed" if fr is not None else "")
+                     + ")")
+    return f"{r['label']} — " + "; ".join(parts)
+
+def _gaps(a: Mapping) -> dict[str, bool]:
+    """{lr: whether A − C is significantly positive there}, from any row's stored gap."""
+    out = {}
+    for r in a.get("rows", {}).values():
+        for lr, d in r["by_lr"].items():
+            if d.get("gap") is not None:
+                out[lr] = _f(d["gap"]["ci"][0]) > 0
+    return out
+
+def judge_one_tile(res: Mapping) -> Verdict:
+    """C1a. In our setting one tile per row *is* A (T = 256 fits A's 512 × 512 tile; `SAME_AS_A`, checked bit for
+    bit), so the claim "one tile per row still fails" holds exactly when A − C is significantly positive at a
+    substitution learning rate. FA2's smaller tiles (row tiles_fa2) are reported beside it."""
+    a = res["analysis"]
+    gaps = _gaps(a)
+    if not gaps:
+        v, plain = NOT_TESTED, "No A − C gap is stored yet."
+    elif any(gaps.values()):
+        v, plain = REPRODUCED, ("One tile per row is A itself here, and A − C is significantly positive at lr "
+                                + ", ".join(lr for lr, g in gaps.items() if g) + ".")
+    else:
+        v, plain = NOT_REPRODUCED, "A − C is not significantly positive at any substitution learning rate."
+    ev = f"{plain} Beside it: {_row_text(a, 'tiles_fa2')}. See {{doc}}`02_substitution`; {_prov(res)}."
+    return Verdict("C1a", "Tiling is not the cause: one tile per row (block = sequence length) still fails.", v, ev,
+                   "one tile per row = A at T = 256 (bit for bit): reproduced when the A − C interval lies above 0 "
+                   "at some learning rate; " + SUB_RULE,
+                   "Our sequences (256) fit in one of A's 512-key tiles, so every run of A is already one tile per "
+                   "row; the failure is the lr_sweep proxy's loss gap, not a loss explosion.")
+
+def judge_one_layer(res: Mapping) -> Verdict:
+    """C1b, at the largest learning rate: reproduced when for some layer ℓ, PAPER_BF16 in ℓ alone does not close
+    the gap and FP32 in ℓ alone closes it; partly when one of the two holds for some layer; contradicted when no
+    layer's FP32 closes it and every layer's PAPER_BF16 alone closes it (no single layer carries it); else not
+    reproduced. Rows with no gap → not yet tested."""
+    a = res["analysis"]
+    layers = sorted({int(n[5:-2]) for n in a.get("rows", {}) if n.startswith("layer")})
+    words = {(l_, k): _row_words(a, f"layer{l_}_{k}") for l_ in layers for k in ("a", "c")}
+    flat = [w for d in words.values() for w in d.values()]
+    if not layers or not flat or all(w in (NO_GAP,) or w.startswith("not measured") for w in flat):
+        v = NOT_TESTED
+    else:
+        both = [l_ for l_ in layers if OPEN in words[(l_, "a")].values() and CLOSES in words[(l_, "c")].values()]
+        one = [l_ for l_ in layers if OPEN in words[(l_, "a")].values() or CLOSES in words[(l_, "c")].values()]
+        if both:
+            v = REPRODUCED
+        elif one:
+            v = PARTLY
+        elif all(OPEN in words[(l_, "c")].values() and CLOSES in words[(l_, "a")].values() for l_ in layers):
+            v = CONTRADICTED
+        else:
+            v = NOT_REPRODUCED
+    ev = ("; ".join(_row_text(a, f"layer{l_}_{k}") for k in ("a", "c") for l_ in layers)
+          + f". See {{doc}}`02_substitution`; {_prov(res)}.")
+    return Verdict("C1b", "One layer causes it: flash attention in the second attention layer alone fails; standard "
+                          "attention in that layer alone is stable.", v, ev,
+                   "reproduced: some layer ℓ where PAPER_BF16 in ℓ alone does not close the gap and FP32 in ℓ alone "
+                   "closes it; partly: one of the two; contradicted: no layer's FP32 closes it and every layer's "
+                   "PAPER_BF16 alone does; " + SUB_RULE,
+                   "4 layers, not 12; FP32 flash attention (C's arithmetic) stands in for standard attention; the "
+                   "layer is whichever one the rows point to, not necessarily index 1.")
+
+C1C_ROWS = ("delta_dPP", "delta_hp", "out", "obar")
+
+def judge_through_delta(res: Mapping) -> Verdict:
+    """C1c: each of δ = rowsum(dP ∘ P), O recomputed in FP32 for δ, O in FP32, only Ō = P̄V in FP32 closes the gap.
+    Reproduced when all four close it at every learning rate with a gap; partly when at least one closes it
+    somewhere; contradicted when all four do not close it at every learning rate with a gap; else not reproduced."""
+    a = res["analysis"]
+    words = {n: {lr: w for lr, w in _row_words(a, n).items() if w != NO_GAP} for n in C1C_ROWS}
+    flat = [w for d in words.values() for w in d.values()]
+    if not flat or any(w.startswith("not measured") for w in flat):
+        v = NOT_TESTED
+    elif all(w == CLOSES for w in flat):
+        v = REPRODUCED
+    elif CLOSES in flat:
+        v = PARTLY
+    elif all(w == OPEN for w in flat):
+        v = CONTRADICTED
+    else:
+        v = NOT_REPRODUCED
+    ev = "; ".join(_row_text(a, n) for n in C1C_ROWS) + f". See {{doc}}`02_substitution`; {_prov(res)}."
+    return Verdict("C1c", "It runs through δ: δ = rowsum(dP ∘ P), or O in FP32 (forward, or recomputed for δ, or "
+                          "only Ō = P̄V), is stable.", v, ev,
+                   "reproduced: all four rows close the gap wherever there is one; partly: at least one does "
+                   "somewhere; contradicted: none does anywhere; " + SUB_RULE,
+                   "The lr_sweep proxy's final held-out loss stands in for the paper's loss explosion; 3 seeds.")
+
+
+#: (id, statement) of chapter 2's claims while their evidence is missing.
+PENDING = [
+    ("C1a", "Tiling is not the cause: one tile per row (block = sequence length) still fails."),
+    ("C1b", "One layer causes it: flash attention in the second attention layer alone fails; standard "
+            "attention in that layer alone is stable."),
+    ("C1c", "It runs through δ: δ = rowsum(dP ∘ P), or O in FP32 (forward, or recomputed for δ, or only "
+            "Ō = P̄V), is stable."),
+]
+
+
+def claims(load, stored) -> list[Verdict]:
+    """C1a, C1b and C1c from the stored ``substitution`` result, or pending without it."""
+    res = _load_or_none(load, "substitution")
+    if res is None:
+        return [pending(c, s, "substitution", "02_substitution", stored) for c, s in PENDING]
+    return [judge_one_tile(res), judge_one_layer(res), judge_through_delta(res)]
+
+
+# -- the numbers chapter 2's text quotes, and its one table ---------------------------------------------------------
+#: The main path's table: the paper's chain, one row each, in its order (row names of the grid and its amendment).
+PAPER_CHAIN = (("layer_a", "the paper's arithmetic in one layer alone (the rest FP32)",
+                "fails in its second layer"),
+               ("layer_c", "FP32 in one layer alone (the rest the paper's)", "stable in that layer"),
+               ("delta_dPP", "δ = rowsum(dP ∘ P)", "stable"),
+               ("delta_hp", "O recomputed in FP32, for δ only", "stable"),
+               ("out", "O stored in FP32", "stable"),
+               ("obar", "only Ō = P̄V in FP32", "stable"),
+               ("heads_top", "the paper's arithmetic only in the 2 largest heads", "carry it"),
+               ("score_path_l", "FP32 scores, with m and L in FP32 (the amendment)", "not tested"))
+
+
+def _word(d: Mapping | None) -> str:
+    if d is None:
+        return "not run"
+    fr = d.get("fraction_closed")
+    return d["verdict"] + ("" if fr is None else f" ({fr * 100:.0f} %)")
+
+
+def _layers(analysis: Mapping, kind: str, lr: str) -> str:
+    rows = analysis.get("rows", {})
+    names = sorted(n for n in rows if n.startswith("layer") and n.endswith("_" + kind))
+    if not any(lr in rows[n]["by_lr"] for n in names):
+        return "not run"
+    by = {}
+    for n in names:
+        w = rows[n]["by_lr"].get(lr, {}).get("verdict")
+        if w:
+            by.setdefault(w, []).append(n[5:-2])
+    from lpfail.book.text import listing
+
+    return "; ".join(f"{w}: layer{'s' if len(ls) > 1 else ''} {listing(ls)}" for w, ls in by.items())
+
+
+def chain_table(analysis: Mapping, amendment: Mapping | None, c: sub.SubstitutionConfig | None = None) -> str:
+    """Markdown: the paper's chain (`PAPER_CHAIN`), one row each, with its verdict and the share of the gap closed
+    at each learning rate, from the grid's analysis and the amendment's (None while it is not stored)."""
+    from lpfail.book.text import md_table
+
+    c = c or sub.SubstitutionConfig()
+    lrs = [f"{lr:g}" for lr in c.lrs]
+    rows = []
+    for name, change, paper in PAPER_CHAIN:
+        cells = [change, paper]
+        for lr in lrs:
+            if name in ("layer_a", "layer_c"):
+                cells.append(_layers(analysis, name[-1], lr))
+            else:
+                src = amendment if name in {r.name for r in sub.AMENDED_ROWS} else analysis
+                d = (src or {}).get("rows", {}).get(name, {}).get("by_lr", {}).get(lr)
+                cells.append(_word(d) if src is not None else "pending (GPU)")
+        rows.append(cells)
+    return md_table(["change from the paper's arithmetic", "the paper found", *[f"lr {x}" for x in lrs]], rows)
+
+
+def facts(res: Mapping, lr_res: Mapping, amend: Mapping) -> dict[str, str]:
+    """Every number chapter 2 and its lab page quote: the A − C gaps the grid starts from (from lr_sweep), each row's
+    verdict and share at each learning rate, the rows that close the gap, the amendment's outcome, the per-head
+    ‖W_Q‖ pointers, and where and when the grid ran."""
+    from lpfail.book.text import listing
+
+    a = res["analysis"]
+    out = {}
+    per_lr = {f"{d['lr']:g}": d for d in lr_res["analysis"]["a_minus_c_per_lr"]["small"]}
+    for lr in sub.LRS:
+        k = f"{lr:g}"
+        out[f"gap_{k}"] = interval(per_lr[k], "+.2f")
+        closes = [n for n, r in a["rows"].items() if r["by_lr"].get(k, {}).get("verdict") == CLOSES]
+        out[f"closes_{k}"] = listing(closes)
+        out[f"n_open_{k}"] = f"{sum(r['by_lr'].get(k, {}).get('verdict') == OPEN for r in a['rows'].values())}"
+        out[f"n_rows_{k}"] = f"{sum(k in r['by_lr'] for r in a['rows'].values())}"
+    for n, r in a["rows"].items():
+        for k, d in r["by_lr"].items():
+            out[f"{n}_{k}"] = _word(d)
+    am = amend.get("analysis") or {}
+    for n, r in am.get("rows", {}).items():
+        for k, d in r["by_lr"].items():
+            out[f"am_{n}_{k}"] = _word(d)
+    out["amend_state"] = ("stored" if amend["state"] == "fresh"
+                          else f"pending (GPU): {amend['n_stored']} of {amend['n_runs']} runs stored")
+    out["amend_runs"] = f"{amend['n_stored']} of {amend['n_runs']}"
+    out["am_completed"] = f"{amend['n_completed']} of {amend['n_stored']}"
+    layer, heads = sub.head_choice(lr_res, sub.LRS[-1], sub.SEEDS[0])
+    out["wq_layer"], out["wq_heads"] = f"{layer}", listing([str(h) for h in heads])
+    vs = [str(x) for x in np.asarray(lr_res["small_variants"])]
+    li = [float(x) for x in np.asarray(lr_res["lrs"])].index(sub.LRS[-1])
+    wq = np.asarray(lr_res["small_wq"], dtype=np.float64)
+    a_last, c_last = wq[vs.index("A"), li, 0, -1], wq[vs.index("C"), li, 0, -1]
+    L_, H_ = np.unravel_index(np.nanargmax(a_last), a_last.shape)
+    out["wq_a_max"], out["wq_a_where"] = f"{a_last[L_, H_]:.0f}", f"layer {L_}, head {H_}"
+    out["wq_c_max"] = f"{np.nanmax(c_last[L_]):.0f}"
+    where = [np.unravel_index(np.nanargmax(wq[vs.index("A"), li, k, -1]), a_last.shape) for k in range(wq.shape[2])]
+    out["wq_seeds"] = "; ".join(f"seed {k}: layer {w[0]}, head {w[1]}" for k, w in enumerate(where))
+    part = res["parts"][0]
+    out.update(card=str(part["device"]), when=str(part["created"])[:10], git=str(part["git"])[:7],
+               n_new=f"{part['runs'] - 1}", wall_min=f"{part['wall_s'] / 60:.0f}",
+               baseline_ok=str(a.get("baseline_reproduced", "not checked")), n_seeds=f"{len(a['seeds'])}")
+    meta = amend.get("meta") or {}
+    out.update(amend_card=str(meta.get("device", "not run")), amend_when=str(meta.get("created", "not run"))[:10],
+               amend_wall=f"{meta['wall_s']:.0f}" if "wall_s" in meta else "not recorded")
+    return out

@@ -17,12 +17,16 @@ Two kinds of numbers, never mixed:
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lpfail.experiments import symptom as S
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _load_or_none,
+                                _prov)
 
 TOKENS_PER_STEP_KEY = ("batch_size", "block_size")
 
@@ -393,3 +397,79 @@ def failures_text(summ: dict) -> str:
              + (", every one," if k == n else ",") + f" between steps {summ['bp_nan_first']} and "
              f"{summ['bp_nan_last']}.")
     return a + b
+
+
+# -- the explosion search's own rules (old criteria, reported beside C0 and Fix-b) ----------------------------
+def judge_symptom(ev: Mapping, prov: str = "") -> Verdict:
+    """C0: training with the paper's BF16 flash attention fails where high-precision attention does not.
+
+    Rule, with the pre-registered criterion (`lpfail.experiments.symptom.failed`): some configuration where A fails in
+    every seed (≥ 3) and C in none → reproduced; C failing at least as often as A over all runs (with some
+    failure) → contradicted; A failing in some run and C in none, or (post hoc) A's loss above C's in at
+    least 80 % of ≥ 5 paired comparisons → partly; else not reproduced."""
+    per = ev["per_config"]
+    a_f = sum(d["A"][0] for d in per if "A" in d)
+    a_n = sum(d["A"][1] for d in per if "A" in d)
+    c_f = sum(d["C"][0] for d in per if "C" in d)
+    c_n = sum(d["C"][1] for d in per if "C" in d)
+    full = [d["config"] for d in per if "A" in d and "C" in d and d["A"][1] >= 3 and d["A"][0] == d["A"][1]
+            and d["C"][0] == 0]
+    paired_ok = ev["pairs"] >= 5 and ev["pairs_a_worse"] >= 0.8 * ev["pairs"]
+    if full:
+        v = REPRODUCED
+    elif (a_f or c_f) and c_f / max(c_n, 1) >= a_f / max(a_n, 1):
+        v = CONTRADICTED
+    elif (a_f and not c_f) or paired_ok:
+        v = PARTLY
+    else:
+        v = NOT_REPRODUCED
+    per_txt = "; ".join(f"{d['config']}: A {d['A'][0]}/{d['A'][1]}, C {d['C'][0]}/{d['C'][1]}"
+                        for d in per if "A" in d and "C" in d)
+    return Verdict(
+        "C0", "Training with the paper's BF16 flash attention fails (the loss explodes) where the same training "
+              "with standard attention does not.",
+        v, f"Pre-registered failures — {per_txt}. Post hoc: A's loss above C's in {ev['pairs_a_worse']} of "
+           f"{ev['pairs']} paired comparisons (sign test p = {ev['pairs_p']:.3f}); largest rise of A "
+           f"{(ev['a_rise_max'] - 1) * 100:.0f} %, of C {(ev['c_rise_max'] - 1) * 100:.1f} %. See "
+           f"{{numref}}`fig-symptom-loss`; {prov}.",
+        "a configuration with A failing in every seed (≥ 3) and C in none → reproduced; C failing as often as A "
+        "→ contradicted; A failing in some run and C in none, or A above C in ≥ 80 % of ≥ 5 paired comparisons "
+        "(post hoc) → partly; else not reproduced",
+        "4 layers × 256 on 33 M tokens of byte-level text at lr 1e-2–2e-2 (15× the paper's), not GPT-2 small "
+        "on 3.5 B tokens of OpenWebText; the rise is to a worse plateau, not the paper's doubling.")
+
+def judge_fix_training(ev: Mapping, prov: str = "") -> Verdict:
+    """Fix-b: with the fix, training is stable.
+
+    Rule: only configurations where A failed in some run and B (the official fix) ran can judge it. None →
+    not yet tested (nothing to stabilize); there, B failing in no run → reproduced; B failing less often than
+    A → partly; else not reproduced. The evidence always reports B′ (the fix without its clamp)."""
+    judged = [d for d in per_with(ev, "A", "B") if d["A"][0] > 0]
+    bp = f"B′ (the fix without its 1e-10 clamp) turned NaN in {ev['bp_nan']} of {ev['bp_runs']} runs"
+    if not judged:
+        v = NOT_TESTED
+        why = "A did not fail by the criterion in any configuration where B ran, so there was nothing to stabilize"
+    else:
+        b_f = sum(d["B"][0] for d in judged)
+        a_f = sum(d["A"][0] for d in judged)
+        v = REPRODUCED if b_f == 0 else PARTLY if b_f < a_f else NOT_REPRODUCED
+        why = f"where A failed, B failed in {b_f} runs against A's {a_f}"
+    return Verdict(
+        "Fix-b", "With the fix, training is stable (GPT-2 small 600k steps with AdamW and with Muon; GPT-2 medium "
+                 "100k steps).",
+        v, f"{why}. {bp} (its row sum underflows at large tied logits), and the official clamp silences rows "
+           f"instead (see {{numref}}`fig-fix-rows`); {prov}.",
+        "only where A failed: B never failing → reproduced; less often than A → partly; else not reproduced; "
+        "no such configuration → not yet tested",
+        "Our small high-lr setting (chapter 1), not the paper's long runs.")
+
+def per_with(ev: Mapping, *variants) -> list:
+    return [d for d in ev["per_config"] if all(v in d for v in variants)]
+
+
+def search_evidence(load) -> tuple[dict, str] | None:
+    """(`evidence`, provenance) of the stored explosion search (``symptom`` with ``symptom_sweep``), or None."""
+    symptom = _load_or_none(load, "symptom")
+    if symptom is None:
+        return None
+    return evidence(configurations(symptom, _load_or_none(load, "symptom_sweep"))), _prov(symptom)

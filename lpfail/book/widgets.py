@@ -146,20 +146,19 @@ def addition_explorer():
 
 
 # -- chapter 1: every run of the symptom search ------------------------------------------------------------
-def _png_html(fig, dpi: int = 72) -> str:
-    import base64
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    plt.close(fig)
-    return (f"<img alt='{html.escape(fig._suptitle.get_text() if fig._suptitle else 'run')}' style='max-width:100%' "
-            f"src='data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}'/>")
+#: Resolution of the twins' figures: many states on one page, so lower than a figure's (`plots.DPI`).
+TWIN_DPI = 90
 
 
-def runs_twin(confs, dpi: int = 60):
+def _png_html(fig, dpi: int = TWIN_DPI) -> str:
+    """A figure as the book shows figures (`lpfail.book.plots.figure_html`: panels that stack on a phone, each
+    with its text sizes for the browser check), at a twin's resolution; the figure is closed."""
+    from lpfail.book import plots
+
+    return plots.figure_html(fig, getattr(fig, "_lp_alt", "") or "run", dpi=max(int(dpi), TWIN_DPI))
+
+
+def runs_twin(confs, dpi: int = TWIN_DPI):
     """Kernel-free twin of `runs_explorer`: every (configuration, seed) precomputed, behind one <select>."""
     from lpfail.book import plots
 
@@ -210,7 +209,7 @@ def runs_explorer(confs):
 ACCUMULATION_CASES = [(0.0, 1), (0.05, 1), (0.5, 1), (0.05, 4), (0.0, 4)]
 
 
-def accumulation_twin(cases=ACCUMULATION_CASES, steps: int = 300, dpi: int = 60):
+def accumulation_twin(cases=ACCUMULATION_CASES, steps: int = 300, dpi: int = TWIN_DPI):
     """Kernel-free twin of `accumulation_explorer`: the toy precomputed for a few (bias, rank)."""
     from lpfail.book import gradient_report
     from lpfail.gradient_error import accumulation_toy

@@ -1,0 +1,226 @@
+"""The book's first page: the answer in one screen, generated from the verdicts (`lpfail.book.verdict`) and the
+stored results, never typed.
+
+* `findings(vs, load)` — five or six sentences of what we found, each linked to its chapter. Each sentence has
+  the wording for the outcome it expects and a plain fallback that states the verdicts when the outcome differs,
+  so the page follows the evidence when the notebook is re-executed.
+* `chain(vs)` — the paper's causal chain (its Fig. 1), each link marked reproduced / partly / not reproduced /
+  not testable here by `link_status` over the claims that test it; `lpfail.book.plots.causal_chain` draws it.
+* `reading_paths()` — who should read what, and how long each path takes at `tools/book_checks.WPM` words a
+  minute, from the words of prose the pages hold now.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from lpfail.book.text import listing
+from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
+                                 _load_or_none)
+
+#: Words a minute (the same as tools/book_checks.py's WPM).
+WPM = 200
+BOOK = Path(__file__).resolve().parents[2] / "book"
+
+
+def by_claim(vs: list[Verdict]) -> dict[str, Verdict]:
+    return {v.claim: v for v in vs}
+
+
+def _is(v: Verdict | None, *words) -> bool:
+    return v is not None and v.verdict in words
+
+
+def _status(vs: Mapping[str, Verdict], *claims) -> str:
+    """'C3b reproduced, C3a reproduced' (the verdicts of ``claims``, as the fallback sentences say them)."""
+    return listing([f"{c} {vs[c].verdict}" for c in claims if c in vs], none="no verdict")
+
+
+# -- the findings -------------------------------------------------------------------------------------------------
+def _bias(vs) -> str:
+    a, b = vs.get("C3a"), vs.get("C3b")
+    if _is(a, REPRODUCED) and _is(b, REPRODUCED):
+        return ("**The rounding bias is real and bit-exact:** the paper's worked addition comes out bit for bit, "
+                "and rows with tied maxima round away from zero ({doc}`04_rounding`).")
+    return f"**The rounding bias:** {_status(vs, 'C3a', 'C3b')} ({{doc}}`04_rounding`)."
+
+
+def _harm(vs) -> str:
+    c0 = vs.get("C0")
+    if _is(c0, REPRODUCED):
+        size = (", more so at the larger of two sizes" if _is(vs.get("C0-size"), REPRODUCED) else "")
+        return ("**On a small proxy, the paper's arithmetic harms training:** a worse loss than FP32 attention at "
+                f"high learning rates{size}, though not the paper's explosion ({{doc}}`01_symptom`).")
+    return (f"**Does the paper's arithmetic harm training?** On our small proxy: {_status(vs, 'C0', 'C0-size')} "
+            "({doc}`01_symptom`).")
+
+
+def _removing_bias(vs, cures: Mapping | None) -> str:
+    """The cures that remove the bias (stochastic rounding, the fixes) against the gap, from the cures' K2."""
+    names = {"A_sr": "stochastic rounding", "B": "the official fix", "Bp": "Algorithm 3 without its clamp",
+             "R": "the robust fix"}
+    if cures is not None:
+        k2 = {v: y["K2"]["verdict"] for v, y in cures["cures"].items() if "K2" in y}
+        fails = [names[v] for v in names if k2.get(v) == "refuted"]
+        helps = [names[v] for v in names if k2.get(v) == "supported"]
+        if len(fails) == len(names):
+            return ("**But removing the bias does not remove the harm**, against the paper's account: "
+                    f"{listing(fails)} each leave most of the gap ({{doc}}`05_fix`, {{doc}}`06_beyond`).")
+        return (f"**Removing the bias:** of the cures that remove it, {listing(helps)} close at least half of the "
+                f"gap and {listing(fails)} do not ({{doc}}`06_beyond`).")
+    return f"**Removing the bias:** {_status(vs, 'C0-bias', 'Fix-b')} ({{doc}}`05_fix`)."
+
+
+def _what_works(vs, cures: Mapping | None) -> str:
+    if cures is not None:
+        k2 = {v: y["K2"]["verdict"] for v, y in cures["cures"].items() if "K2" in y}
+        if k2.get("D") == "supported" and k2.get("A_qk") == "supported":
+            return ("**What closes the gap:** production (FA2) arithmetic, with its FP32 scores and accumulators, "
+                    "and QK-norm ({doc}`06_beyond`).")
+        works = [v for v, w in k2.items() if w == "supported"]
+        return f"**What closes the gap:** {listing(works)} ({{doc}}`06_beyond`)."
+    return f"**What closes the gap:** {_status(vs, 'C0-qk', 'K-cure:qk')} ({{doc}}`06_beyond`)."
+
+
+def _production(vs, prod: Mapping | None) -> str:
+    """From chapter 6's facts (`lpfail.book.beyond_report.facts`): every production kernel's bias on tied rows
+    lies on the other side of zero from the paper's arithmetic (``opposite``)."""
+    k = vs.get("K-bias:sdpa_flash")
+    if _is(k, CONTRADICTED) and prod is not None and prod["opposite"]:
+        return (f"**Production kernels round the other way:** all {prod['n_production']} we measured (SDPA's back "
+                "ends, FlashAttention-2-style Triton) err on tied rows *toward* zero, by an error of the same size ({doc}`06_beyond`).")
+    return f"**Production kernels on tied rows:** {_status(vs, 'K-bias:sdpa_flash', 'K-fma')} ({{doc}}`06_beyond`)."
+
+
+def _chain(vs) -> str:
+    b, c, g = vs.get("C1b"), vs.get("C1c"), vs.get("C2")
+    if _is(b, NOT_REPRODUCED, CONTRADICTED) and _is(g, NOT_REPRODUCED, CONTRADICTED):
+        return ("**The chain from bias to failure does not hold in our runs:** no single layer carries the gap, "
+                "and the gradient error of W_Q has no fixed sign ({doc}`02_substitution`, {doc}`03_gradient_error`).")
+    return (f"**The chain from the bias to the failure:** {_status(vs, 'C1a', 'C1b', 'C1c', 'C2')} "
+            "({doc}`02_substitution`, {doc}`03_gradient_error`).")
+
+
+def findings(vs: list[Verdict], load: Callable | None = None) -> list[str]:
+    """The first page's sentences of what we found (MyST Markdown, each linking its chapter)."""
+    from lpfail import results
+
+    load = load or results.load
+    by = by_claim(vs)
+    cures = _load_or_none(load, "cures")
+    cures = cures["cures_analysis"] if cures is not None else None
+    prod = _load_or_none(load, "prod_kernels")
+    if prod is not None:
+        from lpfail.book import beyond_report
+
+        prod = beyond_report.facts(prod)
+    return [_bias(by), _harm(by), _removing_bias(by, cures), _what_works(by, cures), _production(by, prod),
+            _chain(by)]
+
+
+# -- the causal chain -------------------------------------------------------------------------------------------
+#: The paper's chain (its Fig. 1), link by link: (the link in words, the chapter, the claims that test it).
+LINKS = [
+    ("Several keys tie at a row's\nmaximum, so P̄ = 1 for them", "ch. 4", ("C3b",)),
+    ("P̄V is rounded away from zero\n(a carry, and sticky bits)", "ch. 4", ("C3a", "C3b")),
+    ("The stored O, and δ from it,\nare biased: it runs through δ", "ch. 2", ("C1c",)),
+    ("One layer carries it", "ch. 2", ("C1b",)),
+    ("dW_Q's error adds up along\none direction, step after step", "ch. 3", ("C2",)),
+    ("‖W_Q‖ and the logits grow;\ntraining fails", "ch. 1", ("C0",)),
+    ("Without the bias, training\nis stable", "ch. 1, 5", ("C0-bias", "Fix-b")),
+]
+CHAIN_STATUSES = ("reproduced", "partly", "not reproduced", "not testable here")
+
+
+def link_status(vs: Mapping[str, Verdict], claims) -> str:
+    """One mark for a link from its claims' verdicts: every one reproduced → reproduced; none with evidence →
+    not testable here; every judged one not reproduced or contradicted → not reproduced; else partly."""
+    words = [vs[c].verdict for c in claims if c in vs]
+    judged = [w for w in words if w not in (NOT_TESTED, NO_CLAIM)]
+    if not judged:
+        return "not testable here"
+    if all(w == REPRODUCED for w in judged) and len(judged) == len(words):
+        return "reproduced"
+    if all(w in (NOT_REPRODUCED, CONTRADICTED) for w in judged):
+        return "not reproduced"
+    return "partly" if any(w in (REPRODUCED, PARTLY) for w in judged) else "not reproduced"
+
+
+def chain(vs: list[Verdict]) -> list[dict]:
+    """`LINKS` with each link's status (`link_status`), for `lpfail.book.plots.causal_chain`."""
+    by = by_claim(vs)
+    return [{"text": t, "chapter": ch, "claims": cl, "status": link_status(by, cl)} for t, ch, cl in LINKS]
+
+
+def chain_caption(links: list[dict]) -> str:
+    """The figure's caption line: which claims decided each link."""
+    return "; ".join(f"{k + 1}: {', '.join(link['claims'])} → {link['status']}" for k, link in enumerate(links))
+
+
+# -- reading paths ---------------------------------------------------------------------------------------------
+_WORD = re.compile(r"[0-9A-Za-zÀ-ÿ\u0370-\u03ff]+(?:[’'.,/−–-][0-9A-Za-zÀ-ÿ\u0370-\u03ff]+)*")
+
+
+def page_words(page: str, book: Path = BOOK) -> int:
+    """Words of prose of a page's source (its Markdown cells, without code blocks, math and directive options)."""
+    import nbformat
+
+    p = book / f"{page}.ipynb"
+    if p.is_file():
+        text = "\n".join(c.source for c in nbformat.read(str(p), as_version=4).cells if c.cell_type == "markdown")
+    else:
+        text = (book / f"{page}.md").read_text()
+    text = re.sub(r"```(?!\{(?:exercise|solution|admonition|glue:figure|note|tip))[^\n]*\n.*?```", " ", text,
+                  flags=re.S)
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.S)
+    text = re.sub(r"^:[\w-]+:.*$", " ", text, flags=re.M)
+    text = re.sub(r"\{[\w:-]+\}`[^`]*`", " x ", text)
+    return len(_WORD.findall(text))
+
+
+#: Who reads what: (reader, what they get, the pages in order).
+PATHS = [
+    ("A researcher with a BF16 blow-up", "what we found, what to check in your own model, which cure to pick",
+     ("verdict", "01_symptom", "06_beyond", "07_diagnose")),
+    ("A teacher planning a class", "BF16 addition and its bias, with a 50-minute plan and paper exercises",
+     ("primer", "04_rounding", "05_fix")),
+    ("A newcomer", "the whole argument, from the BF16 format to the fix",
+     ("primer", "01_symptom", "02_substitution", "03_gradient_error", "04_rounding", "05_fix", "verdict")),
+]
+
+
+def minutes(pages, book: Path = BOOK) -> int:
+    """Reading time of ``pages`` at `WPM`, rounded up to 5 minutes."""
+    m = sum(page_words(p, book) for p in pages) / WPM
+    return int(-(-m // 5) * 5)
+
+
+def reading_paths(book: Path = BOOK) -> list[dict]:
+    return [{"reader": r, "what": w, "pages": p, "minutes": minutes(p, book)} for r, w, p in PATHS]
+
+
+def paths_markdown(paths: list[dict], titles: Mapping[str, str]) -> str:
+    """The reading paths as a bullet list (MyST), each page linked."""
+    out = []
+    for p in paths:
+        pages = " → ".join(f"{{doc}}`{titles.get(x, x)} <{x}>`" for x in p["pages"])
+        out.append(f"- **{p['reader']}** (about {p['minutes']} minutes): {p['what']}. {pages}.")
+    return "\n".join(out)
+
+
+def titles(book: Path = BOOK) -> dict[str, str]:
+    """{page: its title} from each page's first heading (``# ...``), for links that name the page."""
+    import nbformat
+
+    out = {}
+    for p in sorted(book.glob("*.ipynb")) + sorted(book.glob("*.md")):
+        if p.suffix == ".ipynb":
+            cells = nbformat.read(str(p), as_version=4).cells
+            text = next((c.source for c in cells if c.cell_type == "markdown"), "")
+        else:
+            text = p.read_text()
+        m = re.search(r"^# (.+)$", text, flags=re.M)
+        if m:
+            out[p.stem] = m.group(1).strip()
+    return out
