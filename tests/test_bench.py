@@ -64,7 +64,8 @@ def test_targets_figure_draws_both_panels():
     axes = fig.axes
     assert len(axes) == 4
     labels = [line.get_label() for line in axes[1].get_lines()]
-    assert "triton: fwd+bwd" in labels and any("target" in x for x in labels)
+    # the fix's cost per mode of the subtraction, named in words (the book's figures name no method by its code)
+    assert "scale, subtract: fwd + bwd" in labels and any("target" in x for x in labels)
     target = [line for line in axes[0].get_lines() if "target" in line.get_label()][0]
     assert np.allclose(target.get_ydata(), 1.2 * 100.0)
 

@@ -138,8 +138,13 @@ def test_fix_training_verdict_flips(kw, expected):
 def test_symptom_verdicts_from_the_stored_results():
     vs = {v.claim: v for v in V.verdicts()}
     assert vs["C0"].verdict in V.VERDICTS and vs["C0"].verdict != V.NOT_TESTED
-    # C0 is decided by lr_sweep's H1; the explosion search (`symptom`) is still reported beside it
-    assert "H1" in vs["C0"].evidence and "lr_sweep" in vs["C0"].evidence
+    # C0 is decided by the confirmation grid's H1 on ten seeds where it is stored, else by lr_sweep's (3 seeds);
+    # the explosion search (`symptom`) is still reported beside it
+    if V._stored("confirmation"):
+        assert "confirmation" in vs["C0"].evidence and vs["C0"].seeds == 10 and vs["C0"].p_adjusted is not None
+        assert "lr_sweep" in vs["C0"].old and "H1" in vs["C0"].old
+    else:
+        assert "H1" in vs["C0"].evidence and "lr_sweep" in vs["C0"].evidence
     assert "Pre-registered failures" in vs["C0"].old and "symptom" in vs["C0"].old
     # Fix-b is decided by fix_training (pending until its GPU runs); the explosion search is reported beside it
     assert "Fix-b" in vs and "NaN in" in vs["Fix-b"].old and "explosion search" in vs["Fix-b"].note
@@ -277,8 +282,38 @@ def test_size_by_h4(word):
 def test_sweep_rows_from_the_stored_results():
     vs = {v.claim: v for v in V.verdicts()}
     assert {"C0", "C0-bias", "C0-qk", "C0-size"} <= set(vs)
-    assert "H1" in vs["C0"].evidence and "lr_sweep" in vs["C0"].evidence
+    assert "lr_sweep" in vs["C0"].evidence + vs["C0"].old and "H1" in vs["C0"].evidence + vs["C0"].old
     assert "explosion search" in vs["C0"].old and "Pre-registered failures" in vs["C0"].old
+    # every training verdict names its proxy; those still on lr_sweep's three seeds say so in their row
+    for c in ("C0", "C0-bias", "C0-qk", "C0-size"):
+        assert vs[c].proxy and {"size", "steps", "lr"} <= set(vs[c].proxy), c
+    for c in ("C0-bias", "C0-qk", "C0-size"):
+        assert vs[c].seeds == 3 and "3 seeds" in vs[c].note and "seed range" in vs[c].test, c
+    assert "8 layers × 512" in vs["C0-size"].proxy["size"]
+    if V._stored("sr_confound"):  # C0-bias states its confound with the measurement
+        assert "sr_confound" in vs["C0-bias"].evidence and "RMS error" in vs["C0-bias"].evidence
+
+
+def _confirmation(word: str, h5: str = "not distinguishable"):
+    """A fabricated confirmation result whose H1 reads ``word``."""
+    h1 = {"estimate": 0.08, "ci": [0.05, 0.11], "n": 10, "seeds_confirm": [3, 4, 5, 6, 7, 8, 9], "p": 0.001,
+          "p_adjusted": 0.006, "family_size": 6, "verdict": word}
+    return {"complete": False, "runs_stored": 384, "runs_planned": 750,
+            "analysis": {"claims": {"H1": h1}, "hypotheses": {"H1": "S(A) − S(C) > 0"}, "rule": "the rule",
+                         "sizes": {"small": {"healthy_lrs": [1e-3, 2e-3], "H5": h5, "H5_called_lrs": [2e-3]}}}}
+
+
+@pytest.mark.parametrize("word, expected", [("supported", V.REPRODUCED), ("inconclusive", V.NOT_REPRODUCED),
+                                            ("refuted", V.CONTRADICTED)])
+def test_c0_on_ten_seeds_decides_and_keeps_the_three_seed_verdict_beside_it(word, expected):
+    old = V.Verdict("C0", "statement", V.REPRODUCED, "three-seed evidence", "rule", seeds=3, old="search")
+    v = LR.judge_confirmed(_confirmation(word), old)
+    assert v.verdict == expected and v.seeds == 10 and v.p_adjusted == 0.006 and f"**{word}**" in v.evidence
+    assert "paired t test" in v.evidence and "Holm" in v.evidence and "three-seed evidence" in v.old
+    assert "search" in v.old and "opens only where" in v.evidence and "384 of 750" in v.evidence
+    assert "fresh seeds" in v.test and v.proxy["steps"] == "1,000 per run"
+    healthy_called = LR.judge_confirmed(_confirmation(word, h5="distinguishable"), old)
+    assert "opens only where" not in healthy_called.evidence and "0.002" in healthy_called.evidence
 
 
 def test_c0_without_the_sweep_is_not_yet_tested_but_keeps_the_old_evidence():

@@ -111,8 +111,8 @@ SWEEP_WORDS = {"supported": REPRODUCED, "inconclusive": NOT_REPRODUCED, "refuted
                "no gap to close": NOT_TESTED, "not measured (runs missing)": NOT_TESTED}
 
 
-SWEEP_RULE = ("pre-registered word → verdict: supported (95 % bootstrap interval entirely on the hypothesised "
-              "side of 0) → reproduced; inconclusive (the interval contains 0) → not reproduced; refuted (entirely "
+SWEEP_RULE = ("pre-registered word → verdict: supported (the paired bootstrap interval over the seeds — with 3 "
+              "seeds, the seed range — entirely on the hypothesised side of 0) → reproduced; inconclusive (the interval contains 0) → not reproduced; refuted (entirely "
               "on the other side) → contradicted; not measured (runs missing) → not yet tested")
 
 
