@@ -109,3 +109,12 @@ def test_the_grid_end_to_end_on_the_cpu(tmp_path):
         P.PrecisionAlarmConfig(monitor="every=10 window=10")
     assert P.logit_alert([{"step": 0, "max_logit": [[3.0, 40.0]]}]) == 0
     assert P.logit_alert([{"step": 0, "max_logit": [[3.0, None]]}]) is None
+
+
+def test_quick_profile_is_a_c_and_d_at_the_highest_rate():
+    q = P.precision_alarm_grid().quick()
+    assert [r.id for r in q.runs] == ["small/A/lr0.032/s10", "small/C/lr0.032/s10", "small/D/lr0.032/s10"]
+    n = 30
+    recs = _records(np.ones((n, 2, LAYERS, HEADS)))
+    assert q.statistic({"small/A/lr0.032/s10": {"monitor": recs}}, 10) == 170.0
+    assert math.isnan(q.statistic({}, 10))

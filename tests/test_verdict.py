@@ -441,3 +441,31 @@ def test_chapter_2_and_3_verdicts_from_the_stored_results():
     assert all(v.verdict != V.NOT_TESTED for v in got), [(v.claim, v.verdict) for v in got]
     assert "NVIDIA H200" in got[0].evidence and "NVIDIA H200" in got[3].evidence
 
+
+
+def test_tally_in_two_parts_counts_each_claim_once():
+    mk = lambda c, w: V.Verdict(c, "s", w, "e", "r")  # noqa: E731
+    vs = [mk("C0", V.REPRODUCED), mk("C1c", V.PARTLY), mk("C0-qk", V.REPRODUCED), mk("K-cure:qk", V.REPRODUCED),
+          mk("K-cure:hp", V.NOT_REPRODUCED), mk("Robust", V.REPRODUCED)]
+    t = V.tally(vs)
+    assert t["paper"] == {V.REPRODUCED: 1, V.PARTLY: 1}
+    assert t["ours"] == {V.REPRODUCED: 2}                     # C0-qk and Robust; K-cure:qk counted under C0-qk
+    assert t["same"] == {"K-cure:qk": "C0-qk", "K-cure:hp": "C1c"}
+    text = V.tally_markdown(vs)
+    assert "Of the paper's 2 claims: 1 reproduced, 1 partly." in text and "Of our own 2" in text
+    assert "K-cure:qk rests on the same runs as C0-qk" in text
+    stored = V.tally(V.verdicts())
+    assert sum(stored["paper"].values()) == len([c for c in V.PAPER_CLAIMS])
+
+
+def test_preregistration_record_names_what_was_seen():
+    rows = V.preregistration_record()
+    names = [r[0].strip("`") for r in rows]
+    assert names[:len(V.PREREGISTERED)] == list(V.PREREGISTERED) and "fix_sweep" in names
+    for name, when, seen in rows[:len(V.PREREGISTERED)]:
+        assert when.startswith("2026-") and seen and seen != "not recorded", name
+    by = {r[0].strip("`"): r[2] for r in rows}
+    assert "proxy-findings" in by["substitution"] and "proxy-findings" in by["cures"]  # the probe disclosed
+    assert "before this rule" in by["fix_training"]                                     # B seen before its rule
+    assert "doubled" in by["fix_sweep"]
+    assert V.record_markdown().count("\n") == len(rows) + 1

@@ -61,6 +61,12 @@ from lpfail.sweep import lookup, register, run_experiment
 from lpfail.sweep.stats import bootstrap_seed_indices, effective_loss, interval, judge, sensitivities
 
 PREREGISTERED_ON = "2026-12-01"
+#: What had been seen when the rule was written. The disclosure of the probe was added on 2026-12-02 (the module
+#: said "none for the new ones"); the rule is unchanged.
+SEEN = ("lr_sweep's results for the reused variants (A − C > 0, A_sr does not close the gap, D closes it, B about a "
+        "third); of the new variants no run of this grid, but the earlier two-seed exploratory probe "
+        "(../shared/proxy-findings.md), which preceded every rule, had tried δ from an O recomputed in FP32 and a "
+        "bounded form of the fix.")
 BASELINE, CONTROL = "A", "C"
 REUSED = ("A", "C", "S", "D", "B", "A_sr", "A_qk")  # already in lr_sweep's grid
 NEW = ("A_hp", "A_res", "Bp", "R", "A_ds", "A_z", "A_cap")

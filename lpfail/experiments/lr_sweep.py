@@ -40,6 +40,9 @@ from lpfail.sweep.stats import (bootstrap_seed_indices, effective_loss, interval
 #: unregistered probes with other settings (../shared/proxy-findings.md: 2 seeds, a constant schedule,
 #: training loss), which suggested A − C > 0 at lr ≥ 1e-2.
 PREREGISTERED_ON = "2026-12-01"
+#: What had been seen when the rule was written (the comment above, as the verdict page's record shows it).
+SEEN = ("Two unregistered exploratory probes with other settings (../shared/proxy-findings.md: 2 seeds, a constant "
+        "schedule, training loss), which suggested A − C > 0 at lr ≥ 1e-2; no run of this grid.")
 CONFIDENCE = stats.CONFIDENCE  # two-sided percentile bootstrap interval
 N_BOOTSTRAP = stats.N_BOOTSTRAP  # resamples of the seeds (with replacement; the same resample for every variant and lr)
 BOOTSTRAP_SEED = stats.BOOTSTRAP_SEED

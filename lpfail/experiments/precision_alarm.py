@@ -229,6 +229,21 @@ class PrecisionAlarmGrid(GridBase):
             out.append(Run(p.key, STORE, tc, group=p.variant, seed=p.seed, checkpoint_every=0))
         return out
 
+    def quick(self):
+        """A, C and D at the highest rate, the first seed: the step of the alarm in A's run (NaN without one)."""
+        from lpfail.sweep.quick import Quick
+
+        c, lr = self.config, float(self.config.lrs[-1])
+        runs = [r for r in self.runs() if r.seed == c.seeds[0] and float(r.config.lr) == lr]
+
+        def alarm_step(have: dict, seed: int) -> float:
+            a = have.get(L.Point("small", "A", lr, int(seed)).key)
+            hit = fires(a.get("monitor", [])) if a is not None else None
+            return float(hit["step"]) if hit is not None else float("nan")
+
+        return Quick(runs, alarm_step, f"step of the precision alarm in A's run at lr {lr:g}, one seed", c.seeds[0],
+                     tuple(c.seeds))
+
     def summarize(self, run_dir, tc, key: str) -> dict:
         from lpfail.monitor import read_jsonl
 
