@@ -118,3 +118,4 @@ def test_quick_profile_is_a_c_and_d_at_the_highest_rate():
     recs = _records(np.ones((n, 2, LAYERS, HEADS)))
     assert q.statistic({"small/A/lr0.032/s10": {"monitor": recs}}, 10) == 170.0
     assert math.isnan(q.statistic({}, 10))
+    assert q.statistic({"small/A/lr0.032/s10": {"monitor": []}}, 10) == 1000.0   # never fired: the run's length

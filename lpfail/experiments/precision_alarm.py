@@ -230,7 +230,8 @@ class PrecisionAlarmGrid(GridBase):
         return out
 
     def quick(self):
-        """A, C and D at the highest rate, the first seed: the step of the alarm in A's run (NaN without one)."""
+        """A, C and D at the highest rate, the first seed: the step of the alarm in A's run (the run's length when
+        it never fires; NaN while A's run is missing)."""
         from lpfail.sweep.quick import Quick
 
         c, lr = self.config, float(self.config.lrs[-1])
@@ -238,11 +239,13 @@ class PrecisionAlarmGrid(GridBase):
 
         def alarm_step(have: dict, seed: int) -> float:
             a = have.get(L.Point("small", "A", lr, int(seed)).key)
-            hit = fires(a.get("monitor", [])) if a is not None else None
-            return float(hit["step"]) if hit is not None else float("nan")
+            if a is None:
+                return float("nan")
+            hit = fires(a.get("monitor", []))
+            return float(hit["step"]) if hit is not None else float(c.max_steps)
 
-        return Quick(runs, alarm_step, f"step of the precision alarm in A's run at lr {lr:g}, one seed", c.seeds[0],
-                     tuple(c.seeds))
+        return Quick(runs, alarm_step, f"step of the precision alarm in A's run at lr {lr:g} (the run's length if it "
+                     "never fires), one seed", c.seeds[0], tuple(c.seeds))
 
     def summarize(self, run_dir, tc, key: str) -> dict:
         from lpfail.monitor import read_jsonl
