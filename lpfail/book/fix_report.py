@@ -141,8 +141,7 @@ def judge_robust_fix(r: Mapping, cost: Mapping | None = None) -> Verdict:
         "but missing some → partly; else not reproduced. Not pre-registered: a first run at half these rows per "
         "point read partly on one borderline point, and the rows were doubled before this run (the record on "
         "{doc}`verdict`)",
-        "Synthetic rows; training is Fix-b's.",
-        note="; ".join(x for x in (note, "rows doubled after a first run that read partly") if x))
+        "Synthetic rows; training is Fix-b's.", note=note)
 
 
 def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
