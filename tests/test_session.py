@@ -60,6 +60,7 @@ def test_quick_records(tiny, tmp_path):
     with tarfile.open(tmp_path / "out" / "quick.tgz") as tf:
         rec = json.loads(tf.extractfile("quick_tiny_lr.json").read())
     assert rec["name"] == "lr_sweep" and rec["complete"] and rec["bit_identical_runs"] == 4 and rec["wall_s"] > 0
+    assert rec["config_hash"] and rec["device"]
     assert session.unpack(tmp_path / "out" / "quick.tgz", repo) == [str(repo / "quick_tiny_lr.json")]
 
 

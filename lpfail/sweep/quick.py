@@ -98,7 +98,8 @@ def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, directory: Path |
     have = lookup(grid, scratch, runs=q.runs).have
     out = {"name": grid.name, "wall_s": round(wall, 1), "complete": len(have) == len(q.runs),
            **compare(grid, q, have, directory)}
-    out.update(device=results._device(), git=results._git(), versions=results._versions(),
+    out.update(config_hash=results.config_hash(grid.config), device=results._device(), git=results._git(),
+               versions=results._versions(),
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     return out
 
