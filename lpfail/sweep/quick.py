@@ -80,7 +80,8 @@ def compare(grid: Grid, q: Quick, quick_have: dict[str, dict], directory: Path |
     same = [fp is not None and fingerprint(stored.get(r.id, {})) == fp for r in q.runs
             for fp in [fingerprint(quick_have.get(r.id, {}))]]
     return {"headline": q.label, "value": value, "stored_per_seed": per_seed, "stored": pred,
-            "inside": bool(inside), "bit_identical_runs": int(sum(same)), "runs": len(q.runs)}
+            "inside": bool(inside), "bit_identical_runs": int(sum(same)), "runs": len(q.runs),
+            "differing_runs": [r.id for r, ok in zip(q.runs, same) if not ok]}
 
 
 def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, directory: Path | None = None, log=print) -> dict:
@@ -114,7 +115,8 @@ def text(rec: dict) -> str:
     mean = f"{st['mean']:+.3f}" if st.get("mean") is not None else "none stored"
     return (f"{rec['name']} quick: {rec['headline']} = {rec['value']:+.3f} on this machine ({rec['runs']} runs, "
             f"{rec['wall_s']:.0f} s); the stored grid's mean over {st['n']} seeds {mean}\n"
-            f"  {where}; {rec['bit_identical_runs']} of {rec['runs']} runs bit-identical to the stored ones")
+            f"  {where}; {rec['bit_identical_runs']} of {rec['runs']} runs bit-identical to the stored ones"
+            + (f" (differing: {', '.join(rec['differing_runs'])})" if rec.get("differing_runs") else ""))
 
 
 def save(rec: dict, path: Path):
