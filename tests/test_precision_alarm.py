@@ -119,3 +119,56 @@ def test_quick_profile_is_a_c_and_d_at_the_highest_rate():
     assert q.statistic({"small/A/lr0.032/s10": {"monitor": recs}}, 10) == 170.0
     assert math.isnan(q.statistic({}, 10))
     assert q.statistic({"small/A/lr0.032/s10": {"monitor": []}}, 10) == 1000.0   # never fired: the run's length
+
+
+def test_describe_reports_rho_errors_and_the_logit_alert_per_run_and_cell():
+    """`describe` (written after the evaluation was seen): per run the largest ρ, the share at or above the rule's
+    ρ, the median dQ error and the logit alert; per cell their ranges and counts; per step the seeds' median of
+    the largest ρ."""
+    g = np.random.default_rng(1)
+    same = _records(np.ones((20, 2, LAYERS, HEADS)), err=3e-3)
+    noise = _records(g.choice([-1.0, 1.0], size=(20, 2, LAYERS, HEADS)), err=1e-2)
+    runs = {("A", 0.032, 10): {"records": same, "logit_alert": 20},
+            ("A", 0.032, 11): {"records": noise, "logit_alert": None},
+            ("C", 0.032, 10): {"records": noise, "logit_alert": 30}}
+    d = P.describe(runs)
+    a10 = d["runs"]["A@0.032/s10"]
+    assert a10["rho_max"] == pytest.approx(4.0)          # 16 equal terms in the window: √16
+    assert a10["rho_frac_over"] == pytest.approx(5 / 19)  # measurements 15..19 of the 19 with a ρ
+    assert a10["dq_rel_median"] == pytest.approx(3e-3) and a10["logit_alert"] == 20
+    assert d["runs"]["A@0.032/s11"]["rho_max"] < 4.0
+    cell = d["cells"]["A@0.032"]
+    assert cell["runs"] == 2 and cell["logit_alerts"] == 1
+    assert cell["rho_max_range"][1] == pytest.approx(4.0) and cell["rho_max_range"][0] < 4.0
+    curve = d["rho_by_step"]["A@0.032"]
+    assert curve["steps"] == list(range(0, 200, 10))
+    assert math.isnan(curve["rho_max_median"][0])         # the first measurement has no ρ yet
+    both = [max(x for row in r["alarm_rho_q"] + r["alarm_rho_k"] for x in row) for r in same[1:]]
+    other = [max(x for row in r["alarm_rho_q"] + r["alarm_rho_k"] for x in row) for r in noise[1:]]
+    assert curve["rho_max_median"][1:] == pytest.approx([(a + b) / 2 for a, b in zip(both, other)])
+    assert "after" in d["described"]
+
+
+def test_chapter_7_tables_and_facts_from_the_stored_evaluation():
+    """The chapter's numbers come from results/precision_alarm.json: every run is in the tables, the counts
+    agree with the evaluation's alarm steps, and a cell never reads 'x–x'."""
+    from lpfail import results
+    from lpfail.book import diagnose as dg
+
+    res = results.load("precision_alarm")
+    f = dg.alarm_facts(res, dg.load_overhead(dg.ALARM_OVERHEAD_FILE))
+    an = res["analysis"]
+    assert f["runs"] == len(an["alarm_step"]) == 30
+    assert f["alarms"] == sum(v is not None for v in an["alarm_step"].values())
+    assert f["false"]["C"][1] == f["false"]["D"][1] == 10 and f["a_runs"] == 10
+    assert f["a_diverging"] == sum(np.isfinite(d["divergence_step"]) for d in an["lead"].values())
+    assert f["overhead"]["every"] == 100 and f["overhead"]["alarm_pct"] < f["overhead"]["total_pct"]
+    table = dg.alarm_table(res)
+    assert len(table.splitlines()) == 2 + 6
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        lo_hi = cells[5].split("–")
+        assert len(lo_hi) in (1, 2) and (len(lo_hi) == 1 or lo_hi[0] != lo_hi[1])
+    lead = dg.alarm_lead_table(res)
+    assert len(lead.splitlines()) == 2 + 10
+    assert "nan" not in (table + lead).lower()

@@ -3,6 +3,7 @@ the same run without it, and per-layer substitutions with `lpfail.substitute`. T
 plots what they return; the numbers come from running them (seconds on a CPU)."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -175,3 +176,130 @@ def breakdown_lines(res: dict) -> list[str]:
     parts += [f"{label} {ms(k)}" for k, label in (("qk_norms", "norms"), ("to_host", "copy to host"),
                                                   ("entropy_host", "update eigenvalues (host)")) if k in b]
     return [wrap("a sampled step's parts: " + "; ".join(parts))]
+
+
+# -- the precision alarm's evaluation (lpfail.experiments.precision_alarm; results/precision_alarm.json) ----------
+#: The alarm's overhead on GPT-2 small (tools/gpu_monitor_overhead.py --alarm), beside the monitor's own file.
+ALARM_OVERHEAD_FILE = "kernels_gpu/alarm_overhead.json"
+
+
+def _alarm_scalars(res):
+    """The stored evaluation's entries: a `results.Result` (indexed by entry) or its JSON file's dict."""
+    return res["scalars"] if isinstance(res, dict) and "scalars" in res else res
+
+
+def _range(values):
+    xs = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    return (min(xs), max(xs)) if xs else None
+
+
+def _steps(x) -> str:
+    return "never" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.0f}"
+
+
+def alarm_facts(res: dict, overhead: dict | None = None) -> dict:
+    """The numbers chapter 7 states about the precision alarm, from the stored evaluation (``res`` =
+    `results.load("precision_alarm")`) and its overhead measurement (`load_overhead(ALARM_OVERHEAD_FILE)`):
+    runs, alarms, false alarms of C and D (the alarm's and the logit alert's), A's diverging runs and how many the
+    alarm and the logit alert preceded, the logit alert's lead, the largest ρ per variant, the rule's thresholds,
+    and the overhead (None where not measured)."""
+    sc = _alarm_scalars(res)
+    an, de = sc["analysis"], sc["description"]
+    rule = an["rule"]
+    lead = an["lead"].values()
+    diverging = [d for d in lead if math.isfinite(d["divergence_step"])]
+    logit_leads = [d["logit_lead"] for d in diverging if math.isfinite(d["logit_lead"])]
+    cells = de["cells"]
+    rho = {}
+    for c in cells.values():
+        lo, hi = c["rho_max_range"]
+        old = rho.get(c["variant"], (lo, hi))
+        rho[c["variant"]] = (min(old[0], lo), max(old[1], hi))
+    out = {"runs": sc["runs_stored"], "planned": sc["runs_planned"], "complete": sc["complete"],
+           "alarms": sum(v is not None for v in an["alarm_step"].values()),
+           "false": {v: (d["alarms"], d["runs"]) for v, d in an["false_alarm"].items()},
+           "logit_false": {v: (sum(c["logit_alerts"] for c in cells.values() if c["variant"] == v),
+                               sum(c["runs"] for c in cells.values() if c["variant"] == v)) for v in ("C", "D")},
+           "a_runs": len(an["lead"]), "a_diverging": len(diverging),
+           "a_alarm_first": sum(d["alarm_step"] is not None and d["alarm_step"] < d["divergence_step"]
+                                for d in diverging),
+           "a_logit_first": sum(math.isfinite(d["logit_lead"]) and d["logit_lead"] > 0 for d in diverging),
+           "logit_lead": (min(logit_leads), max(logit_leads)) if logit_leads else None,
+           "divergence": (min(d["divergence_step"] for d in diverging),
+                          max(d["divergence_step"] for d in diverging)) if diverging else None,
+           "rho_max": rho, "rule_rho": rule["rho"], "rule_gate": rule["gate"], "window": rule["window"],
+           "consecutive": rule["consecutive"], "lrs": sorted({c["lr"] for c in cells.values()}),
+           "seeds": len({k.rsplit("/s", 1)[1] for k in de["runs"]}),
+           "logit_steps": _range(d["logit_alert"] for d in de["runs"].values()),
+           "dq_rel": {k: c["dq_rel_median"] for k, c in cells.items()},
+           "dq_ratio_a_d": _range(cells[f"A@{lr:g}"]["dq_rel_median"] / cells[f"D@{lr:g}"]["dq_rel_median"]
+                                  for lr in sorted({c["lr"] for c in cells.values()})
+                                  if f"A@{lr:g}" in cells and f"D@{lr:g}" in cells),
+           "overhead": None}
+    if overhead is not None:
+        out["overhead"] = {"alarm_pct": overhead["alarm_increment_pct"], "total_pct": overhead["overhead_pct_mean_alarm"],
+                           "monitor_pct": overhead["overhead_pct_mean"], "every": overhead["every"],
+                           "alarm_ms": 1e3 * overhead["alarm_step_breakdown_s"]["alarm"],
+                           "device": overhead["device"], "when": overhead["when"], "model": overhead["model"]}
+    return out
+
+
+def alarm_table(res: dict) -> str:
+    """Per variant and learning rate: runs, precision alarms, logit alerts, the largest ρ of any head in any run,
+    and the median relative error of dQ against FP64 — a Markdown table (`md_table`)."""
+    from lpfail.book import plots
+    from lpfail.book.text import md_table, span
+
+    sc = _alarm_scalars(res)
+    an, cells = sc["analysis"], sc["description"]["cells"]
+    rows = []
+    for key, c in sorted(cells.items(), key=lambda kv: ("ACD".index(kv[1]["variant"]), kv[1]["lr"])):
+        alarms = sum(v is not None for k, v in an["alarm_step"].items() if k.startswith(key + "/"))
+        lo, hi = c["rho_max_range"]
+        rows.append([plots.label(c["variant"]), f"{c['lr']:g}", c["runs"], alarms, c["logit_alerts"],
+                     span(lo, hi, ".2f", sep="–"), f"{c['dq_rel_median']:.2g}"])
+    return md_table(["variant", "learning rate", "runs", "precision alarms", "logit alerts",
+                     "largest ρ per run", "median relative dQ error"], rows)
+
+
+def alarm_lead_table(res: dict) -> str:
+    """Per run of the paper's arithmetic: the step its loss left FP32 attention's (same rate and seed), and the
+    steps of the precision alarm and of the logit alert ('never' where none) — a Markdown table."""
+    from lpfail.book.text import md_table
+
+    sc = _alarm_scalars(res)
+    per_run = sc["description"]["runs"]
+    rows = []
+    for key, d in sorted(sc["analysis"]["lead"].items(), key=lambda kv: (float(kv[0].split("/")[0]),
+                                                                         int(kv[0].split("/s")[1]))):
+        lr, seed = key.split("/s")
+        logit = per_run[f"A@{key}"]["logit_alert"]
+        rows.append([lr, seed, _steps(d["divergence_step"]), _steps(d["alarm_step"]), _steps(logit)])
+    return md_table(["learning rate", "seed", "A leaves C at step", "precision alarm at step",
+                     "logit alert at step"], rows)
+
+
+def alarm_figure(res: dict):
+    """One panel per learning rate: the median over seeds of the largest ρ over heads and sides at each
+    measurement, for A, C and D, with the rule's threshold."""
+    import matplotlib.pyplot as plt
+
+    from lpfail.book import plots
+
+    sc = _alarm_scalars(res)
+    by, rule = sc["description"]["rho_by_step"], sc["analysis"]["rule"]
+    lrs = sorted({float(k.split("@")[1]) for k in by})
+    fig, axes = plt.subplots(1, len(lrs), figsize=(5.1 * len(lrs), 3.4), sharey=True, squeeze=False)
+    for ax, lr in zip(axes[0], lrs):
+        for v in ("A", "D", "C"):
+            d = by.get(f"{v}@{lr:g}")
+            if d:
+                ax.plot(d["steps"], d["rho_max_median"], label=plots.label(v), **plots.style(v, lw=1.2))
+        ax.axhline(rule["rho"], color="#555555", ls="--", lw=1.0)
+        ax.text(0.02, rule["rho"] - 0.1, f"the rule's ρ ≥ {rule['rho']:g}", transform=ax.get_yaxis_transform(),
+                va="top", fontsize=9, color="#555555")
+        ax.set(xlabel="step", title=f"learning rate {lr:g}", ylim=(0, rule["rho"] + 0.6))
+        ax.legend(loc="upper right", bbox_to_anchor=(1.0, 0.86), fontsize=9)
+    axes[0][0].set_ylabel("largest ρ over heads\n(median of seeds)")
+    fig.tight_layout()
+    return fig

@@ -159,6 +159,56 @@ def evaluate(runs: Mapping[tuple[str, float, int], dict], rule: Rule = RULE) -> 
     return out
 
 
+#: `describe` was written on 2026-12-02 after the evaluation had been seen (the rule fired in none of the 30 runs):
+#: it says why, and adds the logit alert's false alarms on the same C and D runs. Description, not a test.
+DESCRIBED_AFTER = ("written 2026-12-02 after the pre-registered evaluation had been seen (no alarm in 30 runs); "
+                   "descriptive only, no decision rests on it")
+
+
+def _finite(values) -> list[float]:
+    return [float(x) for x in values if x is not None and isinstance(x, (int, float)) and math.isfinite(x)]
+
+
+def _flat(rec: Mapping, field: str) -> list[float]:
+    return _finite(v for row in rec.get(field) or [] for v in (row or []))
+
+
+def describe(runs: Mapping[tuple[str, float, int], dict], rule: Rule = RULE) -> dict:
+    """What the runs' records show beside the rule (`DESCRIBED_AFTER`). Per run "variant@lr/sseed": the largest
+    ρ over every layer, head, side and measurement ("rho_max"), the fraction of (measurement, head, side) values
+    at or above the rule's ρ ("rho_frac_over"), the median relative error of dQ over the run ("dq_rel_median"),
+    and the logit alert's step. Per variant and rate ("cells"): the runs, the logit alert's count, the range of
+    rho_max and the median of dq_rel_median. "rho_by_step": per variant and rate, the steps and, at each, the
+    median over seeds of the largest ρ over heads and sides (the figure's curves)."""
+    per_run, curves = {}, {}
+    for (v, lr, s), r in sorted(runs.items()):
+        recs = [x for x in r["records"] if "alarm_rho_q" in x]
+        rhos = [_flat(x, "alarm_rho_q") + _flat(x, "alarm_rho_k") for x in recs]
+        allr = [x for row in rhos for x in row]
+        dq = [x for rec in recs for x in _flat(rec, "alarm_dq_rel")]
+        per_run[f"{v}@{lr:g}/s{s}"] = {
+            "rho_max": max(allr) if allr else float("nan"),
+            "rho_frac_over": sum(x >= rule.rho for x in allr) / len(allr) if allr else float("nan"),
+            "dq_rel_median": float(np.median(dq)) if dq else float("nan"),
+            "logit_alert": r.get("logit_alert")}
+        curves.setdefault((v, lr), []).append(([int(x["step"]) for x in recs],
+                                               [max(row) if row else float("nan") for row in rhos]))
+    cells, by_step = {}, {}
+    for (v, lr), series in sorted(curves.items()):
+        mine = [d for k, d in per_run.items() if k.startswith(f"{v}@{lr:g}/")]
+        rmax = _finite(d["rho_max"] for d in mine)
+        cells[f"{v}@{lr:g}"] = {"variant": v, "lr": lr, "runs": len(mine),
+                                "logit_alerts": sum(d["logit_alert"] is not None for d in mine),
+                                "rho_max_range": [min(rmax), max(rmax)] if rmax else None,
+                                "dq_rel_median": float(np.median(_finite(d["dq_rel_median"] for d in mine)))}
+        steps = series[0][0]
+        if all(st == steps for st, _ in series):
+            by_step[f"{v}@{lr:g}"] = {"steps": steps, "rho_max_median": [
+                float(np.nanmedian(col)) if np.isfinite(col).any() else float("nan")
+                for col in np.asarray([vals for _, vals in series], dtype=np.float64).T]}
+    return {"described": DESCRIBED_AFTER, "runs": per_run, "cells": cells, "rho_by_step": by_step}
+
+
 # -- the grid --------------------------------------------------------------------------------------------------
 #: `MONITOR` as a `TrainConfig.monitor` spec
 MONITOR_SPEC = (f"every={MONITOR['every']} window={MONITOR['window']} sample_batch={MONITOR['sample_batch']} "
@@ -267,7 +317,8 @@ class PrecisionAlarmGrid(GridBase):
                 "records": s.get("monitor", []), "loss": s["loss_curve"], "bin_steps": c.max_steps // c.curve_points,
                 "logit_alert": logit_alert(s.get("monitor", [])), "status": s["status"]}
         return {"preregistered_on": PREREGISTERED_ON, "complete": len(runs) == len(planned),
-                "runs_stored": len(runs), "runs_planned": len(planned), "analysis": evaluate(runs)}
+                "runs_stored": len(runs), "runs_planned": len(planned), "analysis": evaluate(runs),
+                "description": describe(runs)}
 
 
 @register("precision_alarm")
