@@ -2,6 +2,8 @@
 import numpy as np
 import pytest
 
+from lpfail import results
+
 from lpfail.book import verdict as V
 from lpfail.book import gradient_report as GR
 from lpfail.book import lr_sweep_report as LR
@@ -287,8 +289,13 @@ def test_sweep_rows_from_the_stored_results():
     # every training verdict names its proxy; those still on lr_sweep's three seeds say so in their row
     for c in ("C0", "C0-bias", "C0-qk", "C0-size"):
         assert vs[c].proxy and {"size", "steps", "lr"} <= set(vs[c].proxy), c
+    conf = V._stored("confirmation") and results.load("confirmation")
     for c in ("C0-bias", "C0-qk", "C0-size"):
-        assert vs[c].seeds == 3 and "3 seeds" in vs[c].note and "seed range" in vs[c].test, c
+        if LR.confirmed(conf or None, c):   # decided on the confirmation grid's ten seeds
+            assert vs[c].seeds == 10 and vs[c].p_adjusted is not None and "three-seed" not in vs[c].note, c
+            assert f"lr_sweep's 3 seeds" in vs[c].old, c
+        else:
+            assert vs[c].seeds == 3 and "3 seeds" in vs[c].note and "seed range" in vs[c].test, c
     assert "8 layers × 512" in vs["C0-size"].proxy["size"]
     if V._stored("sr_confound"):  # C0-bias states its confound with the measurement
         assert "sr_confound" in vs["C0-bias"].evidence and "RMS error" in vs["C0-bias"].evidence
@@ -314,6 +321,26 @@ def test_c0_on_ten_seeds_decides_and_keeps_the_three_seed_verdict_beside_it(word
     assert "fresh seeds" in v.test and v.proxy["steps"] == "1,000 per run"
     healthy_called = LR.judge_confirmed(_confirmation(word, h5="distinguishable"), old)
     assert "opens only where" not in healthy_called.evidence and "0.002" in healthy_called.evidence
+
+
+@pytest.mark.parametrize("word, expected", [("supported", V.REPRODUCED), ("inconclusive", V.NOT_REPRODUCED),
+                                            ("refuted", V.CONTRADICTED)])
+def test_c0_bias_on_ten_seeds_by_h2_states_the_remedys_own_gap_and_the_confound(word, expected):
+    conf = _confirmation("supported")
+    conf["analysis"]["claims"]["H2"] = {"estimate": 0.047, "ci": [0.018, 0.075], "n": 10, "p": 0.048,
+                                        "seeds_confirm": [3, 4, 5, 6, 7, 8, 9], "p_adjusted": 0.24,
+                                        "family_size": 6, "verdict": word}
+    conf["analysis"]["hypotheses"]["H2"] = "stochastic rounding closes at least half of the gap"
+    assert LR.confirmed(conf, "C0-bias") and not LR.confirmed(conf, "C0-qk") and not LR.confirmed(None, "C0")
+    old = V.Verdict("C0-bias", "statement", V.CONTRADICTED, "three-seed evidence", "rule", seeds=3,
+                    note="3 seeds: fewer than the 10 a training verdict needs")
+    v = LR.judge_confirmed(conf, old, "C0-bias", "It adds variance too.")
+    assert v.verdict == expected and v.seeds == 10 and v.p_adjusted == 0.24 and v.note == ""
+    assert "S(A_sr) − S(C) − ½·(S(A) − S(C)) = +0.047 [+0.018, +0.075]" in v.evidence
+    # the remedy's own gap: 0.047 + ½ · 0.08
+    assert "S(A_sr) − S(C), is +0.087 against S(A) − S(C) = +0.080" in v.evidence
+    assert "It adds variance too." in v.evidence and "opens only where" not in v.evidence
+    assert "A_sr" in v.evidence and "three-seed evidence" in v.old and v.rule.startswith("stochastic rounding")
 
 
 def test_c0_without_the_sweep_is_not_yet_tested_but_keeps_the_old_evidence():

@@ -707,40 +707,73 @@ def few_seeds(v: Verdict, res: Mapping, sizes: tuple[str, ...] = ("small",)) -> 
     return dataclasses.replace(v, seeds=n, test=FEW_SEEDS_TEST, proxy=proxy(res, sizes), note=note)
 
 
-def judge_confirmed(conf: Mapping, old: Verdict) -> Verdict:
-    """C0 by the confirmation grid's pre-registered H1 (`lpfail.experiments.confirmation`: ten paired seeds, the
-    call on the fresh seeds 3–9 by a paired t test, Holm within the family of claims); ``old`` (lr_sweep's
-    three-seed C0, with the explosion search beside it) is reported beside it and does not decide it."""
+#: Per confirmed claim: its hypothesis, the statistic in words, and which runs it needs (`judge_confirmed`).
+CONFIRMED = {"C0": ("H1", "S(A) − S(C)", "A and C at the smaller size, seeds 0–9"),
+             "C0-bias": ("H2", "S(A_sr) − S(C) − ½·(S(A) − S(C))", "A, C and A_sr at the smaller size, seeds 0–9"),
+             "C0-qk": ("H3", "S(A_qk) − S(C_qk) − ½·(S(A) − S(C))",
+                       "A, C, A_qk and C_qk at the smaller size, seeds 0–9")}
+
+
+def confirmed(conf: Mapping | None, claim: str) -> bool:
+    """Whether the stored ``confirmation`` grid decides ``claim`` (its hypothesis has a verdict on ten seeds)."""
+    if conf is None or claim not in CONFIRMED:
+        return False
+    h = conf["analysis"].get("claims", {}).get(CONFIRMED[claim][0]) or {}
+    return h.get("verdict") in ("supported", "inconclusive", "refuted")
+
+
+def _closed_text(a: Mapping, hyp: str) -> str:
+    """For a half-gap hypothesis: how much of S(A) − S(C) the remedy leaves, from the two estimates (both means
+    over the same seeds, so the difference is exact)."""
+    h, h1 = a["claims"][hyp], a["claims"].get("H1") or {}
+    if h1.get("estimate") is None or h.get("estimate") is None:
+        return ""
+    left = float(h["estimate"]) + 0.5 * float(h1["estimate"])
+    name = {"H2": "S(A_sr) − S(C)", "H3": "S(A_qk) − S(C_qk)"}[hyp]
+    return (f" The remedy's own gap, {name}, is {left:+.3f} against S(A) − S(C) = {float(h1['estimate']):+.3f}"
+            f" (the same seeds).")
+
+
+def judge_confirmed(conf: Mapping, old: Verdict, claim: str = "C0", extra: str = "") -> Verdict:
+    """``claim`` by the confirmation grid's pre-registered hypothesis (`CONFIRMED`; `lpfail.experiments.confirmation`:
+    ten paired seeds, the call on the fresh seeds 3–9 by a paired t test, Holm within the family of claims);
+    ``old`` (lr_sweep's three-seed verdict, and for C0 the explosion search) is reported beside it and does not
+    decide it. ``extra``: text added to the evidence (C0-bias: what stochastic rounding adds, `confound_text`)."""
     import dataclasses
 
     from lpfail.book.verdict import SWEEP_WORDS
 
     from lpfail.experiments import confirmation as CF
 
+    hyp, stat, needs = CONFIRMED[claim]
     a = conf["analysis"]
-    h = a["claims"]["H1"]
+    h = a["claims"][hyp]
     small = a.get("sizes", {}).get("small", {})
     healthy = ", ".join(f"{x:g}" for x in small.get("healthy_lrs", []))
-    ev = (f"On our proxy, S(A) − S(C) = {interval({'point': h['estimate'], 'ci': h['ci']}, '+.3f')} (mean over "
+    ev = (f"On our proxy, {stat} = {interval({'point': h['estimate'], 'ci': h['ci']}, '+.3f')} (mean over "
           f"{h['n']} paired seeds, 95 % Student t interval); the call on the fresh seeds "
           f"{h['seeds_confirm'][0]}–{h['seeds_confirm'][-1]} alone: paired t test p = {h['p']:.2g}, "
           f"Holm-adjusted within its family of {h['family_size']} {h['p_adjusted']:.2g} — **{h['verdict']}**.")
-    if small.get("H5") == "not distinguishable":
+    if hyp != "H1":
+        ev += _closed_text(a, hyp)
+    elif small.get("H5") == "not distinguishable":
         ev += (f" But at no learning rate where FP32 attention is healthy ({healthy}: its loss within "
                f"{100 * CF.HEALTHY:.0f} % of its best) is the A − C gap called: on this proxy the gap opens only where "
                "FP32 attention itself degrades, unlike the paper's healthy high-precision run beside a failing one.")
     elif small:
         called = ", ".join(f"{x:g}" for x in small.get("H5_called_lrs", []))
         ev += f" The A − C gap is called at a learning rate where FP32 attention is healthy ({called})."
+    if extra:
+        ev += " " + extra
     ev += f" See {{doc}}`01_symptom`; {_prov(conf)}."
     if not conf.get("complete", True):
         ev += (f" The grid is incomplete ({int(conf['runs_stored'])} of {int(conf['runs_planned'])} runs stored); "
-               "this verdict's runs (A and C at the smaller size, seeds 0–9) are all stored.")
+               f"this verdict's runs ({needs}) are all stored.")
     oldtxt = (f"the same claim on lr_sweep's {old.seeds or 3} seeds (legacy bootstrap rule): **{old.verdict}**. "
               f"{old.evidence}" + (f" {old.old}" if old.old else ""))
     return dataclasses.replace(
         old, verdict=SWEEP_WORDS[h["verdict"]], evidence=ev,
-        rule=(f"{a['hypotheses']['H1']}; {a['rule']}"), old=oldtxt, note="", seeds=int(h["n"]),
+        rule=(f"{a['hypotheses'][hyp]}; {a['rule']}"), old=oldtxt, note="", seeds=int(h["n"]),
         test=(f"paired Student t test, two-sided, on the fresh seeds only (the estimate pools all {h['n']}); its "
               "false-call rate and interval coverage on simulated null data: tests/test_stats_null.py"),
         p_adjusted=float(h["p_adjusted"]), proxy=proxy(conf),
@@ -761,12 +794,16 @@ def claims(load, stored) -> list[Verdict]:
     if lr is not None:
         c0 = few_seeds(judge_lr_symptom(lr, old), lr)
         conf = _load_or_none(load, "confirmation")
-        h1 = (conf["analysis"].get("claims", {}).get("H1") if conf is not None else None) or {}
-        if h1.get("verdict") in ("supported", "inconclusive", "refuted"):
+        if confirmed(conf, "C0"):
             c0 = judge_confirmed(conf, c0)
-        bias = judge_bias_not_noise(lr, _load_or_none(load, "sr_confound"))
-        return [c0, few_seeds(bias, lr), few_seeds(judge_qk_norm(lr), lr),
-                few_seeds(judge_size(lr), lr, ("small", "large"))]
+        sr = _load_or_none(load, "sr_confound")
+        bias = few_seeds(judge_bias_not_noise(lr, sr), lr)
+        if confirmed(conf, "C0-bias"):
+            bias = judge_confirmed(conf, bias, "C0-bias", confound_text(sr))
+        qk = few_seeds(judge_qk_norm(lr), lr)
+        if confirmed(conf, "C0-qk"):
+            qk = judge_confirmed(conf, qk, "C0-qk")
+        return [c0, bias, qk, few_seeds(judge_size(lr), lr, ("small", "large"))]
     c0 = pending("C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than "
                        "with high-precision attention.", "lr_sweep", "01_symptom", stored)
     if old is not None:
