@@ -496,3 +496,18 @@ def test_preregistration_record_names_what_was_seen():
     assert "before this rule" in by["fix_training"]                                     # B seen before its rule
     assert "doubled" in by["fix_sweep"]
     assert V.record_markdown().count("\n") == len(rows) + 1
+
+
+def test_substitution_and_gradient_rows_name_their_seeds_test_and_proxy():
+    """C1b and C1c rest on training runs of three seeds, C2's GPU evidence on one run: each row says so (seeds,
+    test, proxy, a note), and the substitution rule's quoted "95 %" interval is qualified as the seed range."""
+    vs = {v.claim: v for v in V.verdicts()}
+    for c in ("C1b", "C1c"):
+        v = vs[c]
+        assert v.seeds == 3 and "3 seeds" in v.note and "seed range" in v.test, c
+        assert {"size", "steps", "lr"} <= set(v.proxy) and "0.016" in v.proxy["lr"], c
+        assert "(with 3 seeds that interval is the seed range" in v.rule, c
+    if V._stored("gradient_error") and results.load("gradient_error").get("gpu"):
+        c2 = vs["C2"]
+        assert c2.seeds == 1 and "1 run" in c2.note and "cannot reach p < 0.05" in c2.test
+        assert "one run" in c2.proxy["lr"] and "steps 300, 600, 900" in c2.test

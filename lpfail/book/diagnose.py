@@ -289,7 +289,7 @@ def alarm_figure(res: dict):
     sc = _alarm_scalars(res)
     by, rule = sc["description"]["rho_by_step"], sc["analysis"]["rule"]
     lrs = sorted({float(k.split("@")[1]) for k in by})
-    fig, axes = plt.subplots(1, len(lrs), figsize=(5.1 * len(lrs), 3.4), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(lrs), figsize=(4.6 * len(lrs), 3.4), sharey=True, squeeze=False)
     for ax, lr in zip(axes[0], lrs):
         for v in ("A", "D", "C"):
             d = by.get(f"{v}@{lr:g}")

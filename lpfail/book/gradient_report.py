@@ -435,13 +435,39 @@ def judge_gradient_error(res: Mapping) -> Verdict:
                  f"rank-one terms {cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked "
                  f"step: {pos}.")
         plain += _accumulation_evidence(res.get("accumulation"))
+    scope = _one_run_scope(res)
     return Verdict("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
                          "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
                    v, f"{cpu} {plain} See {{doc}}`03_gradient_error`; {_prov(res)}.",
                    "contradicted if Eq. 1–2 miss autograd; with GPU records: reproduced when the median rank-one "
                    "cosine ≥ 0.5 and Σ Δδ > 0 at every checked step of the layer with the largest dW_Q error, partly "
                    "when one holds; without them not yet tested",
-                   "δ_hp is the exact (float64) value, the paper's FP32; our model is 4 × 256, not GPT-2 small.")
+                   "δ_hp is the exact (float64) value, the paper's FP32; our model is 4 × 256, not GPT-2 small.",
+                   **scope)
+
+
+def _one_run_scope(res: Mapping) -> dict:
+    """What C2's GPU evidence rests on, for its row: one run of A (seed, learning rate, size, steps), the steps
+    and layers checked, and why a sign test over so few checkpoints decides nothing (empty without GPU records)."""
+    from lpfail.book import lr_sweep_report as LR
+    from lpfail.experiments import gradient_error as GE
+
+    gpu = res.get("gpu")
+    if not gpu:
+        return {}
+    import inspect
+
+    params = inspect.signature(GE.a_run_config).parameters
+    lr, seed = params["lr"].default, params["seed"].default
+    steps = sorted({int(r["step"]) for r in gpu["records"]})
+    layers = sorted({int(r["layer"]) for r in gpu["records"]})
+    px = LR.proxy()
+    px["lr"] = f"{lr:g} (one run)"
+    return {"seeds": 1, "proxy": px,
+            "test": (f"none with a false-call rate: one run (seed {seed}), {len(steps)} checkpoints (steps "
+                     f"{', '.join(map(str, steps))}) of {len(layers)} layers; a sign test over {len(steps)} "
+                     f"checkpoints cannot reach p < 0.05 (all signs alike: p = {2 * 0.5 ** len(steps):.2g} two-sided)"),
+            "note": "1 run: fewer than the 10 seeds a training verdict needs"}
 
 
 def claims(load, stored) -> list[Verdict]:

@@ -536,7 +536,23 @@ def claims(load, stored) -> list[Verdict]:
     res = _load_or_none(load, "substitution")
     if res is None:
         return [pending(c, s, "substitution", "02_substitution", stored) for c, s in PENDING]
-    return [judge_one_tile(res), judge_one_layer(res), judge_through_delta(res)]
+    return [judge_one_tile(res)] + [on_three_seeds(v, res) for v in (judge_one_layer(res), judge_through_delta(res))]
+
+
+#: The interval the substitution rule quotes, as the row must read it (its words are the pre-registered ones).
+RULE_SEEDS = " (with 3 seeds that interval is the seed range, not a 95 % interval)"
+
+
+def on_three_seeds(v: Verdict, res: Mapping) -> Verdict:
+    """C1b and C1c are judged from training runs on lr_sweep's three seeds: the row names its seeds, test and
+    proxy (`lr_sweep_report.few_seeds`) and the rule's "95 %" interval is qualified (`RULE_SEEDS`)."""
+    import dataclasses
+
+    from lpfail.book import lr_sweep_report as LR
+
+    v = LR.few_seeds(v, res)
+    return dataclasses.replace(v, rule=v.rule.replace("the 95 % bootstrap interval (seeds, paired)",
+                                                      "the 95 % bootstrap interval (seeds, paired)" + RULE_SEEDS))
 
 
 # -- the numbers chapter 2's text quotes, and its one table ---------------------------------------------------------
