@@ -139,6 +139,40 @@ def _time_paired(fn_a, fn_b, sets, mode, reps, warmup):
     return statistics.median(ta), statistics.median(tb), statistics.median(b / a for a, b in zip(ta, tb))
 
 
+def _sync():
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def _time_interleaved(fns: dict, sets, mode, rounds, reps, warmup, runner=None, sync=None) -> dict:
+    """Every method of ``fns`` {name: fn} timed in ``rounds`` rounds that visit each in turn (the order reversed
+    every other round), ``reps`` CUDA-event timings per visit. Clock and thermal drift over the minutes one shape
+    takes then hit every method alike; timing each method once, one after the other, let two timings of one
+    forward kernel in one run differ by ≈ 10 % (H200, 2026-12-02). Returns {name: {"ms": the median of the round
+    medians, "rounds": the round medians, "spread": (max − min) / median of the rounds}}.
+    ``runner``/``sync``: `_runner` and a CUDA synchronize (replaced in CPU tests)."""
+    runner, sync = runner or _runner, sync or _sync
+    if rounds < 1 or reps < 1:
+        raise ValueError(f"_time_interleaved: rounds and reps must be ≥ 1 (got {rounds}, {reps})")
+    made = {name: runner(fn, sets, mode) for name, fn in fns.items()}
+    for call, _ in made.values():
+        for i in range(warmup):
+            call(i)
+    sync()
+    per = {name: [] for name in fns}
+    order = list(fns)
+    for r in range(rounds):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            timed = made[name][1]
+            per[name].append(statistics.median(timed(i) for i in range(reps)))
+    out = {}
+    for name, xs in per.items():
+        med = statistics.median(xs)
+        out[name] = {"ms": med, "rounds": xs, "spread": (max(xs) - min(xs)) / med if med > 0 else float("nan")}
+    return out
+
+
 def _chosen_configs():
     """The autotuner's last pick for each kernel (what the timings just above ran), as text."""
     import kernels.bwd as kb

@@ -160,3 +160,39 @@ def test_host_time_record_is_read_checked_and_tabled(tmp_path):
                                     "drop-in, fwd + bwd"]
     assert rows[0] == ["drop-in, forward", "40.3", "100", "24", "23", "no"]   # 40.32 > 40: missed
     assert rows[1][-1] == "yes" and rows[1][2] == "—" and rows[3][-1] == "—" and rows[3][4] == "—"
+
+
+def test_interleaved_timing_visits_every_method_each_round_and_takes_the_median_of_rounds():
+    """`_time_interleaved` (issue 25: two timings of one kernel in one run differed by ≈ 10 %): warm-up for every
+    method first, then rounds that visit each method in turn, reversed every other round; per method the median
+    of its round medians and their spread. A drift that grows with time then biases no method."""
+    from kernels.bench import _time_interleaved
+
+    clock, visits, warm = [0.0], [], []
+
+    def runner(fn, sets, mode):
+        name = fn
+
+        def call(i):
+            warm.append(name)
+
+        def timed(i):
+            clock[0] += 1.0               # every timing a little slower than the one before: drift
+            visits.append(name)
+            return {"a": 1.0, "b": 2.0}[name] + 0.01 * clock[0]
+        return call, timed
+
+    synced = []
+    out = _time_interleaved({"a": "a", "b": "b"}, [None], "fwd", rounds=4, reps=3, warmup=2, runner=runner,
+                            sync=lambda: synced.append(True))
+    assert warm == ["a", "a", "b", "b"] and synced == [True]
+    assert visits == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3 + ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3
+    assert len(out["a"]["rounds"]) == len(out["b"]["rounds"]) == 4
+    # round medians: a at clocks 2, 11, 14, 23 → 1.02, 1.11, 1.14, 1.23; b at 5, 8, 17, 20
+    assert out["a"]["rounds"] == pytest.approx([1.02, 1.11, 1.14, 1.23])
+    assert out["a"]["ms"] == pytest.approx((1.11 + 1.14) / 2) and out["b"]["ms"] == pytest.approx(2 + (0.08 + 0.17) / 2)
+    # the drift lands equally on both: their medians differ by the true 1.0 plus only the 0.005 of interleaving
+    assert out["b"]["ms"] - out["a"]["ms"] == pytest.approx(1.0, abs=0.01)
+    assert out["a"]["spread"] == pytest.approx((1.23 - 1.02) / out["a"]["ms"])
+    with pytest.raises(ValueError, match="rounds and reps"):
+        _time_interleaved({"a": "a"}, [None], "fwd", rounds=0, reps=3, warmup=0, runner=runner, sync=lambda: None)

@@ -13,6 +13,7 @@ Phases, each under the one deadline (a phase that would start too late is skippe
      drop-in against SDPA (default is_causal, enable_gqa); a failed variant is not timed and the exit code is 1;
   3. optionally (--pytest) the gpu-marked kernel tests (LPFAIL_KERNELS_AUTOTUNE=0), output in tests.txt;
   4. timings: BF16, causal, width 2048, d 64 and 128, N 1k–8k, 16k tokens per call, fwd and fwd+bwd, every
+     method of a shape timed together in interleaved rounds (`ROUNDS`; each cell keeps its rounds and spread),
      variant (autotuned in its space: the split backward, the fused one, the candidate default NEXT_LEVERS)
      beside SDPA cuDNN and flash; each timed variant's forward is compared bit
      for bit with its base's on the timed inputs, its gradients for closeness;
@@ -44,7 +45,7 @@ import torch  # noqa: E402
 
 import kernels  # noqa: E402
 from kernels import NEXT_LEVERS, Tuning  # noqa: E402
-from kernels.bench import _flops, _time, _time_paired  # noqa: E402
+from kernels.bench import _flops, _time_interleaved, _time_paired  # noqa: E402
 from lpfail.precision import FA2_BF16  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
@@ -407,13 +408,19 @@ def _guard(name, sets, base_out):
     return got, g
 
 
+#: Timing rounds per shape: every method is timed `ROUNDS` times, interleaved (`kernels.bench._time_interleaved`),
+#: `reps // ROUNDS` timings each; the cell keeps the rounds and their spread.
+ROUNDS = 5
+
+
 def time_shape(d, n, names, reps, record, dl, seen):
-    """Every method at one (d, N): guards first (which also autotune), then the median of `reps` timings per mode."""
+    """Every method at one (d, N): guards first (which also autotune), then per mode the methods timed together
+    in interleaved rounds (`ROUNDS` × reps // ROUNDS timings each; the median of the round medians)."""
     sets = _sets(d, n)
     b, h = max(1, TOKENS // n), WIDTH // d
-    outs = {}
+    outs, cells = {}, {}
     for name in names:
-        if dl.left() < 20:
+        if dl.left() < 30:
             record["errors"].append(f"deadline: {name} d={d} N={n} not timed")
             continue
         spec = METHODS.get(name)
@@ -421,17 +428,33 @@ def time_shape(d, n, names, reps, record, dl, seen):
         guard = {}
         try:
             outs[name], guard = _guard(name, sets, outs.get(base)) if not name.startswith("sdpa_") else (None, {})
-            cell = {"guard": guard, "picks": _new_picks(seen)}
-            for mode in MODES:
-                ms = _time(method_fn(name), sets, mode, reps, 3)
-                cell[mode] = {"ms": ms, "tflops": _flops(b, h, n, d, True, mode) / (ms * 1e-3) / 1e12}
+            cells[name] = {"guard": guard, "picks": _new_picks(seen)}
         except Exception as e:  # noqa: BLE001 - a back end missing on this build: recorded, the rest goes on
-            cell = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        record["cells"][f"{name} d={d} N={n}"] = cell
+            record["cells"][f"{name} d={d} N={n}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         if guard and not guard.get("ok", True):
             print(f"GUARD FAILED: {name} d={d} N={n}: {json.dumps(guard)}", flush=True)
+    for mode in MODES:
+        if not cells or dl.left() < 15:
+            break
+        try:
+            got = _time_interleaved({name: method_fn(name) for name in cells}, sets, mode, ROUNDS,
+                                    max(1, reps // ROUNDS), 3)
+        except Exception as e:  # noqa: BLE001 - one method failing its timing: time the others one by one
+            record["errors"].append(f"interleaved d={d} N={n} {mode}: {type(e).__name__}: {str(e)[:200]}")
+            got = {}
+            for name in cells:
+                try:
+                    got.update(_time_interleaved({name: method_fn(name)}, sets, mode, ROUNDS, max(1, reps // ROUNDS), 3))
+                except Exception as e2:  # noqa: BLE001
+                    cells[name]["error"] = f"{type(e2).__name__}: {str(e2)[:300]}"
+        for name, t in got.items():
+            cells[name][mode] = {"ms": t["ms"], "rounds_ms": t["rounds"], "spread": t["spread"],
+                                 "tflops": _flops(b, h, n, d, True, mode) / (t["ms"] * 1e-3) / 1e12}
+    for name, cell in cells.items():
+        record["cells"][f"{name} d={d} N={n}"] = cell
         log(dl, f"d={d} N={n} {name:14s} " + "  ".join(
-            f"{m} {cell[m]['tflops']:6.1f}" for m in MODES if m in cell) + (f" {cell.get('error', '')}"))
+            f"{m} {cell[m]['tflops']:6.1f} (±{50 * cell[m]['spread']:.0f} %)" for m in MODES if m in cell)
+            + (f" {cell.get('error', '')}"))
     return sets
 
 
