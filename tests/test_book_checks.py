@@ -43,6 +43,8 @@ def test_unequal_rows_are_rejected():
     ("its error nan ± nan", "placeholder"),
     ("a value of None here", "placeholder"),
     ("an unrendered {glue:text}`x`", "placeholder"),
+    ("| variant | runs | |---|---| | A | 5 |", "Markdown table not rendered"),
+    ("| variant | runs | |—|—| | A | 5 |", "Markdown table not rendered"),
 ])
 def test_generated_garbage_is_rejected(text, what):
     r = B.check_page("bad.html", page(f"<p>{text}</p>"))

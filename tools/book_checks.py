@@ -11,7 +11,8 @@ Over every page of the built HTML (the article's content, ``article.bd-article``
 * a **table whose rows have unequal numbers of cells** (colspan and rowspan counted): what a ``|`` inside a
   generated Markdown cell does to a row;
 * **generated text that reads as garbage**: a value repeated around a colon ("stored: stored"), a degenerate
-  range ("-8.86 to -8.86", "3–3"), or a placeholder (``nan``, ``None``, an unrendered ``{glue:…}`` role).
+  range ("-8.86 to -8.86", "3–3"), a placeholder (``nan``, ``None``, an unrendered ``{glue:…}`` role), or a
+  Markdown table left as text (its ``|---|`` row in a paragraph).
 
 It prints one line per page (words of prose, tables) and exits 1 when any page fails; ``--json`` writes the
 counts (the before/after measure of the book's length). The browser check (tools/browser_check.py) covers what
@@ -42,6 +43,9 @@ _SAME_COLON = re.compile(r"(?<![\w-])([A-Za-z][\w-]{2,}): \1\b")
 #: an unrendered role, or "???".
 _PLACEHOLDER = re.compile(r"(?<![\w.])nan(?![\w.(])|(?<![\w.])None(?![\w.(])(?!\s+(?:of|is|are|was|were|has|have|"
                           r"closes|needs|does)\b)|\{glue:|\{numref\}|\{doc\}|\?\?\?")
+#: A Markdown table that reached the page as text (its separator row in a paragraph: a `{glue:md}` role inline
+#: instead of the block directive, 2026-12-02; MyST had turned its --- into —).
+_RAW_TABLE = re.compile(r"\|\s*:?(?:-{3,}|[—–]-*):?\s*\|")  # MyST typesets --- as an em dash
 
 
 @dataclasses.dataclass
@@ -133,7 +137,7 @@ def body_rows(table) -> int:
 def text_errors(text: str) -> list[str]:
     out = []
     for rx, what in ((_SAME_RANGE, "degenerate range"), (_SAME_COLON, "repeated value"),
-                     (_PLACEHOLDER, "placeholder")):
+                     (_PLACEHOLDER, "placeholder"), (_RAW_TABLE, "Markdown table not rendered")):
         for m in rx.finditer(text):
             a, b = max(0, m.start() - 40), min(len(text), m.end() + 40)
             out.append(f"{what} {m.group(0)!r}: …{text[a:b].strip()}…")
