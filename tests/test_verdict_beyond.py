@@ -73,3 +73,24 @@ def test_beyond_rows_read_stored_results():
     rows = {r.claim: r for r in BR.claims(load)}
     assert rows["K-bias:sdpa_flash"].verdict == V.REPRODUCED
     assert rows["K-fma"].verdict == V.CONTRADICTED
+
+
+def test_normaliser_facts_from_the_stored_measurement():
+    """Chapter 6's sentence on ℓ from P̄ (flash-attention PR 2721): the largest change at the base rows and its
+    largest share of a production back end's error, from results/prod_normaliser, recomputed here by hand."""
+    import math
+
+    from lpfail import results
+    from lpfail.book import beyond_report as br
+
+    res = results.load("prod_normaliser")
+    f = br.normaliser_facts(res)
+    gi = [i for i, (g, t) in enumerate(zip(res["gaps"], res["ties"])) if g == 16.0 and t == 2][0]
+    pairs = [p for p in br.pk.NORMALISER_PAIRS if bool(res[f"available_{p[0]}"]) and bool(res[f"available_{p[1]}"])]
+    part = max(abs(float(res[f"{a}_away"][gi]) - float(res[f"{b}_away"][gi])) for a, b in pairs)
+    backends = [k[len("available_"):] for k in res if k.startswith("available_sdpa_") and bool(res[k])]
+    share = max(abs(float(res[f"{a}_away"][gi]) - float(res[f"{b}_away"][gi])) / abs(float(res[f"{be}_away"][gi]))
+                for a, b in pairs for be in backends)
+    assert f["norm_part"] == f"{part * 1e4:.2f}" and f["norm_pairs"] == str(len(pairs)) == "4"
+    assert f["norm_share"] == f"{100 * share:.0f} %" and math.isfinite(share)
+    assert f["norm_card"] == "NVIDIA H200"

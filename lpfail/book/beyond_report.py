@@ -367,3 +367,20 @@ def claims(load=None, stored=None) -> list[Verdict]:
             out.append(Verdict(claim, statement, NOT_TESTED, "No stored `cures` result yet (GPU run pending: "
                                "tools/gpu.sh start cures); see {doc}`06_beyond`.", "no evidence yet"))
     return out
+
+
+# -- the normaliser's source (flash-attention PR #2721; results/prod_normaliser) -----------------------------------
+def normaliser_facts(res) -> dict[str, str]:
+    """Chapter 6's sentence on ℓ summed from P or from P̄, from the stored ``prod_normaliser``: at the rows with
+    two ties at gap 16 (the base rows), the largest change of the error toward larger |O| when ℓ is summed from
+    P̄ ("norm_part", ×10⁻⁴), the largest share of a production back end's error it makes ("norm_share"), over the
+    pairs measured (ours, the reference, the FA2 mimic), and the card and day."""
+    rows = [r for r in pk.normaliser_summary(res, "away") if r["tied"] and r["gap"] == 16.0 and r["n_ties"] == 2]
+    if not rows:
+        raise ValueError("normaliser_facts: no pair measured at gap 16 with 2 ties")
+    parts = [abs(r["normaliser_part"]) for r in rows]
+    shares = [abs(v) for r in rows for v in r["shares"].values() if np.isfinite(v)]
+    meta = getattr(res, "meta", {}) or {}
+    return {"norm_part": f"{max(parts) * 1e4:.2f}", "norm_share": f"{100 * max(shares):.0f} %" if shares else "—",
+            "norm_pairs": str(len(rows)), "norm_card": str(meta.get("device", "not recorded")),
+            "norm_when": str(meta.get("created", ""))[:10] or "not recorded"}
