@@ -93,3 +93,33 @@ def test_mps_daemon_left_running_is_kept(monkeypatch, tmp_path):
         0 if "-c" in args else 1))
     session.start_mps()
     assert said[0].startswith("MPS did not work")
+
+
+def _tgz(path, name, obj):
+    import io
+    data = json.dumps(obj).encode()
+    with tarfile.open(path, "w:gz") as tf:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_unpack_takes_a_later_state_of_a_growing_part(tmp_path):
+    """A driver running across calls writes one part that grows: the later call's archive replaces the earlier
+    state (2026-12-02: the first state was kept and 102 runs of the later ones were dropped); anything else that
+    differs never overwrites a stored part."""
+    repo = tmp_path / "results"
+    name = "lr_sweep_parts/part-20261202T122554-487.json"
+    head = {"format": "lpfail-sweep-part", "git": "abc", "created": "2026-12-02T12:25"}
+    first = {**head, "wall_s": 10.0, "runs": {"a": {"val_loss": 1.0}}}
+    later = {**head, "wall_s": 20.0, "runs": {"a": {"val_loss": 1.0}, "b": {"val_loss": 2.0}}}
+    changed = {**head, "wall_s": 30.0, "runs": {"a": {"val_loss": 9.0}, "b": {"val_loss": 2.0}, "c": {}}}
+    other = {**head, "git": "def", "wall_s": 30.0, "runs": {**later["runs"], "c": {}}}
+    assert session.unpack(_tgz(tmp_path / "1.tgz", name, first), repo) == [str(repo / name)]
+    assert session.unpack(_tgz(tmp_path / "2.tgz", name, later), repo) == [str(repo / name)]
+    assert json.loads((repo / name).read_text())["runs"].keys() == {"a", "b"}
+    assert session.unpack(_tgz(tmp_path / "3.tgz", name, first), repo) == []  # an earlier state: kept
+    assert session.unpack(_tgz(tmp_path / "4.tgz", name, changed), repo) == []  # a run changed: kept
+    assert session.unpack(_tgz(tmp_path / "5.tgz", name, other), repo) == []  # another header: kept
+    assert json.loads((repo / name).read_text()) == later

@@ -211,8 +211,12 @@ def quick(names: list[str], out: Path, budget_s: float):
 
 
 def unpack(archive: Path, repo_results: Path | None = None) -> list[str]:
-    """Here, after a call: the new part and checks files of grids.tgz into the results cache (a part already
-    there is never overwritten), quick records as results/quick_NAME.json. Returns the paths written."""
+    """Here, after a call: the new part and checks files of grids.tgz into the results cache, quick records as
+    results/quick_NAME.json. Returns the paths written.
+
+    A part already stored is overwritten only by a later state of the same part: a driver that ran across several
+    calls writes one part file that grows, so the archive of a later call holds every run of an earlier one,
+    unchanged, and more. Any other difference leaves the stored part as it is (and says so on stderr)."""
     repo_results = repo_results or results.REPO_ROOT / "results"
     written = []
     with tarfile.open(archive) as tf:
@@ -220,12 +224,34 @@ def unpack(archive: Path, repo_results: Path | None = None) -> list[str]:
             if not m.isfile() or m.name.startswith("session/"):
                 continue
             dst = repo_results / m.name
+            data = tf.extractfile(m).read()
             if dst.exists() and Path(m.name).name.startswith("part-"):
-                continue
+                if not _grows(dst.read_bytes(), data):
+                    if dst.read_bytes() != data:
+                        print(f"unpack: {dst} kept: the archive's {m.name} is not a later state of it",
+                              file=sys.stderr)
+                    continue
             dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(tf.extractfile(m).read())
+            tmp = dst.with_name(dst.name + ".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(dst)
             written.append(str(dst))
     return written
+
+
+def _grows(old: bytes, new: bytes) -> bool:
+    """Whether part ``new`` is a later state of part ``old``: the same header (but its wall time), every run of
+    ``old`` in ``new`` unchanged, and at least one run more."""
+    try:
+        a, b = json.loads(old), json.loads(new)
+    except ValueError:
+        return False
+    if not (isinstance(a, dict) and isinstance(b, dict) and isinstance(a.get("runs"), dict)
+            and isinstance(b.get("runs"), dict)):
+        return False
+    head = lambda d: {k: v for k, v in d.items() if k not in ("runs", "wall_s")}
+    return (head(a) == head(b) and all(b["runs"].get(k) == v for k, v in a["runs"].items())
+            and len(b["runs"]) > len(a["runs"]))
 
 
 def main(argv=None) -> int:
