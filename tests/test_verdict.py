@@ -148,8 +148,13 @@ def test_symptom_verdicts_from_the_stored_results():
     else:
         assert "H1" in vs["C0"].evidence and "lr_sweep" in vs["C0"].evidence
     assert "Pre-registered failures" in vs["C0"].old and "symptom" in vs["C0"].old
-    # Fix-b is decided by fix_training (pending until its GPU runs); the explosion search is reported beside it
-    assert "Fix-b" in vs and "NaN in" in vs["Fix-b"].old and "explosion search" in vs["Fix-b"].note
+    # Fix-b is decided by HB on ten seeds where the confirmation grid has it, else by fix_training (pending until
+    # its GPU runs); the explosion search is reported beside it either way
+    assert "Fix-b" in vs and "NaN in" in vs["Fix-b"].old and "explosion search" in vs["Fix-b"].old
+    if LR.confirmed(V._load_or_none(__import__("lpfail").results.load, "confirmation"), "Fix-b"):
+        assert vs["Fix-b"].seeds == 10 and "fix_training's rule" in vs["Fix-b"].old and "HB" in vs["Fix-b"].evidence
+    else:
+        assert "explosion search" in vs["Fix-b"].note
     if not V._stored("fix_training"):
         assert vs["Fix-b"].verdict == V.NOT_TESTED and "pending" in vs["Fix-b"].evidence
     # chapter 5's sweep and chapter 6's rows are on the page too
@@ -511,3 +516,77 @@ def test_substitution_and_gradient_rows_name_their_seeds_test_and_proxy():
         c2 = vs["C2"]
         assert c2.seeds == 1 and "1 run" in c2.note and "cannot reach p < 0.05" in c2.test
         assert "one run" in c2.proxy["lr"] and "steps 300, 600, 900" in c2.test
+
+
+def _row(est, lo, hi, p, p_adj, word, n=10):
+    return {"estimate": est, "ci": [lo, hi], "n": n, "seeds_confirm": [3, 4, 5, 6, 7, 8, 9], "p": p,
+            "p_adjusted": p_adj, "family_size": 6, "verdict": word}
+
+
+def _fix_conf(hb="inconclusive", b_top="refuted"):
+    """A fabricated confirmation whose H1 is supported, HB reads ``hb`` and B's cell at the top rate ``b_top``;
+    the gap is called at 0.032 only, and seen on all seeds at 0.016 (where FP32 attention has degraded)."""
+    conf = _confirmation("supported")
+    a = conf["analysis"]
+    a["claims"].update(HB=_row(0.009, -0.006, 0.025, 0.42, 0.42, hb), HR=_row(0.039, 0.015, 0.064, 0.03, 0.095,
+                                                                              "inconclusive"))
+    a["hypotheses"]["HB"] = "the official fix closes at least half of the gap"
+    a["sizes"]["small"]["cells"] = {"lr=0.002": _row(0.001, -0.002, 0.004, 0.5, 1, "inconclusive"),
+                                    "lr=0.016": _row(0.085, 0.047, 0.124, 0.015, 0.075, "inconclusive"),
+                                    "lr=0.032": _row(0.38, 0.2, 0.5, 0.0005, 0.003, "supported")}
+    a["fix_lr"] = {f"{x}@lr={lr}": _row(e, e - 0.05, e + 0.05, 0.01, 0.03, w)
+                   for x, rows in (("B", ((0.002, 0.015, "no gap to close"), (0.016, -0.072, "no gap to close"),
+                                          (0.032, 0.124, b_top))),
+                                   ("R", ((0.002, 0.0, "no gap to close"), (0.016, 0.039, "no gap to close"),
+                                          (0.032, 0.186, "inconclusive"))))
+                   for lr, e, w in rows}
+    return conf
+
+
+@pytest.mark.parametrize("word, expected", [("supported", V.REPRODUCED), ("inconclusive", V.NOT_REPRODUCED),
+                                            ("refuted", V.CONTRADICTED)])
+def test_fix_b_on_ten_seeds_by_hb_with_each_rate_and_the_robust_fix(word, expected):
+    conf = _fix_conf(hb=word)
+    assert LR.confirmed(conf, "Fix-b")
+    old = V.Verdict("Fix-b", "statement", V.CONTRADICTED, "fix_training's three seeds", "rule")
+    v = LR.judge_confirmed(conf, old, "Fix-b", LR.fix_lr_text(conf["analysis"]))
+    assert v.verdict == expected and v.seeds == 10 and v.p_adjusted == 0.42 and "{doc}`05_fix`" in v.evidence
+    assert "S(B) − S(C), is +0.049 against S(A) − S(C) = +0.080" in v.evidence  # 0.009 + ½ · 0.08
+    # the judged cell, with raw and adjusted p; the rate where the gap is seen but not called, as estimates
+    assert "at 0.032, the official fix +0.124 [+0.074, +0.174], p = 0.01, Holm-adjusted 0.03 — **refuted**" in v.evidence
+    assert "At 0.016, where the A − C gap is +0.085 [+0.047, +0.124] on all 10 seeds" in v.evidence
+    assert "-0.072 [-0.122, -0.022] for the official fix" in v.evidence and "(estimates, not calls)" in v.evidence
+    assert "0.002," not in v.evidence  # a healthy rate with no gap adds nothing
+    assert "(HR): +0.039 [+0.015, +0.064], Holm-adjusted p 0.095 — **inconclusive**" in v.evidence
+    assert "three seeds" in v.old and "01_symptom" not in v.evidence
+
+
+def test_fix_b_waits_for_the_ten_seeds_and_the_family_names_what_is_missing():
+    conf = _confirmation("supported")
+    assert not LR.confirmed(conf, "Fix-b")  # HB not stored: fix_training's rule still decides
+    assert "HB" in LR._family_text(conf["analysis"]) and "counted as p = 1" in LR._family_text(conf["analysis"])
+    assert "counted" not in LR._family_text({"claims": {h: {} for h in ("H1", "H2", "H3", "HD", "HB", "HR")}})
+    assert LR.fix_lr_text({"claims": {}}) == ""
+
+
+def test_front_page_on_ten_seeds():
+    from lpfail.book import front
+
+    conf = _fix_conf()
+    assert front.ten_seed_words(conf) is None  # H2, H3, HD, HR not all stored
+    claims = conf["analysis"]["claims"]
+    for h, w in (("H2", "inconclusive"), ("H3", "supported"), ("HD", "supported")):
+        claims[h] = _row(0, 0, 0, 0.1, 0.1, w)
+    ten = front.ten_seed_words(conf)
+    assert ten == {"A_sr": "inconclusive", "A_qk": "supported", "D": "supported", "B": "inconclusive",
+                   "R": "inconclusive"}
+    s = front._removing_bias({}, None, ten)
+    assert s.startswith("**But removing the bias is not shown") and "the official fix and the robust fix are not" in s
+    ten2 = {**ten, "B": "refuted"}
+    assert "the official fix closes less than half" in front._removing_bias({}, None, ten2)
+    assert "stochastic rounding close at least half" in front._removing_bias({}, None, {**ten, "A_sr": "supported"})
+    w = front._what_works({}, None, ten)
+    assert "production (FA2) arithmetic" in w and "QK-norm — each at least half" in w and ", —" not in w
+    assert "neither" in front._what_works({}, None, {**ten, "D": "inconclusive", "A_qk": "refuted"})
+    claims["H1"]["verdict"] = "inconclusive"
+    assert front.ten_seed_words(conf) is None  # no gap called: nothing to close

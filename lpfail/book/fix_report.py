@@ -160,6 +160,12 @@ def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
         fix_b = dataclasses.replace(fix_b, note=f"old criterion, explosion search: {o.verdict}",
                                     old=f"explosion search (`symptom`), by its own rule: **{o.verdict}**. "
                                         f"{o.evidence} Its rule: {o.rule}.")
+    from lpfail.book import lr_sweep_report as LR
+
+    conf = _load_or_none(load, "confirmation")
+    if LR.confirmed(conf, "Fix-b"):  # ten paired seeds decide it; fix_training's three-seed rule is reported beside
+        fix_b = LR.judge_confirmed(conf, fix_b, "Fix-b", LR.fix_lr_text(conf["analysis"]) + (
+            " B's seeds 0–2 had been seen when HB was written (2026-12-01); its call rests on seeds 3–9, run after."))
     out = [fix_b]
     bench = _load_or_none(load, "bench_kernels")
     out.append(fix_cost(bench) if bench is not None else

@@ -49,17 +49,53 @@ def _bias(vs) -> str:
 def _harm(vs) -> str:
     c0 = vs.get("C0")
     if _is(c0, REPRODUCED):
-        size = (", more so at the larger of two sizes" if _is(vs.get("C0-size"), REPRODUCED) else "")
+        cs = vs.get("C0-size")
+        size = (", more so at the larger of two sizes" + (f" (on {cs.seeds} seeds)" if (cs.seeds or 10) < 10 else "")
+                if _is(cs, REPRODUCED) else "")
         return ("**On a small proxy, the paper's arithmetic harms training:** a worse loss than FP32 attention at "
                 f"high learning rates{size}, though not the paper's explosion ({{doc}}`01_symptom`).")
     return (f"**Does the paper's arithmetic harm training?** On our small proxy: {_status(vs, 'C0', 'C0-size')} "
             "({doc}`01_symptom`).")
 
 
-def _removing_bias(vs, cures: Mapping | None) -> str:
-    """The cures that remove the bias (stochastic rounding, the fixes) against the gap, from the cures' K2."""
+#: The confirmation grid's half-gap hypotheses (`lpfail.experiments.confirmation.HYPOTHESES`) by remedy.
+HALF_GAP = {"A_sr": "H2", "A_qk": "H3", "D": "HD", "B": "HB", "R": "HR"}
+REMEDY = {"A_sr": "stochastic rounding", "B": "the official fix", "R": "the robust fix", "A_qk": "QK-norm",
+          "D": "production (FA2) arithmetic, with its FP32 scores and accumulators,"}
+
+
+def ten_seed_words(conf: Mapping | None) -> dict[str, str] | None:
+    """Per remedy, the confirmation grid's word for 'closes at least half of the gap' on ten paired seeds (the
+    call on seeds 3–9), or None where that grid has not called H1 and every half-gap hypothesis."""
+    if conf is None:
+        return None
+    claims = conf["analysis"].get("claims") or {}
+    if (claims.get("H1") or {}).get("verdict") != "supported" or any(claims.get(h) is None for h in HALF_GAP.values()):
+        return None
+    return {v: claims[h]["verdict"] for v, h in HALF_GAP.items()}
+
+
+def _removing_bias(vs, cures: Mapping | None, ten: Mapping | None = None) -> str:
+    """The cures that remove the bias (stochastic rounding, the fixes) against the gap: on ten paired seeds where
+    the confirmation grid has them (``ten``, `ten_seed_words`), else from the cures' K2."""
     names = {"A_sr": "stochastic rounding", "B": "the official fix", "Bp": "Algorithm 3 without its clamp",
              "R": "the robust fix"}
+    if ten is not None:
+        bias = ("A_sr", "B", "R")
+        helps = [REMEDY[v] for v in bias if ten[v] == "supported"]
+        short = [REMEDY[v] for v in bias if ten[v] == "refuted"]
+        unshown = [REMEDY[v] for v in bias if ten[v] == "inconclusive"]
+        if not helps:
+            detail = []
+            if unshown:
+                detail.append(f"{listing(unshown)} {'is' if len(unshown) == 1 else 'are'} not shown to close half "
+                              "of the gap")
+            if short:
+                detail.append(f"{listing(short)} {'closes' if len(short) == 1 else 'close'} less than half")
+            return ("**But removing the bias is not shown to remove the harm**, against the paper's account: on ten "
+                    f"paired seeds, {'; '.join(detail)} ({{doc}}`01_symptom`, {{doc}}`05_fix`).")
+        return (f"**Removing the bias:** on ten paired seeds, {listing(helps)} close at least half of the gap; "
+                f"{listing(unshown + short, none='no other')} do not show it ({{doc}}`01_symptom`, {{doc}}`05_fix`).")
     if cures is not None:
         k2 = {v: y["K2"]["verdict"] for v, y in cures["cures"].items() if "K2" in y}
         fails = [names[v] for v in names if k2.get(v) == "refuted"]
@@ -72,7 +108,14 @@ def _removing_bias(vs, cures: Mapping | None) -> str:
     return f"**Removing the bias:** {_status(vs, 'C0-bias', 'Fix-b')} ({{doc}}`05_fix`)."
 
 
-def _what_works(vs, cures: Mapping | None) -> str:
+def _what_works(vs, cures: Mapping | None, ten: Mapping | None = None) -> str:
+    if ten is not None:
+        works = [REMEDY[v] for v in ("D", "A_qk") if ten[v] == "supported"]
+        if works:
+            return (f"**What closes the gap:** {listing(works)} — each at least half of it on ten paired seeds "
+                    "({doc}`01_symptom`, {doc}`06_beyond`).").replace(", —", " —")
+        return ("**What closes the gap:** neither production arithmetic nor QK-norm is shown to close half of it on "
+                "ten paired seeds ({doc}`01_symptom`).")
     if cures is not None:
         k2 = {v: y["K2"]["verdict"] for v, y in cures["cures"].items() if "K2" in y}
         if k2.get("D") == "supported" and k2.get("A_qk") == "supported":
@@ -115,7 +158,8 @@ def findings(vs: list[Verdict], load: Callable | None = None) -> list[str]:
         from lpfail.book import beyond_report
 
         prod = beyond_report.facts(prod)
-    return [_bias(by), _harm(by), _removing_bias(by, cures), _what_works(by, cures), _production(by, prod),
+    ten = ten_seed_words(_load_or_none(load, "confirmation"))
+    return [_bias(by), _harm(by), _removing_bias(by, cures, ten), _what_works(by, cures, ten), _production(by, prod),
             _chain(by)]
 
 

@@ -711,7 +711,16 @@ def few_seeds(v: Verdict, res: Mapping, sizes: tuple[str, ...] = ("small",)) -> 
 CONFIRMED = {"C0": ("H1", "S(A) − S(C)", "A and C at the smaller size, seeds 0–9"),
              "C0-bias": ("H2", "S(A_sr) − S(C) − ½·(S(A) − S(C))", "A, C and A_sr at the smaller size, seeds 0–9"),
              "C0-qk": ("H3", "S(A_qk) − S(C_qk) − ½·(S(A) − S(C))",
-                       "A, C, A_qk and C_qk at the smaller size, seeds 0–9")}
+                       "A, C, A_qk and C_qk at the smaller size, seeds 0–9"),
+             "Fix-b": ("HB", "S(B) − S(C) − ½·(S(A) − S(C))", "A, C and B at the smaller size, seeds 0–9")}
+#: The three-seed rule a confirmed claim had before, in words (lr_sweep's unless named here).
+OLD_RULE = {"Fix-b": "fix_training's rule on its {n} seeds (legacy bootstrap rule; B's runs had been seen when it "
+                     "was written)"}
+#: The page that shows a confirmed claim's evidence (chapter 1 unless named here).
+CONFIRMED_PAGE = {"Fix-b": "05_fix"}
+#: Each half-gap hypothesis' remedy: its own gap, in words of the LR sensitivity S.
+REMEDY_GAP = {"H2": "S(A_sr) − S(C)", "H3": "S(A_qk) − S(C_qk)", "HD": "S(D) − S(C)", "HB": "S(B) − S(C)",
+              "HR": "S(R) − S(C)"}
 
 
 def confirmed(conf: Mapping | None, claim: str) -> bool:
@@ -729,7 +738,7 @@ def _closed_text(a: Mapping, hyp: str) -> str:
     if h1.get("estimate") is None or h.get("estimate") is None:
         return ""
     left = float(h["estimate"]) + 0.5 * float(h1["estimate"])
-    name = {"H2": "S(A_sr) − S(C)", "H3": "S(A_qk) − S(C_qk)"}[hyp]
+    name = REMEDY_GAP[hyp]
     return (f" The remedy's own gap, {name}, is {left:+.3f} against S(A) − S(C) = {float(h1['estimate']):+.3f}"
             f" (the same seeds).")
 
@@ -753,7 +762,7 @@ def judge_confirmed(conf: Mapping, old: Verdict, claim: str = "C0", extra: str =
     ev = (f"On our proxy, {stat} = {interval({'point': h['estimate'], 'ci': h['ci']}, '+.3f')} (mean over "
           f"{h['n']} paired seeds, 95 % Student t interval); the call on the fresh seeds "
           f"{h['seeds_confirm'][0]}–{h['seeds_confirm'][-1]} alone: paired t test p = {h['p']:.2g}, "
-          f"Holm-adjusted within its family of {h['family_size']} {h['p_adjusted']:.2g} — **{h['verdict']}**.")
+          f"Holm-adjusted within its family of {h['family_size']}: {h['p_adjusted']:.2g} — **{h['verdict']}**.")
     if hyp != "H1":
         ev += _closed_text(a, hyp)
     elif small.get("H5") == "not distinguishable":
@@ -765,19 +774,71 @@ def judge_confirmed(conf: Mapping, old: Verdict, claim: str = "C0", extra: str =
         ev += f" The A − C gap is called at a learning rate where FP32 attention is healthy ({called})."
     if extra:
         ev += " " + extra
-    ev += f" See {{doc}}`01_symptom`; {_prov(conf)}."
+    ev += f" See {{doc}}`{CONFIRMED_PAGE.get(claim, '01_symptom')}`; {_prov(conf)}."
     if not conf.get("complete", True):
         ev += (f" The grid is incomplete ({int(conf['runs_stored'])} of {int(conf['runs_planned'])} runs stored); "
                f"this verdict's runs ({needs}) are all stored.")
-    oldtxt = (f"the same claim on lr_sweep's {old.seeds or 3} seeds (legacy bootstrap rule): **{old.verdict}**. "
+    label = OLD_RULE.get(claim, "lr_sweep's {n} seeds (legacy bootstrap rule)").format(n=old.seeds or 3)
+    oldtxt = (f"the same claim on {label}: **{old.verdict}**. "
               f"{old.evidence}" + (f" {old.old}" if old.old else ""))
     return dataclasses.replace(
         old, verdict=SWEEP_WORDS[h["verdict"]], evidence=ev,
         rule=(f"{a['hypotheses'][hyp]}; {a['rule']}"), old=oldtxt, note="", seeds=int(h["n"]),
         test=(f"paired Student t test, two-sided, on the fresh seeds only (the estimate pools all {h['n']}); its "
               "false-call rate and interval coverage on simulated null data: tests/test_stats_null.py"),
-        p_adjusted=float(h["p_adjusted"]), proxy=proxy(conf),
-        family="the claims at the smaller size (H1, H2, H3, HD, HB, HR; those not yet stored count as p = 1)")
+        p_adjusted=float(h["p_adjusted"]), proxy=proxy(conf), family=_family_text(a))
+
+
+def _family_text(a: Mapping) -> str:
+    """The family of claims in words, naming the hypotheses not yet stored (they count as p = 1)."""
+    from lpfail.experiments import confirmation as CF
+
+    missing = [k for k in CF.SIDES if (a.get("claims") or {}).get(k) is None]
+    text = f"the claims at the smaller size ({', '.join(CF.SIDES)})"
+    if missing:
+        text += f"; {', '.join(missing)} not yet stored, counted as p = 1"
+    return text
+
+
+def fix_lr_text(a: Mapping) -> str:
+    """Fix-b's per-learning-rate evidence from the confirmation grid (family "fix_lr"): each fix's call where the
+    A − C gap is called on the fresh seeds; where the gap is seen on all ten seeds at a rate where FP32 attention
+    has degraded but is not called on the fresh ones, the pooled estimates (not calls); and the robust fix's own
+    hypothesis (HR)."""
+    from lpfail.book.text import listing
+
+    small = a.get("sizes", {}).get("small") or {}
+    fam, gaps, healthy = a.get("fix_lr") or {}, small.get("cells") or {}, small.get("healthy_lrs") or []
+    names = {"B": "the official fix", "R": "the robust fix"}
+    iv = lambda r: interval({"point": r["estimate"], "ci": r["ci"]}, "+.3f")  # noqa: E731
+    lrs = sorted({float(k.split("=", 1)[1]) for k in fam})
+    judged, pooled = [], []
+    for lr in lrs:
+        rows = {x: fam.get(f"{x}@lr={lr:g}") for x in names}
+        if any(r is None for r in rows.values()):
+            continue
+        if all(r["verdict"] != "no gap to close" for r in rows.values()):
+            judged.append(f"at {lr:g}, " + "; ".join(
+                f"{names[x]} {iv(r)}, p = {r['p']:.2g}, Holm-adjusted {r['p_adjusted']:.2g} — **{r['verdict']}**"
+                for x, r in rows.items()))
+            continue
+        g = gaps.get(f"lr={lr:g}") or {}
+        if lr not in healthy and g.get("ci") is not None and g["ci"][0] > 0:
+            pooled.append(f"At {lr:g}, where the A − C gap is {iv(g)} on all {g['n']} seeds but not called on the "
+                          "fresh ones, the statistic is " + " and ".join(f"{iv(r)} for {names[x]}"
+                                                                           for x, r in rows.items())
+                          + " (estimates, not calls).")
+    if not (judged or pooled):
+        return ""
+    called = [k.split("=", 1)[1] for k, c in gaps.items() if c.get("verdict") == "supported"]
+    out = (f"Per learning rate, in final held-out loss, (L_X − L_C) − ½·(L_A − L_C) (family fix_lr, {len(fam)} "
+           f"cells, judged only where the A − C gap itself is called on the fresh seeds: "
+           f"{listing(called, none='no rate')}): " + "; ".join(judged) + ". " + " ".join(pooled))
+    hr = (a.get("claims") or {}).get("HR")
+    if hr is not None:
+        out += (f" The robust fix in LR sensitivity (HR): {iv(hr)}, Holm-adjusted p {hr['p_adjusted']:.2g} — "
+                f"**{hr['verdict']}**.")
+    return out.replace(": . ", ". ").strip()
 
 
 def claims(load, stored) -> list[Verdict]:
