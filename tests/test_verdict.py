@@ -590,3 +590,54 @@ def test_front_page_on_ten_seeds():
     assert "neither" in front._what_works({}, None, {**ten, "D": "inconclusive", "A_qk": "refuted"})
     claims["H1"]["verdict"] = "inconclusive"
     assert front.ten_seed_words(conf) is None  # no gap called: nothing to close
+
+
+def _ten_conf(**words):
+    """`_fix_conf` with every half-gap hypothesis and the placebo stored; ``words`` override the calls."""
+    conf = _fix_conf()
+    a = conf["analysis"]
+    for h in ("H2", "H3", "HD"):
+        a["claims"][h] = _row(-0.04, -0.06, -0.02, 0.01, 0.03, "supported")
+    for h, w in words.items():
+        a["claims"][h]["verdict"] = w
+    a["sizes"]["small"].update(healthy_lrs=[0.002], H5="not distinguishable", n_seeds=10)
+    a["preregistered_on"] = "2026-12-01"
+    a["placebo"] = {"n": 2, "rows": {"placebo S": {**_row(0.0, -0.005, 0.006, 0.48, 0.84, ""), "called_raw": False,
+                                                   "called_adjusted": False},
+                                     "placebo lr=0.032": {**_row(0.1, 0.05, 0.15, 0.01, 0.02, ""),
+                                                          "called_raw": True, "called_adjusted": True}}}
+    conf["runs_stored"] = 636
+    return conf
+
+
+def test_chapter_one_on_ten_seeds_table_facts_and_answer():
+    conf = _ten_conf(H2="inconclusive", HB="inconclusive", HR="refuted")
+    a = conf["analysis"]
+    table = LR.ten_seed_table(a)
+    rows = [r for r in table.splitlines() if r.startswith("| H") or r.startswith("| placebo")]
+    assert len(rows) == 7 and all(r.count("|") == 7 for r in rows)  # six hypotheses and the placebo, unbroken
+    assert "0.42 (seeds 3–9)" in table and "**inconclusive**" in table and "not called" in table
+    f = LR.ten_seed_facts(conf)
+    assert f["ten_confirm"] == "3–9" and f["ten_placebo"] == "1 of 2" and f["ten_runs"] == "636 of 750"
+    assert "supported" in f["ten_gap_0.032"] and "inconclusive" in f["ten_gap_0.016"]
+    found = LR.ten_seed_found(a)
+    assert "QK-norm and production" not in found and "production (FA2) arithmetic and QK-norm close" in found
+    assert "stochastic rounding and the official fix are not shown to" in found
+    assert "the robust fix closes less than half" in found and "opens only at learning rates" in found
+    a["claims"]["H1"]["verdict"] = "inconclusive"
+    assert LR.ten_seed_found(a).startswith("On ten paired seeds the paper's arithmetic is not shown")
+    del a["claims"]["H2"]
+    assert "not yet run" in LR.ten_seed_table(a)
+
+
+@pytest.mark.parametrize("hb, hr, start", [("inconclusive", "inconclusive", "**In training neither fix"),
+                                           ("supported", "refuted", "**In training only the official fix"),
+                                           ("supported", "supported", "**In training both fixes")])
+def test_chapter_five_on_ten_seeds(hb, hr, start):
+    conf = _ten_conf(HB=hb, HR=hr)
+    a = conf["analysis"]
+    assert R5.ten_seed_fix_found(a).startswith(start)
+    t = R5.ten_seed_fix_text(a)
+    assert "fresh seeds 3–9" in t and f"**{hb}**" in t and t.count("(HR)") == 0  # HR said once, in its own words
+    assert "At 0.016" in t and "refuted" in t
+    assert R5.ten_seed_fix_found({"claims": {}}).startswith("Whether the fixes")

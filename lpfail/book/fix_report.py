@@ -290,3 +290,43 @@ def facts(load=None) -> dict[str, str]:
         if res is not None:
             out.update(fn(res))
     return out
+
+
+# -- chapter 5 on ten paired seeds (the confirmation grid) ------------------------------------------------------------
+def ten_seed_fix_text(a: Mapping) -> str:
+    """Chapter 5's paragraph on the fixes in training on ten paired seeds: HB and HR (LR sensitivity, the call on
+    the fresh seeds, Holm within the claims) and each learning rate's cell (`lr_sweep_report.fix_lr_text`)."""
+    from lpfail.book.lr_sweep_report import fix_lr_text
+    from lpfail.book.text import interval
+
+    c = a.get("claims") or {}
+    parts = []
+    for h, name in (("HB", "the official fix"), ("HR", "the robust fix")):
+        r = c.get(h)
+        if r is not None:
+            parts.append(f"{name}'s statistic is {interval({'point': r['estimate'], 'ci': r['ci']}, '+.3f')} "
+                         f"(Holm-adjusted p {r['p_adjusted']:.2g}: **{r['verdict']}**)")
+    if not parts:
+        return "The ten-seed runs of the fixes are not stored yet."
+    sc = next(iter(c[h] for h in ("HB", "HR") if c.get(h) is not None))["seeds_confirm"]
+    seeds = f"{sc[0]}–{sc[-1]}"
+    return (f"On ten paired seeds, with the call on the fresh seeds {seeds} alone, in LR sensitivity (the remedy's "
+            f"gap minus half of the paper's arithmetic's; below zero it closes more than half): "
+            + "; ".join(parts) + ". " + fix_lr_text(a, with_hr=False))
+
+
+def ten_seed_fix_found(a: Mapping) -> str:
+    """Chapter 5's finding on training, in one sentence, from HB and HR (each outcome has its wording)."""
+    c = a.get("claims") or {}
+    words = {h: (c.get(h) or {}).get("verdict") for h in ("HB", "HR")}
+    if None in words.values():
+        return "Whether the fixes cure training waits for their ten-seed runs."
+    if all(w == "supported" for w in words.values()):
+        return ("**In training both fixes close at least half of the gap** between the paper's arithmetic and FP32 "
+                "attention, on ten paired seeds of our proxy.")
+    if any(w == "supported" for w in words.values()):
+        which = "the official fix" if words["HB"] == "supported" else "the robust fix"
+        return (f"**In training only {which} closes at least half of the gap** between the paper's arithmetic and "
+                "FP32 attention, on ten paired seeds of our proxy.")
+    return ("**In training neither fix is shown to close the gap** between the paper's arithmetic and FP32 attention, "
+            "on ten paired seeds of our proxy: removing the tied-row bias is not shown to remove the harm.")
