@@ -191,9 +191,15 @@ const tol = arguments[0];
 const col = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
 const cs = getComputedStyle(col);
 const colWidth = col.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+// A <select> is measured by its box: its options' text lies in a popup, and Chromium 150 reports the longest
+// option's text width as the option's scrollWidth (2026-12-02: 813 px for a select 688 px wide at most).
 const widest = box => {
   let w = box.scrollWidth;
-  box.querySelectorAll('*').forEach(e => { if (e.scrollWidth > w) w = e.scrollWidth; });
+  box.querySelectorAll('*').forEach(e => {
+    if (e.closest('select') && e.tagName !== 'SELECT') return;
+    const ew = e.tagName === 'SELECT' ? Math.ceil(e.getBoundingClientRect().width) : e.scrollWidth;
+    if (ew > w) w = ew;
+  });
   return w;
 };
 const boxes = Array.from(document.querySelectorAll('.cell_output'));
