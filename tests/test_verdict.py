@@ -641,3 +641,15 @@ def test_chapter_five_on_ten_seeds(hb, hr, start):
     assert "fresh seeds 3–9" in t and f"**{hb}**" in t and t.count("(HR)") == 0  # HR said once, in its own words
     assert "At 0.016" in t and "refuted" in t
     assert R5.ten_seed_fix_found({"claims": {}}).startswith("Whether the fixes")
+
+
+def test_ten_seed_gap_table_per_rate_with_the_placebo():
+    conf = _ten_conf()
+    a = conf["analysis"]
+    a["sizes"]["small"]["c_mean"] = [1.43, 2.35, 2.88]
+    t = LR.ten_seed_gap_table(a)
+    rows = [r for r in t.splitlines()[2:]]
+    assert [r.split("|")[1].strip() for r in rows] == ["0.002", "0.016", "0.032"]  # by rate, not by key text
+    assert all(r.count("|") == 10 for r in rows) and "| yes |" in rows[0] and "| no |" in rows[1]
+    assert rows[2].endswith("| called |") and rows[0].endswith("|  |  |")  # a rate without a placebo test: empty
+    assert "placebo" not in LR.ten_seed_gap_table({**a, "placebo": None})

@@ -1048,3 +1048,28 @@ def ten_seed_found(a: Mapping) -> str:
         out += (" The gap opens only at learning rates where FP32 attention itself has degraded, unlike the paper's "
                 "healthy high-precision run beside a failing one.")
     return out
+
+
+def ten_seed_gap_table(a: Mapping, size: str = "small") -> str:
+    """Markdown: per learning rate of one size on ten paired seeds — FP32 attention's mean loss and whether it is
+    healthy (within `confirmation.HEALTHY` of its best), A − C with its interval, p on the fresh seeds, the Holm p
+    within the size's gap family and the call; at the smaller size also the placebo's difference and call."""
+    from lpfail.book.text import md_table
+
+    g = a["sizes"][size]
+    placebo = (a.get("placebo") or {}).get("rows") or {} if size == "small" else {}
+    rows = []
+    for (key, c), cm in zip(sorted(g["cells"].items(), key=lambda kv: float(kv[0].split("=", 1)[1])), g["c_mean"]):
+        lr = float(key.split("=", 1)[1])
+        row = [f"{lr:g}", f"{cm:.3f}", "yes" if lr in g["healthy_lrs"] else "no",
+               interval({"point": c["estimate"], "ci": c["ci"]}, "+.3f"), f"{c['p']:.2g}", f"{c['p_adjusted']:.2g}",
+               f"**{c['verdict']}**"]
+        if placebo:
+            pl = placebo.get(f"placebo {key}")
+            row += ([interval({"point": pl["estimate"], "ci": pl["ci"]}, "+.3f"),
+                     "called" if pl["called_adjusted"] else "not called"] if pl else ["", ""])
+        rows.append(row)
+    head = ["learning rate", "FP32 loss", "FP32 healthy", "A − C [95 % CI]", "p, fresh seeds", "Holm p", "call"]
+    if placebo:
+        head += ["placebo − C", "placebo"]
+    return md_table(head, rows)
