@@ -22,6 +22,8 @@ def test_stored_seeds_are_reused_and_the_plan_order():
     assert pts[-1].size == "gpt2" and pts[-1].variant == "D"
     small = [i for i, p in enumerate(pts) if p.size == "small"]
     assert small == list(range(len(small)))  # the smaller size's whole grid before any other size's run
+    sizes = [p.size for p in pts]
+    assert sizes.index("gpt2") > max(i for i, s in enumerate(sizes) if s == "large")  # then the larger size's
     tc = L.train_config(c, L.Point("gpt2", "A", 1e-3, 0), "")
     assert (tc.n_layer, tc.n_head, tc.n_embd, tc.block_size, tc.max_steps) == (12, 12, 768, 256, 1000)
     assert L.train_config(c, L.Point("small", CF.PLACEBO, 1e-3, 0), "").attention == "reference(FP32,block=128x64)"

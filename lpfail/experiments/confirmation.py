@@ -130,16 +130,19 @@ class ConfirmationConfig(L.LRSweepConfig):
 
 def plan(c: ConfirmationConfig) -> list[L.Point]:
     """Every point, in the order the driver starts them: the smaller size's A and C (H1, the gaps), its other
-    hypotheses' variants and the placebo, the rest of the smaller size (D, B, S, R), 12 × 768's A and C (H5, H6),
-    the larger size's seeds, then 12 × 768's D. Within a group, seed by seed.
+    hypotheses' variants and the placebo, the rest of the smaller size (D, B, S, R), the larger size's seeds,
+    12 × 768's A and C (H5, H6), then 12 × 768's D. Within a group, seed by seed.
 
     The order is not part of the pre-registered rule (which judges complete families only). Until 2026-12-02
     12:10 UTC 12 × 768's A and C came before the smaller size's D, B, S and R; they were swapped before any run of
     either group, because the smaller size's 168 runs fit in one session's device time and complete HD, HB, HR and
-    fix_lr, while 12 × 768's 60 runs (≈ 70 GPU-minutes) need about three sessions."""
+    fix_lr, while 12 × 768's 60 runs need about three sessions. At 13:20 UTC the larger size's 24 runs (≈ 10
+    minutes at twelve under MPS) moved before 12 × 768's, before any run of either: a wave of twelve 12 × 768 runs
+    takes ≈ 16 minutes (2026-12-02, 12:43 UTC), so a session's ≈ 26 device-minutes hold the larger size and one
+    such wave, and a wave cut off by the end of a session stores nothing."""
     g = c.size_grid()
     groups = [("small", ("A", "C")), ("small", ("A_sr", "A_qk", "C_qk", PLACEBO)),
-              ("small", ("D", "B", "S", "R")), ("gpt2", ("A", "C")), ("large", ("A", "C")), ("gpt2", ("D",))]
+              ("small", ("D", "B", "S", "R")), ("large", ("A", "C")), ("gpt2", ("A", "C")), ("gpt2", ("D",))]
     out, seen = [], set()
     for size, vs in groups:
         variants, lrs, seeds = g[size]
