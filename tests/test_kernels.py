@@ -18,6 +18,10 @@ from lpfail.precision import FA2_BF16, FP32, PAPER_BF16
 from tests.kernel_env import CUDA, DEVICE, load_kernels
 
 kernels = load_kernels()
+import triton  # noqa: E402  (after load_kernels: under TRITON_INTERPRET=1 on a CPU)
+import triton.language as tl  # noqa: E402
+
+_max2 = kernels._fwd._max2   # a global of `_max2_probe` below (the interpreter runs it as Python)
 
 try:  # the pure-PyTorch reference (the oracle for policy-matching tests), when it is there
     from lpfail.attention import attention as reference_attention
@@ -219,6 +223,46 @@ def test_fix_in_fma_mode_finds_ties():
     odd = torch.arange(m) % 2 == 1
     assert (p[odd][tied[odd]] < 1).all() and (p[odd][tied[odd]] > 0).all()
     assert ((p[~odd][tied[~odd]] - 1).abs() < 1e-5).all()
+
+
+@triton.jit
+def _max2_probe(X, R1, R2, M: tl.constexpr, N: tl.constexpr):
+    """Row-wise (largest, second largest) of an (M, N) tile, by the forward's own `_max2`."""
+    r1, r2 = _max2(tl.load(X + tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]))
+    tl.store(R1 + tl.arange(0, M), r1)
+    tl.store(R2 + tl.arange(0, M), r2)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU interpreter's reduce only")
+def test_interpreter_reduce_on_slices_gives_the_element_loops_bits(monkeypatch):
+    """`kernels.fwd` runs the interpreter's reduce for `_max2` on whole slices instead of element by element (the
+    same left fold along the row): the row's two largest scores must come out bit for bit as from the
+    interpreter's own loop, on rows with ties, −inf, fully −inf rows, ±0, +inf and NaN."""
+    from triton.runtime import interpreter
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(16, 32, generator=g).round(decimals=1)      # rounded: many ties
+    x[1, 3] = x[1, 9] = x[1].max() + 1
+    x[2], x[3, ::2] = float("-inf"), float("-inf")
+    x[4], x[4, 5], x[4, 6] = 0.0, -0.0, 0.0
+    x[4, ::3] = -0.0
+    x[5, 7], x[6, 2], x[6, 30] = float("inf"), float("nan"), float("nan")
+    x[7, 0], x[7, 31] = float("nan"), 5.0
+    x = x.to(DEVICE)
+    fast = getattr(interpreter.ReduceOps.generic_reduce, "_lpfail", False)
+    assert fast
+
+    def run():
+        r1, r2 = torch.empty(16, device=DEVICE), torch.empty(16, device=DEVICE)
+        _max2_probe[(1,)](x, r1, r2, M=16, N=32)
+        return r1.view(torch.int32), r2.view(torch.int32)
+
+    sliced = run()
+    monkeypatch.setattr(interpreter.ReduceOps, "generic_reduce", interpreter.ReduceOps.generic_reduce._lpfail_original)
+    looped = run()
+    for a, b in zip(sliced, looped):
+        assert torch.equal(a, b)
+    assert torch.equal(sliced[0].view(torch.float32)[1], sliced[1].view(torch.float32)[1])   # a tied maximum
 
 
 @pytest.mark.parametrize("sub", ["sub", "fma"])
