@@ -265,6 +265,33 @@ def test_interpreter_reduce_on_slices_gives_the_element_loops_bits(monkeypatch):
     assert torch.equal(sliced[0].view(torch.float32)[1], sliced[1].view(torch.float32)[1])   # a tied maximum
 
 
+@pytest.mark.skipif(CUDA, reason="the CPU interpreter only")
+def test_interpreter_patches_change_no_bit(monkeypatch):
+    """`kernels.fwd`'s speed-ups of Triton's interpreter (the reduce on slices, device calls without re-patching
+    `triton.language`, the memoised dtype table) must leave every bit as Triton's own interpreter computes it: O and
+    the three gradients of the robust fix (full attention: every key of a tile in every row's maximum) and of
+    Algorithm 3 on the two-pass path, with tied maxima (the `_max2` reduce, `tl.max` from `triton.language.standard`),
+    the same with all of them undone."""
+    from triton.runtime import interpreter as interp
+
+    q, k, v, do = inputs(1, 1, 70, 32, seed=17)
+    k[..., 30:33, :] = k[..., 3:4, :]                               # tied maxima
+
+    def run(policy, causal):
+        return run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=causal), q, k, v, do)
+
+    cases = [(FP32.replace(block_k=32).with_bounded_fix(), False), (PAPER_BF16.replace(matmul="fp32").with_fix(), True)]
+    fast = [run(*c) for c in cases]
+    for obj, name in ((interp.ReduceOps, "generic_reduce"), (interp.InterpretedFunction, "__call__"),
+                      (interp.GridExecutor, "__call__"), (interp, "_get_np_dtype")):
+        patched = getattr(obj, name)
+        assert patched._lpfail
+        monkeypatch.setattr(obj, name, patched._lpfail_original)
+    for got, ref in zip(fast, [run(*c) for c in cases]):
+        for a, b in zip(got, ref):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("sub", ["sub", "fma"])
 def test_fix_ignores_rows_masked_out_of_a_tile(sub):
     """Causal rows in the first half of a diagonal query block see no key of the block's second key tile. Those
