@@ -28,10 +28,12 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html
 	@echo "the book is in _build/html/index.html"
 
-# pytest exits non-zero (5) when it collects no test, which fails make: an empty run is never a pass.
+# pytest exits non-zero (5) when it collects no test, which fails make: an empty run is never a pass. Two workers
+# (pytest-xdist), each given whole files (--dist loadfile: a notebook's cells stay in order on one kernel); each
+# keeps the two threads set above, so every reduction splits as in a serial run; the 25 slowest tests are listed.
 pytest: $(STAMP)
 	$(BIN)/python -m pytest tests book --nbval --nbval-current-env \
-		--nbval-sanitize-with book/nbval_sanitize.cfg -p no:cacheprovider
+		--nbval-sanitize-with book/nbval_sanitize.cfg -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
 build-strict: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
