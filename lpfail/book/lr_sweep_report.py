@@ -1073,3 +1073,178 @@ def ten_seed_gap_table(a: Mapping, size: str = "small") -> str:
     if placebo:
         head += ["placebo − C", "placebo"]
     return md_table(head, rows)
+
+
+# -- the three sizes (chapter 1's regime figure, H5 and H6) --------------------------------------------------------
+#: The confirmation grid's sizes in words, smallest first (12 × 768 is GPT-2 small's shape).
+SIZE_SHORT = {"small": "4 × 256", "large": "8 × 512", "gpt2": "12 × 768"}
+
+
+def _seeds_text(seeds) -> str:
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        return "no seed"
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}–{seeds[-1]}"
+    return "seeds " + ", ".join(str(s) for s in seeds)
+
+
+def size_curves(conf: Mapping) -> dict[str, dict]:
+    """Per size of the confirmation grid, from the runs stored so far (also a size still incomplete): its
+    learning rates; FP32 attention's (C's) mean held-out loss at each rate over its stored seeds, and relative to
+    its best stored rate; A − C per rate over the seeds where both runs are stored (mean, 95 % Student t interval
+    from 2 seeds on, the seeds); which rates have C healthy (`confirmation.HEALTHY`); A's and C's runs stored and
+    planned. Diverged runs count at their loss at init, as in the rule."""
+    from lpfail.experiments import confirmation as CF
+    from lpfail.sweep import stats
+
+    out = {}
+    for size in SIZE_SHORT:
+        if f"{size}_variants" not in conf:
+            continue
+        names = [str(v) for v in np.asarray(conf[f"{size}_variants"])]
+        if not {"A", "C"} <= set(names):
+            continue
+        eff = stats.effective_loss(np.asarray(conf[f"{size}_val_final"], dtype=float),
+                                   np.asarray(conf[f"{size}_val_init"], dtype=float))
+        stored = np.asarray(conf[f"{size}_stored"], dtype=bool)
+        seeds = [int(s) for s in np.asarray(conf[f"{size}_seeds"])]
+        lrs = [float(x) for x in np.asarray(conf[f"{size}_lrs"])]
+        ia, ic = names.index("A"), names.index("C")
+        c_mean, gaps = [], []
+        for j, _lr in enumerate(lrs):
+            cs = stored[ic, j]
+            c_mean.append(float(eff[ic, j][cs].mean()) if cs.any() else None)
+            both = stored[ia, j] & cs
+            d = eff[ia, j][both] - eff[ic, j][both]
+            g = {"n": int(both.sum()), "seeds": [s for s, b in zip(seeds, both) if b], "point": None, "ci": None}
+            if d.size:
+                g["point"] = float(d.mean())
+            if d.size >= 2:
+                _m, lo, hi = stats.t_interval(d)
+                g["ci"] = [float(lo), float(hi)]
+            gaps.append(g)
+        known = [m for m in c_mean if m is not None]
+        best = min(known) if known else None
+        rel = [None if m is None else m / best - 1.0 for m in c_mean]
+        healthy = [m is not None and m <= (1 + CF.HEALTHY) * best for m in c_mean]
+        out[size] = {"name": SIZE_SHORT[size], "lrs": lrs, "c_mean": c_mean, "c_best": best, "c_rel": rel,
+                     "healthy": healthy, "gaps": gaps, "seeds_planned": seeds,
+                     "runs": int(stored[[ia, ic]].sum()), "runs_planned": int(stored[[ia, ic]].size),
+                     "complete": bool(stored[[ia, ic]].all())}
+    return out
+
+
+def _signed(x: float, fmt: str = "+.3f") -> str:
+    """``x`` with its sign, but never "-0.000" or "+0.000": a value that rounds to zero reads "0.000"."""
+    s = format(x, fmt)
+    return format(0.0, fmt.lstrip("+")) if float(s) == 0 else s
+
+
+def _size_label(d: Mapping) -> str:
+    n = max((g["n"] for g in d["gaps"]), default=0)
+    if d["complete"]:
+        return f"{d['name']}, {n} seeds"
+    seen = sorted({s for g in d["gaps"] for s in g["seeds"]})
+    return f"{d['name']}, {_seeds_text(seen)} so far ({d['runs']} of {d['runs_planned']} runs)"
+
+
+def three_size_figure(conf: Mapping):
+    """Chapter 1's regime figure: per size, FP32 attention's own degradation (its held-out loss above its best,
+    in %, with the healthy margin) and the A − C gap (mean over paired seeds, 95 % t interval where there are 2
+    or more), against the learning rate. A gap marker is filled where FP32 attention is healthy at that rate and
+    open where it has degraded: the paper's regime is a gap at a filled marker."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from lpfail.book import plots
+    from lpfail.experiments import confirmation as CF
+
+    curves = size_curves(conf)
+    if not curves:
+        raise ValueError("three_size_figure: the confirmation result has no size with A and C")
+    plots.apply_style()
+    fig, (ax0, ax1, axl) = plt.subplots(1, 3, figsize=(11.2, 3.6), gridspec_kw={"width_ratios": [1, 1, 0.62]})
+    colours = dict(zip(SIZE_SHORT, plots.series_colors(len(SIZE_SHORT))))
+    handles, labels = [], []
+    for k, (size, d) in enumerate(curves.items()):
+        col = colours[size]
+        lrs = np.asarray(d["lrs"])
+        rel = np.array([np.nan if r is None else 100 * r for r in d["c_rel"]])
+        ax0.plot(lrs, rel, "-o", color=col, ms=4, lw=1.6)
+        pts = np.array([np.nan if g["point"] is None else g["point"] for g in d["gaps"]])
+        x = lrs * (1.0 + 0.06 * (k - 1))  # a small offset per size, so intervals do not hide each other
+        ax1.plot(x, pts, "-", color=col, lw=1.2, alpha=0.8)
+        for xi, g, ok in zip(x, d["gaps"], d["healthy"]):
+            if g["point"] is None:
+                continue
+            if g["ci"] is not None:
+                ax1.plot([xi, xi], g["ci"], "-", color=col, lw=1.4)
+            ax1.plot([xi], [g["point"]], "o", ms=5.5, color=col, mfc=col if ok else "white", mew=1.4)
+        handles.append(Line2D([], [], color=col, marker="o", lw=1.6))
+        labels.append(_size_label(d))
+    ax0.axhline(100 * CF.HEALTHY, color="0.4", ls="--", lw=1)
+    ax0.set_ylabel("FP32 attention's loss above its best (%)")
+    ax0.set_title("FP32 attention's own degradation")
+    ax1.axhline(0.0, color="0.4", lw=1)
+    ax1.set_ylabel("A − C, held-out loss (nats/byte)")
+    ax1.set_title("the gap, paper's arithmetic − FP32")
+    for ax in (ax0, ax1):
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate")
+        ax.grid(alpha=0.3)
+    handles += [Line2D([], [], color="0.4", ls="--", lw=1),
+                Line2D([], [], color="0.3", marker="o", ls="none", mfc="0.3"),
+                Line2D([], [], color="0.3", marker="o", ls="none", mfc="white")]
+    labels += [f"healthy margin ({100 * CF.HEALTHY:.0f} %)", "gap where FP32 is healthy",
+               "gap where FP32 has degraded"]
+    plots.legend_axes(axl, handles, labels, title="size (layers × width)")
+    fig.tight_layout()
+    return fig
+
+
+def three_size_text(conf: Mapping) -> str:
+    """Chapter 1's paragraph on the three sizes from the confirmation grid: per size, its seeds, the calls on its
+    fresh seeds, H5's word (or that the size is still incomplete, with what seed 0 shows where FP32 attention is
+    healthy), then H6's word."""
+    from lpfail.book.text import listing
+
+    a = conf["analysis"]
+    curves = size_curves(conf)
+    parts = []
+    for size, d in curves.items():
+        g = (a.get("sizes") or {}).get(size)
+        if g is not None and d["complete"]:
+            called = [(float(k.split("=", 1)[1]), c) for k, c in g["cells"].items()
+                      if c["verdict"] in ("supported", "refuted")]
+            calls = (f"the gap is called at {listing([f'{lr:g}' for lr, _ in sorted(called)])}" if called
+                     else "no learning rate's gap is called")
+            n = max(gg["n"] for gg in d["gaps"])
+            conf_seeds = _seeds_text(g["confirm_seeds"])
+            big = max((gg for gg in d["gaps"] if gg["point"] is not None), key=lambda gg: gg["point"])
+            j = d["gaps"].index(big)
+            where = "where FP32 attention is still healthy" if d["healthy"][j] else "where FP32 attention has degraded"
+            parts.append(
+                f"At {d['name']} ({n} paired seeds; the call on {conf_seeds} alone), {calls}; where FP32 attention "
+                f"is healthy, H5 reads *{g['H5']}*. Its largest mean gap over all {n} seeds, "
+                f"{interval(big, '+.2f')}, is at {d['lrs'][j]:g}, {where}.")
+        else:
+            healthy = [(lr, gg) for lr, gg, ok in zip(d["lrs"], d["gaps"], d["healthy"])
+                       if ok and gg["point"] is not None]
+            seen = sorted({s for gg in d["gaps"] for s in gg["seeds"]})
+            text = (f"At {d['name']}, {d['runs']} of its {d['runs_planned']} runs of A and C are stored, so it has "
+                    f"no call yet")
+            if healthy:
+                text += (f"; on {_seeds_text(seen)}, A − C where FP32 attention is healthy is "
+                         + listing([f"{_signed(gg['point'])} at {lr:g}" for lr, gg in healthy]))
+            parts.append(text + ".")
+    h6 = a.get("H6") or {}
+    word = h6.get("verdict", "not measured (runs missing)")
+    if word.startswith("not measured"):
+        parts.append("H6, whether the smallest learning rate with a gap falls with size, waits for the third size's "
+                     "runs.")
+    else:
+        parts.append(f"H6, whether the smallest learning rate with a gap falls with size: *{word}*.")
+    return " ".join(parts)

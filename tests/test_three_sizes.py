@@ -1,0 +1,65 @@
+"""Chapter 1's three-size picture (lpfail.book.lr_sweep_report: size_curves, three_size_figure, three_size_text)
+on a small synthetic confirmation result: a complete size and an incomplete one."""
+import numpy as np
+import pytest
+
+from lpfail.book import lr_sweep_report as LR
+
+
+def _conf():
+    lrs = [1e-3, 2e-3, 4e-3]
+    # A, C over (lrs, seeds): C is best at 1e-3 (1.30), within 10 % at 2e-3 (1.40), degraded at 4e-3 (2.0)
+    c = np.array([[1.30, 1.31, 1.29], [1.40, 1.41, 1.39], [2.00, 2.10, 1.90]])
+    a = c + np.array([[0.00, 0.01, -0.01], [0.01, 0.00, 0.02], [0.30, 0.40, 0.20]])
+    small = {"small_variants": np.array(["A", "C"]), "small_val_final": np.stack([a, c]),
+             "small_val_init": np.full((2, 3, 3), 5.5), "small_stored": np.ones((2, 3, 3), bool),
+             "small_seeds": np.arange(3), "small_lrs": np.array(lrs)}
+    g_stored = np.zeros((3, 3, 5), bool)
+    g_stored[0, :, 0] = True          # A at every rate, seed 0
+    g_stored[1, :2, 0] = True         # C at the two lower rates, seed 0
+    g_final = np.full((3, 3, 5), np.nan)
+    g_final[0, :, 0] = [1.2801, 1.30, 3.0]
+    g_final[1, :2, 0] = [1.2803, 1.25]
+    gpt2 = {"gpt2_variants": np.array(["A", "C", "D"]), "gpt2_val_final": g_final,
+            "gpt2_val_init": np.full((3, 3, 5), 5.5), "gpt2_stored": g_stored, "gpt2_seeds": np.arange(5),
+            "gpt2_lrs": np.array([2.5e-4, 5e-4, 1e-3])}
+    cells = {f"lr={lr:g}": {"verdict": v, "p_adjusted": p} for lr, v, p in
+             zip(lrs, ["inconclusive", "inconclusive", "supported"], [0.5, 0.4, 0.01])}
+    analysis = {"sizes": {"small": {"cells": cells, "H5": "not distinguishable", "confirm_seeds": [1, 2]}},
+                "H6": {"verdict": "not measured (runs missing)"}}
+    return {**small, **gpt2, "analysis": analysis}
+
+
+def test_size_curves_pair_only_stored_seeds_and_mark_health():
+    d = LR.size_curves(_conf())
+    assert list(d) == ["small", "gpt2"]
+    s = d["small"]
+    assert s["complete"] and s["healthy"] == [True, True, False] and s["c_best"] == pytest.approx(1.30)
+    assert s["c_rel"][2] == pytest.approx(2.0 / 1.30 - 1)
+    g = s["gaps"][2]
+    assert g["n"] == 3 and g["point"] == pytest.approx(0.30) and g["ci"][0] < 0.30 < g["ci"][1]
+    p = d["gpt2"]
+    assert not p["complete"] and (p["runs"], p["runs_planned"]) == (5, 30)
+    assert [g["n"] for g in p["gaps"]] == [1, 1, 0]  # C at 1e-3 not stored: no gap there
+    assert p["gaps"][0]["ci"] is None and p["gaps"][2]["point"] is None  # one seed: no interval
+    assert p["c_mean"][2] is None and p["healthy"] == [True, True, False]
+
+
+def test_three_size_text_says_what_is_called_and_what_waits():
+    t = LR.three_size_text(_conf())
+    assert "At 4 × 256 (3 paired seeds; the call on seeds 1–2 alone), the gap is called at 0.004" in t
+    assert "H5 reads *not distinguishable*" in t and "where FP32 attention has degraded" in t
+    assert "At 12 × 768, 5 of its 30 runs of A and C are stored, so it has no call yet" in t
+    assert "0.000 at 0.00025" in t and "-0.000" not in t and "+0.000" not in t  # never a signed zero
+    assert "+0.050 at 0.0005" in t  # A 1.30 against C 1.25
+    assert t.endswith("waits for the third size's runs.")
+
+
+def test_three_size_figure_has_both_panels_and_a_legend_of_sizes():
+    fig = LR.three_size_figure(_conf())
+    ax0, ax1, axl = fig.axes
+    assert ax0.get_xscale() == ax1.get_xscale() == "log"
+    texts = [t.get_text() for t in axl.get_legend().get_texts()]
+    assert texts[0] == "4 × 256, 3 seeds" and texts[1] == "12 × 768, seed 0 so far (5 of 30 runs)"
+    with pytest.raises(ValueError, match="no size with A and C"):
+        LR.three_size_figure({"analysis": {}})
