@@ -16,10 +16,10 @@ def test_stored_seeds_are_reused_and_the_plan_order():
             continue
         assert sweep.run_hash(L.train_config(c, p, "")) == sweep.run_hash(L.train_config(base, p, ""))
     pts = CF.plan(c)
-    assert len(pts) == len({p.key for p in pts}) == 10 * 6 * 10 + 2 * 6 * 5 + 3 * 6 * 5
+    assert len(pts) == len({p.key for p in pts}) == 10 * 6 * 10 + 2 * 6 * 5 + 2 * 4 * 5  # 12 × 768 as amended
     first = pts[:2 * 6 * 10]
     assert {(p.size, p.variant) for p in first} == {("small", "A"), ("small", "C")}
-    assert pts[-1].size == "gpt2" and pts[-1].variant == "D"
+    assert pts[-1].size == "gpt2" and pts[-1].variant == "C" and pts[-1].seed == 4
     small = [i for i, p in enumerate(pts) if p.size == "small"]
     assert small == list(range(len(small)))  # the smaller size's whole grid before any other size's run
     sizes = [p.size for p in pts]
@@ -37,11 +37,12 @@ def _fake(effect: float = 0.0, gpt2_gap_lr: float | None = None, seed: int = 0, 
     c = CF.ConfirmationConfig()
     out = {}
     for size, (variants, lrs, seeds) in c.size_grid().items():
-        base = np.array([1.55, 1.42, 1.44, 1.55, 2.7, 2.9]) if size != "gpt2" else np.array([1.6, 1.3, 1.25, 1.3,
-                                                                                             1.6, 2.4])
-        ramp = np.array([0, 0, 0, 0, 1.0, 1.0])
-        if size == "gpt2" and gpt2_gap_lr is not None:
-            ramp = (np.array(lrs) >= gpt2_gap_lr).astype(float)
+        if size != "gpt2":
+            base, ramp = np.array([1.55, 1.42, 1.44, 1.55, 2.7, 2.9]), np.array([0, 0, 0, 0, 1.0, 1.0])
+        else:  # C's bowl by rate (the amended grid keeps 5e-4 … 4e-3 of these)
+            bowl = {2.5e-4: 1.6, 5e-4: 1.3, 1e-3: 1.25, 2e-3: 1.3, 4e-3: 1.6, 8e-3: 2.4}
+            base = np.array([bowl[lr] for lr in lrs])
+            ramp = (np.array(lrs) >= (gpt2_gap_lr if gpt2_gap_lr is not None else 4e-3)).astype(float)
         final = np.empty((len(variants), len(lrs), len(seeds)))
         shared = noise * rng.standard_normal((len(lrs), len(seeds)))  # the seed's own luck, shared by variants
         for i, v in enumerate(variants):
@@ -96,3 +97,15 @@ def test_the_rule_is_dated_and_says_what_was_seen():
     assert CF.PREREGISTERED_ON == "2026-12-01" and "seeds 3–9" in CF.SEEN and "proxy-findings" in CF.SEEN
     assert set(CF.SIDES) <= set(CF.HYPOTHESES) and CF.TEST in CF.RULE.lower() or "t test" in CF.RULE
     assert set(CF.CONFIRM).isdisjoint(L.LRSweepConfig().seeds)  # the call never uses a seed seen before
+
+
+def test_the_amendment_keeps_the_middle_rates_and_says_what_was_seen():
+    c = CF.ConfirmationConfig()
+    assert c.gpt2_lrs == CF.GPT2_LRS == CF.GPT2_LRS_REGISTERED[1:-1]  # the two ends dropped, by position
+    assert c.gpt2_variants == ("A", "C") and CF.AMENDED_ON > CF.PREREGISTERED_ON
+    assert "seed 0" in CF.AMENDMENT and "seeds 1–4" in CF.AMENDMENT and "budget" in CF.AMENDMENT
+    gpt2 = [p for p in CF.plan(c) if p.size == "gpt2"]
+    assert {p.lr for p in gpt2} == set(CF.GPT2_LRS) and [p.seed for p in gpt2[:8]] == [0] * 8
+    from lpfail.book import verdict as V
+    row = next(r for r in V.preregistration_record() if r[0] == "`confirmation`")
+    assert "Amended 2026-12-02" in row[2] and CF.AMENDMENT in row[2]

@@ -304,13 +304,16 @@ RECORD_EXTRA = {
 
 def preregistration_record() -> list[list[str]]:
     """[experiment, rule fixed on, what had been seen then] per pre-registered experiment (from each module's
-    ``PREREGISTERED_ON`` and ``SEEN``), then `RECORD_EXTRA`."""
+    ``PREREGISTERED_ON`` and ``SEEN``, with its ``AMENDMENT`` where it has one), then `RECORD_EXTRA`."""
     import importlib
 
     rows = []
     for name in PREREGISTERED:
         mod = importlib.import_module(f"lpfail.experiments.{name}")
-        rows.append([f"`{name}`", str(mod.PREREGISTERED_ON), str(getattr(mod, "SEEN", "not recorded"))])
+        seen = str(getattr(mod, "SEEN", "not recorded"))
+        if getattr(mod, "AMENDMENT", None) and getattr(mod, "AMENDED_ON", None):
+            seen += f" Amended {mod.AMENDED_ON}: {mod.AMENDMENT}"
+        rows.append([f"`{name}`", str(mod.PREREGISTERED_ON), seen])
     rows += [[f"`{name}`", when, seen] for name, (when, seen) in RECORD_EXTRA.items()]
     return rows
 
