@@ -1229,7 +1229,7 @@ def three_size_text(conf: Mapping) -> str:
             parts.append(
                 f"At {d['name']} ({n} paired seeds; the call on {conf_seeds} alone), {calls}; where FP32 attention "
                 f"is healthy, H5 reads *{g['H5']}*. Its largest mean gap over all {n} seeds, "
-                f"{interval(big, '+.2f')}, is at {d['lrs'][j]:g}, {where}.")
+                f"{interval(big, '+.2f')} (95 % t interval), is at {d['lrs'][j]:g}, {where}.")
         else:
             healthy = [(lr, gg) for lr, gg, ok in zip(d["lrs"], d["gaps"], d["healthy"])
                        if ok and gg["point"] is not None]
