@@ -94,13 +94,15 @@ def test_paired_interval_covers_a_real_gap(noise, n, n_confirm):
     assert (rates["cover"] >= MIN_COVERAGE).all(), rates["cover"]
 
 
-@pytest.mark.parametrize("n", [3, 7])
-def test_t_test_option_on_null_differences(noise, n):
-    """The Student t test (for families too large for the sign-flip test's floor) is calibrated too."""
+@pytest.mark.parametrize("n,n_confirm", [(3, None), (7, None), (10, 7), (5, 2), (5, None)])
+def test_t_test_option_on_null_differences(noise, n, n_confirm):
+    """The Student t test (for families too large for the sign-flip test's floor) is calibrated too, at every
+    seed count the confirmation grid calls on (`lpfail.experiments.confirmation`): the smaller size's ten seeds
+    called on 3–9, the larger size's five called on 3–4 (one degree of freedom), 12 × 768's five."""
     residuals, _, base_c = noise
-    curves = stats.null_draws(residuals, [base_c, base_c], n, N_SIMS // 4, seed=500 + n)
-    rates = stats.paired_rates(stats.contrast(curves, [1, -1]), 0.0, test="t")
-    check_rule(rates, N_SIMS // 4, f"paired t test, X − Y, {n} seeds")
+    curves = stats.null_draws(residuals, [base_c, base_c], n, N_SIMS // 4, seed=500 + 10 * n + (n_confirm or 0))
+    rates = stats.paired_rates(stats.contrast(curves, [1, -1]), 0.0, n_confirm, test="t")
+    check_rule(rates, N_SIMS // 4, f"paired t test, X − Y, {n} seeds (call on {n_confirm or n})")
 
 
 @pytest.mark.parametrize("n", [7, 10])
