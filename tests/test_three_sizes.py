@@ -63,3 +63,15 @@ def test_three_size_figure_has_both_panels_and_a_legend_of_sizes():
     assert texts[0] == "4 × 256, 3 seeds" and texts[1] == "12 × 768, seed 0 so far (5 of 30 runs)"
     with pytest.raises(ValueError, match="no size with A and C"):
         LR.three_size_figure({"analysis": {}})
+
+
+def test_size_estimates_need_both_sizes_complete():
+    conf = _conf()
+    large = {k.replace("small_", "large_"): v for k, v in conf.items() if k.startswith("small_")}
+    t = LR.size_estimates({**conf, **large})
+    assert t.startswith("On the confirmation grid's seeds (estimates, not a call")
+    assert t.count("(3 seeds)") == 2 and "95 % Student t intervals" in t
+    assert LR.size_estimates(conf) is None and LR.size_estimates(None) is None  # no larger size stored
+    stored = large["large_stored"].copy()
+    stored[0, 0, 0] = False
+    assert LR.size_estimates({**conf, **large, "large_stored": stored}) is None  # one run of A missing

@@ -678,6 +678,33 @@ def judge_size(res: Mapping) -> Verdict:
         note=_sweep_note(res))
 
 
+def size_estimates(conf: Mapping | None) -> str | None:
+    """C0-size's estimates from the confirmation grid's seeds, where both sizes' A and C are all stored: the gap in
+    LR sensitivity S(A) − S(C) per size with its 95 % Student t interval over that size's seeds. Estimates beside
+    the verdict, not a call (H4 is not one of the confirmation's families). None without those runs."""
+    from lpfail.sweep import stats
+
+    if conf is None:
+        return None
+    gaps = {}
+    for size in ("large", "small"):
+        if f"{size}_variants" not in conf:
+            return None
+        names = [str(v) for v in np.asarray(conf[f"{size}_variants"])]
+        stored = np.asarray(conf[f"{size}_stored"], dtype=bool)
+        if not {"A", "C"} <= set(names) or not stored[[names.index("A"), names.index("C")]].all():
+            return None
+        eff = stats.effective_loss(np.asarray(conf[f"{size}_val_final"], dtype=float),
+                                   np.asarray(conf[f"{size}_val_init"], dtype=float))
+        d = stats.seed_sensitivity(eff[names.index("A")]) - stats.seed_sensitivity(eff[names.index("C")])
+        m, lo, hi = stats.t_interval(d)
+        gaps[size] = (interval({"point": m, "ci": [lo, hi]}, "+.3f"), d.size)
+    (gl, nl), (gs, ns) = gaps["large"], gaps["small"]
+    return (f"On the confirmation grid's seeds (estimates, not a call: H4 is not one of its families), "
+            f"S(A) − S(C) is {gl} at the larger size ({nl} seeds) and {gs} at the smaller ({ns} seeds), 95 % "
+            f"Student t intervals.")
+
+
 #: How lr_sweep's three-seed rows say what their rule is (issue of the legacy rule: its "interval" over three
 #: seeds is the seed range, and its false-call rate on simulated null data, tests/test_stats_null.py, is far
 #: above 5 %): shown on every training verdict still judged on those seeds.
@@ -864,7 +891,10 @@ def claims(load, stored) -> list[Verdict]:
         qk = few_seeds(judge_qk_norm(lr), lr)
         if confirmed(conf, "C0-qk"):
             qk = judge_confirmed(conf, qk, "C0-qk")
-        return [c0, bias, qk, few_seeds(judge_size(lr), lr, ("small", "large"))]
+        size = few_seeds(judge_size(lr), lr, ("small", "large"))
+        if (more := size_estimates(conf)) is not None:
+            size = dataclasses.replace(size, evidence=f"{size.evidence} {more}")
+        return [c0, bias, qk, size]
     c0 = pending("C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than "
                        "with high-precision attention.", "lr_sweep", "01_symptom", stored)
     if old is not None:
