@@ -109,3 +109,8 @@ def test_the_amendment_keeps_the_middle_rates_and_says_what_was_seen():
     from lpfail.book import verdict as V
     row = next(r for r in V.preregistration_record() if r[0] == "`confirmation`")
     assert "Amended 2026-12-02" in row[2] and CF.AMENDMENT in row[2]
+
+
+def test_healthy_flags_skip_rates_without_runs():
+    assert CF.healthy_flags([1.5, 1.42, 1.55, 1.6]) == [True, True, True, False]  # 1.6 > 1.1 × 1.42
+    assert CF.healthy_flags([None, 1.30, 1.45]) == [False, True, False]          # no run yet: not healthy

@@ -75,3 +75,8 @@ def test_size_estimates_need_both_sizes_complete():
     stored = large["large_stored"].copy()
     stored[0, 0, 0] = False
     assert LR.size_estimates({**conf, **large, "large_stored": stored}) is None  # one run of A missing
+
+
+def test_seeds_text_names_runs_of_seeds():
+    assert LR.seeds_text([3, 4]) == "seeds 3–4" and LR.seeds_text([0]) == "seed 0"
+    assert LR.seeds_text([0, 2, 5]) == "seeds 0, 2, 5" and LR.seeds_text([]) == "no seed"

@@ -682,23 +682,19 @@ def size_estimates(conf: Mapping | None) -> str | None:
     """C0-size's estimates from the confirmation grid's seeds, where both sizes' A and C are all stored: the gap in
     LR sensitivity S(A) − S(C) per size with its 95 % Student t interval over that size's seeds. Estimates beside
     the verdict, not a call (H4 is not one of the confirmation's families). None without those runs."""
+    from lpfail.experiments import confirmation as CF
     from lpfail.sweep import stats
 
     if conf is None:
         return None
     gaps = {}
     for size in ("large", "small"):
-        if f"{size}_variants" not in conf:
+        d = CF._size(conf, size)  # the size's complete variants only
+        if d is None or not {"A", "C"} <= set(d["eff"]):
             return None
-        names = [str(v) for v in np.asarray(conf[f"{size}_variants"])]
-        stored = np.asarray(conf[f"{size}_stored"], dtype=bool)
-        if not {"A", "C"} <= set(names) or not stored[[names.index("A"), names.index("C")]].all():
-            return None
-        eff = stats.effective_loss(np.asarray(conf[f"{size}_val_final"], dtype=float),
-                                   np.asarray(conf[f"{size}_val_init"], dtype=float))
-        d = stats.seed_sensitivity(eff[names.index("A")]) - stats.seed_sensitivity(eff[names.index("C")])
-        m, lo, hi = stats.t_interval(d)
-        gaps[size] = (interval({"point": m, "ci": [lo, hi]}, "+.3f"), d.size)
+        diff = stats.seed_sensitivity(d["eff"]["A"]) - stats.seed_sensitivity(d["eff"]["C"])
+        m, lo, hi = stats.t_interval(diff)
+        gaps[size] = (interval({"point": m, "ci": [lo, hi]}, "+.3f"), diff.size)
     (gl, nl), (gs, ns) = gaps["large"], gaps["small"]
     return (f"On the confirmation grid's seeds (estimates, not a call: H4 is not one of its families), "
             f"S(A) − S(C) is {gl} at the larger size ({nl} seeds) and {gs} at the smaller ({ns} seeds), 95 % "
@@ -1025,7 +1021,8 @@ def ten_seed_table(a: Mapping) -> str:
 def ten_seed_facts(conf: Mapping) -> dict[str, str]:
     """The numbers chapter 1 quotes from the confirmation grid (``ten_*`` keys): its seeds, the A − C gap at the two
     highest rates (pooled estimate and the call on the fresh seeds), the rates where FP32 attention is healthy,
-    H5's word, the placebo's call rate, SDPA's S − S(C), and the run count."""
+    H5's word, the placebo's call rate, SDPA's S − S(C), the run count, and the larger size's seeds (all, and
+    those its call uses) where it is stored."""
     from lpfail.book.text import listing
 
     a = conf["analysis"]
@@ -1047,6 +1044,10 @@ def ten_seed_facts(conf: Mapping) -> dict[str, str]:
     if s is not None:
         out["ten_S_minus_C"] = interval({"point": s["estimate"], "ci": s["ci"]}, "+.3f")
     out["ten_runs"] = f"{int(conf['runs_stored']):,} of {int(conf['runs_planned']):,}"
+    large = a["sizes"].get("large")
+    if large is not None:
+        out["ten_large_n"] = f"{large['n_seeds']}"
+        out["ten_large_confirm"] = seeds_text(large["confirm_seeds"])
     return out
 
 
@@ -1110,7 +1111,8 @@ def ten_seed_gap_table(a: Mapping, size: str = "small") -> str:
 SIZE_SHORT = {"small": "4 × 256", "large": "8 × 512", "gpt2": "12 × 768"}
 
 
-def _seeds_text(seeds) -> str:
+def seeds_text(seeds) -> str:
+    """'seed 3', 'seeds 3–9' (a run of consecutive seeds) or 'seeds 0, 2, 5'; 'no seed' for none."""
     seeds = [int(s) for s in seeds]
     if not seeds:
         return "no seed"
@@ -1159,7 +1161,7 @@ def size_curves(conf: Mapping) -> dict[str, dict]:
         known = [m for m in c_mean if m is not None]
         best = min(known) if known else None
         rel = [None if m is None else m / best - 1.0 for m in c_mean]
-        healthy = [m is not None and m <= (1 + CF.HEALTHY) * best for m in c_mean]
+        healthy = CF.healthy_flags(c_mean)
         out[size] = {"name": SIZE_SHORT[size], "lrs": lrs, "c_mean": c_mean, "c_best": best, "c_rel": rel,
                      "healthy": healthy, "gaps": gaps, "seeds_planned": seeds,
                      "runs": int(stored[[ia, ic]].sum()), "runs_planned": int(stored[[ia, ic]].size),
@@ -1178,7 +1180,7 @@ def _size_label(d: Mapping) -> str:
     if d["complete"]:
         return f"{d['name']}, {n} seeds"
     seen = sorted({s for g in d["gaps"] for s in g["seeds"]})
-    return f"{d['name']}, {_seeds_text(seen)} so far ({d['runs']} of {d['runs_planned']} runs)"
+    return f"{d['name']}, {seeds_text(seen)} so far ({d['runs']} of {d['runs_planned']} runs)"
 
 
 def three_size_figure(conf: Mapping):
@@ -1195,7 +1197,6 @@ def three_size_figure(conf: Mapping):
     curves = size_curves(conf)
     if not curves:
         raise ValueError("three_size_figure: the confirmation result has no size with A and C")
-    plots.apply_style()
     fig, (ax0, ax1, axl) = plt.subplots(1, 3, figsize=(11.2, 3.6), gridspec_kw={"width_ratios": [1, 1, 0.62]})
     colours = dict(zip(SIZE_SHORT, plots.series_colors(len(SIZE_SHORT))))
     handles, labels = [], []
@@ -1252,7 +1253,7 @@ def three_size_text(conf: Mapping) -> str:
             calls = (f"the gap is called at {listing([f'{lr:g}' for lr, _ in sorted(called)])}" if called
                      else "no learning rate's gap is called")
             n = max(gg["n"] for gg in d["gaps"])
-            conf_seeds = _seeds_text(g["confirm_seeds"])
+            conf_seeds = seeds_text(g["confirm_seeds"])
             big = max((gg for gg in d["gaps"] if gg["point"] is not None), key=lambda gg: gg["point"])
             j = d["gaps"].index(big)
             where = "where FP32 attention is still healthy" if d["healthy"][j] else "where FP32 attention has degraded"
@@ -1267,7 +1268,7 @@ def three_size_text(conf: Mapping) -> str:
             text = (f"At {d['name']}, {d['runs']} of its {d['runs_planned']} runs of A and C are stored, so it has "
                     f"no call yet")
             if healthy:
-                text += (f"; on {_seeds_text(seen)}, A − C where FP32 attention is healthy is "
+                text += (f"; on {seeds_text(seen)}, A − C where FP32 attention is healthy is "
                          + listing([f"{_signed(gg['point'])} at {lr:g}" for lr, gg in healthy]))
             parts.append(text + ".")
     h6 = a.get("H6") or {}

@@ -83,7 +83,8 @@ SIDES = {"H1": "above", "H2": "below", "H3": "below", "HD": "below", "HB": "belo
 #: every cure run at ten seeds).
 FAMILIES = {"claims": tuple(SIDES), "gaps_small": "A − C at each of the 6 rates", "gaps_large": "likewise",
             "gaps_gpt2": "A − C at each of its 4 rates (6 until the AMENDMENT of 2026-12-02)",
-            "fix_lr": "B and R at each of the 6 rates", "C1b": "substitution rows layer0–3_a, layer0–3_c at 3.2e-2", "C1c": "substitution rows delta_dPP, delta_hp, out, obar at 1.6e-2 and 3.2e-2",
+            "fix_lr": "B and R at each of the 6 rates", "C1b": "substitution rows layer0–3_a, layer0–3_c at 3.2e-2",
+            "C1c": "substitution rows delta_dPP, delta_hp, out, obar at 1.6e-2 and 3.2e-2",
             "cures": "K2 of each cure at ten seeds"}
 RULE = ("Per hypothesis, d_s is the paired per-seed difference (same init and batches across variants): of LR "
         "sensitivities S computed from each seed's own curve (claims), of final held-out losses at one learning "
@@ -259,6 +260,14 @@ def claims(d: dict) -> dict:
     return fam
 
 
+def healthy_flags(c_mean) -> list[bool]:
+    """Per learning rate, whether FP32 attention (C) is healthy there: its mean held-out loss within `HEALTHY` of
+    its best. A rate without a mean (None: no stored run yet) is not healthy, and the best is over the others."""
+    known = [float(m) for m in c_mean if m is not None]
+    best = min(known) if known else None
+    return [m is not None and float(m) <= (1 + HEALTHY) * best for m in c_mean]
+
+
 def gaps(d: dict, size: str) -> dict:
     """A − C in final held-out loss at each learning rate of a size (family "gaps_SIZE"), the healthy rates of C,
     and H5 at that size."""
@@ -267,7 +276,7 @@ def gaps(d: dict, size: str) -> dict:
     cells.pop("S")
     fam = stats.judge_family(cells, {k: "above" for k in cells}, ALPHA)
     c_mean = e["C"].mean(axis=-1)
-    healthy = [lr for lr, m in zip(lrs, c_mean) if m <= (1 + HEALTHY) * c_mean.min()]
+    healthy = [lr for lr, ok in zip(lrs, healthy_flags(c_mean)) if ok]
     called = [lr for lr in healthy if fam[f"lr={lr:g}"]["p_adjusted"] <= ALPHA]
     supported = [lr for lr in lrs if fam[f"lr={lr:g}"]["verdict"] == "supported"]
     return {"cells": fam, "healthy_lrs": healthy, "c_mean": c_mean.tolist(), "c_best": float(c_mean.min()),
