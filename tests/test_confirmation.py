@@ -79,6 +79,9 @@ def test_a_real_gap_is_called_and_the_cures_judged():
     assert small["healthy_lrs"] == pytest.approx([1e-3, 2e-3, 4e-3, 8e-3])  # within 10 % of 1.42
     assert a["sizes"]["gpt2"]["lr_star"] == pytest.approx(1e-3) and a["sizes"]["gpt2"]["H5"] == "distinguishable"
     assert a["H6"]["verdict"] == "supported"
+    from lpfail.book import lr_sweep_report as LR  # the book's sentences from this very analysis
+    assert "at 12 × 768 (called at 0.001 and 0.002)" in LR.h5_text(a) and "*not distinguishable* at 4 × 256" in LR.h5_text(a)
+    assert LR.h6_text(a).endswith("is 0.016 at 4 × 256, 0.016 at 8 × 512 and 0.001 at 12 × 768.")
     fx = a["fix_lr"]
     assert fx["B@lr=0.032"]["verdict"] == "refuted" and fx["B@lr=0.001"]["verdict"] == "no gap to close"
 

@@ -80,3 +80,21 @@ def test_size_estimates_need_both_sizes_complete():
 def test_seeds_text_names_runs_of_seeds():
     assert LR.seeds_text([3, 4]) == "seeds 3–4" and LR.seeds_text([0]) == "seed 0"
     assert LR.seeds_text([0, 2, 5]) == "seeds 0, 2, 5" and LR.seeds_text([]) == "no seed"
+
+
+def test_h6_text_names_each_sizes_smallest_called_rate():
+    a = {"H6": {"verdict": "inconclusive", "lr_star": {"small": 0.032, "large": None, "gpt2": 0.004}}}
+    t = LR.h6_text(a)
+    assert t.startswith("H6, whether the smallest learning rate with a gap falls with size, reads *inconclusive*")
+    assert "0.032 at 4 × 256, none in the grid at 8 × 512 and 0.004 at 12 × 768." in t
+    assert LR.h6_text({}).endswith("waits for the third size's runs.")
+    assert LR.h6_text({"H6": {"verdict": "not measured (runs missing)"}}) == LR.h6_text({})
+
+
+def test_h5_text_groups_sizes_by_word():
+    a = {"sizes": {"small": {"H5": "not distinguishable", "H5_called_lrs": []},
+                   "large": {"H5": "not distinguishable", "H5_called_lrs": []},
+                   "gpt2": {"H5": "distinguishable", "H5_called_lrs": [5e-4, 1e-3]}}}
+    assert LR.h5_text(a) == ("Where FP32 attention is healthy, H5 reads *not distinguishable* at 4 × 256 and "
+                             "8 × 512; *distinguishable* at 12 × 768 (called at 0.0005 and 0.001).")
+    assert LR.h5_text({"sizes": {}}) is None and LR.h5_text({}) is None

@@ -792,6 +792,8 @@ def judge_confirmed(conf: Mapping, old: Verdict, claim: str = "C0", extra: str =
         ev += (f" But at no learning rate where FP32 attention is healthy ({healthy}: its loss within "
                f"{100 * CF.HEALTHY:.0f} % of its best) is the A − C gap called: on this proxy the gap opens only where "
                "FP32 attention itself degrades, unlike the paper's healthy high-precision run beside a failing one.")
+        if len(a.get("sizes", {})) > 1:
+            ev += " " + h5_text(a)
     elif small:
         called = ", ".join(f"{x:g}" for x in small.get("H5_called_lrs", []))
         ev += f" The A − C gap is called at a learning rate where FP32 attention is healthy ({called})."
@@ -890,6 +892,10 @@ def claims(load, stored) -> list[Verdict]:
         size = few_seeds(judge_size(lr), lr, ("small", "large"))
         if (more := size_estimates(conf)) is not None:
             size = dataclasses.replace(size, evidence=f"{size.evidence} {more}")
+        if conf is not None and not (conf["analysis"].get("H6") or {}).get("verdict", "not measured").startswith(
+                "not measured"):
+            size = dataclasses.replace(size, evidence=f"{size.evidence} On the confirmation grid: "
+                                                      f"{h6_text(conf['analysis'])}")
         return [c0, bias, qk, size]
     c0 = pending("C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than "
                        "with high-precision attention.", "lr_sweep", "01_symptom", stored)
@@ -1271,11 +1277,40 @@ def three_size_text(conf: Mapping) -> str:
                 text += (f"; on {seeds_text(seen)}, A − C where FP32 attention is healthy is "
                          + listing([f"{_signed(gg['point'])} at {lr:g}" for lr, gg in healthy]))
             parts.append(text + ".")
+    parts.append(h6_text(a))
+    return " ".join(parts)
+
+
+def h6_text(a: Mapping) -> str:
+    """H6 in one sentence from the confirmation's analysis: its word and each size's lr* (the smallest learning
+    rate whose A − C cell is supported on the fresh seeds; "none in the grid" where no cell is), or that it waits
+    for the third size's runs."""
+    from lpfail.book.text import listing
+
     h6 = a.get("H6") or {}
     word = h6.get("verdict", "not measured (runs missing)")
     if word.startswith("not measured"):
-        parts.append("H6, whether the smallest learning rate with a gap falls with size, waits for the third size's "
-                     "runs.")
-    else:
-        parts.append(f"H6, whether the smallest learning rate with a gap falls with size: *{word}*.")
-    return " ".join(parts)
+        return "H6, whether the smallest learning rate with a gap falls with size, waits for the third size's runs."
+    stars = h6.get("lr_star") or {}
+    each = listing([f"{'none in the grid' if x is None else format(x, 'g')} at {SIZE_SHORT[s]}"
+                    for s, x in stars.items() if s in SIZE_SHORT])
+    return (f"H6, whether the smallest learning rate with a gap falls with size, reads *{word}*: that learning rate "
+            f"(a gap called on the fresh seeds) is {each}.")
+
+
+def h5_text(a: Mapping) -> str | None:
+    """H5 at every size the confirmation's analysis has judged, in one sentence ("not distinguishable at 4 × 256 and
+    8 × 512; distinguishable at 12 × 768, called at 0.001"); None when no size is judged."""
+    from lpfail.book.text import listing
+
+    sizes = {s: g for s, g in (a.get("sizes") or {}).items() if s in SIZE_SHORT}
+    if not sizes:
+        return None
+    groups = []
+    for word in ("not distinguishable", "distinguishable"):
+        names = [SIZE_SHORT[s] + (f" (called at {listing([format(x, 'g') for x in g['H5_called_lrs']])})"
+                                  if g.get("H5_called_lrs") else "")
+                 for s, g in sizes.items() if g.get("H5") == word]
+        if names:
+            groups.append(f"*{word}* at {listing(names)}")
+    return "Where FP32 attention is healthy, H5 reads " + "; ".join(groups) + "."
