@@ -80,7 +80,8 @@ def test_a_real_gap_is_called_and_the_cures_judged():
     assert a["sizes"]["gpt2"]["lr_star"] == pytest.approx(1e-3) and a["sizes"]["gpt2"]["H5"] == "distinguishable"
     assert a["H6"]["verdict"] == "supported"
     from lpfail.book import lr_sweep_report as LR  # the book's sentences from this very analysis
-    assert "at 12 × 768 (called at 0.001 and 0.002)" in LR.h5_text(a) and "*not distinguishable* at 4 × 256" in LR.h5_text(a)
+    h5 = LR.h5_text(a)
+    assert "at 12 × 768 (called at 0.001 and 0.002)" in h5 and "*not distinguishable* at 4 × 256" in h5
     assert LR.h6_text(a).endswith("is 0.016 at 4 × 256, 0.016 at 8 × 512 and 0.001 at 12 × 768.")
     fx = a["fix_lr"]
     assert fx["B@lr=0.032"]["verdict"] == "refuted" and fx["B@lr=0.001"]["verdict"] == "no gap to close"

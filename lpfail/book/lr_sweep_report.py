@@ -1299,8 +1299,8 @@ def h6_text(a: Mapping) -> str:
 
 
 def h5_text(a: Mapping) -> str | None:
-    """H5 at every size the confirmation's analysis has judged, in one sentence ("not distinguishable at 4 × 256 and
-    8 × 512; distinguishable at 12 × 768, called at 0.001"); None when no size is judged."""
+    """H5 at every size the confirmation's analysis has judged, in one sentence ("... *not distinguishable* at
+    4 × 256 and 8 × 512; *distinguishable* at 12 × 768 (called at 0.001)."); None when no size is judged."""
     from lpfail.book.text import listing
 
     sizes = {s: g for s, g in (a.get("sizes") or {}).items() if s in SIZE_SHORT}
