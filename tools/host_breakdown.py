@@ -180,4 +180,10 @@ def main(path=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        sys.exit(f"usage: python tools/host_breakdown.py [OUT.json] (got {' '.join(args)!r}; an option is not a path)")
+    main(*args)
