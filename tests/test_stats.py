@@ -309,3 +309,25 @@ def test_curve_tests_and_placebo():
         stats.placebo({"H1": rows["S"]}, family={"H1": rows["S"]})
     with pytest.raises(ValueError, match="lrs=6"):
         stats.curve_tests(worse[:, :3], c, lrs)
+
+
+@pytest.mark.parametrize("n,m", [(2, 6), (2, 4), (5, 4), (7, 6), (10, 1)])
+def test_callable_ratio_is_the_edge_of_what_holm_and_t_can_call(n, m):
+    """Fresh seeds whose mean is just above callable_ratio standard deviations give the family's smallest p
+    (times m, Holm's first step) at most α; just below, above α."""
+    r = stats.callable_ratio(n, m)
+    z = np.linspace(-1.0, 1.0, n)
+    z = (z - z.mean()) / z.std(ddof=1)                     # sd exactly 1, mean 0
+    for factor, callable_ in ((1.001, True), (0.999, False)):
+        p = stats.t_test_p(z + factor * r)["two-sided"]
+        adj = stats.holm(np.array([p] + [1.0] * (m - 1)))[0]
+        assert bool(adj <= stats.ALPHA) is callable_, (n, m, factor, adj)
+
+
+def test_callable_ratio_falls_with_seeds_and_refuses_bad_input():
+    assert stats.callable_ratio(2, 6) > 50 > stats.callable_ratio(7, 6) > stats.callable_ratio(10, 6) > 1
+    for bad in ((1, 4), (5, 0)):
+        with pytest.raises(ValueError, match="need n ≥ 2"):
+            stats.callable_ratio(*bad)
+    with pytest.raises(ValueError, match="alpha"):
+        stats.callable_ratio(5, 4, 1.5)

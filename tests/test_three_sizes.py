@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from lpfail.book import lr_sweep_report as LR
+from lpfail.sweep import stats
 
 
 def _conf():
@@ -49,6 +50,7 @@ def test_three_size_text_says_what_is_called_and_what_waits():
     t = LR.three_size_text(_conf())
     assert "At 4 × 256 (3 paired seeds; the call on seeds 1–2 alone), the gap is called at 0.004" in t
     assert "H5 reads *not distinguishable*" in t and "where FP32 attention has degraded" in t
+    assert "fresh seeds and Holm over" not in t  # a size with a call needs no word on what it could not call
     assert "At 12 × 768, 5 of its 30 runs of A and C are stored, so it has no call yet" in t
     assert "0.000 at 0.00025" in t and "-0.000" not in t and "+0.000" not in t  # never a signed zero
     assert "+0.050 at 0.0005" in t  # A 1.30 against C 1.25
@@ -98,3 +100,14 @@ def test_h5_text_groups_sizes_by_word():
     assert LR.h5_text(a) == ("Where FP32 attention is healthy, H5 reads *not distinguishable* at 4 × 256 and "
                              "8 × 512; *distinguishable* at 12 × 768 (called at 0.0005 and 0.001).")
     assert LR.h5_text({"sizes": {}}) is None and LR.h5_text({}) is None
+
+
+def test_three_size_text_says_what_a_size_without_a_call_could_have_called():
+    conf = _conf()
+    cells = conf["analysis"]["sizes"]["small"]["cells"]
+    conf["analysis"]["sizes"]["small"]["cells"] = {k: {**c, "verdict": "inconclusive"} for k, c in cells.items()}
+    t = LR.three_size_text(conf)
+    r = stats.callable_ratio(2, len(cells))   # 2 fresh seeds (confirm_seeds), Holm over the 3 rates: ≈ 27
+    assert "no learning rate's gap is called" in t
+    assert (f"With 2 fresh seeds and Holm over {len(cells)} learning rates, a gap is called only where its mean over "
+            f"the fresh seeds is at least {r:.0f} times their standard deviation") in t

@@ -1244,9 +1244,11 @@ def three_size_figure(conf: Mapping):
 
 def three_size_text(conf: Mapping) -> str:
     """Chapter 1's paragraph on the three sizes from the confirmation grid: per size, its seeds, the calls on its
-    fresh seeds, H5's word (or that the size is still incomplete, with what seed 0 shows where FP32 attention is
-    healthy), then H6's word."""
+    fresh seeds, H5's word, and where nothing is called the smallest gap the fresh seeds could call
+    (`stats.callable_ratio`), or that the size is still incomplete, with what its seeds so far show where FP32
+    attention is healthy; then H6's word."""
     from lpfail.book.text import listing
+    from lpfail.sweep import stats
 
     a = conf["analysis"]
     curves = size_curves(conf)
@@ -1263,9 +1265,16 @@ def three_size_text(conf: Mapping) -> str:
             big = max((gg for gg in d["gaps"] if gg["point"] is not None), key=lambda gg: gg["point"])
             j = d["gaps"].index(big)
             where = "where FP32 attention is still healthy" if d["healthy"][j] else "where FP32 attention has degraded"
+            power = ""
+            if not called:   # what "no call" can mean with this size's fresh seeds and family
+                k, m = len(g["confirm_seeds"]), len(g["cells"])
+                r = stats.callable_ratio(k, m, a.get("alpha"))
+                power = (f" With {k} fresh seeds and Holm over {m} learning rates, a gap is called only where its "
+                         f"mean over the fresh seeds is at least {r:.{0 if r >= 10 else 1}f} times their standard "
+                         f"deviation, so at this size \"no call\" is not evidence that there is no gap.")
             parts.append(
                 f"At {d['name']} ({n} paired seeds; the call on {conf_seeds} alone), {calls}; where FP32 attention "
-                f"is healthy, H5 reads *{g['H5']}*. Its largest mean gap over all {n} seeds, "
+                f"is healthy, H5 reads *{g['H5']}*.{power} Its largest mean gap over all {n} seeds, "
                 f"{interval(big, '+.2f')} (95 % t interval), is at {d['lrs'][j]:g}, {where}.")
         else:
             healthy = [(lr, gg) for lr, gg, ok in zip(d["lrs"], d["gaps"], d["healthy"])

@@ -337,6 +337,19 @@ def t_test_p(d) -> dict[str, float]:
     return {"two-sided": min(1.0, 2.0 * tail), "greater": upper, "less": 1.0 - upper if t >= 0 else tail}
 
 
+
+def callable_ratio(n: int, m: int, alpha: float | None = None) -> float:
+    """The smallest |mean| / sd of ``n`` fresh per-seed differences that the two-sided t test can call in a
+    Holm family of ``m`` rows (at best: as the family's smallest p, which Holm multiplies by m): a row whose
+    fresh seeds' mean gap is under this many standard deviations is never called, however real the gap.
+    t_crit / √n with t_crit the (1 − α/(2m)) quantile of t with n − 1 degrees of freedom."""
+    alpha = ALPHA if alpha is None else alpha
+    if n < 2 or m < 1:
+        raise ValueError(f"callable_ratio: need n ≥ 2 fresh seeds and m ≥ 1 rows (got n={n}, m={m})")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"callable_ratio: alpha must lie in (0, 1) (got {alpha})")
+    return t_quantile(1.0 - alpha / (2.0 * m), n - 1) / math.sqrt(n)
+
 # -- the exact paired sign-flip test ------------------------------------------------------------
 def _signed_sums(flat: np.ndarray) -> np.ndarray:
     """(rows, n) → (patterns, rows): Σ ± d_s over every sign pattern when n ≤ EXACT_MAX (built by doubling,
