@@ -1266,7 +1266,7 @@ def three_size_text(conf: Mapping) -> str:
             j = d["gaps"].index(big)
             where = "where FP32 attention is still healthy" if d["healthy"][j] else "where FP32 attention has degraded"
             power = ""
-            if not called:   # what "no call" can mean with this size's fresh seeds and family
+            if not called and a.get("test", "t") == "t":   # what "no call" can mean with these fresh seeds
                 k, m = len(g["confirm_seeds"]), len(g["cells"])
                 r = stats.callable_ratio(k, m, a.get("alpha"))
                 power = (f" With {k} fresh seeds and Holm over {m} learning rates, a gap is called only where its "

@@ -337,7 +337,6 @@ def t_test_p(d) -> dict[str, float]:
     return {"two-sided": min(1.0, 2.0 * tail), "greater": upper, "less": 1.0 - upper if t >= 0 else tail}
 
 
-
 def callable_ratio(n: int, m: int, alpha: float | None = None) -> float:
     """The smallest |mean| / sd of ``n`` fresh per-seed differences that the two-sided t test can call in a
     Holm family of ``m`` rows (at best: as the family's smallest p, which Holm multiplies by m): a row whose
@@ -349,6 +348,7 @@ def callable_ratio(n: int, m: int, alpha: float | None = None) -> float:
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"callable_ratio: alpha must lie in (0, 1) (got {alpha})")
     return t_quantile(1.0 - alpha / (2.0 * m), n - 1) / math.sqrt(n)
+
 
 # -- the exact paired sign-flip test ------------------------------------------------------------
 def _signed_sums(flat: np.ndarray) -> np.ndarray:
