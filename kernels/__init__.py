@@ -20,7 +20,7 @@ constants of the kernels, so one source compiles every precision variant:
 
 How they run is a separate object, `Tuning` (TMA descriptors, the autotune space, the causal grid order, the split,
 atomic or fused backward, the tie test's form, the FTZ exp), which never changes what is computed beyond the last FP32 bits
-of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_TUNING` unless given.
+of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_TUNING` (= `NEXT_LEVERS`) unless given.
 
 ``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
 reference only): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
@@ -203,14 +203,18 @@ class Tuning:
         return cls(**kw)
 
 
-#: What every call runs unless it passes ``tuning=``: the kernels as measured until 2026-12-01.
-DEFAULT_TUNING = Tuning()
 #: Every lever on (the candidate default, to be chosen by the GPU measurement of issue 25).
 ALL_LEVERS = Tuning(tma=True, space="sm90", order="lpt", bwd="atomic", tie="count", ftz_exp=True)
 #: The candidate default for the next GPU call (notes/kernels.md, 2026-12-02): the levers that did not lose on
 #: 2026-12-02 (TMA in the backward only, the sm90 space, the FTZ exp) and the new ones (the fused backward, the tie
 #: test's form chosen per head dim); not the LPT order or the atomic backward, which lost.
 NEXT_LEVERS = Tuning(tma="bwd", space="sm90", bwd="fused", tie="auto", ftz_exp=True)
+#: What every call runs unless it passes ``tuning=``: NEXT_LEVERS since 2026-12-04 (in the subtract form, the
+#: drop-in's arithmetic, it ran fwd+bwd 16–27 % faster than ``Tuning()`` at N ≥ 2k in both tune calls of issue 25;
+#: notes/kernels.md). ``Tuning()`` (every lever off) is the kernels as measured until 2026-12-01; ``str(tuning)``
+#: and `Tuning.parse` name fields against ``Tuning()``, so "default" is that, not DEFAULT_TUNING.
+DEFAULT_TUNING = NEXT_LEVERS
+_DEFAULT_TEXT = str(DEFAULT_TUNING)
 
 
 def _check_tuning(tuning, kp: "KernelPolicy") -> None:
@@ -678,14 +682,14 @@ def _ops_registered() -> bool:
 if not _ops_registered():
     @torch.library.custom_op("lpfail::flash_attention_fwd", mutates_args=())
     def _op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: str, causal: bool,
-                scale: float, tuning: str = "default") -> tuple[torch.Tensor, torch.Tensor]:
+                scale: float, tuning: str = _DEFAULT_TEXT) -> tuple[torch.Tensor, torch.Tensor]:
         """O and L = m + log ℓ (FP32) under the policy named by its string (`Precision.parse`)."""
         kp = _policy_for_launch(_parse_policy(policy))
         return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, causal, scale, _parse_tuning(tuning))
 
 
     @_op_fwd.register_fake
-    def _(q, k, v, policy, causal, scale, tuning="default"):
+    def _(q, k, v, policy, causal, scale, tuning=_DEFAULT_TEXT):
         out = _parse_policy(policy).dtype("out")
         return q.new_empty(q.shape, dtype=out), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
@@ -693,21 +697,21 @@ if not _ops_registered():
     @torch.library.custom_op("lpfail::flash_attention_bwd", mutates_args=())
     def _op_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                 lse: torch.Tensor, policy: str, causal: bool, scale: float,
-                tuning: str = "default") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                tuning: str = _DEFAULT_TEXT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         kp = _policy_for_launch(_parse_policy(policy))
         return _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, kp, causal, scale,
                          _parse_tuning(tuning))
 
 
     @_op_bwd.register_fake
-    def _(do, q, k, v, o, lse, policy, causal, scale, tuning="default"):
+    def _(do, q, k, v, o, lse, policy, causal, scale, tuning=_DEFAULT_TEXT):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
     def _op_setup(ctx, inputs, output):
         q, k, v, policy, causal, scale, *tuning = inputs
         ctx.save_for_backward(q, k, v, output[0], output[1])
-        ctx.policy, ctx.causal, ctx.scale, ctx.tuning = policy, causal, scale, (tuning or ["default"])[0]
+        ctx.policy, ctx.causal, ctx.scale, ctx.tuning = policy, causal, scale, (tuning or [_DEFAULT_TEXT])[0]
 
 
     def _op_backward(ctx, do, _dlse):

@@ -516,11 +516,11 @@ LEVER_POLICY = FP32.replace(block_k=32).with_fix()
 def test_tuning_levers_change_no_bit(tuning, causal):
     """TMA descriptors (both passes, or the backward's only), the grid order, the tie test's form (count, or "auto":
     count at d 64), the autotune space (one config in the interpreter) and the fused backward (the split's code and
-    interpreter tiles in one launch) must leave O and all three gradients bit for bit as the default tuning gives them, on rows with
+    interpreter tiles in one launch) must leave O and all three gradients bit for bit as ``Tuning()`` (every lever off) gives them, on rows with
     tied maxima (so that the fix's test fires) and a masked tail."""
     q, k, v, do = tied_rows(n=100)
-    base = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, LEVER_POLICY, causal=causal), q, k, v,
-                          do)
+    base = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, LEVER_POLICY, causal=causal,
+                                                                  tuning=kernels.Tuning()), q, k, v, do)
     got = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, LEVER_POLICY, causal=causal,
                                                                  tuning=tuning), q, k, v, do)
     for name, x, y in zip(("O", "dQ", "dK", "dV"), got, base):

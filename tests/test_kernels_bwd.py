@@ -197,7 +197,7 @@ def test_fused_backward_gives_the_split_bits(policy, n, causal):
     rounded once per policy tile, a partial last tile, causal and full, δ from dP ∘ P), and one launch fewer."""
     (q, k, v, do), o, lse = reference_forward(policy, n, causal)
     kp, lse = kernels.kernel_policy(policy), lse.squeeze(-1).contiguous()
-    split = kernels._backward(do, q, k, v, o, lse, kp, causal, 0.125)
+    split = kernels._backward(do, q, k, v, o, lse, kp, causal, 0.125, kernels.Tuning())
     launches, real = [], kernels._launch
     kernels._launch = lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw))[1]
     try:
