@@ -4,7 +4,8 @@ Times N back-to-back calls on a tiny problem (B = 1, H = 1, N = 128, d = 64, BF1
 finishes each kernel long before the host issues the next: the wall time per call is then the launch path's host
 cost. Measured: the drop-in (`kernels.flash_attention(q, k, v, is_causal=True)`, without and with the robust
 fix), the policy-style call, and SDPA (flash and cuDNN backends), each forward alone (no_grad) and forward +
-backward (`torch.autograd.grad`, no gradient accumulation); the drop-in both with the direct launch of the
+backward (`torch.autograd.grad`, no gradient accumulation), and the floor of a Python autograd.Function that
+launches nothing (`NoOpAttention`); the drop-in both with the direct launch of the
 compiled kernels (LPFAIL_KERNELS_DIRECT=1; the default since this bit check passed on an H200 on 2026-12-01) and
 through Triton's JIT (LPFAIL_KERNELS_DIRECT=0), with a bit check that both paths give the same O, dQ, dK, dV. Run on a GPU, repo root:
 ``LPFAIL_GIT=<commit> PYTHONPATH=$PWD python3 tools/gpu_overhead.py OUT.json`` (gpu_batch.sh step `host`);
@@ -44,6 +45,28 @@ def per_call_us(fn, calls=CALLS, warmup=50, repeats=REPEATS):
         torch.cuda.synchronize()
         out.append(1e6 * (time.perf_counter() - t0) / calls)
     return round(statistics.median(out), 2)
+
+
+class NoOpAttention(torch.autograd.Function):
+    """The floor of any drop-in whose backward is Python: an `autograd.Function` that allocates O and L, saves them
+    with Q, K, V, and in the backward allocates dQ, dK, dV, launching nothing. Its fwd+bwd per call is what the
+    autograd engine's Python round trip costs (on CUDA tensors the backward runs on the engine's device thread)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, meta):
+        o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], device=q.device, dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.meta = meta
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+
+
+def noop_attention(q, k, v):
+    return NoOpAttention.apply(q, k, v, (None, True, 0.125, None))
 
 
 def _fwd_bwd(attn, q, k, v, do):
@@ -98,6 +121,10 @@ def main(path):
                 res[name] = {"fwd": fwd, "fwd_bwd": per_call_us(_fwd_bwd(sdpa, qg, kg, vg, do))}
         except RuntimeError as e:
             res[name] = {"error": str(e)[:300]}
+    with torch.no_grad():
+        noop_fwd = per_call_us(lambda: noop_attention(q, k, v))
+    res["noop_function"] = {"fwd": noop_fwd, "fwd_bwd": per_call_us(_fwd_bwd(noop_attention, qg, kg, vg, do)),
+                            "what": "NoOpAttention: a Python autograd.Function that launches nothing (the floor)"}
     res["target_us"] = 40
     res["dropin_fwd_meets_target"] = res["dropin"]["fwd"] <= 40
     with open(path, "w") as f:

@@ -106,10 +106,23 @@ def measure(mode: str) -> dict:
                                                        (_bwd, "_bwd_delta_dot"))}
     cfg = triton.Config({"BLOCK_M": 64}, num_warps=4, num_stages=3)
     cfg_kv = triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}, num_warps=4, num_stages=3)
-    for mod, name in ((_fwd, "_attn_fwd"), (_bwd, "_bwd_dkdv"), (_bwd, "_bwd_dq"), (_bwd, "_bwd_delta_dot")):
-        jit = orig[name].fn if hasattr(orig[name], "best_config") or hasattr(orig[name], "configs") else orig[name]
+
+    def stub(kernel, best):
+        jit = kernel.fn if hasattr(kernel, "best_config") or hasattr(kernel, "configs") else kernel
         run = _emulated_jit(jit) if mode != "none" else (lambda *a, **kw: None)
-        setattr(mod, name, _Stub(run, {"_attn_fwd": cfg, "_bwd_delta_dot": None}.get(name, cfg_kv)))
+        return _Stub(run, best)
+
+    for mod, name in ((_fwd, "_attn_fwd"), (_bwd, "_bwd_dkdv"), (_bwd, "_bwd_dq"), (_bwd, "_bwd_delta_dot")):
+        setattr(mod, name, stub(orig[name], {"_attn_fwd": cfg, "_bwd_delta_dot": None}.get(name, cfg_kv)))
+    # the other autotune spaces' tuners (the default tuning since 2026-12-04 runs the sm90 space and the fused
+    # backward): each stands in with its own first config, as LPFAIL_KERNELS_AUTOTUNE=0 would pick
+    tuner_dicts = [getattr(mod, name) for mod, name in ((_fwd, "FWD_TUNERS"), (_bwd, "DQ_TUNERS"),
+                                                        (_bwd, "DKDV_TUNERS"), (_bwd, "FUSED_TUNERS"))
+                   if hasattr(mod, name)]
+    orig_tuners = [dict(d) for d in tuner_dicts]
+    for d in tuner_dicts:
+        for key, tuner in d.items():
+            d[key] = stub(tuner, tuner.configs[0])
     for fx in (None, "robust"):   # the policy memo, filled while the device check still sees no interpreter
         pol, txt = kernels._SDPA_POLICIES[(torch.bfloat16, fx)]
         kernels._policy_for_launch(pol), kernels._policy_for_launch(kernels._parse_policy(txt))
@@ -157,10 +170,14 @@ def measure(mode: str) -> dict:
             kernels.flash_attention(qg, kg, vg, is_causal=True).backward(do)
         r["dropin_fwd_bwd"] = per_call_us(fwd_bwd, calls=CALLS // 4)
         r["backward_fn"] = per_call_us(lambda: kernels._backward(do, q, k, v, q, q[..., 0].float(), kp, True, scale))
+        from gpu_overhead import noop_attention   # (tools/ is on sys.path when this script runs)
+        r["noop_function_fwd_bwd"] = per_call_us(lambda: noop_attention(qg, kg, vg).backward(do), calls=CALLS // 4)
         return {key: round(val, 2) for key, val in r.items()}
     finally:
         for mod, name in ((_fwd, "_attn_fwd"), (_bwd, "_bwd_dkdv"), (_bwd, "_bwd_dq"), (_bwd, "_bwd_delta_dot")):
             setattr(mod, name, orig[name])
+        for d, o in zip(tuner_dicts, orig_tuners):
+            d.update(o)
         kernels.interpreted = interpreted
         kernels._PICKS.clear()
         if hasattr(kernels, "_DIRECT"):
