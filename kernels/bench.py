@@ -595,6 +595,53 @@ def load_host_time(directory=None) -> dict:
     return d
 
 
+#: issue 25's host target for forward + backward: the drop-in's at most this multiple of SDPA flash's
+HOST_FWD_BWD_TARGET = 1.5
+
+
+def host_fwd_bwd_facts(d: dict) -> dict[str, str]:
+    """The forward + backward host time of a `load_host_time` record as phrases for the book: the drop-in's and SDPA
+    flash's µs per call, their ratio against `HOST_FWD_BWD_TARGET` ("met"/"missed"), and — where the record has it
+    (tools/gpu_overhead.py since 2026-12-04) — the no-op Python autograd.Function's fwd+bwd, the floor of any
+    drop-in whose backward is Python, and its share of the drop-in's time. ValueError if a needed value is missing
+    or not positive."""
+    def pos(grp, key):
+        v = (d.get(grp) or {}).get(key)
+        if not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"host-time record: {grp}.{key} must be a positive number (got {v!r})")
+        return float(v)
+
+    ours, sdpa = pos("dropin", "fwd_bwd"), pos("sdpa_flash", "fwd_bwd")
+    ratio = ours / sdpa
+    out = {"host_fb": f"{ours:.0f} µs", "host_fb_sdpa": f"{sdpa:.0f} µs", "host_fb_ratio": f"{ratio:.2f} ×",
+           "host_fb_target": f"{HOST_FWD_BWD_TARGET:g} ×",
+           "host_fb_met": "met" if ratio <= HOST_FWD_BWD_TARGET else "missed"}
+    if "noop_function" in d:
+        floor = pos("noop_function", "fwd_bwd")
+        out.update(host_floor=f"{floor:.0f} µs", host_floor_sdpa=f"{floor / sdpa:.2f} ×",
+                   host_floor_share=f"{100 * floor / ours:.0f} %", host_above_floor=f"{ours - floor:.0f} µs")
+    return out
+
+
+def sdpa_host_spread(directory=None) -> dict[str, str]:
+    """SDPA flash's forward + backward host time per call over every stored record of it (the host-time record and
+    each tune call's host.json under results/kernels_gpu/tune_*/): how much the host, not the code, moves the number.
+    Phrases ``host_sdpa_lo``, ``host_sdpa_hi`` (µs) and ``host_sdpa_n`` (records); ValueError when fewer than two."""
+    from lpfail import results
+
+    root = (directory or results.results_dir()) / "kernels_gpu"
+    vals = []
+    if (root / "overhead.json").is_file():
+        vals.append(float(json.loads((root / "overhead.json").read_text())["sdpa_flash"]["fwd_bwd"]))
+    for p in sorted(root.glob("tune_*/host.json")):
+        cell = json.loads(p.read_text()).get("sdpa_flash fwd_bwd")
+        if cell is not None:
+            vals.append(float(cell["median_us"]))
+    if len(vals) < 2:
+        raise ValueError(f"SDPA flash's host time needs two stored records to spread (found {len(vals)} under {root})")
+    return {"host_sdpa_lo": f"{min(vals):.0f} µs", "host_sdpa_hi": f"{max(vals):.0f} µs", "host_sdpa_n": str(len(vals))}
+
+
 def host_time_rows(d: dict) -> list[list[str]]:
     """Rows (call, direct launch µs, through Triton's JIT µs, SDPA flash µs, SDPA cuDNN µs, target met) of a
     `load_host_time` record; SDPA's columns on the forward and forward + backward rows only."""

@@ -162,6 +162,38 @@ def test_host_time_record_is_read_checked_and_tabled(tmp_path):
     assert rows[1][-1] == "yes" and rows[1][2] == "—" and rows[3][-1] == "—" and rows[3][4] == "—"
 
 
+def test_host_fwd_bwd_facts_give_the_ratio_the_target_and_the_python_floor():
+    from kernels.bench import host_fwd_bwd_facts
+
+    rec = {"dropin": {"fwd_bwd": 375.56}, "sdpa_flash": {"fwd_bwd": 243.0}}
+    f = host_fwd_bwd_facts(rec)
+    assert f["host_fb"] == "376 µs" and f["host_fb_sdpa"] == "243 µs" and f["host_fb_ratio"] == "1.55 ×"
+    assert f["host_fb_met"] == "missed" and "host_floor" not in f           # an older record: no floor phrases
+    rec["dropin"]["fwd_bwd"] = 364.0                                        # 1.498 × : met
+    rec["noop_function"] = {"fwd_bwd": 176.92}
+    f = host_fwd_bwd_facts(rec)
+    assert f["host_fb_met"] == "met" and f["host_floor"] == "177 µs" and f["host_floor_sdpa"] == "0.73 ×"
+    assert f["host_floor_share"] == "49 %" and f["host_above_floor"] == "187 µs"
+    for bad in ({"dropin": {}, "sdpa_flash": {"fwd_bwd": 1.0}}, {"dropin": {"fwd_bwd": 1.0}, "sdpa_flash": {"fwd_bwd": 0}},
+                {"dropin": {"fwd_bwd": 1.0}, "sdpa_flash": {"fwd_bwd": 1.0}, "noop_function": {"fwd_bwd": "x"}}):
+        with pytest.raises(ValueError, match="positive number"):
+            host_fwd_bwd_facts(bad)
+
+
+def test_sdpa_host_spread_reads_every_record_and_needs_two(tmp_path):
+    from kernels.bench import sdpa_host_spread
+
+    root = tmp_path / "kernels_gpu"
+    (root / "tune_a").mkdir(parents=True)
+    (root / "overhead.json").write_text(json.dumps({"sdpa_flash": {"fwd_bwd": 243.0}}))
+    with pytest.raises(ValueError, match="found 1"):
+        sdpa_host_spread(tmp_path)
+    (root / "tune_a" / "host.json").write_text(json.dumps({"sdpa_flash fwd_bwd": {"median_us": 164.98}}))
+    (root / "tune_b").mkdir()
+    (root / "tune_b" / "host.json").write_text(json.dumps({"dropin fwd": {"median_us": 1.0}}))  # no SDPA cell
+    assert sdpa_host_spread(tmp_path) == {"host_sdpa_lo": "165 µs", "host_sdpa_hi": "243 µs", "host_sdpa_n": "2"}
+
+
 def test_interleaved_timing_visits_every_method_each_round_and_takes_the_median_of_rounds():
     """`_time_interleaved` (issue 25: two timings of one kernel in one run differed by ≈ 10 %): warm-up for every
     method first, then rounds that visit each method in turn, reversed every other round; per method the median
