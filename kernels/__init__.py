@@ -205,7 +205,7 @@ class Tuning:
 
 #: Every lever on (the candidate default, to be chosen by the GPU measurement of issue 25).
 ALL_LEVERS = Tuning(tma=True, space="sm90", order="lpt", bwd="atomic", tie="count", ftz_exp=True)
-#: The candidate default for the next GPU call (notes/kernels.md, 2026-12-02): the levers that did not lose on
+#: Chosen on 2026-12-02 (notes/kernels.md) and the default since 2026-12-04: the levers that did not lose on
 #: 2026-12-02 (TMA in the backward only, the sm90 space, the FTZ exp) and the new ones (the fused backward, the tie
 #: test's form chosen per head dim); not the LPT order or the atomic backward, which lost.
 NEXT_LEVERS = Tuning(tma="bwd", space="sm90", bwd="fused", tie="auto", ftz_exp=True)

@@ -14,7 +14,7 @@ Phases, each under the one deadline (a phase that would start too late is skippe
   3. optionally (--pytest) the gpu-marked kernel tests (LPFAIL_KERNELS_AUTOTUNE=0), output in tests.txt;
   4. timings: BF16, causal, width 2048, d 64 and 128, N 1k–8k, 16k tokens per call, fwd and fwd+bwd, every
      method of a shape timed together in interleaved rounds (`ROUNDS`; each cell keeps its rounds and spread),
-     variant (autotuned in its space: the split backward, the fused one, the candidate default NEXT_LEVERS)
+     variant (autotuned in its space: the split backward, the fused one, NEXT_LEVERS: the default since 2026-12-04)
      beside SDPA cuDNN and flash; each timed variant's forward is compared bit
      for bit with its base's on the timed inputs, its gradients for closeness;
   5. the fix's cost: Algorithm 3 and the robust fix against the same kernel without a fix, alternating timings
@@ -50,7 +50,7 @@ from lpfail.precision import FA2_BF16  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
 SUB, FMA = FA2_BF16, FA2_BF16.replace(sub="fma")
-#: the candidate default (kernels.NEXT_LEVERS: TMA in the backward, sm90 space, fused backward, tie "auto", FTZ exp);
+#: the default since 2026-12-04 (kernels.NEXT_LEVERS = DEFAULT_TUNING: TMA in the backward, sm90 space, fused backward, tie "auto", FTZ exp);
 #: FTZ acts in sub mode only, so the same tuning serves both modes
 NEXT = NEXT_LEVERS
 #: timed methods: name → (policy, tuning, base method whose forward bits it must give); None: SDPA.
