@@ -203,7 +203,7 @@ class Tuning:
         return cls(**kw)
 
 
-#: Every lever on (the candidate default, to be chosen by the GPU measurement of issue 25).
+#: Every lever on (measured on 2026-12-02: the LPT order and the atomic backward lost; notes/kernels.md).
 ALL_LEVERS = Tuning(tma=True, space="sm90", order="lpt", bwd="atomic", tie="count", ftz_exp=True)
 #: Chosen on 2026-12-02 (notes/kernels.md) and the default since 2026-12-04: the levers that did not lose on
 #: 2026-12-02 (TMA in the backward only, the sm90 space, the FTZ exp) and the new ones (the fused backward, the tie

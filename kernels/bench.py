@@ -623,16 +623,15 @@ def host_fwd_bwd_facts(d: dict) -> dict[str, str]:
     return out
 
 
-def sdpa_host_spread(directory=None) -> dict[str, str]:
-    """SDPA flash's forward + backward host time per call over every stored record of it (the host-time record and
-    each tune call's host.json under results/kernels_gpu/tune_*/): how much the host, not the code, moves the number.
-    Phrases ``host_sdpa_lo``, ``host_sdpa_hi`` (µs) and ``host_sdpa_n`` (records); ValueError when fewer than two."""
+def sdpa_host_spread(record: dict, directory=None) -> dict[str, str]:
+    """SDPA flash's forward + backward host time per call over every stored record of it: `record` (the host-time
+    record `load_host_time` gave) and each tune call's host.json beside it (results/kernels_gpu/tune_*/): how much
+    the host, not the code, moves the number. Phrases ``host_sdpa_lo``, ``host_sdpa_hi`` (µs) and ``host_sdpa_n``
+    (records); ValueError when fewer than two."""
     from lpfail import results
 
-    root = (directory or results.results_dir()) / "kernels_gpu"
-    vals = []
-    if (root / "overhead.json").is_file():
-        vals.append(float(json.loads((root / "overhead.json").read_text())["sdpa_flash"]["fwd_bwd"]))
+    root = ((directory or results.results_dir()) / HOST_FILE).parent
+    vals = [float(record["sdpa_flash"]["fwd_bwd"])]
     for p in sorted(root.glob("tune_*/host.json")):
         cell = json.loads(p.read_text()).get("sdpa_flash fwd_bwd")
         if cell is not None:

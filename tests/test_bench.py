@@ -185,13 +185,14 @@ def test_sdpa_host_spread_reads_every_record_and_needs_two(tmp_path):
 
     root = tmp_path / "kernels_gpu"
     (root / "tune_a").mkdir(parents=True)
-    (root / "overhead.json").write_text(json.dumps({"sdpa_flash": {"fwd_bwd": 243.0}}))
+    record = {"sdpa_flash": {"fwd_bwd": 243.0}}                  # the host-time record itself
     with pytest.raises(ValueError, match="found 1"):
-        sdpa_host_spread(tmp_path)
+        sdpa_host_spread(record, tmp_path)
     (root / "tune_a" / "host.json").write_text(json.dumps({"sdpa_flash fwd_bwd": {"median_us": 164.98}}))
     (root / "tune_b").mkdir()
     (root / "tune_b" / "host.json").write_text(json.dumps({"dropin fwd": {"median_us": 1.0}}))  # no SDPA cell
-    assert sdpa_host_spread(tmp_path) == {"host_sdpa_lo": "165 µs", "host_sdpa_hi": "243 µs", "host_sdpa_n": "2"}
+    assert sdpa_host_spread(record, tmp_path) == {"host_sdpa_lo": "165 µs", "host_sdpa_hi": "243 µs",
+                                                  "host_sdpa_n": "2"}
 
 
 def test_interleaved_timing_visits_every_method_each_round_and_takes_the_median_of_rounds():
