@@ -8,6 +8,11 @@ old name with an error that names its new place (`MOVED`)."""
 import importlib.abc
 import sys
 
+from lpfail import numerics as _numerics
+
+# The CPU numeric pins (lpfail.numerics.PINS) act only if set before torch starts: set them first of all.
+_numerics.apply()
+
 __version__ = "0.1.0"
 
 #: Old module name → where the module lives now (importing the old name raises, naming the new one).
