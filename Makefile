@@ -6,7 +6,8 @@
 PYTHON ?= python3
 # CPU numerics independent of the machine (the chapters' stored outputs are compared by nbval on whatever CPU runs
 # the tests): ATen's portable kernels instead of its AVX2/AVX-512 ones, MKL's and oneDNN's CPU-independent code
-# paths, and a fixed number of threads (reductions split by thread count). tools/nbbuild.py sets the same.
+# paths, and a fixed number of threads (reductions split by thread count). The library sets the same when it is
+# imported (lpfail.numerics.PINS); exported here as well, for processes that import torch before lpfail.
 export ATEN_CPU_CAPABILITY := default
 export MKL_CBWR := COMPATIBLE
 export ONEDNN_MAX_CPU_ISA := AVX2
@@ -16,7 +17,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test pytest build-strict book-checks browser-check notebooks clean
+.PHONY: book test pytest invariance build-strict book-checks browser-check notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +36,12 @@ pytest: $(STAMP)
 	$(BIN)/python -m pytest tests book --nbval --nbval-current-env \
 		--nbval-sanitize-with book/nbval_sanitize.cfg -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
+# The two-settings check (tools/cpu_invariance.py): every chapter again under one thread, ATen's vectorised kernels,
+# oneDNN's and MKL's native paths and every random draw nudged by one ulp, and each CPU experiment's headline
+# under both settings; any output that differs depends on the machine (or is chaotic) and fails the check.
+invariance: $(STAMP)
+	$(BIN)/python tools/cpu_invariance.py all
+
 build-strict: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
 
@@ -50,7 +57,7 @@ book-checks: $(STAMP)
 browser-check: $(STAMP)
 	$(BIN)/python tools/browser_check.py _build/html --screenshots _build/screenshots
 
-test: pytest build-strict book-checks browser-check
+test: pytest invariance build-strict book-checks browser-check
 
 # Re-execute every chapter in place (on a GPU machine, LPFAIL_RECOMPUTE=1 recomputes stored results).
 notebooks: $(STAMP)

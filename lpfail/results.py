@@ -70,17 +70,28 @@ class Experiment:
     config: type
     gpu: bool
     description: str
+    #: ``headline(result) -> {name: value}``: what the book states from the result, at the resolution it states it
+    #: (compared across CPU settings by tools/cpu_invariance.py); None where the experiment declares none.
+    headline: Callable[[Any], dict] | None = None
+    #: ``check(config) -> config``: a cheaper config on which the headline is compared across CPU settings (the
+    #: default config when None).
+    check: Callable[[Any], Any] | None = None
 
     def default_config(self):
         return self.config()
+
+    def check_config(self):
+        return self.default_config() if self.check is None else self.check(self.default_config())
 
 
 _REGISTRY: dict[str, Experiment] = {}
 _IMPORTED = False
 
 
-def experiment(name: str, config: type, gpu: bool = False, description: str | None = None):
-    """Register ``fn(cfg) -> dict`` as experiment ``name`` with config dataclass ``config``."""
+def experiment(name: str, config: type, gpu: bool = False, description: str | None = None,
+               headline: Callable[[Any], dict] | None = None, check: Callable[[Any], Any] | None = None):
+    """Register ``fn(cfg) -> dict`` as experiment ``name`` with config dataclass ``config`` (`Experiment` says what
+    `headline` and `check` are)."""
     if not (dataclasses.is_dataclass(config) and isinstance(config, type)):
         raise TypeError(f"experiment {name!r}: config must be a dataclass type (got {config!r})")
     if not config.__dataclass_params__.frozen:
@@ -91,7 +102,7 @@ def experiment(name: str, config: type, gpu: bool = False, description: str | No
         if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"experiment {name!r} is registered twice ({_REGISTRY[name].fn.__module__} "
                              f"and {fn.__module__})")
-        _REGISTRY[name] = Experiment(name, fn, config, gpu, doc)
+        _REGISTRY[name] = Experiment(name, fn, config, gpu, doc, headline, check)
         return fn
 
     return register

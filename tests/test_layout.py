@@ -122,12 +122,24 @@ def test_every_grid_has_a_command_line_status():
         assert proc.returncode == 0 and f"{name}: " in proc.stdout and "runs stored" in proc.stdout, proc.stderr
 
 
-def test_the_chapters_cpu_numerics_are_pinned_alike_in_make_and_nbbuild():
+def test_the_chapters_cpu_numerics_are_pinned_alike_in_make_nbbuild_and_the_library():
     import importlib.util
     import re
+
+    from lpfail.numerics import PINS
 
     spec = importlib.util.spec_from_file_location("nbbuild", REPO / "tools" / "nbbuild.py")
     nbbuild = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(nbbuild)
     make = dict(re.findall(r"^export (\w+) := (\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE))
-    assert make == nbbuild.CPU_NUMERICS
+    assert make == nbbuild.CPU_NUMERICS == PINS
+
+
+def test_make_test_runs_the_two_settings_check():
+    """The chapters and the CPU experiments' headlines are executed under a second CPU setting in `make test`."""
+    import re
+
+    text = (REPO / "Makefile").read_text()
+    test_line = re.search(r"^test: (.*)$", text, re.MULTILINE).group(1).split()
+    assert "invariance" in test_line
+    assert re.search(r"^invariance:.*\n\t.*tools/cpu_invariance\.py all", text, re.MULTILINE)

@@ -12,11 +12,11 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-#: The Makefile's CPU numerics (tests/test_layout.py checks they agree): outputs computed live on a CPU must come
-#: out the same on any x86-64 machine that re-executes or tests the chapters.
-CPU_NUMERICS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2",
-                "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
-for _k, _v in CPU_NUMERICS.items():  # the kernels started below inherit them
+from lpfail.numerics import PINS as CPU_NUMERICS  # noqa: E402  the library's CPU numeric pins
+
+#: The kernels started below inherit the pins (outputs computed live on a CPU must come out the same on any x86-64
+#: machine that re-executes or tests the chapters); the Makefile exports the same (tests/test_layout.py).
+for _k, _v in CPU_NUMERICS.items():
     os.environ[_k] = _v
 
 KERNELSPEC = {"display_name": "Python 3 (lpfail)", "language": "python", "name": "python3"}

@@ -1,86 +1,24 @@
-"""Chapter 7's computations ("Diagnose your own model"): a small CPU training run watched by `lpfail.monitor`,
-the same run without it, and per-layer substitutions with `lpfail.substitute`. The chapter calls these and
-plots what they return; the numbers come from running them (seconds on a CPU)."""
+"""Chapter 7's figures and tables ("Diagnose your own model"). The demonstration runs (a small CPU training run
+watched by `lpfail.monitor`, the same run without it, per-layer substitutions with `lpfail.substitute`) are the
+stored experiment `monitor_demo` (`lpfail.experiments.monitor_demo`, whose functions are re-exported here);
+`demo_runs` turns its stored result back into the runs the figures read."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
-import torch
 
-from lpfail import data as lpdata
-from lpfail.model import GPT, GPTConfig
-from lpfail.monitor import Monitor, MonitorWarning, Thresholds
-from lpfail.substitute import substitute
+from lpfail.experiments.monitor_demo import (corpus_batches, demo_runs, headline, stored_substitution,
+                                             substitution_losses, tiny_gpt, train_run)
 
-
-def corpus_batches(steps: int, batch: int, block: int, seed: int, corpus: str = "pydocs"):
-    """`steps` batches (x, y) of byte tokens from an embedded corpus, drawn with a seeded generator."""
-    tok = lpdata.get_tokenizer("bytes")
-    ids = torch.from_numpy(np.asarray(lpdata.tokens(corpus, tok), dtype=np.int64))
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        start = torch.randint(0, len(ids) - block - 1, (batch,), generator=g)
-        rows = torch.stack([ids[s:s + block + 1] for s in start.tolist()])  # (batch, block + 1)
-        yield rows[:, :-1], rows[:, 1:]
-
-
-def tiny_gpt(seed: int = 0, n_layer: int = 2, n_head: int = 4, n_embd: int = 64, block: int = 64) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(block_size=block, vocab_size=256, n_layer=n_layer, n_head=n_head, n_embd=n_embd))
-
-
-def train_run(lr: float, steps: int = 300, monitored: bool = True, every: int = 10, window: int = 50,
-              seed: int = 0, batch: int = 16, block: int = 64, thresholds: Thresholds = Thresholds(),
-              **shape) -> dict:
-    """AdamW (β₂ = 0.95, no weight decay, constant lr after 20 warm-up steps) on the bytes of the Python
-    docs corpus, FP32 model with SDPA attention. Returns {"losses", "records", "alerts", "model"}; with
-    `monitored` the run is watched by a `Monitor` (warnings collected in "alerts", not printed)."""
-    model = tiny_gpt(seed, block=block, **shape)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
-    mon = Monitor(model, every=every, window=window, thresholds=thresholds) if monitored else None
-    losses = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", MonitorWarning)
-        if mon is not None:
-            mon.attach()
-        try:
-            for x, y in corpus_batches(steps, batch, block, seed):
-                _, loss = model(x, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                losses.append(loss.item())
-                if mon is not None:
-                    mon.step(loss=losses[-1])
-        finally:
-            if mon is not None:
-                mon.detach()
-    return {"losses": np.array(losses), "records": mon.records if mon else [], "alerts": mon.alerts if mon else [],
-            "model": model}
+__all__ = ["corpus_batches", "demo_runs", "headline", "stored_substitution", "substitution_losses", "tiny_gpt",
+           "train_run"]  # the demonstration's functions, re-exported for the chapter; the rest is defined below
 
 
 def series(records: list[dict], stat: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values (n_records, n_layer, n_head)) of one monitored statistic, over the records that have it."""
     rs = [r for r in records if stat in r]
     return np.array([r["step"] for r in rs]), np.array([r[stat] for r in rs], dtype=np.float64)
-
-
-def substitution_losses(model: GPT, policies: dict, seed: int = 123, batch: int = 16, block: int = 64) -> dict:
-    """Loss on one held batch with the model's own attention ("sdpa") and with each policy substituted in each
-    layer alone and in all layers: {(policy name, layer or "all"): loss}."""
-    (x, y), = list(corpus_batches(1, batch, block, seed))
-    out = {}
-    with torch.no_grad():
-        out[("sdpa", "all")] = model(x, y)[1].item()
-        for name, policy in policies.items():
-            for layer in [*range(model.config.n_layer), "all"]:
-                with substitute(model, policy, layers=None if layer == "all" else [layer]):
-                    out[(name, layer)] = model(x, y)[1].item()
-    return out
 
 
 def monitor_figure(runs: dict):

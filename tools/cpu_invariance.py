@@ -1,0 +1,128 @@
+"""The two-settings check: what a test compares exactly must not depend on the CPU, its BLAS path or threads.
+
+`make test` runs the chapters under lpfail's pinned CPU numerics (`lpfail.numerics.PINS`) and compares every
+output with the stored one. That proves nothing about another machine: a pinned computation can still be chaotic
+(a training run at a high learning rate), or use a code path the pins do not cover. This check executes the same
+outputs under a second setting that differs on any machine, and requires them to agree:
+
+* one thread instead of two (reductions split differently);
+* ATen's vectorised kernels (AVX-512 or AVX2, whichever the CPU has) instead of its portable ones, oneDNN with
+  every instruction set the CPU offers (its native BF16 instructions where there are some) and MKL's automatic
+  path;
+* every random draw nudged up by one unit in the last place (``LPFAIL_NUDGE=1``, `lpfail.numerics`): an output
+  that changes under the nudge depends on the last bit of its inputs, on whatever CPU.
+
+``python tools/cpu_invariance.py notebooks`` re-executes every chapter under that setting with nbval (the stored
+outputs are the pinned setting's, which the ordinary run checks), ``python tools/cpu_invariance.py experiments``
+computes each CPU experiment's headline (`lpfail.results.Experiment.headline`, at its `check` config) once pinned
+and once under the second setting and compares them; ``all`` does both. Exit status 1 on any difference.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def other_setting() -> dict[str, str]:
+    """The second setting's environment variables (see the module's docstring)."""
+    flags = _cpu_flags()
+    capability = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "default"
+    return {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": capability,
+            "ONEDNN_MAX_CPU_ISA": "ALL", "MKL_CBWR": "AUTO", "LPFAIL_NUDGE": "1"}
+
+
+def pinned_setting() -> dict[str, str]:
+    from lpfail.numerics import PINS
+
+    return {**PINS, "LPFAIL_NUDGE": "0"}
+
+
+def _env(setting: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in setting}
+    return {**env, **setting}
+
+
+def notebooks(workers: int = 2) -> int:
+    """nbval over every chapter under the second setting; the pytest exit status."""
+    setting = other_setting()
+    print("chapters under " + ", ".join(f"{k}={v}" for k, v in setting.items()), flush=True)
+    cmd = [sys.executable, "-m", "pytest", "book", "--nbval", "--nbval-current-env",
+           "--nbval-sanitize-with", "book/nbval_sanitize.cfg", "-p", "no:cacheprovider", "-q"]
+    if workers > 1:
+        cmd += ["-n", str(workers), "--dist", "loadfile"]
+    return subprocess.run(cmd, cwd=ROOT, env=_env(setting)).returncode
+
+
+_HEADLINE = """
+import json, sys
+from lpfail import numerics, results
+exp = results.get(sys.argv[1])
+cfg = exp.check_config()
+res = results.run(exp.name, cfg, store=False)
+print("HEADLINE " + json.dumps({"headline": exp.headline(res), "numerics": numerics.state()}, default=str))
+"""
+
+
+def headlines(name: str, settings: list[dict[str, str]]) -> list[dict]:
+    """Experiment `name`'s headline at its check config, computed in one fresh process per setting (at once)."""
+    procs = [subprocess.Popen([sys.executable, "-c", _HEADLINE, name], cwd=ROOT, env=_env(s), text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for s in settings]
+    out = []
+    for setting, proc in zip(settings, procs):
+        stdout, stderr = proc.communicate()
+        line = next((x for x in stdout.splitlines() if x.startswith("HEADLINE ")), None)
+        if proc.returncode != 0 or line is None:
+            raise RuntimeError(f"{name}: the headline computation failed under {setting}:\n{stderr[-3000:]}")
+        out.append(json.loads(line[len("HEADLINE "):]))
+    return out
+
+
+def experiments(names: list[str] | None = None) -> int:
+    """Each CPU experiment's headline pinned and under the second setting; 1 if any differs."""
+    from lpfail import results
+
+    todo = [e for e in results.registry().values() if not e.gpu and e.headline is not None
+            and (not names or e.name in names)]
+    bad = 0
+    for exp in todo:
+        t0 = time.perf_counter()
+        a, b = headlines(exp.name, [pinned_setting(), other_setting()])
+        same = a["headline"] == b["headline"]
+        print(f"{exp.name}: {'same' if same else 'DIFFERENT'} under both settings ({time.perf_counter() - t0:.0f} s)"
+              + ("" if same else f"\n  pinned: {a['headline']}\n  other:  {b['headline']}"), flush=True)
+        bad += not same
+    print(f"{len(todo) - bad} of {len(todo)} CPU experiments' headlines agree under both settings")
+    return int(bad > 0)
+
+
+def main(argv: list[str]) -> int:
+    what = argv[0] if argv else "all"
+    if what not in ("notebooks", "experiments", "all"):
+        print(__doc__)
+        return 2
+    rc = 0
+    if what in ("experiments", "all"):
+        rc |= experiments(argv[1:] or None)
+    if what in ("notebooks", "all"):
+        rc |= notebooks() != 0
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
