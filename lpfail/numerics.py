@@ -37,6 +37,12 @@ THREADS = int(PINS["OMP_NUM_THREADS"])
 #: ATen's name for the pinned capability (`torch.backends.cpu.get_cpu_capability()`).
 CAPABILITY = "DEFAULT"
 NUDGE_VAR = "LPFAIL_NUDGE"
+#: ``LPFAIL_CPU_PINS=0`` leaves the CPU numerics to the machine. The GPU sessions set it (tools/gpu.sh,
+#: tools/gpu_batch.sh): a training run draws its initial weights on the CPU, and ATen's portable normal sampler
+#: gives other values than its AVX2 / AVX-512 one (which agree), so pinned runs would not reproduce the stored GPU
+#: runs, all drawn with the machine's vector kernels. A pinned CPU run of the same TrainConfig starts from the
+#: portable sampler's weights.
+OFF_VAR = "LPFAIL_CPU_PINS"
 
 
 class NumericsError(RuntimeError):
@@ -49,11 +55,14 @@ def apply() -> list[str]:
     read their settings: `state()` tells, and `require_pinned()` refuses to store a result then."""
     global _TORCH_FIRST
     _TORCH_FIRST = "torch" in sys.modules
+    if os.environ.get(OFF_VAR, "").strip() == "0":
+        return []
     set_here = []
     for key, value in PINS.items():
         if key not in os.environ:
             os.environ[key] = value
             set_here.append(key)
+    _SET_HERE.update(set_here)
     if os.environ.get(NUDGE_VAR, "").strip() not in ("", "0"):
         install_nudge()
     return set_here
@@ -92,7 +101,7 @@ def state() -> dict:
             "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA"),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
-            "nudge": nudged()}
+            "nudge": nudged(), "pins": os.environ.get(OFF_VAR, "").strip() != "0"}
 
 
 def deviations(st: dict | None = None) -> list[str]:
@@ -106,6 +115,8 @@ def deviations(st: dict | None = None) -> list[str]:
     for key in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if st[key] != PINS[key]:
             out.append(f"{key}={st[key]} (pinned: {PINS[key]})")
+    if not st.get("pins", True):
+        out.append(f"{OFF_VAR}=0: the pins are off")
     if st["nudge"]:
         out.append(f"{NUDGE_VAR} is set: every random draw is nudged by one ulp")
     return out
@@ -190,6 +201,13 @@ def install_nudge() -> None:
 
 
 _TORCH_FIRST = False
+_SET_HERE: set[str] = set()
+
+
+def unpinned_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a child process that leaves the CPU numerics to the machine: without the pins this process set
+    (an explicit setting from outside stays) and with ``LPFAIL_CPU_PINS=0``."""
+    return {**{k: v for k, v in env.items() if k not in _SET_HERE}, OFF_VAR: "0"}
 
 
 def torch_imported_first() -> bool:

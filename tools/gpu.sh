@@ -9,5 +9,6 @@
 # Here, afterwards: `python -m lpfail.sweep.session unpack grids.tgz` (or quick.tgz), then
 # `python -m lpfail sweep NAME collect`. Plans, predictions and call logs: notes/gpu_plan.md.
 set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+# LPFAIL_CPU_PINS=0: the machine's own CPU kernels, as every stored GPU run had them (lpfail.numerics.OFF_VAR)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 LPFAIL_CPU_PINS=0
 exec python3 -m lpfail.sweep.session "$@"

@@ -23,7 +23,8 @@
 # rest to results/kernels_gpu/ (kernels, prod, robust), results/substitution_gpu/ (extras). Plans, predictions and
 # call logs: notes/gpu_plan.md.
 set -o pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+# LPFAIL_CPU_PINS=0: the machine's own CPU kernels, as every stored GPU run had them (lpfail.numerics.OFF_VAR)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 LPFAIL_CPU_PINS=0
 FINAL_OUT=${OUT:-/tmp/lpfail_out}
 STAGE=${STAGE:-/tmp/lpfail_batch}
 CALL_S=${CALL_S:-570}

@@ -28,6 +28,8 @@ from typing import Callable
 
 import numpy as np
 
+from lpfail import numerics
+
 
 @dataclass
 class RunSpec:
@@ -180,6 +182,8 @@ class _Sweep:
         self.parallel, self.cont, self.min_start_s, self.log = parallel, cont, min_start_s, log
         self.gpus, self.control, self.on_finish = gpus, control, on_finish
         self.env = {**os.environ, **(env or {})}
+        if gpus:  # GPU runs draw their weights with the machine's CPU kernels, as the stored ones did
+            self.env = numerics.unpinned_env(self.env)
         self.env.setdefault("OMP_NUM_THREADS", "1")  # N processes share the CPU cores
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.status: dict[str, dict] = {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lpfail import results
+from lpfail import numerics, results
 from lpfail.sweep import driver
 from lpfail.sweep.grid import Grid, Lookup, Run, SweepIncomplete, lookup
 from lpfail.sweep.store import Part, parts_provenance
@@ -145,7 +145,8 @@ def _train_process(tc, env=None, resume=None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "lpfail", "train", "--config", str(d / "train_config.json"), "--no-progress"]
     if resume:
         cmd += ["--resume", str(resume)]
-    full = {**os.environ, "OMP_NUM_THREADS": "1", **CUBLAS, **(env or {})}
+    # the checks run on the GPU: the machine's CPU kernels, as the grids' runs have them (lpfail.numerics)
+    full = {**numerics.unpinned_env(dict(os.environ)), "OMP_NUM_THREADS": "1", **CUBLAS, **(env or {})}
     return subprocess.Popen(cmd, stdout=open(d / "stdout.txt", "w"), stderr=subprocess.STDOUT, env=full)
 
 
