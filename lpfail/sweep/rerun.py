@@ -1,0 +1,134 @@
+"""The rerun check: does every stored grid run come out again, bit for bit?
+
+A stored run is a claim that its TrainConfig produces its numbers. `plan` picks, from every registered grid, one
+stored run per (store, group, model size) — the first in the grid's own order — and `execute` trains each again
+from nothing in a fresh process on the GPU (one queue, many at a time under MPS), stopping it at `stop_at` steps
+unless it is listed as a full rerun, and compares the rerun's per-step losses and gradient norms, binned as the
+stored curves are (`lpfail.sweep.store.summarize_run`), with the stored curves: every bin the rerun completed must
+be bit-identical, and a full rerun's final held-out losses too. Runs named in `full` are trained to the end.
+
+Scheduling (how many at a time, the stop step) does not change a run's numbers: a run's arithmetic depends only on
+its TrainConfig (the CUDA graph checks, `lpfail.sweep.run.graph_checks`, show captured == uncaptured and
+continued == uninterrupted). The check is stored as the GPU experiment ``rerun_check``
+(`lpfail.experiments.rerun_check`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lpfail.sweep import driver
+from lpfail.sweep.grid import Run, get, lookup, names
+from lpfail.sweep.run import CUBLAS, parallel_default, run_dir_name
+
+
+@dataclass(frozen=True)
+class Item:
+    grid: str
+    run: Run
+    stored: dict
+    stop_at: int | None  # None: trained to the end
+    curve_points: int
+
+    @property
+    def label(self) -> str:
+        c = self.run.config
+        return f"{self.grid}:{self.run.group}@{c.n_layer}x{c.n_embd}"
+
+
+def plan(stop_at: int = 300, full: tuple[str, ...] = (), grids: tuple[str, ...] | None = None,
+         directory: Path | None = None) -> list[Item]:
+    """One stored run per (store, group, model size) of every grid (each stored run once, by store and key),
+    stopped at ``stop_at`` steps; the runs whose key is in ``full`` are added (if not chosen) and trained to the
+    end."""
+    items, seen = [], set()
+    for name in grids or tuple(names()):
+        grid = get(name)
+        lk = lookup(grid, directory)
+        stored = [r for r in lk.runs if r.id in lk.have]
+        chosen: dict[tuple, Run] = {(r.store.folder, r.key): r for r in stored if r.key in full}
+        for r in stored:
+            chosen.setdefault((r.store.folder, r.group, r.config.n_layer, r.config.n_embd), r)
+        for r in chosen.values():
+            if (r.store.folder, r.key) in seen:
+                continue
+            seen.add((r.store.folder, r.key))
+            items.append(Item(name, r, lk.have[r.id], None if r.key in full else min(stop_at, r.config.max_steps),
+                              getattr(grid, "curve_points", 100)))
+    return items
+
+
+def _binned(run_dir: Path, tc, points: int) -> dict[str, np.ndarray]:
+    from lpfail.sweep.store import _geometric_mean
+    from lpfail.train import read_log
+
+    log = read_log(run_dir)
+    return {"loss_curve": driver.bins(log["loss"], tc.max_steps, points, np.mean),
+            "gnorm_curve": driver.bins(log["grad_norm"], tc.max_steps, points, _geometric_mean)}
+
+
+def compare(item: Item, rerun: dict[str, np.ndarray], val: dict | None = None) -> dict:
+    """The rerun's curves against the stored ones over the bins the rerun completed (all of them for a full
+    rerun, with its held-out losses): {"bins", "equal", "first_diff_step", "stored_last", "rerun_last"}."""
+    tc = item.run.config
+    width = max(1, math.ceil(tc.max_steps / item.curve_points))
+    n = len(item.stored["loss_curve"]) if item.stop_at is None else item.stop_at // width
+    equal, first = True, None
+    for key in ("loss_curve", "gnorm_curve"):
+        a = np.asarray(item.stored[key][:n], dtype=np.float64)
+        b = np.asarray(rerun[key][:n], dtype=np.float64)
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        if len(b) < n or not same.all():
+            equal = False
+            bad = int(np.argmin(same)) if len(b) >= n else len(b)
+            first = bad * width if first is None else min(first, bad * width)
+    out = {"bins": n, "equal": equal, "first_diff_step": first,
+           "stored_last": float(item.stored["loss_curve"][n - 1]) if n else float("nan"),
+           "rerun_last": float(rerun["loss_curve"][n - 1]) if n and len(rerun["loss_curve"]) >= n else float("nan")}
+    if item.stop_at is None and val is not None:
+        same_val = np.array_equal(np.asarray(item.stored["val_loss"], dtype=np.float64),
+                                  np.asarray(val["val_loss"], dtype=np.float64), equal_nan=True)
+        out["val_equal"] = bool(same_val)
+        out["equal"] = bool(out["equal"] and same_val)
+        out["stored_val"], out["rerun_val"] = item.stored["val_loss"][-1], val["val_loss"][-1]
+    return out
+
+
+def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None = None, log=print) -> list[dict]:
+    """Train every item afresh (a run directory left by an earlier call is wiped first) and compare it; one row per
+    item, in order."""
+    from lpfail.train import read_val
+
+    root = Path(root)
+    gpus = driver.gpu_ids()
+    specs = []
+    for it in items:
+        tc = it.run.at(root / run_dir_name(it.run))
+        tc = dataclasses.replace(tc, checkpoint_every=0, keep_checkpoints=0)
+        specs.append(driver.RunSpec(run_dir_name(it.run), tc, variant=it.run.group, seed=it.run.seed,
+                                    interrupt_at_step=it.stop_at))
+    t0 = time.monotonic()
+    status = driver.sweep(specs, parallel or parallel_default(gpus), budget_s, cont=False, env=CUBLAS, log=log,
+                          gpus=gpus)
+    rows = []
+    for it, spec in zip(items, specs):
+        st = status[spec.name]
+        row = {"grid": it.grid, "key": it.run.key, "run_hash": it.run.hash, "group": it.run.group, "size": f"{it.run.config.n_layer}x"
+               f"{it.run.config.n_embd}", "stop_at": it.stop_at, "state": st["state"], "wall_s": st["wall_s"]}
+        try:
+            val = read_val(spec.dir) if it.stop_at is None else None
+            row.update(compare(it, _binned(spec.dir, spec.cfg, it.curve_points),
+                               {"val_loss": val["val_loss"].tolist()} if val is not None else None))
+        except (OSError, KeyError, ValueError) as e:
+            row.update(equal=False, error=f"{type(e).__name__}: {e}")
+        rows.append(row)
+        log(f"rerun {it.label} {it.run.key}: {'bit-identical' if row.get('equal') else 'DIFFERENT'} over "
+            f"{row.get('bins', 0)} bins (first difference at step {row.get('first_diff_step')})")
+    log(f"rerun check: {sum(bool(r.get('equal')) for r in rows)} of {len(rows)} bit-identical, "
+        f"{time.monotonic() - t0:.0f} s")
+    return rows

@@ -1,0 +1,55 @@
+"""The rerun check (lpfail.sweep.rerun): which stored runs it reruns and how it compares them."""
+import numpy as np
+
+from lpfail.sweep import rerun
+from lpfail.sweep.grid import Run, get, lookup, names
+
+
+def _item(stop_at, curve=None, val=None):
+    g = get("lr_sweep")
+    run = g.runs()[0]
+    stored = {"loss_curve": list(curve if curve is not None else np.linspace(5, 1, 100)),
+              "gnorm_curve": list(np.linspace(2, 1, 100)), "val_loss": val or [5.0, 2.0, 1.5, 1.4, 1.3]}
+    return rerun.Item("lr_sweep", run, stored, stop_at, 100)
+
+
+def test_compare_counts_only_the_bins_a_stopped_rerun_completed():
+    it = _item(300)
+    cut = {"loss_curve": np.array(it.stored["loss_curve"][:31] + [np.nan] * 69),
+           "gnorm_curve": np.array(it.stored["gnorm_curve"][:30] + [np.nan] * 70)}
+    row = rerun.compare(it, cut)
+    assert row["bins"] == 30 and row["equal"] and row["first_diff_step"] is None
+
+
+def test_compare_names_the_first_step_that_differs_by_one_ulp():
+    it = _item(300)
+    loss = np.array(it.stored["loss_curve"])
+    loss[12] = np.nextafter(loss[12], np.inf)
+    row = rerun.compare(it, {"loss_curve": loss, "gnorm_curve": np.array(it.stored["gnorm_curve"])})
+    assert not row["equal"] and row["first_diff_step"] == 120
+
+
+def test_a_full_rerun_compares_the_held_out_losses_too():
+    it = _item(None)
+    same = {k: np.array(it.stored[k]) for k in ("loss_curve", "gnorm_curve")}
+    assert rerun.compare(it, same, {"val_loss": list(it.stored["val_loss"])})["equal"]
+    other = list(it.stored["val_loss"])
+    other[-1] = 1.31
+    row = rerun.compare(it, same, {"val_loss": other})
+    assert not row["equal"] and not row["val_equal"]
+
+
+def test_the_plan_covers_every_stored_variant_and_size_of_every_grid_once():
+    items = rerun.plan(full=("small/D/lr0.016/s9",))
+    keys = [(i.run.store.folder, i.run.key) for i in items]
+    assert len(keys) == len(set(keys))
+    covered = {(i.run.store.folder, i.run.group, i.run.config.n_layer) for i in items}
+    for name in names():
+        lk = lookup(get(name))
+        for r in lk.runs:
+            if r.id in lk.have:
+                assert (r.store.folder, r.group, r.config.n_layer) in covered, (name, r.key)
+    full = [i for i in items if i.stop_at is None]
+    assert [i.run.key for i in full] == ["small/D/lr0.016/s9"]
+    assert all(i.stop_at == 300 or i.stop_at is None for i in items)
+    assert all(isinstance(i.run, Run) for i in items)
