@@ -209,6 +209,33 @@ def _versions() -> dict:
     return out
 
 
+# -- the content hash of a stored JSON ------------------------------------------------------------------
+#: The key under which a stored JSON (a result's ``NAME.json``, a run store's part, a quick record) holds the hash
+#: of the rest of its content.
+CONTENT_KEY = "content_sha256"
+
+
+def content_hash(record: dict) -> str:
+    """The sha256 of ``record``'s content without `CONTENT_KEY`: of its canonical JSON (keys sorted, no spaces),
+    taken after a JSON round trip, so it is the same for the dict as written and as read back, whatever the
+    file's layout. A value changed by hand changes it; the same content written out differently does not."""
+    body = json.loads(json.dumps({k: v for k, v in record.items() if k != CONTENT_KEY}, allow_nan=True))
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def with_content_hash(record: dict) -> dict:
+    """``record`` with `CONTENT_KEY` (re)computed, last."""
+    out = {k: v for k, v in record.items() if k != CONTENT_KEY}
+    out[CONTENT_KEY] = content_hash(out)
+    return out
+
+
+def content_ok(record: dict) -> bool:
+    """Whether ``record`` holds `CONTENT_KEY` and it matches its content."""
+    return record.get(CONTENT_KEY) == content_hash(record)
+
+
 # -- the stored result ----------------------------------------------------------------------------------
 class Result(Mapping):
     """A stored result: mapping access to arrays and scalars, ``.meta`` for provenance."""
@@ -270,7 +297,9 @@ def _split(name: str, data: dict) -> tuple[dict, dict]:
     return arrays, scalars
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
+def atomic_write(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temporary file in the same folder renamed into place: a reader sees
+    the old file or the new one, never half of one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -284,6 +313,9 @@ def _atomic_write(path: Path, payload: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+_atomic_write = atomic_write  # the name the experiment modules call it by
 
 
 def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = None,

@@ -95,6 +95,25 @@ def test_parts_merge_first_wins_and_a_corrupt_part_is_named(tmp_path):
         L.STORE.load(tmp_path)
 
 
+
+def test_an_edited_part_is_refused(tmp_path):
+    """A part records the hash of its content (`results.CONTENT_KEY`): a number edited in it is refused, named,
+    with the command that reruns its runs; a part written without a hash (before there was one) still loads."""
+    part = L.STORE.part(tmp_path)
+    part.add({"key": "a", "run_hash": "h", "final_val": 3.25})
+    d = json.loads(part.path.read_text())
+    assert results.content_ok(d)
+    part.path.write_text(json.dumps({**d, "runs": {"a": {**d["runs"]["a"], "final_val": 2.25}}}))
+    with pytest.raises(results.ResultCorrupt, match=f"{part.path.name}.*{L.STORE.rerun}"):
+        L.STORE.load(tmp_path)
+    part.path.write_text(json.dumps({k: v for k, v in d.items() if k != results.CONTENT_KEY}))
+    assert L.STORE.load(tmp_path)[0]["a"]["final_val"] == 3.25
+
+
+def test_a_quick_record_holds_its_content_hash(tmp_path):
+    Q.save({"name": "lr_sweep", "value": 0.5}, tmp_path / "quick_lr_sweep.json")
+    assert results.content_ok(json.loads((tmp_path / "quick_lr_sweep.json").read_text()))
+
 def test_parts_provenance():
     used = [{"device": "NVIDIA H200", "created": "2026-12-01T03:55", "git": "048e3378a0dce71f", "wall_s": 10.0},
             {"device": "NVIDIA H200", "created": "2026-12-01T05:23", "git": "5112e531be604454", "wall_s": 5.5}]

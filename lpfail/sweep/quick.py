@@ -120,5 +120,6 @@ def text(rec: dict) -> str:
 
 
 def save(rec: dict, path: Path):
-    """Write a quick record (``results/quick_NAME.json``) atomically."""
-    results._atomic_write(Path(path), (json.dumps(rec, indent=1) + "\n").encode())
+    """Write a quick record (``results/quick_NAME.json``) atomically, with the hash of its content last
+    (`lpfail.results.CONTENT_KEY`)."""
+    results.atomic_write(Path(path), (json.dumps(results.with_content_hash(rec), indent=1) + "\n").encode())
