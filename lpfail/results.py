@@ -5,7 +5,8 @@ scalars. ``python -m lpfail run NAME`` runs it and writes two files into ``resul
 
 * ``NAME.npz``  — the arrays (loaded with ``allow_pickle=False``);
 * ``NAME.json`` — ``name``, ``config``, ``config_hash``, ``git``, ``device``, ``versions``, ``created`` (UTC),
-  ``wall_s``, the scalars, and the sha256 of the ``.npz`` (so a half-written or mismatched pair is caught).
+  ``wall_s``, the scalars, the sha256 of the ``.npz`` (so a half-written or mismatched pair is caught), and last
+  ``content_sha256``, the hash of everything else in the JSON (`content_hash`: so an edited number is caught).
 
 Chapters call ``load(NAME)``: it returns the stored result when its config hash matches the experiment's
 current config and raises an error naming the regenerating command otherwise. With ``LPFAIL_RECOMPUTE=1``,
@@ -345,11 +346,12 @@ def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = Non
         "scalars": scalars,
     }
     for key, value in (provenance or {}).items():
-        if key in ("name", "config", "config_hash", "npz_sha256", "arrays", "scalars"):
+        if key in ("name", "config", "config_hash", "npz_sha256", "arrays", "scalars", CONTENT_KEY):
             raise ValueError(f"provenance cannot replace {key!r}")
         meta[key] = value
-    _atomic_write(directory / f"{name}.npz", npz_bytes)
-    _atomic_write(directory / f"{name}.json", (json.dumps(meta, indent=1, allow_nan=True) + "\n").encode())
+    meta = with_content_hash(meta)
+    atomic_write(directory / f"{name}.npz", npz_bytes)
+    atomic_write(directory / f"{name}.json", (json.dumps(meta, indent=1, allow_nan=True) + "\n").encode())
     return Result({**{k: v for k, v in arrays.items()}, **scalars}, meta)
 
 
@@ -364,11 +366,17 @@ def _read(name: str, directory: Path) -> Result:
                             + (" on a GPU machine" if name in _REGISTRY and _REGISTRY[name].gpu else ""))
     try:
         meta = json.loads(jpath.read_text())
-        for key in ("name", "config_hash", "npz_sha256", "arrays", "scalars", "device", "created", "git"):
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        for key in ("name", "config_hash", "npz_sha256", "arrays", "scalars", "device", "created", "git",
+                    CONTENT_KEY):
             if key not in meta:
                 raise ValueError(f"missing key {key!r}")
     except (ValueError, UnicodeDecodeError) as e:
         raise ResultCorrupt(f"stored result {jpath} is corrupt ({e}); delete it and run `{_command(name)}`") from None
+    if not content_ok(meta):
+        raise ResultCorrupt(f"stored result {jpath} does not match the content hash it records ({CONTENT_KEY}): a "
+                            f"value in it was edited by hand; run `{_command(name)}`")
     if not npath.exists():
         raise ResultCorrupt(f"stored result {name!r} has {jpath.name} but no {npath.name}; run `{_command(name)}`")
     npz_bytes = npath.read_bytes()

@@ -224,3 +224,71 @@ def test_every_stored_quick_profile_names_its_grid_and_its_machine():
         assert path.stem.removeprefix("quick_") in grids and rec["name"] == path.stem.removeprefix("quick_")
         assert rec["device"] and rec["created"] and rec["git"] and rec["wall_s"] > 0 and rec["runs"] >= 1
         assert rec["complete"] and "headline" in rec and np.isfinite(rec["value"])
+
+
+def test_an_edited_number_is_refused(cache):
+    """The JSON's content is hashed too, not only the .npz: a number edited by hand is caught and the result
+    refused with the command that regenerates it; the same content written out differently still loads."""
+    results.run("_toy")
+    path = cache / "_toy.json"
+    meta = json.loads(path.read_text())
+    assert meta["content_sha256"] == results.content_hash(meta)
+    path.write_text(json.dumps(meta, indent=4, sort_keys=True))  # reformatted: the same meaning
+    assert results.load("_toy")["total"] == 10.0
+    for key, value in (("scalars", {**meta["scalars"], "total": 11.0}), ("device", "NVIDIA H200"),
+                       ("config", {**meta["config"], "n": 6})):
+        path.write_text(json.dumps({**meta, key: value}, indent=1))
+        with pytest.raises(results.ResultCorrupt, match="python -m lpfail run _toy"):
+            results.load("_toy")
+        assert results.status("_toy") == "corrupt"
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "content_sha256"}, indent=1))
+    with pytest.raises(results.ResultCorrupt, match="python -m lpfail run _toy"):
+        results.load("_toy")
+
+
+def _tool(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, results.REPO_ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_migration_adds_the_content_hash_and_changes_nothing_else(cache):
+    """tools/content_hash.py: a result, a quick record and a part written without a content hash get one, added
+    last, every other byte kept; a file whose hash does not match is left as it is and named."""
+    tool = _tool("content_hash")
+    results.run("_toy")
+    old = {k: v for k, v in json.loads((cache / "_toy.json").read_text()).items() if k != results.CONTENT_KEY}
+    texts = {"_toy.json": json.dumps(old, indent=1) + "\n",
+             "quick_lr_sweep.json": json.dumps({"name": "lr_sweep", "value": 0.5}, indent=1) + "\n",
+             "lr_sweep_parts/part-1.json": json.dumps({"format": "f", "runs": {"a": {"v": float("nan")}}}) + "\n"}
+    (cache / "lr_sweep_parts").mkdir()
+    for name, text in texts.items():
+        (cache / name).write_text(text)
+    with pytest.raises(results.ResultCorrupt, match="missing key 'content_sha256'"):
+        results.load("_toy")
+    assert tool.main(["--check", str(cache)]) == 1
+    done, refused = tool.migrate(cache)
+    assert sorted(p.relative_to(cache).as_posix() for p in done) == sorted(texts) and refused == []
+    for name, text in texts.items():
+        new = (cache / name).read_text()
+        record = json.loads(new)
+        assert list(record)[-1] == results.CONTENT_KEY and results.content_ok(record)
+        added = f'"{results.CONTENT_KEY}": "{record[results.CONTENT_KEY]}"'
+        assert new.replace(f",\n {added}", "").replace(f", {added}", "") == text, name
+    assert results.load("_toy")["total"] == 10.0
+    assert tool.main(["--check", str(cache)]) == 0
+    edited = (cache / "_toy.json").read_text().replace('"total": 10.0', '"total": 11.0')
+    (cache / "_toy.json").write_text(edited)
+    assert tool.migrate(cache) == ([], [cache / "_toy.json"]) and (cache / "_toy.json").read_text() == edited
+
+
+def test_every_stored_part_and_quick_record_matches_its_content_hash():
+    """The committed parts and quick records (the book reads some of them directly, not through a loader that
+    checks): each holds its content hash, and it matches."""
+    tool = _tool("content_hash")
+    directory = results.REPO_ROOT / "results"
+    for path, indent in tool.stored_files(directory):
+        assert tool.state(path, indent) == "ok", path
