@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from lpfail import results
+from lpfail import numerics, results
 
 
 def _cmd_list(args) -> int:
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                "train": _cmd_train}[args.cmd]
     try:
         return handler(args)
-    except (results.ResultError, ValueError, TypeError, FileNotFoundError) as e:
+    except (results.ResultError, numerics.NumericsError, ValueError, TypeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

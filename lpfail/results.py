@@ -4,8 +4,8 @@ An experiment is a pure function of a frozen config dataclass that returns a dic
 scalars. ``python -m lpfail run NAME`` runs it and writes two files into ``results/``:
 
 * ``NAME.npz``  — the arrays (loaded with ``allow_pickle=False``);
-* ``NAME.json`` — ``name``, ``config``, ``config_hash``, ``git``, ``device``, ``versions``, ``created`` (UTC),
-  ``wall_s``, the scalars, the sha256 of the ``.npz`` (so a half-written or mismatched pair is caught), and last
+* ``NAME.json`` — ``name``, ``config``, ``config_hash``, ``git``, ``device``, ``versions``, ``numerics`` (the CPU
+  numerics in effect, `lpfail.numerics.provenance`), ``created`` (UTC), ``wall_s``, the scalars, the sha256 of the ``.npz`` (so a half-written or mismatched pair is caught), and last
   ``content_sha256``, the hash of everything else in the JSON (`content_hash`: so an edited number is caught).
 
 Chapters call ``load(NAME)``: it returns the stored result when its config hash matches the experiment's
@@ -13,7 +13,8 @@ current config and raises an error naming the regenerating command otherwise. Wi
 ``load`` recomputes (and stores) instead — on a GPU machine for GPU experiments. Writes are atomic: each file
 goes to a temporary name in the same folder and is renamed into place, the ``.npz`` first and the ``.json``
 (which names the ``.npz``'s hash) last. ``LPFAIL_RESULTS_DIR`` points the cache elsewhere (used on the GPU
-machine, whose files come back through ``$OUT``).
+machine, whose files come back through ``$OUT``). A CPU experiment's result is stored only under the pinned CPU
+numerics (`lpfail.numerics.require_pinned`): computed otherwise, its numbers would depend on the machine.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from lpfail import numerics
 
 #: Packages whose modules register experiments. `registry()` walks them on first use and imports every module
 #: whose source registers one (``experiment(`` as a decorator): a new experiment module needs no entry here.
@@ -319,13 +322,24 @@ def atomic_write(path: Path, payload: bytes) -> None:
 _atomic_write = atomic_write  # the name the experiment modules call it by
 
 
+def require_storable(name: str) -> None:
+    """Raise `lpfail.numerics.NumericsError` where ``name``'s result would depend on this machine: a CPU
+    experiment (or an unregistered name) computed under other CPU numerics than the pinned ones. A GPU
+    experiment's numbers come from the GPU: its result is stored whatever the CPU state (which it records)."""
+    exp = registry().get(name)
+    if exp is None or not exp.gpu:
+        numerics.require_pinned(f"result {name!r}")
+
+
 def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = None,
          provenance: dict | None = None) -> Result:
-    """Store ``data`` as result ``name`` (atomically, with provenance).
+    """Store ``data`` as result ``name`` (atomically, with provenance; refused by `require_storable` where the
+    CPU numerics would make it depend on this machine).
 
     ``provenance`` adds to (or replaces) the recorded fields, for a result computed in two stages: e.g. GPU
     runs collected later on another machine from their logs (``device`` then names where the runs ran, and
     the added fields say where and from what they were collected)."""
+    require_storable(name)
     arrays, scalars = _split(name, data)
     directory = Path(directory) if directory is not None else results_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -339,6 +353,7 @@ def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = Non
         "git": _git(),
         "device": _device(),
         "versions": _versions(),
+        "numerics": numerics.provenance(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(float(wall_s), 3),
         "npz_sha256": hashlib.sha256(npz_bytes).hexdigest(),
@@ -408,6 +423,8 @@ def run(name: str, config=None, store: bool = True, directory: Path | None = Non
         if not torch.cuda.is_available():
             raise ResultError(f"experiment {name!r} needs a CUDA GPU and none is available here; run "
                               f"`{_command(name)}` on a GPU machine (chapters on CPU read its stored result)")
+    if store:
+        require_storable(name)  # before the computation, not only before the write
     t0 = time.perf_counter()
     data = exp.fn(cfg)
     wall = time.perf_counter() - t0

@@ -292,3 +292,55 @@ def test_every_stored_part_and_quick_record_matches_its_content_hash():
     directory = results.REPO_ROOT / "results"
     for path, indent in tool.stored_files(directory):
         assert tool.state(path, indent) == "ok", path
+
+
+def test_a_result_records_the_cpu_numerics_it_was_computed_under(cache):
+    from lpfail import numerics
+
+    res = results.run("_toy")
+    assert res.meta["numerics"] == numerics.provenance()
+    stored = json.loads((cache / "_toy.json").read_text())["numerics"]
+    assert stored["ATEN_CPU_CAPABILITY"] == numerics.CAPABILITY and stored["threads"] == numerics.THREADS
+    assert stored["model"] and stored["isa"]
+
+
+def test_a_cpu_result_is_stored_only_under_the_pinned_numerics(cache, capsys):
+    """Another thread count than the pinned one: a CPU experiment's result is refused (and not computed), naming
+    why, also on the command line (an error line, exit status 2); a GPU experiment's result (its numbers come
+    from the GPU) is stored, with the CPU state it met."""
+    import torch
+
+    from lpfail import numerics
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(numerics.THREADS + 1)
+    try:
+        with pytest.raises(numerics.NumericsError, match=r"result '_toy'.*torch uses 3 threads"):
+            results.run("_toy")
+        assert CALLS == [] and not list(cache.iterdir())
+        assert cli.main(["run", "_toy"]) == 2
+        assert capsys.readouterr().err.startswith("error: result '_toy': not stored")
+        with pytest.raises(numerics.NumericsError, match="result '_toy'"):
+            results.save("_toy", ToyConfig(), {"x": np.zeros(1)}, 1.0)
+        results.save("_toy_gpu", ToyConfig(), {"x": np.zeros(1)}, 1.0)
+        assert results.load("_toy_gpu").meta["numerics"]["threads"] == numerics.THREADS + 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_run_from_the_command_line_pins_the_numerics_itself(tmp_path):
+    """`python -m lpfail run NAME` with none of the pins in the environment: lpfail sets them before torch
+    starts, so a CPU result is stored, and records the pinned state."""
+    import subprocess
+    import sys
+
+    from lpfail import numerics
+
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINS and k != numerics.NUDGE_VAR}
+    env.update(LPFAIL_RESULTS_DIR=str(tmp_path), PYTHONPATH=str(results.REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-m", "lpfail", "run", "fix_rows", "--set", "n_rows=2", "--set",
+                           "m_stop=2", "--set", "m_extra="], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stored = json.loads((tmp_path / "fix_rows.json").read_text())["numerics"]
+    assert not numerics.deviations(stored), stored
