@@ -478,7 +478,8 @@ def test_unrelated_errors_in_a_step_still_raise(tmp_path, monkeypatch):
             model.transformer.h[0].attn.n_head = 3  # 32 channels do not split into 3 heads
     with pytest.raises(RuntimeError, match="invalid for input of size"):
         run(tiny(attention="reference(FP32)", out_dir=str(tmp_path / "a")), hook=break_shapes)
-    assert read_status(tmp_path / "a")["status"] == "running"
+    st = read_status(tmp_path / "a")  # raised, and recorded as failed at the step it failed in
+    assert st["status"] == "failed" and st["steps"] == 2 and "invalid for input of size" in st["error"]
 
     import lpfail.model as lpmodel
 
@@ -541,3 +542,39 @@ def test_captured_steps_equal_uncaptured(tmp_path, attention, monkeypatch):
     cont = run(cfg.__class__(**{**cfg.to_dict(), "out_dir": str(tmp_path / "c"), "overrides": ()}),
                resume_from=tmp_path / "a" / "ckpt_0000008.pt")
     assert np.array_equal(cont.losses, captured.losses)
+
+
+
+def _raise_at(monkeypatch, step: int, error: BaseException):
+    """Make the loop raise ``error`` as it begins step ``step`` (after the steps before it are done and logged)."""
+    import lpfail.train.loop as loop
+
+    real = loop.lr_factor
+
+    def lr_factor(cfg, s):
+        if s == step:
+            raise error
+        return real(cfg, s)
+    monkeypatch.setattr(loop, "lr_factor", lr_factor)
+
+
+def test_an_interrupted_run_says_so(tmp_path, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) in the middle of a run: run.json says "interrupted" with the updates done, beside
+    the log of those steps, and the interrupt goes on up."""
+    _raise_at(monkeypatch, 4, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny(out_dir=str(tmp_path)))
+    st = read_status(tmp_path)
+    assert st["status"] == "interrupted" and st["steps"] == 4 and "error" not in st
+    assert read_log(tmp_path)["step"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_crashed_run_says_so(tmp_path, monkeypatch):
+    """An error that is not a non-finite value: run.json says "failed", with the error's first line and the
+    updates done, and the error goes on up."""
+    _raise_at(monkeypatch, 2, RuntimeError("the device went away\n(details)"))
+    with pytest.raises(RuntimeError, match="the device went away"):
+        run(tiny(out_dir=str(tmp_path)))
+    st = read_status(tmp_path)
+    assert st["status"] == "failed" and st["steps"] == 2 and st["error"] == "RuntimeError: the device went away"
+    assert read_log(tmp_path)["step"].tolist() == [0, 1]

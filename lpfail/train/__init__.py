@@ -35,7 +35,9 @@ torchrun the error is recorded, then raised, so the job stops rather than hangs)
     batches.json, batches_rank{r}.i64   the start offsets each rank consumed, per step (int64 rows
                              [step, offsets...]): `load_batch_record` turns them back into the global order
     ckpt_{step:07d}.pt       model, optimizer, RNG, step (= data position), config; written atomically
-    run.json                 status ("completed" | "nonfinite" | "running"), steps done, wall time
+    run.json                 status ("completed" | "nonfinite" | "running", or "interrupted" | "failed" when
+                             Ctrl-C or an error ended it: the error's first line then in "error"), steps done,
+                             wall time
 
 `read_log(out_dir)` / `read_diag(out_dir)` return numpy arrays for the plotting code.
 

@@ -139,14 +139,18 @@ class TrainResult:
         return f"<TrainResult {self.status}{nf}: {self.steps} steps{last}, {self.wall_s:.1f} s>"
 
 
-def _write_status(out: Path, status, steps, cfg, nonfinite_step, wall_s, world):
-    _atomic_write_text(out / "run.json", json.dumps(
-        {"status": status, "steps": steps, "max_steps": cfg.max_steps, "nonfinite_step": nonfinite_step,
-         "wall_s": round(wall_s, 3), "world_size": world}, indent=1) + "\n")
+def _write_status(out: Path, status, steps, cfg, nonfinite_step, wall_s, world, error: str | None = None):
+    rec = {"status": status, "steps": steps, "max_steps": cfg.max_steps, "nonfinite_step": nonfinite_step,
+           "wall_s": round(wall_s, 3), "world_size": world}
+    if error is not None:
+        rec["error"] = error
+    _atomic_write_text(out / "run.json", json.dumps(rec, indent=1) + "\n")
 
 
 def read_status(out_dir) -> dict:
-    """run.json of a run directory: status, steps, nonfinite_step, wall_s, world_size."""
+    """run.json of a run directory: status ("running", "completed", "nonfinite", "interrupted" or "failed"), steps
+    (the updates done), max_steps, nonfinite_step, wall_s, world_size, and for a failed run its error's first
+    line (error)."""
     return json.loads((Path(out_dir) / "run.json").read_text())
 
 
@@ -190,10 +194,10 @@ class RunFiles:
             f.write(json.dumps(rec) + "\n")
             f.flush()
 
-    def status(self, status: str, steps: int, nonfinite_step, wall_s: float):
+    def status(self, status: str, steps: int, nonfinite_step, wall_s: float, error: str | None = None):
         """run.json (rank 0, with an out_dir)."""
         if self.out is not None and self.lead:
-            _write_status(self.out, status, steps, self.cfg, nonfinite_step, wall_s, self.world)
+            _write_status(self.out, status, steps, self.cfg, nonfinite_step, wall_s, self.world, error)
 
     def close(self):
         for f in self._files.values():

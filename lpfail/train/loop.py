@@ -28,7 +28,8 @@ from lpfail.train.watch import open_monitor
 
 def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | None = None,
           progress: bool | None = None, hook=None) -> TrainResult:
-    """Train under `cfg`; returns a `TrainResult` (a non-finite loss ends the run, it does not raise).
+    """Train under `cfg`; returns a `TrainResult` (a non-finite loss ends the run, it does not raise; any other
+    error, and Ctrl-C, is recorded in run.json as "failed" or "interrupted", then raised).
 
     resume_from  a checkpoint: continue from its step with its weights, optimizer state and RNG — bit-exactly
                  when cfg equals the checkpoint's config; with another attention / lr / clip / max_steps it is a
@@ -133,6 +134,9 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
         if result.status == "completed":
             with unwatched():
                 _validate(run, result.steps)
+    except BaseException as e:
+        _stop_on_exception(run, e)
+        raise
     finally:
         if mon is not None:
             mon.detach()
@@ -348,6 +352,19 @@ def _stop_on_error(run: _Run, step: int, factor: float, reason: str, dt: float):
         # the other ranks may wait in this step's gradient all-reduce: stopping here alone would hang the job, so
         # record what we can (the caller raises and torchrun tears it down)
         run.files.status(run.result.status, run.result.steps, step, time.perf_counter() - run.t_start)
+
+
+def _stop_on_exception(run: _Run, e: BaseException):
+    """Record how the run ended when `e` raised out of the loop (the caller re-raises it): "interrupted" (Ctrl-C,
+    or an exit requested) or "failed" with the error's first line, each with the updates done. A non-finite stop
+    already recorded (under torchrun, before its error is raised) is left as it is."""
+    if run.result.status == "nonfinite":
+        return
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        status, error = "interrupted", None
+    else:
+        status, error = "failed", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
+    run.files.status(status, run.result.steps, None, time.perf_counter() - run.t_start, error)
 
 
 def _show_progress(bar, loss_v: float, gn_v: float, rec: dict):
