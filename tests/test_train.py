@@ -578,3 +578,25 @@ def test_a_crashed_run_says_so(tmp_path, monkeypatch):
     st = read_status(tmp_path)
     assert st["status"] == "failed" and st["steps"] == 2 and st["error"] == "RuntimeError: the device went away"
     assert read_log(tmp_path)["step"].tolist() == [0, 1]
+
+
+def test_a_finished_run_is_not_overwritten_by_another(tmp_path, capsys):
+    """Training into a directory that holds a finished run of another config is refused, naming both and the way
+    out, and leaves the run as it is; --force (force=True) overwrites it. The same config is no overwrite: training
+    it again, or continuing it from its own checkpoint, gives the same run (the resume tests rely on it)."""
+    out = tmp_path / "a"
+    first = run(tiny(checkpoint_every=5, out_dir=str(out)))
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".json", ".jsonl")}
+    with pytest.raises(ValueError, match=r"holds a finished run \(completed, 10 steps\) of another config \(lr: 0\.003 there, 0\.01 here\).*--force"):
+        run(tiny(checkpoint_every=5, lr=1e-2, out_dir=str(out)))
+    assert cli.main(["train", "--preset", "tiny", "--max-steps", "10", "--set", "diag_every=0", "--set", "lr=1e-2",
+                     "--out", str(out), "--no-progress"]) == 2
+    assert "error: " in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".json", ".jsonl")} == files
+    again = run(tiny(checkpoint_every=5, out_dir=str(out)), resume_from=out / "ckpt_0000005.pt")
+    np.testing.assert_array_equal(again.losses, first.losses)
+    other = run(tiny(checkpoint_every=5, lr=1e-2, out_dir=str(out)), force=True)
+    assert read_status(out)["status"] == "completed" and json.loads((out / "config.json").read_text())[
+        "config"]["lr"] == 1e-2 and not np.array_equal(other.losses, first.losses)
+    assert cli.main(["train", "--preset", "tiny", "--max-steps", "10", "--set", "diag_every=0", "--out", str(out),
+                     "--no-progress", "--force"]) == 0

@@ -19,7 +19,8 @@ from lpfail import data as lpdata
 from lpfail.model import GPT
 from lpfail.train.batches import BatchRecord, _batch_order, _rows, load_tokens, split_validation, validation_offsets
 from lpfail.train.config import TrainConfig, _check_resume
-from lpfail.train.log import RunFiles, TrainResult, checkpoint_path, load_checkpoint, save_checkpoint
+from lpfail.train.log import (RunFiles, TrainResult, check_out_dir, checkpoint_path, load_checkpoint,
+                              save_checkpoint)
 from lpfail.train.step import (GRAPH_WARMUP, _apply_hparams, _build_optimizer, _capture_logits, _CapturedStep,
                                _device_lr, _diagnostics, _Dist, _EagerStep, _finite, _nonfinite_error, _numerics,
                                _set_lr, lr_factor, validation_loss)
@@ -27,7 +28,7 @@ from lpfail.train.watch import open_monitor
 
 
 def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | None = None,
-          progress: bool | None = None, hook=None) -> TrainResult:
+          progress: bool | None = None, hook=None, force: bool = False) -> TrainResult:
     """Train under `cfg`; returns a `TrainResult` (a non-finite loss ends the run, it does not raise; any other
     error, and Ctrl-C, is recorded in run.json as "failed" or "interrupted", then raised).
 
@@ -40,6 +41,8 @@ def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | No
                  checkpoint there (the paper's replay of the window before a failure).
     progress     a tqdm bar with ETA on rank 0 (default: when stderr is a terminal).
     hook         called as hook(step, model) after each update (tests inject faults with it).
+    force        train into an out_dir that holds a finished run of another config, overwriting it (without
+                 it that is refused: `check_out_dir`).
 
     Under `torchrun` (WORLD_SIZE > 1) each process calls train(); the process group is set up from the
     environment (NCCL on CUDA, gloo on the CPU) and rank 0 writes the logs and checkpoints.
@@ -55,6 +58,7 @@ def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | No
                 have = sorted(p.name for p in Path(replay).glob("ckpt_*.pt"))
                 raise FileNotFoundError(f"replay_from={replay_from}: no checkpoint {resume_from.name} in {replay} "
                                         f"(checkpoints there: {have or 'none'})")
+    check_out_dir(cfg, force)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("TrainConfig.device is 'cuda' but no CUDA GPU is available")
