@@ -600,3 +600,42 @@ def test_a_finished_run_is_not_overwritten_by_another(tmp_path, capsys):
         "config"]["lr"] == 1e-2 and not np.array_equal(other.losses, first.losses)
     assert cli.main(["train", "--preset", "tiny", "--max-steps", "10", "--set", "diag_every=0", "--out", str(out),
                      "--no-progress", "--force"]) == 0
+
+
+def test_an_attention_that_cannot_run_here_is_an_error_line_before_training(tmp_path, capsys, monkeypatch):
+    """`--attention` (or an override) naming the Triton kernel on a machine where it cannot run, or naming
+    nothing known: an error line and exit status 2 from `python -m lpfail train`, before anything is trained or
+    written. With fallback=reference it runs (the reference under the same policy)."""
+    import lpfail.model as lpmodel
+
+    real = lpmodel._triton_function
+
+    def without_interpreter():
+        fn, _, reason = real()
+        return fn, False, reason
+    monkeypatch.setattr(lpmodel, "_triton_function", without_interpreter)
+    args = ["train", "--preset", "tiny", "--max-steps", "2", "--no-progress"]
+    if not torch.cuda.is_available():
+        for extra in (["--attention", "triton(FA2_BF16)"], ["--override", "1:triton(FP32)"]):
+            assert cli.main([*args, *extra, "--out", str(tmp_path / "t")]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("error: ") and "cannot run here" in err and "fallback=reference" in err, err
+            assert not (tmp_path / "t").exists()
+        with pytest.raises(ValueError, match="cannot run here"):
+            run(tiny(attention="triton(FA2_BF16)"))
+    assert cli.main([*args, "--attention", "flash9000", "--out", str(tmp_path / "u")]) == 2
+    assert capsys.readouterr().err.startswith("error: TrainConfig.attention: 'flash9000'")
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        res = run(tiny(max_steps=2, attention="triton(FP32, fallback=reference)"))
+    assert res.status == "completed" or torch.cuda.is_available()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_triton_on_a_cpu_from_the_command_line_is_an_error_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "lpfail", "train", "--preset", "tiny", "--attention",
+                           "triton(FA2_BF16)", "--out", str(tmp_path / "t"), "--no-progress"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "t").exists()

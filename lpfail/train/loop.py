@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from lpfail import data as lpdata
-from lpfail.model import GPT
+from lpfail.model import GPT, unavailable
 from lpfail.train.batches import BatchRecord, _batch_order, _rows, load_tokens, split_validation, validation_offsets
 from lpfail.train.config import TrainConfig, _check_resume
 from lpfail.train.log import (RunFiles, TrainResult, check_out_dir, checkpoint_path, load_checkpoint,
@@ -62,6 +62,7 @@ def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | No
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("TrainConfig.device is 'cuda' but no CUDA GPU is available")
+    _check_attention(cfg, "cuda" if use_cuda else "cpu")
     dist = _Dist.from_env(use_cuda)
     try:
         device = torch.device("cuda", dist.local_rank) if use_cuda else torch.device("cpu")
@@ -71,6 +72,17 @@ def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | No
         if dist.created:
             import torch.distributed as tdist
             tdist.destroy_process_group()
+
+
+def _check_attention(cfg: TrainConfig, device: str):
+    """Raise ValueError, before anything is trained or written, where an attention of the config's table cannot
+    run on `device` here (`lpfail.model.unavailable`)."""
+    for _layers, _heads, spec in cfg.attention_table():
+        why = unavailable(spec, device)
+        if why is not None:
+            raise ValueError(f"attention {spec} cannot run here: {why}. Train on a CUDA machine with the kernels, "
+                             f"or use {str(spec)[:-1]}, fallback=reference) for the reference under the same "
+                             "policy")
 
 
 def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress, hook) -> TrainResult:
