@@ -173,6 +173,38 @@ def test_drive_refuses_a_grid_that_is_not_ready(monkeypatch, capsys):
     assert "not started: official_check has not confirmed" in capsys.readouterr().out
 
 
+
+@pytest.mark.parametrize("finished", [0, 1])
+def test_a_quick_profile_without_its_runs_prints_no_headline(tmp_path, monkeypatch, capsys, finished):
+    """The budget ran out before the quick runs finished (none of them, or all but one): no headline is printed
+    (before, "= +nan ... OUTSIDE the interval"), but which runs did not finish and how to finish them; exit
+    status 1, and no record written."""
+    from lpfail.sweep import cli
+    from lpfail.sweep import run as R
+
+    grid = sweep.get("lr_sweep")
+    q = grid.quick()
+    stored = sweep.lookup(grid).have
+
+    def budget_ran_out(grid, runs, root=None, budget_s=None, directory=None, log=print, **kw):
+        part = L.STORE.part(directory)
+        for r in runs[:finished]:
+            part.add(stored[r.id])
+        part.close()
+        return {}
+
+    monkeypatch.setattr(R, "drive", budget_ran_out)
+    rc = cli.main(["lr_sweep", "drive", "--quick", "--budget", "20", "--root", str(tmp_path), "--record",
+                   str(tmp_path / "quick_lr_sweep.json")])
+    out = capsys.readouterr().out
+    assert rc == 1 and not (tmp_path / "quick_lr_sweep.json").exists()
+    assert "nan" not in out and "interval" not in out and " = " not in out, out
+    n = len(q.runs)
+    assert f"no headline: {n - finished} of {n} runs did not finish within the budget of 20 s (a run is started " \
+        "only while more than 45 s of it are left)" in out, out
+    assert f"{q.runs[finished].key} (not started)" in out
+    assert f"python -m lpfail sweep lr_sweep drive --quick --budget S --root {tmp_path}" in out
+
 def test_quick_prediction_interval_from_stored_seeds():
     p = Q.prediction([0.1, 0.2, 0.3])
     half = Q.t975(2) * 0.1 * np.sqrt(1 + 1 / 3)

@@ -200,8 +200,10 @@ def quick(names: list[str], out: Path, budget_s: float):
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         rec = Q.run_quick(G.get(name), BASE / "quick_runs" / name, budget_s=budget_s, log=lambda m: None)
-        Q.save(rec, recs / f"quick_{name}.json")
         log(Q.text(rec))
+        if not Q.has_headline(rec):
+            continue  # no record: a record holds a headline
+        Q.save(rec, recs / f"quick_{name}.json")
         # packed after every profile: a call cut off by its time limit keeps the profiles already measured
         tmp = out / "quick.tgz.tmp"
         with tarfile.open(tmp, "w:gz") as tf:
