@@ -301,11 +301,20 @@ def _split(name: str, data: dict) -> tuple[dict, dict]:
     return arrays, scalars
 
 
+def file_mode() -> int:
+    """The mode open() gives a new file here: 0o666 less the process' umask (0o644 under the usual 022). A file
+    written through a temporary file (`tempfile.mkstemp`: 0o600) is set to it before it is renamed into place."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write(path: Path, payload: bytes) -> None:
     """Write ``payload`` to ``path`` through a temporary file in the same folder renamed into place: a reader sees
-    the old file or the new one, never half of one."""
+    the old file or the new one, never half of one. The file gets `file_mode`."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()

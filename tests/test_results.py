@@ -344,3 +344,21 @@ def test_run_from_the_command_line_pins_the_numerics_itself(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     stored = json.loads((tmp_path / "fix_rows.json").read_text())["numerics"]
     assert not numerics.deviations(stored), stored
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_stored_files_get_the_mode_of_any_new_file(cache, umask, mode):
+    """Files written atomically (a temporary file renamed into place) get the mode open() would give them, 0o666
+    less the umask: readable by all under the usual umask 022, not the temporary file's 0o600."""
+    import stat
+
+    old = os.umask(umask)
+    try:
+        results.run("_toy")
+        from lpfail.sweep import quick
+
+        quick.save({"name": "x"}, cache / "quick_x.json")
+    finally:
+        os.umask(old)
+    for name in ("_toy.json", "_toy.npz", "quick_x.json"):
+        assert stat.S_IMODE((cache / name).stat().st_mode) == mode, name

@@ -639,3 +639,18 @@ def test_triton_on_a_cpu_from_the_command_line_is_an_error_line(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "t").exists()
+
+
+def test_a_runs_files_get_the_mode_of_any_new_file(tmp_path):
+    """Every file of a run directory gets 0o666 less the umask (0o644 under 022), also those written atomically
+    (run.json, config.json, the logs' prefix, batches.json, checkpoints)."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        run(tiny(max_steps=4, checkpoint_every=2, out_dir=str(tmp_path)))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert {"run.json", "config.json", "log.jsonl", "batches.json", "ckpt_0000002.pt"} <= set(modes)
+    assert {n: m for n, m in modes.items() if m != 0o644} == {}
