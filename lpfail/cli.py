@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from lpfail import results
+from lpfail import numerics, results
 
 
 def _cmd_list(args) -> int:
@@ -105,7 +105,7 @@ def _cmd_train(args) -> int:
             print(json.dumps(cfg.to_dict(), indent=1))
         return 0
     res = T.train(cfg, resume_from=args.resume, replay=args.replay, replay_from=args.replay_from,
-                  progress=False if args.no_progress else None)
+                  progress=False if args.no_progress else None, force=args.force)
     if rank == 0:
         print(res)
         if cfg.out_dir:
@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p_train.add_argument("--prepare-data", action="store_true", help="download and tokenize OpenWebText first")
     p_train.add_argument("--print-config", action="store_true", help="print the config and exit")
     p_train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p_train.add_argument("--force", action="store_true",
+                         help="train into --out even where it holds a finished run of another config (overwriting it)")
     sub.add_parser("sweep", help="a grid of training runs: `sweep NAME status|plan|checks|drive|collect` "
                                  "(`sweep list` names the grids)")
     args = parser.parse_args(argv)
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                "train": _cmd_train}[args.cmd]
     try:
         return handler(args)
-    except (results.ResultError, ValueError, TypeError, FileNotFoundError) as e:
+    except (results.ResultError, numerics.NumericsError, ValueError, TypeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -331,10 +331,14 @@ class BatchOrder:
 
 
 def _atomic_write(path: Path, write) -> None:
-    """Write via a temporary file in the same directory and rename it over `path`."""
+    """Write via a temporary file in the same directory and rename it over `path`; the file gets the mode open()
+    would give it (`lpfail.results.file_mode`)."""
+    from lpfail.results import file_mode
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

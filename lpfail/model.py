@@ -227,6 +227,17 @@ def _triton_function():
         return None, False, f"cannot import kernels.flash_attention ({type(e).__name__}: {e})"
 
 
+def unavailable(spec: AttentionSpec, device) -> str | None:
+    """Why `spec` cannot run on tensors of `device` here, or None when it can. Only the Triton kernel without a
+    fallback can: without the `kernels` package, or off CUDA without Triton's interpreter (TRITON_INTERPRET=1)."""
+    if spec.backend != "triton" or spec.fallback == "reference":
+        return None
+    _fn, interpreted, reason = _triton_function()
+    if reason is None and torch.device(device).type != "cuda" and not interpreted:
+        reason = f"the Triton kernel needs a CUDA device (CUDA available: {torch.cuda.is_available()})"
+    return reason
+
+
 def _triton(q, k, v, spec: AttentionSpec, state: dict):
     fn, interpreted, reason = _triton_function()
     if reason is None and not q.is_cuda and not interpreted:  # TRITON_INTERPRET=1 runs the kernels on the CPU

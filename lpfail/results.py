@@ -4,15 +4,17 @@ An experiment is a pure function of a frozen config dataclass that returns a dic
 scalars. ``python -m lpfail run NAME`` runs it and writes two files into ``results/``:
 
 * ``NAME.npz``  — the arrays (loaded with ``allow_pickle=False``);
-* ``NAME.json`` — ``name``, ``config``, ``config_hash``, ``git``, ``device``, ``versions``, ``created`` (UTC),
-  ``wall_s``, the scalars, and the sha256 of the ``.npz`` (so a half-written or mismatched pair is caught).
+* ``NAME.json`` — ``name``, ``config``, ``config_hash``, ``git``, ``device``, ``versions``, ``numerics`` (the CPU
+  numerics in effect, `lpfail.numerics.provenance`), ``created`` (UTC), ``wall_s``, the scalars, the sha256 of the ``.npz`` (so a half-written or mismatched pair is caught), and last
+  ``content_sha256``, the hash of everything else in the JSON (`content_hash`: so an edited number is caught).
 
 Chapters call ``load(NAME)``: it returns the stored result when its config hash matches the experiment's
 current config and raises an error naming the regenerating command otherwise. With ``LPFAIL_RECOMPUTE=1``,
 ``load`` recomputes (and stores) instead — on a GPU machine for GPU experiments. Writes are atomic: each file
 goes to a temporary name in the same folder and is renamed into place, the ``.npz`` first and the ``.json``
 (which names the ``.npz``'s hash) last. ``LPFAIL_RESULTS_DIR`` points the cache elsewhere (used on the GPU
-machine, whose files come back through ``$OUT``).
+machine, whose files come back through ``$OUT``). A CPU experiment's result is stored only under the pinned CPU
+numerics (`lpfail.numerics.require_pinned`): computed otherwise, its numbers would depend on the machine.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from lpfail import numerics
 
 #: Packages whose modules register experiments. `registry()` walks them on first use and imports every module
 #: whose source registers one (``experiment(`` as a decorator): a new experiment module needs no entry here.
@@ -220,6 +224,33 @@ def _versions() -> dict:
     return out
 
 
+# -- the content hash of a stored JSON ------------------------------------------------------------------
+#: The key under which a stored JSON (a result's ``NAME.json``, a run store's part, a quick record) holds the hash
+#: of the rest of its content.
+CONTENT_KEY = "content_sha256"
+
+
+def content_hash(record: dict) -> str:
+    """The sha256 of ``record``'s content without `CONTENT_KEY`: of its canonical JSON (keys sorted, no spaces),
+    taken after a JSON round trip, so it is the same for the dict as written and as read back, whatever the
+    file's layout. A value changed by hand changes it; the same content written out differently does not."""
+    body = json.loads(json.dumps({k: v for k, v in record.items() if k != CONTENT_KEY}, allow_nan=True))
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def with_content_hash(record: dict) -> dict:
+    """``record`` with `CONTENT_KEY` (re)computed, last."""
+    out = {k: v for k, v in record.items() if k != CONTENT_KEY}
+    out[CONTENT_KEY] = content_hash(out)
+    return out
+
+
+def content_ok(record: dict) -> bool:
+    """Whether ``record`` holds `CONTENT_KEY` and it matches its content."""
+    return record.get(CONTENT_KEY) == content_hash(record)
+
+
 # -- the stored result ----------------------------------------------------------------------------------
 class Result(Mapping):
     """A stored result: mapping access to arrays and scalars, ``.meta`` for provenance."""
@@ -281,9 +312,20 @@ def _split(name: str, data: dict) -> tuple[dict, dict]:
     return arrays, scalars
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
+def file_mode() -> int:
+    """The mode open() gives a new file here: 0o666 less the process' umask (0o644 under the usual 022). A file
+    written through a temporary file (`tempfile.mkstemp`: 0o600) is set to it before it is renamed into place."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temporary file in the same folder renamed into place: a reader sees
+    the old file or the new one, never half of one. The file gets `file_mode`."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
             f.flush()
@@ -297,13 +339,27 @@ def _atomic_write(path: Path, payload: bytes) -> None:
         raise
 
 
+_atomic_write = atomic_write  # the name the experiment modules call it by
+
+
+def require_storable(name: str) -> None:
+    """Raise `lpfail.numerics.NumericsError` where ``name``'s result would depend on this machine: a CPU
+    experiment (or an unregistered name) computed under other CPU numerics than the pinned ones. A GPU
+    experiment's numbers come from the GPU: its result is stored whatever the CPU state (which it records)."""
+    exp = registry().get(name)
+    if exp is None or not exp.gpu:
+        numerics.require_pinned(f"result {name!r}")
+
+
 def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = None,
          provenance: dict | None = None) -> Result:
-    """Store ``data`` as result ``name`` (atomically, with provenance).
+    """Store ``data`` as result ``name`` (atomically, with provenance; refused by `require_storable` where the
+    CPU numerics would make it depend on this machine).
 
     ``provenance`` adds to (or replaces) the recorded fields, for a result computed in two stages: e.g. GPU
     runs collected later on another machine from their logs (``device`` then names where the runs ran, and
     the added fields say where and from what they were collected)."""
+    require_storable(name)
     arrays, scalars = _split(name, data)
     directory = Path(directory) if directory is not None else results_dir()
     directory.mkdir(parents=True, exist_ok=True)
@@ -317,6 +373,7 @@ def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = Non
         "git": _git(),
         "device": _device(),
         "versions": _versions(),
+        "numerics": numerics.provenance(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(float(wall_s), 3),
         "npz_sha256": hashlib.sha256(npz_bytes).hexdigest(),
@@ -324,11 +381,12 @@ def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = Non
         "scalars": scalars,
     }
     for key, value in (provenance or {}).items():
-        if key in ("name", "config", "config_hash", "npz_sha256", "arrays", "scalars"):
+        if key in ("name", "config", "config_hash", "npz_sha256", "arrays", "scalars", CONTENT_KEY):
             raise ValueError(f"provenance cannot replace {key!r}")
         meta[key] = value
-    _atomic_write(directory / f"{name}.npz", npz_bytes)
-    _atomic_write(directory / f"{name}.json", (json.dumps(meta, indent=1, allow_nan=True) + "\n").encode())
+    meta = with_content_hash(meta)
+    atomic_write(directory / f"{name}.npz", npz_bytes)
+    atomic_write(directory / f"{name}.json", (json.dumps(meta, indent=1, allow_nan=True) + "\n").encode())
     return Result({**{k: v for k, v in arrays.items()}, **scalars}, meta)
 
 
@@ -343,11 +401,17 @@ def _read(name: str, directory: Path) -> Result:
                             + (" on a GPU machine" if name in _REGISTRY and _REGISTRY[name].gpu else ""))
     try:
         meta = json.loads(jpath.read_text())
-        for key in ("name", "config_hash", "npz_sha256", "arrays", "scalars", "device", "created", "git"):
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+        for key in ("name", "config_hash", "npz_sha256", "arrays", "scalars", "device", "created", "git",
+                    CONTENT_KEY):
             if key not in meta:
                 raise ValueError(f"missing key {key!r}")
     except (ValueError, UnicodeDecodeError) as e:
         raise ResultCorrupt(f"stored result {jpath} is corrupt ({e}); delete it and run `{_command(name)}`") from None
+    if not content_ok(meta):
+        raise ResultCorrupt(f"stored result {jpath} does not match the content hash it records ({CONTENT_KEY}): a "
+                            f"value in it was edited by hand; run `{_command(name)}`")
     if not npath.exists():
         raise ResultCorrupt(f"stored result {name!r} has {jpath.name} but no {npath.name}; run `{_command(name)}`")
     npz_bytes = npath.read_bytes()
@@ -379,6 +443,8 @@ def run(name: str, config=None, store: bool = True, directory: Path | None = Non
         if not torch.cuda.is_available():
             raise ResultError(f"experiment {name!r} needs a CUDA GPU and none is available here; run "
                               f"`{_command(name)}` on a GPU machine (chapters on CPU read its stored result)")
+    if store:
+        require_storable(name)  # before the computation, not only before the write
     t0 = time.perf_counter()
     data = exp.fn(cfg)
     wall = time.perf_counter() - t0

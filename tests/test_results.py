@@ -224,3 +224,141 @@ def test_every_stored_quick_profile_names_its_grid_and_its_machine():
         assert path.stem.removeprefix("quick_") in grids and rec["name"] == path.stem.removeprefix("quick_")
         assert rec["device"] and rec["created"] and rec["git"] and rec["wall_s"] > 0 and rec["runs"] >= 1
         assert rec["complete"] and "headline" in rec and np.isfinite(rec["value"])
+
+
+def test_an_edited_number_is_refused(cache):
+    """The JSON's content is hashed too, not only the .npz: a number edited by hand is caught and the result
+    refused with the command that regenerates it; the same content written out differently still loads."""
+    results.run("_toy")
+    path = cache / "_toy.json"
+    meta = json.loads(path.read_text())
+    assert meta["content_sha256"] == results.content_hash(meta)
+    path.write_text(json.dumps(meta, indent=4, sort_keys=True))  # reformatted: the same meaning
+    assert results.load("_toy")["total"] == 10.0
+    for key, value in (("scalars", {**meta["scalars"], "total": 11.0}), ("device", "NVIDIA H200"),
+                       ("config", {**meta["config"], "n": 6})):
+        path.write_text(json.dumps({**meta, key: value}, indent=1))
+        with pytest.raises(results.ResultCorrupt, match="python -m lpfail run _toy"):
+            results.load("_toy")
+        assert results.status("_toy") == "corrupt"
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "content_sha256"}, indent=1))
+    with pytest.raises(results.ResultCorrupt, match="python -m lpfail run _toy"):
+        results.load("_toy")
+
+
+def _tool(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, results.REPO_ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_migration_adds_the_content_hash_and_changes_nothing_else(cache):
+    """tools/content_hash.py: a result, a quick record and a part written without a content hash get one, added
+    last, every other byte kept; a file whose hash does not match is left as it is and named."""
+    tool = _tool("content_hash")
+    results.run("_toy")
+    old = {k: v for k, v in json.loads((cache / "_toy.json").read_text()).items() if k != results.CONTENT_KEY}
+    texts = {"_toy.json": json.dumps(old, indent=1) + "\n",
+             "quick_lr_sweep.json": json.dumps({"name": "lr_sweep", "value": 0.5}, indent=1) + "\n",
+             "lr_sweep_parts/part-1.json": json.dumps({"format": "f", "runs": {"a": {"v": float("nan")}}}) + "\n"}
+    (cache / "lr_sweep_parts").mkdir()
+    for name, text in texts.items():
+        (cache / name).write_text(text)
+    with pytest.raises(results.ResultCorrupt, match="missing key 'content_sha256'"):
+        results.load("_toy")
+    assert tool.main(["--check", str(cache)]) == 1
+    done, refused = tool.migrate(cache)
+    assert sorted(p.relative_to(cache).as_posix() for p in done) == sorted(texts) and refused == []
+    for name, text in texts.items():
+        new = (cache / name).read_text()
+        record = json.loads(new)
+        assert list(record)[-1] == results.CONTENT_KEY and results.content_ok(record)
+        added = f'"{results.CONTENT_KEY}": "{record[results.CONTENT_KEY]}"'
+        assert new.replace(f",\n {added}", "").replace(f", {added}", "") == text, name
+    assert results.load("_toy")["total"] == 10.0
+    assert tool.main(["--check", str(cache)]) == 0
+    edited = (cache / "_toy.json").read_text().replace('"total": 10.0', '"total": 11.0')
+    (cache / "_toy.json").write_text(edited)
+    assert tool.migrate(cache) == ([], [cache / "_toy.json"]) and (cache / "_toy.json").read_text() == edited
+
+
+def test_every_stored_part_and_quick_record_matches_its_content_hash():
+    """The committed parts and quick records (the book reads some of them directly, not through a loader that
+    checks): each holds its content hash, and it matches."""
+    tool = _tool("content_hash")
+    directory = results.REPO_ROOT / "results"
+    for path, indent in tool.stored_files(directory):
+        assert tool.state(path, indent) == "ok", path
+
+
+def test_a_result_records_the_cpu_numerics_it_was_computed_under(cache):
+    from lpfail import numerics
+
+    res = results.run("_toy")
+    assert res.meta["numerics"] == numerics.provenance()
+    stored = json.loads((cache / "_toy.json").read_text())["numerics"]
+    assert stored["ATEN_CPU_CAPABILITY"] == numerics.CAPABILITY and stored["threads"] == numerics.THREADS
+    assert stored["model"] and stored["isa"]
+
+
+def test_a_cpu_result_is_stored_only_under_the_pinned_numerics(cache, capsys):
+    """Another thread count than the pinned one: a CPU experiment's result is refused (and not computed), naming
+    why, also on the command line (an error line, exit status 2); a GPU experiment's result (its numbers come
+    from the GPU) is stored, with the CPU state it met."""
+    import torch
+
+    from lpfail import numerics
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(numerics.THREADS + 1)
+    try:
+        with pytest.raises(numerics.NumericsError, match=r"result '_toy'.*torch uses 3 threads"):
+            results.run("_toy")
+        assert CALLS == [] and not list(cache.iterdir())
+        assert cli.main(["run", "_toy"]) == 2
+        assert capsys.readouterr().err.startswith("error: result '_toy': not stored")
+        with pytest.raises(numerics.NumericsError, match="result '_toy'"):
+            results.save("_toy", ToyConfig(), {"x": np.zeros(1)}, 1.0)
+        results.save("_toy_gpu", ToyConfig(), {"x": np.zeros(1)}, 1.0)
+        assert results.load("_toy_gpu").meta["numerics"]["threads"] == numerics.THREADS + 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_run_from_the_command_line_pins_the_numerics_itself(tmp_path):
+    """`python -m lpfail run NAME` with none of the pins in the environment: lpfail sets them before torch
+    starts, so a CPU result is stored, and records the pinned state."""
+    import subprocess
+    import sys
+
+    from lpfail import numerics
+
+    env = {k: v for k, v in os.environ.items() if k not in numerics.PINS and k != numerics.NUDGE_VAR}
+    env.update(LPFAIL_RESULTS_DIR=str(tmp_path), PYTHONPATH=str(results.REPO_ROOT))
+    proc = subprocess.run([sys.executable, "-m", "lpfail", "run", "fix_rows", "--set", "n_rows=2", "--set",
+                           "m_stop=2", "--set", "m_extra="], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stored = json.loads((tmp_path / "fix_rows.json").read_text())["numerics"]
+    assert not numerics.deviations(stored), stored
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_stored_files_get_the_mode_of_any_new_file(cache, umask, mode):
+    """Files written atomically (a temporary file renamed into place) get the mode open() would give them, 0o666
+    less the umask: readable by all under the usual umask 022, not the temporary file's 0o600."""
+    import stat
+
+    old = os.umask(umask)
+    try:
+        results.run("_toy")
+        from lpfail.sweep import quick
+
+        quick.save({"name": "x"}, cache / "quick_x.json")
+    finally:
+        os.umask(old)
+    for name in ("_toy.json", "_toy.npz", "quick_x.json"):
+        assert stat.S_IMODE((cache / name).stat().st_mode) == mode, name

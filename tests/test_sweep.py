@@ -95,6 +95,25 @@ def test_parts_merge_first_wins_and_a_corrupt_part_is_named(tmp_path):
         L.STORE.load(tmp_path)
 
 
+
+def test_an_edited_part_is_refused(tmp_path):
+    """A part records the hash of its content (`results.CONTENT_KEY`): a number edited in it is refused, named,
+    with the command that reruns its runs; a part written without a hash (before there was one) still loads."""
+    part = L.STORE.part(tmp_path)
+    part.add({"key": "a", "run_hash": "h", "final_val": 3.25})
+    d = json.loads(part.path.read_text())
+    assert results.content_ok(d)
+    part.path.write_text(json.dumps({**d, "runs": {"a": {**d["runs"]["a"], "final_val": 2.25}}}))
+    with pytest.raises(results.ResultCorrupt, match=f"{part.path.name}.*{L.STORE.rerun}"):
+        L.STORE.load(tmp_path)
+    part.path.write_text(json.dumps({k: v for k, v in d.items() if k != results.CONTENT_KEY}))
+    assert L.STORE.load(tmp_path)[0]["a"]["final_val"] == 3.25
+
+
+def test_a_quick_record_holds_its_content_hash(tmp_path):
+    Q.save({"name": "lr_sweep", "value": 0.5}, tmp_path / "quick_lr_sweep.json")
+    assert results.content_ok(json.loads((tmp_path / "quick_lr_sweep.json").read_text()))
+
 def test_parts_provenance():
     used = [{"device": "NVIDIA H200", "created": "2026-12-01T03:55", "git": "048e3378a0dce71f", "wall_s": 10.0},
             {"device": "NVIDIA H200", "created": "2026-12-01T05:23", "git": "5112e531be604454", "wall_s": 5.5}]
@@ -153,6 +172,38 @@ def test_drive_refuses_a_grid_that_is_not_ready(monkeypatch, capsys):
     assert cli.main(["compiled_sweep", "drive"]) == 1
     assert "not started: official_check has not confirmed" in capsys.readouterr().out
 
+
+
+@pytest.mark.parametrize("finished", [0, 1])
+def test_a_quick_profile_without_its_runs_prints_no_headline(tmp_path, monkeypatch, capsys, finished):
+    """The budget ran out before the quick runs finished (none of them, or all but one): no headline is printed
+    (before, "= +nan ... OUTSIDE the interval"), but which runs did not finish and how to finish them; exit
+    status 1, and no record written."""
+    from lpfail.sweep import cli
+    from lpfail.sweep import run as R
+
+    grid = sweep.get("lr_sweep")
+    q = grid.quick()
+    stored = sweep.lookup(grid).have
+
+    def budget_ran_out(grid, runs, root=None, budget_s=None, directory=None, log=print, **kw):
+        part = L.STORE.part(directory)
+        for r in runs[:finished]:
+            part.add(stored[r.id])
+        part.close()
+        return {}
+
+    monkeypatch.setattr(R, "drive", budget_ran_out)
+    rc = cli.main(["lr_sweep", "drive", "--quick", "--budget", "20", "--root", str(tmp_path), "--record",
+                   str(tmp_path / "quick_lr_sweep.json")])
+    out = capsys.readouterr().out
+    assert rc == 1 and not (tmp_path / "quick_lr_sweep.json").exists()
+    assert "nan" not in out and "interval" not in out and " = " not in out, out
+    n = len(q.runs)
+    assert f"no headline: {n - finished} of {n} runs did not finish within the budget of 20 s (a run is started " \
+        "only while more than 45 s of it are left)" in out, out
+    assert f"{q.runs[finished].key} (not started)" in out
+    assert f"python -m lpfail sweep lr_sweep drive --quick --budget S --root {tmp_path}" in out
 
 def test_quick_prediction_interval_from_stored_seeds():
     p = Q.prediction([0.1, 0.2, 0.3])

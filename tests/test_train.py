@@ -478,7 +478,8 @@ def test_unrelated_errors_in_a_step_still_raise(tmp_path, monkeypatch):
             model.transformer.h[0].attn.n_head = 3  # 32 channels do not split into 3 heads
     with pytest.raises(RuntimeError, match="invalid for input of size"):
         run(tiny(attention="reference(FP32)", out_dir=str(tmp_path / "a")), hook=break_shapes)
-    assert read_status(tmp_path / "a")["status"] == "running"
+    st = read_status(tmp_path / "a")  # raised, and recorded as failed at the step it failed in
+    assert st["status"] == "failed" and st["steps"] == 2 and "invalid for input of size" in st["error"]
 
     import lpfail.model as lpmodel
 
@@ -541,3 +542,115 @@ def test_captured_steps_equal_uncaptured(tmp_path, attention, monkeypatch):
     cont = run(cfg.__class__(**{**cfg.to_dict(), "out_dir": str(tmp_path / "c"), "overrides": ()}),
                resume_from=tmp_path / "a" / "ckpt_0000008.pt")
     assert np.array_equal(cont.losses, captured.losses)
+
+
+
+def _raise_at(monkeypatch, step: int, error: BaseException):
+    """Make the loop raise ``error`` as it begins step ``step`` (after the steps before it are done and logged)."""
+    import lpfail.train.loop as loop
+
+    real = loop.lr_factor
+
+    def lr_factor(cfg, s):
+        if s == step:
+            raise error
+        return real(cfg, s)
+    monkeypatch.setattr(loop, "lr_factor", lr_factor)
+
+
+def test_an_interrupted_run_says_so(tmp_path, monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) in the middle of a run: run.json says "interrupted" with the updates done, beside
+    the log of those steps, and the interrupt goes on up."""
+    _raise_at(monkeypatch, 4, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny(out_dir=str(tmp_path)))
+    st = read_status(tmp_path)
+    assert st["status"] == "interrupted" and st["steps"] == 4 and "error" not in st
+    assert read_log(tmp_path)["step"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_crashed_run_says_so(tmp_path, monkeypatch):
+    """An error that is not a non-finite value: run.json says "failed", with the error's first line and the
+    updates done, and the error goes on up."""
+    _raise_at(monkeypatch, 2, RuntimeError("the device went away\n(details)"))
+    with pytest.raises(RuntimeError, match="the device went away"):
+        run(tiny(out_dir=str(tmp_path)))
+    st = read_status(tmp_path)
+    assert st["status"] == "failed" and st["steps"] == 2 and st["error"] == "RuntimeError: the device went away"
+    assert read_log(tmp_path)["step"].tolist() == [0, 1]
+
+
+def test_a_finished_run_is_not_overwritten_by_another(tmp_path, capsys):
+    """Training into a directory that holds a finished run of another config is refused, naming both and the way
+    out, and leaves the run as it is; --force (force=True) overwrites it. The same config is no overwrite: training
+    it again, or continuing it from its own checkpoint, gives the same run (the resume tests rely on it)."""
+    out = tmp_path / "a"
+    first = run(tiny(checkpoint_every=5, out_dir=str(out)))
+    files = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".json", ".jsonl")}
+    with pytest.raises(ValueError, match=r"holds a finished run \(completed, 10 steps\) of another config \(lr: 0\.003 there, 0\.01 here\).*--force"):
+        run(tiny(checkpoint_every=5, lr=1e-2, out_dir=str(out)))
+    assert cli.main(["train", "--preset", "tiny", "--max-steps", "10", "--set", "diag_every=0", "--set", "lr=1e-2",
+                     "--out", str(out), "--no-progress"]) == 2
+    assert "error: " in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".json", ".jsonl")} == files
+    again = run(tiny(checkpoint_every=5, out_dir=str(out)), resume_from=out / "ckpt_0000005.pt")
+    np.testing.assert_array_equal(again.losses, first.losses)
+    other = run(tiny(checkpoint_every=5, lr=1e-2, out_dir=str(out)), force=True)
+    assert read_status(out)["status"] == "completed" and json.loads((out / "config.json").read_text())[
+        "config"]["lr"] == 1e-2 and not np.array_equal(other.losses, first.losses)
+    assert cli.main(["train", "--preset", "tiny", "--max-steps", "10", "--set", "diag_every=0", "--out", str(out),
+                     "--no-progress", "--force"]) == 0
+
+
+def test_an_attention_that_cannot_run_here_is_an_error_line_before_training(tmp_path, capsys, monkeypatch):
+    """`--attention` (or an override) naming the Triton kernel on a machine where it cannot run, or naming
+    nothing known: an error line and exit status 2 from `python -m lpfail train`, before anything is trained or
+    written. With fallback=reference it runs (the reference under the same policy)."""
+    import lpfail.model as lpmodel
+
+    real = lpmodel._triton_function
+
+    def without_interpreter():
+        fn, _, reason = real()
+        return fn, False, reason
+    monkeypatch.setattr(lpmodel, "_triton_function", without_interpreter)
+    args = ["train", "--preset", "tiny", "--max-steps", "2", "--no-progress"]
+    if not torch.cuda.is_available():
+        for extra in (["--attention", "triton(FA2_BF16)"], ["--override", "1:triton(FP32)"]):
+            assert cli.main([*args, *extra, "--out", str(tmp_path / "t")]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("error: ") and "cannot run here" in err and "fallback=reference" in err, err
+            assert not (tmp_path / "t").exists()
+        with pytest.raises(ValueError, match="cannot run here"):
+            run(tiny(attention="triton(FA2_BF16)"))
+    assert cli.main([*args, "--attention", "flash9000", "--out", str(tmp_path / "u")]) == 2
+    assert capsys.readouterr().err.startswith("error: TrainConfig.attention: 'flash9000'")
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        res = run(tiny(max_steps=2, attention="triton(FP32, fallback=reference)"))
+    assert res.status == "completed" or torch.cuda.is_available()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_triton_on_a_cpu_from_the_command_line_is_an_error_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "lpfail", "train", "--preset", "tiny", "--attention",
+                           "triton(FA2_BF16)", "--out", str(tmp_path / "t"), "--no-progress"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_runs_files_get_the_mode_of_any_new_file(tmp_path):
+    """Every file of a run directory gets 0o666 less the umask (0o644 under 022), also those written atomically
+    (run.json, config.json, the logs' prefix, batches.json, checkpoints)."""
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        run(tiny(max_steps=4, checkpoint_every=2, out_dir=str(tmp_path)))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert {"run.json", "config.json", "log.jsonl", "batches.json", "ckpt_0000002.pt"} <= set(modes)
+    assert {n: m for n, m in modes.items() if m != 0o644} == {}

@@ -7,6 +7,7 @@ checks   captured == uncaptured and continued == uninterrupted for the grid's ch
          <root>/checks.json; exit status 1 when one fails (the driver then runs those groups uncaptured)
 drive    train the missing runs (each stored in a part as it finishes) within --budget seconds; with --quick,
          the grid's quick profile instead: its subset trained afresh, the headline beside the stored grid's
+         (exit status 1 and no headline, but the runs that did not finish, where the budget ran out first)
 collect  store the result from the parts (on any machine); refuses while runs are missing (--partial: store an
          incomplete grid, where the grid allows it)
 """
@@ -55,9 +56,11 @@ def _drive(grid, args) -> int:
     if args.quick:
         rec = Q.run_quick(grid, root, budget_s=args.budget or 600.0, log=lambda m: print(m, flush=True))
         print(Q.text(rec), flush=True)
+        if not Q.has_headline(rec):
+            return 1  # and no record: a record holds a headline
         if args.record:
             Q.save(rec, Path(args.record))
-        return 0 if rec["complete"] else 1
+        return 0
     why = grid.ready() if hasattr(grid, "ready") else ""
     if why:
         print(f"{grid.name} drive: not started: {why}", flush=True)

@@ -135,8 +135,12 @@ def default_parallel(gpus: list[str] | None = None) -> int:
     return 8 * len(gpus) if gpus else 2
 
 
+#: No run is started with less than this many seconds of the budget left (it would only be stopped).
+MIN_START_S = 45.0
+
+
 def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = True, env: dict | None = None,
-          min_start_s: float = 45.0, poll_s: float = 0.5, log=print, gpus: list[str] | None = None,
+          min_start_s: float = MIN_START_S, poll_s: float = 0.5, log=print, gpus: list[str] | None = None,
           control: Path | None = None, on_finish: Callable[[str, dict], None] | None = None
           ) -> dict[str, dict]:
     """Run `specs` as subprocesses (`python -m lpfail train --config`), `parallel` at a time, until all are

@@ -6,7 +6,9 @@ subset afresh (in a scratch store, so the stored runs cannot stand in for it), c
 it beside the stored full grid: the mean over the stored seeds and the interval one new seed is expected to
 fall in, computed from the stored seeds (a t prediction interval, mean ± t_{0.975, n−1} · sd · √(1 + 1/n)).
 On the card that made the stored runs, a quick run reproduces its stored seed bit for bit; on another card the
-arithmetic's order may differ, and the prediction interval says how far that may move the headline.
+arithmetic's order may differ, and the prediction interval says how far that may move the headline. A profile
+whose runs did not all finish (the budget ran out) has no headline (`has_headline`): its record names the runs
+that did not finish instead, and how to finish them.
 """
 from __future__ import annotations
 
@@ -87,7 +89,7 @@ def compare(grid: Grid, q: Quick, quick_have: dict[str, dict], directory: Path |
 def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, directory: Path | None = None, log=print) -> dict:
     """Train the quick subset afresh under ``root`` (its own scratch results folder), then `compare` it with the
     grid stored in ``directory`` (default: the results cache)."""
-    from lpfail.sweep.run import drive
+    from lpfail.sweep.run import default_root, drive
 
     q = grid.quick()
     if q is None:
@@ -97,16 +99,59 @@ def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, directory: Path |
     drive(grid, q.runs, root=Path(root) / "quick_runs", budget_s=budget_s, directory=scratch, log=log)
     wall = time.perf_counter() - t0
     have = lookup(grid, scratch, runs=q.runs).have
-    out = {"name": grid.name, "wall_s": round(wall, 1), "complete": len(have) == len(q.runs),
-           **compare(grid, q, have, directory)}
+    missing = [r for r in q.runs if r.id not in have]
+    out = {"name": grid.name, "wall_s": round(wall, 1), "complete": not missing}
+    if missing:
+        again = (f"python -m lpfail sweep {grid.name} drive --quick --budget S"
+                 + (f" --root {root}" if Path(root) != default_root(grid) else ""))
+        out.update(headline=q.label, value=None, runs=len(q.runs), budget_s=budget_s, again=again,
+                   unfinished=[unfinished(r, Path(root) / "quick_runs") for r in missing])
+    else:
+        out.update(compare(grid, q, have, directory))
     out.update(config_hash=results.config_hash(grid.config), device=results._device(), git=results._git(),
                versions=results._versions(),
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     return out
 
 
+def unfinished(run: Run, runs_root: Path) -> str:
+    """A quick run that did not finish, in words: its key and how far it got (from its run directory)."""
+    from lpfail.sweep.run import run_dir_name
+    from lpfail.train import read_log, read_status
+
+    d = Path(runs_root) / run_dir_name(run)
+    steps = read_log(d)["step"] if d.is_dir() else []
+    try:
+        st = read_status(d)
+    except (OSError, ValueError):
+        st = {}
+    if st.get("status") == "failed":
+        return f"{run.key} (failed: {st.get('error')})"
+    if len(steps) == 0:
+        return f"{run.key} (not started)"
+    return f"{run.key} (stopped after step {int(steps[-1])} of {run.config.max_steps})"
+
+
+def has_headline(rec: dict) -> bool:
+    """Whether a quick record holds a headline: every run finished and the statistic is a number."""
+    return bool(rec.get("complete", True)) and rec.get("value") is not None and math.isfinite(rec["value"])
+
+
 def text(rec: dict) -> str:
-    """The quick profile's outcome in two lines."""
+    """The quick profile's outcome in two lines; without a headline (`has_headline`), why, and what to run."""
+    if not rec.get("complete", True):
+        from lpfail.sweep.driver import MIN_START_S
+
+        left = rec["unfinished"]
+        short = (f" (a run is started only while more than {MIN_START_S:.0f} s of it are left)"
+                 if rec["budget_s"] <= MIN_START_S else "")
+        return (f"{rec['name']} quick: no headline: {len(left)} of {rec['runs']} runs did not finish within the "
+                f"budget of {rec['budget_s']:.0f} s{short}: {', '.join(left)}.\n  Finish them with "
+                f"`{rec['again']}` and a larger S: the finished runs are kept, and a cut-off run continues from its "
+                "last checkpoint where it wrote one")
+    if not has_headline(rec):
+        return (f"{rec['name']} quick: no headline: all {rec['runs']} runs finished, but {rec['headline']} is not "
+                "a number from them")
     st = rec["stored"]
     iv = st.get("interval")
     where = (f"inside the interval one seed is expected in, [{iv[0]:+.3f}, {iv[1]:+.3f}]" if rec["inside"]
@@ -120,5 +165,6 @@ def text(rec: dict) -> str:
 
 
 def save(rec: dict, path: Path):
-    """Write a quick record (``results/quick_NAME.json``) atomically."""
-    results._atomic_write(Path(path), (json.dumps(rec, indent=1) + "\n").encode())
+    """Write a quick record (``results/quick_NAME.json``) atomically, with the hash of its content last
+    (`lpfail.results.CONTENT_KEY`)."""
+    results.atomic_write(Path(path), (json.dumps(results.with_content_hash(rec), indent=1) + "\n").encode())

@@ -200,8 +200,10 @@ def quick(names: list[str], out: Path, budget_s: float):
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         rec = Q.run_quick(G.get(name), BASE / "quick_runs" / name, budget_s=budget_s, log=lambda m: None)
-        Q.save(rec, recs / f"quick_{name}.json")
         log(Q.text(rec))
+        if not Q.has_headline(rec):
+            continue  # no record: a record holds a headline
+        Q.save(rec, recs / f"quick_{name}.json")
         # packed after every profile: a call cut off by its time limit keeps the profiles already measured
         tmp = out / "quick.tgz.tmp"
         with tarfile.open(tmp, "w:gz") as tf:
@@ -240,8 +242,8 @@ def unpack(archive: Path, repo_results: Path | None = None) -> list[str]:
 
 
 def _grows(old: bytes, new: bytes) -> bool:
-    """Whether part ``new`` is a later state of part ``old``: the same header (but its wall time), every run of
-    ``old`` in ``new`` unchanged, and at least one run more."""
+    """Whether part ``new`` is a later state of part ``old``: the same header (but its wall time and its content
+    hash), every run of ``old`` in ``new`` unchanged, and at least one run more."""
     try:
         a, b = json.loads(old), json.loads(new)
     except ValueError:
@@ -249,7 +251,7 @@ def _grows(old: bytes, new: bytes) -> bool:
     if not (isinstance(a, dict) and isinstance(b, dict) and isinstance(a.get("runs"), dict)
             and isinstance(b.get("runs"), dict)):
         return False
-    head = lambda d: {k: v for k, v in d.items() if k not in ("runs", "wall_s")}
+    head = lambda d: {k: v for k, v in d.items() if k not in ("runs", "wall_s", results.CONTENT_KEY)}
     return (head(a) == head(b) and all(b["runs"].get(k) == v for k, v in a["runs"].items())
             and len(b["runs"]) > len(a["runs"]))
 

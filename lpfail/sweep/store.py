@@ -2,7 +2,8 @@
 
 A part file (``results/<folder>/part-<UTC time>-<pid>.json``) holds the runs one call of the driver finished,
 keyed by the run's point key, with the provenance of that call (git commit, device, versions, host, date, wall
-time). A call writes a new part and never touches another, so parts copied back from several GPU calls simply
+time) and last the hash of all that (`lpfail.results.CONTENT_KEY`: a part whose content does not match the hash
+it holds was edited, and is refused; a part written before parts held one is read as it is). A call writes a new part and never touches another, so parts copied back from several GPU calls simply
 sit side by side; `Store.load` merges them (the first part that holds a key wins). A run is *stored* for a grid
 when a part holds its key **and** the hash of its TrainConfig (`run_hash`): a changed setting orphans the old
 runs instead of silently reusing them.
@@ -64,6 +65,9 @@ class Store:
                 part = json.loads(path.read_text())
                 if part.get("format") != self.fmt or not isinstance(part.get("runs"), dict):
                     raise ValueError(f"format {part.get('format')!r}")
+                if results.CONTENT_KEY in part and not results.content_ok(part):
+                    raise ValueError(f"its content does not match the hash it records ({results.CONTENT_KEY}): a "
+                                     "value in it was edited by hand")
             except (ValueError, UnicodeDecodeError) as e:
                 raise results.ResultCorrupt(
                     f"{self.folder.removesuffix('_parts')} part {path} is corrupt ({e}); delete it and rerun the "
@@ -96,8 +100,8 @@ class Part:
 
     def write(self):
         self.meta["wall_s"] = round(time.perf_counter() - self._t0, 1)
-        payload = json.dumps({**self.meta, "runs": self.runs}, allow_nan=True) + "\n"
-        results._atomic_write(self.path, payload.encode())
+        payload = json.dumps(results.with_content_hash({**self.meta, "runs": self.runs}), allow_nan=True) + "\n"
+        results.atomic_write(self.path, payload.encode())
 
     def close(self):
         """Write what it holds, or remove the file when it holds nothing."""

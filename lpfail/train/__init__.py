@@ -35,7 +35,9 @@ torchrun the error is recorded, then raised, so the job stops rather than hangs)
     batches.json, batches_rank{r}.i64   the start offsets each rank consumed, per step (int64 rows
                              [step, offsets...]): `load_batch_record` turns them back into the global order
     ckpt_{step:07d}.pt       model, optimizer, RNG, step (= data position), config; written atomically
-    run.json                 status ("completed" | "nonfinite" | "running"), steps done, wall time
+    run.json                 status ("completed" | "nonfinite" | "running", or "interrupted" | "failed" when
+                             Ctrl-C or an error ended it: the error's first line then in "error"), steps done,
+                             wall time
 
 `read_log(out_dir)` / `read_diag(out_dir)` return numpy arrays for the plotting code.
 
@@ -58,17 +60,18 @@ from lpfail.train.config import (AUTOCASTS, DEVICES, OPTIMIZERS, PRESETS, SCHEDU
                                  parse_override, parse_spec, window_config)
 from lpfail.train.batches import (BatchRecord, _batch_order, _rows, load_batch_record, load_tokens, split_validation,
                                   validation_offsets)
-from lpfail.train.log import (RunFiles, TrainResult, _atomic_write_text, _diag_arrays, _log_arrays, _read_jsonl,
-                              _val_arrays, _write_status, checkpoint_path, load_checkpoint, read_diag, read_log,
-                              read_status, read_val, save_checkpoint)
+from lpfail.train.log import (FINISHED, RunExists, RunFiles, TrainResult, _atomic_write_text, _diag_arrays,
+                              _log_arrays, _read_jsonl, _val_arrays, _write_status, check_out_dir, checkpoint_path,
+                              load_checkpoint, read_diag, read_log, read_status, read_val, save_checkpoint)
 from lpfail.train.step import (GRAPH_WARMUP, _NONFINITE_MESSAGE, _apply_hparams, _build_optimizer, _capture_logits,
                                _CapturedStep, _clip, _device_lr, _diagnostics, _Dist, _EagerStep, _finite, _loss,
                                _nonfinite_error, _numerics, _set_lr, cross_entropy, is_nonfinite_message, lr_factor,
                                validation_loss, z_loss_term)
 from lpfail.train.loop import _train, train
 
-__all__ = ["AUTOCASTS", "DEVICES", "GRAPH_WARMUP", "OPTIMIZERS", "PRESETS", "SCHEDULES", "STRUCTURAL", "BatchRecord",
-           "RunFiles", "TrainConfig", "TrainResult", "checkpoint_path", "config_from_sets", "cross_entropy",
+__all__ = ["AUTOCASTS", "DEVICES", "FINISHED", "GRAPH_WARMUP", "OPTIMIZERS", "PRESETS", "SCHEDULES", "STRUCTURAL",
+           "BatchRecord", "RunExists", "RunFiles", "TrainConfig", "TrainResult", "check_out_dir", "checkpoint_path",
+           "config_from_sets", "cross_entropy",
            "is_nonfinite_message", "load_batch_record", "load_checkpoint", "load_config", "load_tokens", "lr_factor",
            "parse_override", "parse_spec", "read_diag", "read_log", "read_status", "read_val", "save_checkpoint",
            "split_validation", "train", "validation_loss", "validation_offsets", "window_config", "z_loss_term"]

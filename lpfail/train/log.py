@@ -1,7 +1,7 @@
 """What a run writes and what reads it back: the files of a run directory as they grow (`RunFiles`: log.jsonl,
 diag.jsonl, val.jsonl, run.json's status), their readers (`read_log`, `read_diag`, `read_val`, `read_status`),
-checkpoints (`save_checkpoint`, `load_checkpoint`, `checkpoint_path`), and what `train` returns
-(`TrainResult`). Part of `lpfail.train`."""
+checkpoints (`save_checkpoint`, `load_checkpoint`, `checkpoint_path`), the refusal to overwrite a finished run
+(`check_out_dir`), and what `train` returns (`TrainResult`). Part of `lpfail.train`."""
 from __future__ import annotations
 
 import json
@@ -139,15 +139,56 @@ class TrainResult:
         return f"<TrainResult {self.status}{nf}: {self.steps} steps{last}, {self.wall_s:.1f} s>"
 
 
-def _write_status(out: Path, status, steps, cfg, nonfinite_step, wall_s, world):
-    _atomic_write_text(out / "run.json", json.dumps(
-        {"status": status, "steps": steps, "max_steps": cfg.max_steps, "nonfinite_step": nonfinite_step,
-         "wall_s": round(wall_s, 3), "world_size": world}, indent=1) + "\n")
+def _write_status(out: Path, status, steps, cfg, nonfinite_step, wall_s, world, error: str | None = None):
+    rec = {"status": status, "steps": steps, "max_steps": cfg.max_steps, "nonfinite_step": nonfinite_step,
+           "wall_s": round(wall_s, 3), "world_size": world}
+    if error is not None:
+        rec["error"] = error
+    _atomic_write_text(out / "run.json", json.dumps(rec, indent=1) + "\n")
 
 
 def read_status(out_dir) -> dict:
-    """run.json of a run directory: status, steps, nonfinite_step, wall_s, world_size."""
+    """run.json of a run directory: status ("running", "completed", "nonfinite", "interrupted" or "failed"), steps
+    (the updates done), max_steps, nonfinite_step, wall_s, world_size, and for a failed run its error's first
+    line (error)."""
     return json.loads((Path(out_dir) / "run.json").read_text())
+
+
+#: The statuses of a run that ended by itself: a finished run, which `check_out_dir` keeps another from overwriting.
+FINISHED = ("completed", "nonfinite")
+
+
+class RunExists(ValueError):
+    """The out_dir holds a finished run of another config: training into it would overwrite it."""
+
+
+def check_out_dir(cfg: TrainConfig, force: bool = False):
+    """Raise `RunExists` where `cfg.out_dir` holds a finished run (`FINISHED`) of another config (every field but
+    out_dir compared; a config.json that cannot be read counts as another), unless `force`. The same config is
+    no overwrite: training it again, or continuing it from one of its checkpoints, gives the same run."""
+    if force or not cfg.out_dir:
+        return
+    out = Path(cfg.out_dir)
+    try:
+        st = read_status(out)
+        status = st["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no run.json (a new directory), or no run of ours
+    if status not in FINISHED:
+        return
+    here = cfg.to_dict()
+    try:
+        there = TrainConfig.from_dict(json.loads((out / "config.json").read_text())["config"]).to_dict()
+    except (OSError, ValueError, KeyError, TypeError):
+        what = "whose config.json cannot be read"
+    else:
+        diff = [k for k in here if k != "out_dir" and here[k] != there.get(k)]
+        if not diff:
+            return
+        what = ("of another config (" + "; ".join(f"{k}: {there.get(k)!r} there, {here[k]!r} here" for k in diff[:4])
+                + ("; ..." if len(diff) > 4 else "") + ")")
+    raise RunExists(f"{out} holds a finished run ({status}, {st.get('steps')} steps) {what}: training into it would "
+                    "overwrite it. Choose another output directory, or overwrite it with --force (train(force=True))")
 
 
 class RunFiles:
@@ -190,10 +231,10 @@ class RunFiles:
             f.write(json.dumps(rec) + "\n")
             f.flush()
 
-    def status(self, status: str, steps: int, nonfinite_step, wall_s: float):
+    def status(self, status: str, steps: int, nonfinite_step, wall_s: float, error: str | None = None):
         """run.json (rank 0, with an out_dir)."""
         if self.out is not None and self.lead:
-            _write_status(self.out, status, steps, self.cfg, nonfinite_step, wall_s, self.world)
+            _write_status(self.out, status, steps, self.cfg, nonfinite_step, wall_s, self.world, error)
 
     def close(self):
         for f in self._files.values():

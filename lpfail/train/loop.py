@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from lpfail import data as lpdata
-from lpfail.model import GPT
+from lpfail.model import GPT, unavailable
 from lpfail.train.batches import BatchRecord, _batch_order, _rows, load_tokens, split_validation, validation_offsets
 from lpfail.train.config import TrainConfig, _check_resume
-from lpfail.train.log import RunFiles, TrainResult, checkpoint_path, load_checkpoint, save_checkpoint
+from lpfail.train.log import (RunFiles, TrainResult, check_out_dir, checkpoint_path, load_checkpoint,
+                              save_checkpoint)
 from lpfail.train.step import (GRAPH_WARMUP, _apply_hparams, _build_optimizer, _capture_logits, _CapturedStep,
                                _device_lr, _diagnostics, _Dist, _EagerStep, _finite, _nonfinite_error, _numerics,
                                _set_lr, lr_factor, validation_loss)
@@ -27,8 +28,9 @@ from lpfail.train.watch import open_monitor
 
 
 def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | None = None,
-          progress: bool | None = None, hook=None) -> TrainResult:
-    """Train under `cfg`; returns a `TrainResult` (a non-finite loss ends the run, it does not raise).
+          progress: bool | None = None, hook=None, force: bool = False) -> TrainResult:
+    """Train under `cfg`; returns a `TrainResult` (a non-finite loss ends the run, it does not raise; any other
+    error, and Ctrl-C, is recorded in run.json as "failed" or "interrupted", then raised).
 
     resume_from  a checkpoint: continue from its step with its weights, optimizer state and RNG — bit-exactly
                  when cfg equals the checkpoint's config; with another attention / lr / clip / max_steps it is a
@@ -39,6 +41,8 @@ def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | No
                  checkpoint there (the paper's replay of the window before a failure).
     progress     a tqdm bar with ETA on rank 0 (default: when stderr is a terminal).
     hook         called as hook(step, model) after each update (tests inject faults with it).
+    force        train into an out_dir that holds a finished run of another config, overwriting it (without
+                 it that is refused: `check_out_dir`).
 
     Under `torchrun` (WORLD_SIZE > 1) each process calls train(); the process group is set up from the
     environment (NCCL on CUDA, gloo on the CPU) and rank 0 writes the logs and checkpoints.
@@ -54,9 +58,11 @@ def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | No
                 have = sorted(p.name for p in Path(replay).glob("ckpt_*.pt"))
                 raise FileNotFoundError(f"replay_from={replay_from}: no checkpoint {resume_from.name} in {replay} "
                                         f"(checkpoints there: {have or 'none'})")
+    check_out_dir(cfg, force)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("TrainConfig.device is 'cuda' but no CUDA GPU is available")
+    _check_attention(cfg, "cuda" if use_cuda else "cpu")
     dist = _Dist.from_env(use_cuda)
     try:
         device = torch.device("cuda", dist.local_rank) if use_cuda else torch.device("cpu")
@@ -66,6 +72,17 @@ def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | No
         if dist.created:
             import torch.distributed as tdist
             tdist.destroy_process_group()
+
+
+def _check_attention(cfg: TrainConfig, device: str):
+    """Raise ValueError, before anything is trained or written, where an attention of the config's table cannot
+    run on `device` here (`lpfail.model.unavailable`)."""
+    for _layers, _heads, spec in cfg.attention_table():
+        why = unavailable(spec, device)
+        if why is not None:
+            raise ValueError(f"attention {spec} cannot run here: {why}. Train on a CUDA machine with the kernels, "
+                             f"or use {str(spec)[:-1]}, fallback=reference) for the reference under the same "
+                             "policy")
 
 
 def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress, hook) -> TrainResult:
@@ -133,6 +150,9 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
         if result.status == "completed":
             with unwatched():
                 _validate(run, result.steps)
+    except BaseException as e:
+        _stop_on_exception(run, e)
+        raise
     finally:
         if mon is not None:
             mon.detach()
@@ -348,6 +368,19 @@ def _stop_on_error(run: _Run, step: int, factor: float, reason: str, dt: float):
         # the other ranks may wait in this step's gradient all-reduce: stopping here alone would hang the job, so
         # record what we can (the caller raises and torchrun tears it down)
         run.files.status(run.result.status, run.result.steps, step, time.perf_counter() - run.t_start)
+
+
+def _stop_on_exception(run: _Run, e: BaseException):
+    """Record how the run ended when `e` raised out of the loop (the caller re-raises it): "interrupted" (Ctrl-C,
+    or an exit requested) or "failed" with the error's first line, each with the updates done. A non-finite stop
+    already recorded (under torchrun, before its error is raised) is left as it is."""
+    if run.result.status == "nonfinite":
+        return
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        status, error = "interrupted", None
+    else:
+        status, error = "failed", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
+    run.files.status(status, run.result.steps, None, time.perf_counter() - run.t_start, error)
 
 
 def _show_progress(bar, loss_v: float, gn_v: float, rec: dict):
