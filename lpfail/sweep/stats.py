@@ -48,6 +48,8 @@ and the rule calls about one null comparison in four (two-sided), still about on
 another tiling): its call rate is the rule's false-positive rate in chaotic training. `seed_residuals`,
 `null_draws`, `contrast`, `paired_rates` and `legacy_rates` simulate null data at the stored noise level and
 measure both rules on it (tests/test_stats_null.py; the numbers are in notes/statistics.md).
+`lpfail.sweep.power` simulates whole pre-registered families through `paired` and `judge_family` (false calls,
+coverage, the gap detectable with 80 % power).
 
 The design in one example (lr_sweep's H1 on ten seeds, the call on the fresh seeds 3–9)::
 
