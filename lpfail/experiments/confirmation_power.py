@@ -26,8 +26,9 @@ these words are what the book prints beside them.
 family-wise false-call rate under the null, each row's call rate and interval coverage, for the paired rule and
 the legacy seed-bootstrap rule, under normal noise (every size) and under null grids rebuilt from the stored runs
 (`stored_runs`; the smaller size, whose ten seeds and ten variants the model needs), and the simulated detectable
-gap (normal noise, each row's own standard deviation) beside `power.detectable_sd`. It records the ``confirmation`` result it was computed from (``npz_sha256``);
-tests/test_power.py fails when that has changed since.
+gap (normal noise, each row's own standard deviation) beside `power.detectable_sd`. It records the
+``confirmation`` result it was computed from (``npz_sha256``); tests/test_power.py fails when that has changed
+since.
 """
 from __future__ import annotations
 
