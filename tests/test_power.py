@@ -81,7 +81,7 @@ def test_paired_rule_holds_its_level_on_null_grids_from_the_stored_runs(conf, fa
 def test_the_legacy_rule_fails_the_same_check(conf, fams):
     """The negative control, through the same harness: the seed-bootstrap rule (percentile interval over 10,000
     resamples of every seed, no Holm) calls a null family far more often than α, at ten seeds and at five."""
-    n = 60
+    n = 50
     for key, noise in ((("small", "gaps_small"), "normal"), (("large", "gaps_large"), "normal"),
                        (("small", "claims"), "runs")):
         runs = CP.stored_runs(conf, "small") if noise == "runs" else None
@@ -93,7 +93,7 @@ def test_the_legacy_rule_fails_the_same_check(conf, fams):
 def test_detectable_gap_is_the_simulated_power(fams):
     """At `detectable_sd`, one row of the family is called on its side 80 % of the time, through the calls
     (Holm's other steps add a little), at two fresh seeds and at five."""
-    n = 800
+    n = 600
     for key in (("gpt2", "gaps_gpt2"), ("large", "gaps_large")):
         fam = fams[key]
         d = P.detectable_sd(len(fam.confirm), fam.m)
