@@ -214,6 +214,27 @@ def test_quick_prediction_interval_from_stored_seeds():
         Q.t975(0)
 
 
+def test_quick_t975_table_is_scipys_and_the_drivers_need_no_scipy():
+    """The quick profile's t quantiles are scipy's to the last bit; the sweep framework, every experiment module
+    and a quick comparison import and run where scipy is missing (the GPU machines)."""
+    sps = pytest.importorskip("scipy.stats")
+    assert sorted(Q.T975) == list(range(1, 31)) and all(Q.T975[df] == sps.t.ppf(0.975, df) for df in Q.T975)
+    assert Q.t975(40) == sps.t.ppf(0.975, 40)
+    code = ("import sys\n"
+            "class NoScipy:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'scipy' or name.startswith('scipy.'):\n"
+            "            raise ModuleNotFoundError(\"No module named 'scipy'\", name='scipy')\n"
+            "sys.meta_path.insert(0, NoScipy())\n"
+            "from lpfail import results, sweep\n"
+            "from lpfail.sweep import quick\n"
+            "results.registry(); sweep.get('confirmation')\n"
+            "print(quick.prediction([0.1, 0.2, 0.3])['interval'])\n"
+            "assert 'scipy' not in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 def test_every_quick_profile_is_a_subset_of_its_grid_of_one_seed():
     for name in sweep.names():
         grid = sweep.get(name)

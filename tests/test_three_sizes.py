@@ -111,3 +111,28 @@ def test_three_size_text_says_what_a_size_without_a_call_could_have_called():
     assert "no learning rate's gap is called" in t
     assert (f"With 2 fresh seeds and Holm over {len(cells)} learning rates, a gap is called only where its mean over "
             f"the fresh seeds is at least {r:.0f} times their standard deviation") in t
+
+
+def test_power_beside_the_calls_on_the_stored_grid():
+    """The stored grid: at 8 × 512 the two fresh seeds could not have called a gap as large as the healthy margin, so
+    H5 and every uncalled cell there read *no power*; at 4 × 256 and 12 × 768 H5 stays *not distinguishable*, with
+    the gap the fresh seeds would call and what the estimate over all seeds rules out beside it."""
+    from lpfail import results
+
+    conf = results.load("confirmation")
+    a = conf["analysis"]
+    assert a["sizes"]["large"]["H5"] == "not distinguishable"  # the stored, pre-registered word stays
+    assert [LR.h5_word(a, s) for s in ("small", "large", "gpt2")] == ["not distinguishable", "no power",
+                                                                      "not distinguishable"]
+    t = LR.three_size_text(conf)
+    assert "At 8 × 512 (5 paired seeds; the call on seeds 3–4 alone), no learning rate's gap is called; where FP32 " \
+           "attention is healthy, H5 reads *no power*." in t
+    assert "would call a gap of 69 standard deviations of the per-seed gap 80 % of the time" in t
+    assert "more than the healthy margin of 0.132 nats, which is what *no power* says" in t
+    assert t.count("less than the healthy margin") == 2 and t.count("(one-sided 95 % bound)") == 3
+    assert LR.h5_text(a) == ("Where FP32 attention is healthy, H5 reads *not distinguishable* at 4 × 256 and "
+                             "12 × 768; *no power* at 8 × 512.")
+    large = LR.ten_seed_gap_table(a, "large")
+    assert large.count("**no power**") == 6 and "**inconclusive**" not in large
+    assert "**no power**" not in LR.ten_seed_gap_table(a) and LR.ten_seed_facts(conf)["ten_H5"] == "not distinguishable"
+    assert "the robust fix +0.186 [+0.046, +0.325], p = 0.033, Holm-adjusted 0.3 — **no power**" in LR.fix_lr_text(a)

@@ -754,6 +754,47 @@ def confirmed(conf: Mapping | None, claim: str) -> bool:
     return h.get("verdict") in ("supported", "inconclusive", "refuted")
 
 
+def h5_word(a: Mapping, size: str) -> str:
+    """H5 at ``size`` with power beside it: 'no power' instead of 'not distinguishable' where the fresh seeds could
+    not have called a gap as large as the healthy margin (`lpfail.experiments.confirmation_power.h5_word`)."""
+    from lpfail.experiments import confirmation_power as CP
+
+    return CP.h5_word(a, size)
+
+
+def row_word(a: Mapping, family: str, name: str) -> str:
+    """A confirmation row's call with power beside it: 'no power' instead of 'inconclusive' where its family could
+    not have called a gap as large as the healthy margin (`lpfail.experiments.confirmation_power.row_word`)."""
+    from lpfail.experiments import confirmation_power as CP
+
+    return CP.row_word(a, family, name)
+
+
+def power_text(a: Mapping, size: str, n: int) -> str:
+    """One sentence on what a size's gap family could call where FP32 attention is healthy: the gap its fresh seeds
+    call 80 % of the time (in standard deviations of the per-seed gap and in nats, beside the healthy margin) and
+    the one-sided 95 % upper bound of A − C over all ``n`` seeds there (`confirmation_power.power_rows`); "" where
+    the analysis lacks what power needs."""
+    from lpfail.experiments import confirmation_power as CP
+
+    try:
+        rows = [r for r in CP.power_rows(a) if r["family"] == f"gaps_{size}" and r["healthy"]]
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if not rows:
+        return ""
+    nats = sorted(r["detectable_gap_nats"] for r in rows)
+    span = f"{nats[0]:.3f}" if len(nats) == 1 else f"{nats[0]:.3f}–{nats[-1]:.3f}"
+    dsd, limit, k = rows[0]["detectable_gap_sd"], rows[0]["margin_nats"], rows[0]["n_confirm"]
+    beyond = nats[0] > limit
+    return (f" At the healthy rates its {k} fresh seeds would call a gap of {dsd:.{0 if dsd >= 10 else 1}f} standard "
+            f"deviations of the per-seed gap 80 % of the time: {span} nats there, "
+            + (f"more than the healthy margin of {limit:.3f} nats, which is what *no power* says"
+               if beyond else f"less than the healthy margin of {limit:.3f} nats")
+            + f"; over all {n} seeds, A − C there is at most {max(r['upper_bound'] for r in rows):+.3f} nats "
+              "(one-sided 95 % bound).")
+
+
 def _closed_text(a: Mapping, hyp: str) -> str:
     """For a half-gap hypothesis: how much of S(A) − S(C) the remedy leaves, from the two estimates (both means
     over the same seeds, so the difference is exact)."""
@@ -786,12 +827,19 @@ def judge_confirmed(conf: Mapping, old: Verdict, claim: str = "C0", extra: str =
           f"{h['n']} paired seeds, 95 % Student t interval); the call on the fresh seeds "
           f"{h['seeds_confirm'][0]}–{h['seeds_confirm'][-1]} alone: paired t test p = {h['p']:.2g}, "
           f"Holm-adjusted within its family of {h['family_size']}: {h['p_adjusted']:.2g} — **{h['verdict']}**.")
+    h5 = h5_word(a, "small") if small else None
     if hyp != "H1":
         ev += _closed_text(a, hyp)
-    elif small.get("H5") == "not distinguishable":
+    elif h5 == "not distinguishable":
         ev += (f" But at no learning rate where FP32 attention is healthy ({healthy}: its loss within "
                f"{100 * CF.HEALTHY:.0f} % of its best) is the A − C gap called: on this proxy the gap opens only where "
                "FP32 attention itself degrades, unlike the paper's healthy high-precision run beside a failing one.")
+        if len(a.get("sizes", {})) > 1:
+            ev += " " + h5_text(a)
+    elif h5 == "no power":
+        ev += (f" At the learning rates where FP32 attention is healthy ({healthy}: its loss within "
+               f"{100 * CF.HEALTHY:.0f} % of its best) no A − C gap is called, but the fresh seeds could not have "
+               "called one as large as that margin (H5: *no power*), so whether the gap opens there is not known.")
         if len(a.get("sizes", {})) > 1:
             ev += " " + h5_text(a)
     elif small:
@@ -844,8 +892,8 @@ def fix_lr_text(a: Mapping, with_hr: bool = True) -> str:
             continue
         if all(r["verdict"] != "no gap to close" for r in rows.values()):
             judged.append(f"at {lr:g}, " + "; ".join(
-                f"{names[x]} {iv(r)}, p = {r['p']:.2g}, Holm-adjusted {r['p_adjusted']:.2g} — **{r['verdict']}**"
-                for x, r in rows.items()))
+                f"{names[x]} {iv(r)}, p = {r['p']:.2g}, Holm-adjusted {r['p_adjusted']:.2g} — "
+                f"**{row_word(a, 'fix_lr', f'{x}@lr={lr:g}')}**" for x, r in rows.items()))
             continue
         g = gaps.get(f"lr={lr:g}") or {}
         if lr not in healthy and g.get("ci") is not None and g["ci"][0] > 0:
@@ -862,7 +910,7 @@ def fix_lr_text(a: Mapping, with_hr: bool = True) -> str:
     hr = (a.get("claims") or {}).get("HR")
     if hr is not None and with_hr:
         out += (f" The robust fix in LR sensitivity (HR): {iv(hr)}, Holm-adjusted p {hr['p_adjusted']:.2g} — "
-                f"**{hr['verdict']}**.")
+                f"**{row_word(a, 'claims', 'HR')}**.")
     return out.replace(": . ", ". ").strip()
 
 
@@ -1014,7 +1062,7 @@ def ten_seed_table(a: Mapping) -> str:
             continue
         seeds = f"{r['seeds_confirm'][0]}–{r['seeds_confirm'][-1]}"
         rows.append([h, words, interval({"point": r["estimate"], "ci": r["ci"]}, "+.3f"),
-                     f"{r['p']:.2g} (seeds {seeds})", f"{r['p_adjusted']:.2g}", f"**{r['verdict']}**"])
+                     f"{r['p']:.2g} (seeds {seeds})", f"{r['p_adjusted']:.2g}", f"**{row_word(a, 'claims', h)}**"])
     pl = ((a.get("placebo") or {}).get("rows") or {}).get("placebo S")
     if pl is not None:
         rows.append(["placebo", "FP32 attention with other tiles differs from FP32 attention",
@@ -1036,7 +1084,7 @@ def ten_seed_facts(conf: Mapping) -> dict[str, str]:
     cells, lrs = small["cells"], sorted(float(k.split("=", 1)[1]) for k in small["cells"])
     h1 = a["claims"]["H1"]
     out = {"ten_n": f"{h1['n']}", "ten_confirm": f"{h1['seeds_confirm'][0]}–{h1['seeds_confirm'][-1]}",
-           "ten_healthy": listing([f"{x:g}" for x in small["healthy_lrs"]]), "ten_H5": small["H5"],
+           "ten_healthy": listing([f"{x:g}" for x in small["healthy_lrs"]]), "ten_H5": h5_word(a, "small"),
            "ten_prereg": str(a["preregistered_on"])}
     for lr in lrs[-2:]:
         c = cells[f"lr={lr:g}"]
@@ -1081,9 +1129,13 @@ def ten_seed_found(a: Mapping) -> str:
     if less:
         parts.append(f"{listing(less)} {'closes' if len(less) == 1 else 'close'} less than half")
     out += " Of the remedies, " + "; ".join(parts) + "."
-    if a["sizes"]["small"]["H5"] == "not distinguishable":
+    h5 = h5_word(a, "small")
+    if h5 == "not distinguishable":
         out += (" The gap opens only at learning rates where FP32 attention itself has degraded, unlike the paper's "
                 "healthy high-precision run beside a failing one.")
+    elif h5 == "no power":
+        out += (" Whether it also opens where FP32 attention is healthy, the fresh seeds cannot tell: they could not "
+                "have called a gap as large as the healthy margin there.")
     return out
 
 
@@ -1100,7 +1152,7 @@ def ten_seed_gap_table(a: Mapping, size: str = "small") -> str:
         lr = float(key.split("=", 1)[1])
         row = [f"{lr:g}", f"{cm:.3f}", "yes" if lr in g["healthy_lrs"] else "no",
                interval({"point": c["estimate"], "ci": c["ci"]}, "+.3f"), f"{c['p']:.2g}", f"{c['p_adjusted']:.2g}",
-               f"**{c['verdict']}**"]
+               f"**{row_word(a, f'gaps_{size}', key)}**"]
         if placebo:
             pl = placebo.get(f"placebo {key}")
             row += ([interval({"point": pl["estimate"], "ci": pl["ci"]}, "+.3f"),
@@ -1244,9 +1296,10 @@ def three_size_figure(conf: Mapping):
 
 def three_size_text(conf: Mapping) -> str:
     """Chapter 1's paragraph on the three sizes from the confirmation grid: per size, its seeds, the calls on its
-    fresh seeds, H5's word, and where nothing is called the smallest gap the fresh seeds could call
-    (`stats.callable_ratio`), or that the size is still incomplete, with what its seeds so far show where FP32
-    attention is healthy; then H6's word."""
+    fresh seeds, H5's word with power beside it (`h5_word`), where nothing is called the smallest gap the fresh
+    seeds could call (`stats.callable_ratio`), the gap they call 80 % of the time where FP32 attention is healthy
+    and what the estimate over all seeds rules out there (`power_text`), or that the size is still incomplete,
+    with what its seeds so far show where FP32 attention is healthy; then H6's word."""
     from lpfail.book.text import listing
     from lpfail.sweep import stats
 
@@ -1274,8 +1327,8 @@ def three_size_text(conf: Mapping) -> str:
                          f"deviation, so at this size \"no call\" is not evidence that there is no gap.")
             parts.append(
                 f"At {d['name']} ({n} paired seeds; the call on {conf_seeds} alone), {calls}; where FP32 attention "
-                f"is healthy, H5 reads *{g['H5']}*.{power} Its largest mean gap over all {n} seeds, "
-                f"{interval(big, '+.2f')} (95 % t interval), is at {d['lrs'][j]:g}, {where}.")
+                f"is healthy, H5 reads *{h5_word(a, size)}*.{power}{power_text(a, size, n)} Its largest mean gap over "
+                f"all {n} seeds, {interval(big, '+.2f')} (95 % t interval), is at {d['lrs'][j]:g}, {where}.")
         else:
             healthy = [(lr, gg) for lr, gg, ok in zip(d["lrs"], d["gaps"], d["healthy"])
                        if ok and gg["point"] is not None]
@@ -1308,18 +1361,19 @@ def h6_text(a: Mapping) -> str:
 
 
 def h5_text(a: Mapping) -> str | None:
-    """H5 at every size the confirmation's analysis has judged, in one sentence ("... *not distinguishable* at
-    4 × 256 and 8 × 512; *distinguishable* at 12 × 768 (called at 0.001)."); None when no size is judged."""
+    """H5 at every size the confirmation's analysis has judged, with power beside it (`h5_word`), in one sentence
+    ("... *not distinguishable* at 4 × 256; *no power* at 8 × 512; *distinguishable* at 12 × 768 (called at
+    0.001)."); None when no size is judged."""
     from lpfail.book.text import listing
 
     sizes = {s: g for s, g in (a.get("sizes") or {}).items() if s in SIZE_SHORT}
     if not sizes:
         return None
     groups = []
-    for word in ("not distinguishable", "distinguishable"):
+    for word in ("not distinguishable", "no power", "distinguishable"):
         names = [SIZE_SHORT[s] + (f" (called at {listing([format(x, 'g') for x in g['H5_called_lrs']])})"
                                   if g.get("H5_called_lrs") else "")
-                 for s, g in sizes.items() if g.get("H5") == word]
+                 for s, g in sizes.items() if h5_word(a, s) == word]
         if names:
             groups.append(f"*{word}* at {listing(names)}")
     return "Where FP32 attention is healthy, H5 reads " + "; ".join(groups) + "."

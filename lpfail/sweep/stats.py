@@ -24,7 +24,10 @@ and the rule calls about one null comparison in four (two-sided), still about on
 * *test* — the exact paired sign-flip permutation test of the mean (`sign_flip_p`): under "no difference"
   the d_s are symmetric about 0 (the variants are exchangeable within a seed), so each of the 2^n sign
   patterns is equally likely; p counts the patterns whose |Σ ± d_s| is at least the observed |Σ d_s|.
-  Exact enumeration for n ≤ 20, Monte Carlo (2^16 patterns, fixed seed) above. No distributional
+  Exact enumeration for n ≤ 20, Monte Carlo (2^16 patterns, fixed seed) above: the design of
+  ``scipy.stats.permutation_test(..., permutation_type="samples")``, whose p values it equals, except that a
+  sum counts as tied with the observed one within 1e-9·Σ|d_s| (scipy's tolerance, relative to the observed
+  mean, misses the observed pattern's own mirror when that mean is near 0; tests/test_stats.py). No distributional
   assumption beyond symmetry under the null (exact for X − Y; for the half-gap statistic, whose per-seed
   values need not be symmetric, tests/test_stats_null.py measures it); its smallest attainable p is 2/2^n
   two-sided (`p_floor`).
@@ -35,8 +38,8 @@ and the rule calls about one null comparison in four (two-sided), still about on
   side; a hypothesis not measured counts in its family with p = 1 (the family's size is the registered one).
 * *call* — α = 0.05 on the Holm-adjusted two-sided p: 'supported' when p_adj ≤ α and the mean difference lies
   on the hypothesised side of 0, 'refuted' when p_adj ≤ α on the other side, else 'inconclusive'.
-* *estimate* — the mean of d_s with a Student t interval (95 %, `t_interval`; the t quantile is computed
-  here, `t_quantile`, numpy and `math` only). The interval is per hypothesis (not adjusted for the family).
+* *estimate* — the mean of d_s with a Student t interval (95 %, `t_interval`; the t distribution is scipy's,
+  `t_quantile` and `t_sf`, imported on first use). The interval is per hypothesis (not adjusted for the family).
 * *confirm / estimate split* — the call may be made on a subset of the seeds (e.g. seeds 3–9, run after the
   rule was fixed) while the estimate and its interval pool every seed (0–9); `paired` reports both seed
   sets it used.
@@ -45,6 +48,8 @@ and the rule calls about one null comparison in four (two-sided), still about on
 another tiling): its call rate is the rule's false-positive rate in chaotic training. `seed_residuals`,
 `null_draws`, `contrast`, `paired_rates` and `legacy_rates` simulate null data at the stored noise level and
 measure both rules on it (tests/test_stats_null.py; the numbers are in notes/statistics.md).
+`lpfail.sweep.power` simulates whole pre-registered families through `paired` and `judge_family` (false calls,
+coverage, the gap detectable with 80 % power).
 
 The design in one example (lr_sweep's H1 on ten seeds, the call on the fresh seeds 3–9)::
 
@@ -253,63 +258,33 @@ def seed_half_gap(x, a, c, y=None) -> np.ndarray:
     return (vals["x"] - vals.get("y", vals["c"])) - 0.5 * (vals["a"] - vals["c"])
 
 
-# -- the Student t distribution (numpy and math only; scipy is not a dependency) --------------------
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta (modified Lentz; Numerical Recipes §6.4)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            return h
-    raise ArithmeticError(f"incomplete beta: no convergence for a={a}, b={b}, x={x}")
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), 0 ≤ x ≤ 1."""
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"betainc: x must lie in [0, 1] (got {x})")
-    if x in (0.0, 1.0):
-        return x
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
-    if df <= 0:
-        raise ValueError(f"t_cdf: df must be positive (got {df})")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|)
-    return 1.0 - tail if t > 0 else tail
+# -- the Student t distribution (scipy) ---------------------------------------------------------------
+def _special():
+    """scipy.special, imported on first use: `lpfail.sweep` (and so this module) is imported by the sweep drivers
+    on the GPU machines, which have no scipy; only the statistics, run on a CPU, need it."""
+    try:
+        from scipy import special
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError("lpfail.sweep.stats: the Student t distribution needs scipy (requirements.txt); "
+                                  "the statistics run on a CPU machine") from e
+    return special
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t with ``df`` degrees of freedom (bisection on `t_cdf`, to ~1e-12)."""
+    """The p-quantile of Student's t with ``df`` degrees of freedom: ``scipy.special.stdtrit(df, p)``, the function
+    ``scipy.stats.t.ppf`` evaluates."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"t_quantile: p must lie in (0, 1) (got {p})")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        lo, hi = hi, 2.0 * hi
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-        if hi - lo <= 1e-13 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+    if not df > 0:
+        raise ValueError(f"t_quantile: df must be positive (got {df})")
+    return float(_special().stdtrit(df, p))
+
+
+def t_sf(t, df):
+    """P(T > t) for Student's t with ``df`` degrees of freedom: ``scipy.special.stdtr(df, -t)``, the function
+    ``scipy.stats.t.sf`` evaluates (accurate in the upper tail, no 1 − cdf cancellation). Scalars or arrays."""
+    out = _special().stdtr(df, -np.asarray(t, dtype=np.float64))
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def t_interval(d, confidence: float = T_CONFIDENCE) -> tuple[float, float, float]:
@@ -325,14 +300,15 @@ def t_interval(d, confidence: float = T_CONFIDENCE) -> tuple[float, float, float
 
 
 def t_test_p(d) -> dict[str, float]:
-    """The one-sample t test of mean 0 on per-seed differences: {"two-sided", "greater", "less"} p."""
+    """The one-sample t test of mean 0 on per-seed differences: {"two-sided", "greater", "less"} p (the p values of
+    ``scipy.stats.ttest_1samp``; here all three at once, and a zero standard deviation gives t = ±inf or 0
+    instead of NaN)."""
     d = per_seed(d)
     if d.size < 2:
         raise ValueError("t_test_p: need at least 2 seeds")
     mean, sd = float(d.mean()), float(d.std(ddof=1))
     t = mean / (sd / math.sqrt(d.size)) if sd > 0 else (0.0 if mean == 0 else math.copysign(math.inf, mean))
-    df = d.size - 1
-    tail = 0.0 if math.isinf(t) else 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))  # P(T > |t|), no cancellation
+    tail = t_sf(abs(t), d.size - 1)  # P(T > |t|)
     upper = tail if t >= 0 else 1.0 - tail
     return {"two-sided": min(1.0, 2.0 * tail), "greater": upper, "less": 1.0 - upper if t >= 0 else tail}
 
