@@ -341,6 +341,25 @@ def _round_to_odd_fp32(x: torch.Tensor) -> torch.Tensor:
     return sign | mag
 
 
+_BF16_TABLES: dict = {}
+
+
+def _round_bf16_patterns(x: torch.Tensor, shift: int, mode: str) -> torch.Tensor:
+    """bf16 values rounded to 7 − shift fraction bits: a look-up in the table of all 65,536 bf16 patterns rounded
+    by `_round_pattern` (their fp32 patterns are the bf16 ones followed by 16 zero bits), made once per
+    (shift, mode, device)."""
+    if shift == 0:
+        return x.clone()
+    tkey = (shift, mode, x.device)
+    table = _BF16_TABLES.get(tkey)
+    if table is None:
+        every = torch.arange(1 << 16, dtype=torch.int64, device=x.device)
+        table = _patterns_to_bf16(_round_pattern(every << 16, shift + 16, mode)).view(torch.int16)
+        _BF16_TABLES[tkey] = table
+    idx = x.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    return table.index_select(0, idx.reshape(-1)).view(torch.bfloat16).reshape(x.shape)
+
+
 def round_mantissa(x: torch.Tensor, mantissa: int, mode: str = "rne", generator: torch.Generator | None = None,
                    key=None) -> torch.Tensor:
     """Round to bf16's exponent with only `mantissa` (K, 1 … 7) fraction bits; the result is a bf16 tensor whose
@@ -369,7 +388,8 @@ def round_mantissa(x: torch.Tensor, mantissa: int, mode: str = "rne", generator:
     [1.0, 1.25, 1.125]
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-        raise TypeError(f"round_mantissa takes a floating-point tensor (got {type(x).__name__ if not isinstance(x, torch.Tensor) else x.dtype})")
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"round_mantissa takes a floating-point tensor (got {got})")
     k = _check_mantissa(mantissa)
     if mode not in ROUNDING_MODES:
         raise ValueError(f"mode must be one of {ROUNDING_MODES} (got {mode!r})")
@@ -379,6 +399,8 @@ def round_mantissa(x: torch.Tensor, mantissa: int, mode: str = "rne", generator:
         if x.dtype != torch.float64:
             x = x.float()
         return round_stochastic(x, torch.bfloat16, generator, mantissa=k, key=key)
+    if x.dtype == torch.bfloat16:
+        return _round_bf16_patterns(x, 7 - k, mode)
     if x.dtype == torch.float64:
         u = _round_to_odd_fp32(x)
     else:
