@@ -23,7 +23,8 @@ atomic or fused backward, the tie test's form, the FTZ exp), which never changes
 of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_TUNING` (= `NEXT_LEVERS`) unless given.
 
 ``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
-reference only): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
+reference only), and no knob may name a K-bit format of the precision dial ("bf16m1" … "bf16m6") or give V a
+format of its own (``v``): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
 Triton's CPU interpreter, which is slow and whose BF16 arithmetic is broken, so only ``matmul="fp32"`` policies
 are accepted there (rounding cast points to BF16 still work: they are conversions). Without either,
 ``flash_attention`` raises ``RuntimeError``; the reference is ``lpfail.attention``.
@@ -38,7 +39,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from lpfail.precision import _ACC_FIELDS, FA2_BF16, SAFE_SHIFT, BoundedMax, Precision
+from lpfail.precision import _ACC_FIELDS, DIAL, FA2_BF16, SAFE_SHIFT, BoundedMax, Precision
 
 try:
     import triton
@@ -242,6 +243,16 @@ def _require_precision(policy) -> None:
 def kernel_policy(policy: Precision) -> KernelPolicy:
     """Check that the kernels can honour `policy` and translate it; ValueError names the knob that can't."""
     _require_precision(policy)
+    for knob in (*_DTYPE_KNOBS, *_ACC_FIELDS, "masked_carry", "v"):
+        value = getattr(policy, knob, None)
+        if value in DIAL:
+            raise ValueError(f"kernels: Precision.{knob}={value!r} is a K-bit format of the precision dial (bf16's "
+                             f"exponent with {DIAL[value]} fraction bits), which the Triton kernels do not round "
+                             "to; run it with the reference, lpfail.attention(q, k, v, policy)")
+    if getattr(policy, "v", None) is not None:
+        raise ValueError(f"kernels: Precision.v={policy.v!r} (V rounded to a format of its own where it enters "
+                         "attention) is not implemented in the Triton kernels; run it with the reference, "
+                         "lpfail.attention(q, k, v, policy)")
     for knob in _DTYPE_KNOBS:
         value = getattr(policy, knob)
         if value not in ("bf16", "fp16", "fp32"):

@@ -10,11 +10,12 @@ drives the very same tile loop on synthetic rows through `forward_from_scores`.
 
 Public surface::
 
-    attention(q, k, v, policy=FA2_BF16, causal=True, scale=None, check_finite=True) -> o   (Algorithm 2)
+    attention(q, k, v, policy=FA2_BF16, causal=True, scale=None, check_finite=True, sr_key=None) -> o
+                                                                          (backward: Algorithm 2)
     naive_attention(q, k, v, causal=True, scale=None, check_finite=True) -> o  float64 truth, autograd
-    flash_forward(q, k, v, policy, causal=True, scale=None) -> ForwardResult
+    flash_forward(q, k, v, policy, causal=True, scale=None, sr_key=None) -> ForwardResult
     flash_backward(q, k, v, o, lse, do, policy, causal=True, scale=None) -> (dq, dk, dv)
-    forward_from_scores(s, v, policy, mask=None) -> ForwardResult          rows of given scores
+    forward_from_scores(s, v, policy, mask=None, sr_key=None) -> ForwardResult   rows of given scores
     ForwardResult(o, o_unnorm, m, l, lse, fix_pos, fix_neg)
 
 Shapes: q (B, H, Tq, D), k and v (B, H, Tk, D). Causal masking is bottom-right aligned as in
@@ -30,6 +31,11 @@ Conventions
   accumulation, one rounding at the end, the kernel autocast calls); otherwise its operands are upcast
   (exactly) to the wider of their dtypes (at least FP32), multiplied there, and the result rounded to the
   dtype the policy names. On CUDA, FP32 matmuls must not run in TF32 (checked).
+* Formats: a cast to a policy's format is `_cast` (``.to(dtype)`` for bf16, fp16, fp32, fp64) or, on the output
+  path, `_round`. A K-bit format of the precision dial ("bf16m1" … "bf16m6": bf16's exponent, K fraction bits;
+  `lpfail.precision.DIAL`) is held in BF16 tensors and rounded to by `lpfail.bf16.round_mantissa` (exact, to
+  nearest even); a matmul whose result has a K-bit format is formed in FP32 and rounded once. An operand in a
+  K-bit format enters a matmul as the BF16 tensor that holds it (exactly).
 * The forward's numbers for a row depend only on the key tiling (``block_k``): query rows are independent, so
   all query tiles of a key tile are processed at once. ``block_q`` matters in the backward, where dK and dV
   are accumulated tile by tile over the query tiles (in ``grad_acc``).
@@ -49,7 +55,8 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
                                                      rounding, emulated in float64 (see below)
     P̄    = exp(x)  in `exp`
     ℓ_j  = rowsum(P̄) in `exp`                       then .clamp(min=l_clamp) if l_clamp is set
-    P̄V   = matmul(P̄ rounded to `pbar`, V_j)         V in `matmul`; result rounded to `pv_out`
+    P̄V   = matmul(P̄ rounded to `pbar`, V_j)         V in `v` (default `matmul`, rounded from the input
+                                                     once); result rounded to `pv_out`
     a    = exp(m_old − m_new)                        m_old, m_new first rounded to `m_rescale` (default
                                                      `m_acc`); difference in op rounded to `exp_in`, exp in `exp`
     ℓ    = a·ℓ + ℓ_j                                 two ops in op, rounded to `acc`
@@ -73,11 +80,15 @@ Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is se
   query tile by the BF16 ℓ, earlier tiles by the FP32 one (`lpfail.experiments.official_check`,
   notes/official_check.md).
 
-  ``policy.rounding = "sr"``: the four casts of the output path — P̄V to `pv_out`, Ō·a and Ō + P̄V to `acc`,
-  O to `out` — round stochastically where their dtype is 16-bit (`_round`, `lpfail.bf16.round_stochastic`,
-  unbiased; random bits from torch's default generator of the device, so torch.manual_seed fixes them). P̄V
-  is then formed in FP32 (operands upcast exactly) and rounded once, instead of the native 16-bit matmul.
-  m, ℓ and every other cast keep round-to-nearest-even; the backward is unchanged (δ reads the stored O).
+  ``policy.rounding = "sr"``: the four casts of the output path — P̄V to `pv_out`, Ō·a and Ō + P̄V to `o_acc`
+  (default `acc`), O to `out` — round stochastically where their format is 16-bit or K-bit (`_round`,
+  `lpfail.bf16.round_stochastic`, unbiased). Their random bits are counter-based (`lpfail.sr_stream`): a pure
+  function of the call's `RoundingKey` (the run's seed, the training step, the micro-batch, layer and head
+  group, passed by the model), the cast point and key tile (sites (0, j) for P̄V of key tile j, (1, j) for Ō·a,
+  (2, j) for Ō·a + P̄V, (3,) for O) and each element's index, so they are the same on CPU and CUDA and in a
+  captured CUDA graph. A call without a key draws the key's seed from torch's default CPU generator. P̄V is then
+  formed in FP32 (operands upcast exactly) and rounded once, instead of the native 16-bit matmul. m, ℓ, V and
+  every other cast keep round-to-nearest-even; the backward is unchanged (δ reads the stored O).
 
 Backward (Algorithm 2), per key tile j, for all query rows at once::
 
@@ -91,7 +102,7 @@ Backward (Algorithm 2), per key tile j, for all query rows at once::
     S    as in the forward (same `qk_out`, `scores`)
     P    = exp(S − L)    difference in op rounded to `exp`, exp in `exp`  (sub="fma": one fused rounding)
     dV_j += matmul(P rounded to `pbar`, dO)ᵀ         per query tile: rounded to `grad_acc`, then added
-    dP   = matmul(dO, V_jᵀ)                          operands `matmul`, rounded to `dp`
+    dP   = matmul(dO, V_jᵀ)                          dO in `matmul`, V in `v`; rounded to `dp`
     dS   = (P·α)·(dP − δ)                            in op
     dQ  += matmul(dS rounded to `ds`, K_j)           rounded to `grad_acc`, then added in `grad_acc`
     dK_j += matmul(dS rounded to `ds`, Q)ᵀ           per query tile, like dV_j
@@ -165,16 +176,18 @@ import torch
 from lpfail.bf16 import round_stochastic
 from lpfail.precision import (
     FA2_BF16,
+    FORMATS,
     FP32,
     FP64,
     PAPER_BF16,
     PAPER_BF16_OFFICIAL_FIX,
     SAFE_SHIFT,
-    DTYPES,
     BoundedMax,
     DynamicMax,
+    Format,
     Precision,
 )
+from lpfail.sr_stream import RoundingKey
 
 __all__ = [
     "Precision", "DynamicMax", "PAPER_BF16", "FA2_BF16", "FP32", "FP64", "PAPER_BF16_OFFICIAL_FIX",
@@ -226,28 +239,84 @@ def _wider(*dtypes: torch.dtype) -> torch.dtype:
     return best
 
 
-def _stochastic(dtype: torch.dtype, policy: Precision | None) -> bool:
-    """Whether a cast to `dtype` rounds stochastically: policy.rounding == "sr" and a 16-bit `dtype`."""
-    return policy is not None and policy.rounding == "sr" and dtype in (torch.bfloat16, torch.float16)
+_NATIVE = {f.dtype: f for f in FORMATS.values() if f.native}
+
+#: Sites of the output path's stochastic roundings (words of their `RoundingKey`): P̄V, Ō·a and Ō·a + P̄V of key
+#: tile j are (site, j); O is (_SITE_OUT,).
+_SITE_PV, _SITE_SCALE, _SITE_ADD, _SITE_OUT = 0, 1, 2, 3
 
 
-def _round(x: torch.Tensor, dtype: torch.dtype, policy: Precision | None) -> torch.Tensor:
-    """x (in op, FP32 or FP64) rounded to `dtype`: to nearest even (``.to``), or stochastically (unbiased,
-    `lpfail.bf16.round_stochastic`, torch's default generator of x's device) under policy.rounding == "sr"
-    when `dtype` is 16-bit. Used by the output path's casts only: P̄V, Ō·a, Ō·a + P̄V and O."""
-    return round_stochastic(x, dtype) if _stochastic(dtype, policy) else x.to(dtype)
+def _cast(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """x rounded to the format of a cast point, to nearest even, in the format's storage dtype: ``x.to(dtype)``
+    for bf16, fp16, fp32, fp64, `lpfail.bf16.round_mantissa` for the K-bit formats (`Format.round`). Every cast
+    to a policy's format goes through here (or through `_round` on the output path)."""
+    return fmt.round(x)
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.dtype, policy: Precision | None = None) -> torch.Tensor:
+def _stochastic(fmt: Format, policy: Precision | None) -> bool:
+    """Whether a cast to `fmt` rounds stochastically: policy.rounding == "sr" and a 16-bit or K-bit `fmt`."""
+    return policy is not None and policy.rounding == "sr" and fmt.narrow
+
+
+def _at(key: RoundingKey | None, *words: int) -> RoundingKey | None:
+    return None if key is None else key.at(*words)
+
+
+def _round(x: torch.Tensor, fmt: Format, policy: Precision | None, key: RoundingKey | None = None) -> torch.Tensor:
+    """x (in op, FP32 or FP64) rounded to `fmt`: to nearest even (`_cast`), or stochastically (unbiased,
+    `lpfail.bf16.round_stochastic` with the counter-based bits of `key`) under policy.rounding == "sr" when
+    `fmt` is 16-bit or K-bit. Used by the output path's casts only: P̄V, Ō·a, Ō·a + P̄V and O."""
+    if not _stochastic(fmt, policy):
+        return _cast(x, fmt)
+    if key is None:
+        raise ValueError("a stochastic rounding needs its RoundingKey (lpfail.sr_stream)")
+    return round_stochastic(x, fmt.dtype, mantissa=None if fmt.native else fmt.mantissa, key=key)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, out: Format, policy: Precision | None = None,
+            key: RoundingKey | None = None) -> torch.Tensor:
     """a @ b with a, b already in their operand dtypes, the result in `out` (see the module docstring).
-    With `policy` given, the result is rounded to `out` by `_round` (stochastic rounding under "sr")."""
-    if a.dtype == b.dtype == out and not _stochastic(out, policy):
+    With `policy` given, the result is rounded to `out` by `_round` (stochastic rounding under "sr", with `key`).
+    A K-bit `out` is formed in FP32 (operands upcast exactly) and rounded once, like a stochastic one."""
+    if out.native and a.dtype == b.dtype == out.dtype and not _stochastic(out, policy):
         return a @ b  # native: for BF16 operands FP32 accumulation and one rounding, as under autocast
     compute = _wider(a.dtype, b.dtype, torch.float32)
     if compute == torch.float32 and a.is_cuda and torch.backends.cuda.matmul.allow_tf32:
         raise RuntimeError("lpfail.attention needs true FP32 matmuls, but TF32 is allowed "
                            "(torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision): turn it off")
-    return _round(a.to(compute) @ b.to(compute), out, policy)  # cast: product to `out` (P̄V: `pv_out`, "sr")
+    return _round(a.to(compute) @ b.to(compute), out, policy, key)  # cast: product to `out` (P̄V: `pv_out`)
+
+
+def _prod_format(fmt: Format, *dtypes: torch.dtype) -> Format:
+    """The format an elementwise product of operands of `dtypes` is rounded to when a policy names `fmt` for it:
+    `fmt`, widened to the operands' dtype when they are wider (`_wider` for the native formats; a K-bit `fmt`
+    stays unless an operand is FP32 or FP64)."""
+    if fmt.native:
+        return _NATIVE[_wider(fmt.dtype, *dtypes)]
+    wide = [d for d in dtypes if d in (torch.float32, torch.float64)]
+    return _NATIVE[_wider(*wide)] if wide else fmt
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """a ∘ b rounded once to `fmt` (operands of 16 bits or more multiply exactly in op): for a native format the
+    product in that dtype (PyTorch computes it in op and rounds once), else `_cast` of the product in op."""
+    if fmt.native:
+        return a.to(fmt.dtype) * b.to(fmt.dtype)
+    op = _op(a.dtype, b.dtype)
+    return _cast(a.to(op) * b.to(op), fmt)
+
+
+def _sr_key(policy: Precision, key: RoundingKey | None) -> RoundingKey | None:
+    """The key of an attention call's stochastic roundings: `key` as given; None for an "rne" policy; for an "sr"
+    policy called without one, a key with a seed drawn from torch's default CPU generator (so torch.manual_seed
+    fixes it; the model always passes its own, `lpfail.sr_stream.SRStream`)."""
+    if policy.rounding != "sr":
+        return None
+    if key is None:
+        return RoundingKey(int(torch.randint(0, 1 << 62, (), dtype=torch.int64)))
+    if not isinstance(key, RoundingKey):
+        raise TypeError(f"sr_key must be a lpfail.sr_stream.RoundingKey or None (got {type(key).__name__})")
+    return key
 
 
 def _tiles(n: int, block: int | None) -> list[tuple[int, int]]:
@@ -303,45 +372,45 @@ def exp_scores(s: torch.Tensor, m: torch.Tensor, policy: Precision) -> torch.Ten
     """P̄ = exp(S − m) as the forward forms it with sub="sub", before the cast to `pbar`: S (in `scores`) minus
     m (in `m_acc`, default `acc`) computed in op and rounded to `exp_in`, then exp in `exp`. Also used by chapter 4 (Rounding)
     to rebuild the forward's P̄ for a row."""
-    scores_dt, m_dt, exp_in = policy.dtype("scores"), policy.dtype("m_acc"), policy.dtype("exp_in")
-    op = _op(scores_dt, m_dt, exp_in)
-    x = (s.to(scores_dt).to(op) - m.to(m_dt).to(op)).to(exp_in)    # cast: S − m to `exp_in`
-    return torch.exp(x.to(policy.dtype("exp")))                    # cast: exp runs in `exp`
+    scores_f, m_f, exp_in = policy.format("scores"), policy.format("m_acc"), policy.format("exp_in")
+    op = _op(scores_f.dtype, m_f.dtype, exp_in.dtype)
+    x = _cast(_cast(s, scores_f).to(op) - _cast(m, m_f).to(op), exp_in)  # cast: S − m to `exp_in`
+    return torch.exp(_cast(x, policy.format("exp")))               # cast: exp runs in `exp`
 
 
 def _bounded_max(m_alg3: torch.Tensor, r_m: torch.Tensor, r_s: torch.Tensor, fix: BoundedMax,
-                 scores_dt: torch.dtype, acc: torch.dtype):
+                 scores_f: Format, acc: Format):
     """The robust fix's m' (`lpfail.precision.BoundedMax`, whose docstring gives the rule) from Algorithm 3's
     m'₃ (in `scores`), the block maximum r_m and the tie count r_s. Computed in FP32 (FP64 for FP64 policies),
     in the same order as `kernels.fwd._dynamic_max`. Returns (m' in `acc`, pos, neg): m' is r_m where the rule
     leaves no shift; pos / neg mark the rows shifted with r_m > 0 / r_m ≤ 0 (the fix's counters)."""
-    op = _op(scores_dt, acc)
+    op = _op(scores_f.dtype, acc.dtype)
     lo, hi, half = float(fix.shift_min), float(fix.shift_max), float(fix.shift_max) / 2
     r = r_m.to(op)
     x = m_alg3.to(op) - r                                          # Algorithm 3's shift (≥ 0)
     x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))     # r_m = ±inf: no tie anyway
     folded = half + ((x - half) - half * torch.floor((x - half) * (1.0 / half)))  # in [H/2, H)
     delta = torch.where(x < lo, x + lo, folded)
-    moved = (r + delta).to(scores_dt)                              # cast: r_m + shift to `scores`
+    moved = _cast(r + delta, scores_f)                             # cast: r_m + shift to `scores`
     keep3 = (x >= lo) & (x <= hi)
-    m_b = torch.where(keep3, m_alg3, moved).to(acc)                # cast: m' to `acc`
+    m_b = _cast(torch.where(keep3, m_alg3, moved), acc)            # cast: m' to `acc`
     shift = m_b.to(op) - r
     use = (r_s > 1) & torch.isfinite(r) & (shift > 0) & (shift <= SAFE_SHIFT)
-    m_blk = torch.where(use, m_b, r_m.to(acc))
+    m_blk = torch.where(use, m_b, _cast(r_m, acc))
     return m_blk, use & (r_m > 0), use & (r_m <= 0)
 
 
 def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, masking: _Masking,
-                   alpha: float) -> ForwardResult:
-    """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `matmul`.
-    The running state (m, ℓ, Ō and the fix's counters) starts in `_RunningState`; each key tile is one
-    `_forward_tile`; `_normalise` divides and forms L."""
+                   alpha: float, key: RoundingKey | None = None) -> ForwardResult:
+    """Algorithm 1 of FlashAttention-2 over the key tiles, from the scores on. v (…, Tk, D) in `v` (default
+    `matmul`). The running state (m, ℓ, Ō and the fix's counters) starts in `_RunningState`; each key tile is one
+    `_forward_tile`; `_normalise` divides and forms L. `key`: the stochastic roundings' (None under "rne")."""
     st = _RunningState.start(v, policy, masking.tq)
-    for k0, k1 in _tiles(v.shape[-2], policy.block_k):
+    for j, (k0, k1) in enumerate(_tiles(v.shape[-2], policy.block_k)):
         r0 = masking.first_row(k0)
         if r0 < masking.tq:
-            _forward_tile(st, scores_of, v, policy, masking, alpha, r0, k0, k1)
-    return _normalise(st, policy)
+            _forward_tile(st, scores_of, v, policy, masking, alpha, r0, k0, k1, key, j)
+    return _normalise(st, policy, key)
 
 
 class _RunningState(NamedTuple):
@@ -357,18 +426,19 @@ class _RunningState(NamedTuple):
     def start(cls, v: torch.Tensor, policy: Precision, tq: int) -> "_RunningState":
         *lead, _, d = v.shape
         dev = v.device
-        return cls(torch.full((*lead, tq, 1), -math.inf, dtype=policy.dtype("m_acc"), device=dev),
-                   torch.zeros((*lead, tq, 1), dtype=policy.dtype("acc"), device=dev),
-                   torch.zeros((*lead, tq, d), dtype=policy.dtype("o_acc"), device=dev),
+        return cls(torch.full((*lead, tq, 1), -math.inf, dtype=policy.format("m_acc").dtype, device=dev),
+                   torch.zeros((*lead, tq, 1), dtype=policy.format("acc").dtype, device=dev),
+                   torch.zeros((*lead, tq, d), dtype=policy.format("o_acc").dtype, device=dev),
                    torch.zeros((*lead, tq), dtype=torch.int32, device=dev),
                    torch.zeros((*lead, tq), dtype=torch.int32, device=dev))
 
 
 def _forward_tile(st: _RunningState, scores_of: ScoreSource, v: torch.Tensor, policy: Precision,
-                  masking: _Masking, alpha: float, r0: int, k0: int, k1: int) -> None:
-    """One key tile k0:k1 for the rows r0: (the rows that see any of its keys): block maximum (and the fix),
-    P̄, ℓ_j, P̄V, and the online rescaling of the running state."""
-    mask_value = -torch.finfo(policy.dtype("scores")).max if policy.masked_ties else -math.inf
+                  masking: _Masking, alpha: float, r0: int, k0: int, k1: int, key: RoundingKey | None = None,
+                  j: int = 0) -> None:
+    """One key tile k0:k1 (the j-th) for the rows r0: (the rows that see any of its keys): block maximum (and the
+    fix), P̄, ℓ_j, P̄V, and the online rescaling of the running state."""
+    mask_value = -policy.format("scores").max if policy.masked_ties else -math.inf
     s, raw = scores_of(r0, k0, k1)                      # (…, R, bk) in `scores`; raw QKᵀ for fma
     allowed = masking.allowed(r0, k0, k1)               # (…, R, bk) bool, or None
     if allowed is not None:
@@ -378,7 +448,7 @@ def _forward_tile(st: _RunningState, scores_of: ScoreSource, v: torch.Tensor, po
     if policy.masked_carry is not None and allowed is not None:
         dead = ~allowed.any(dim=-1, keepdim=True)       # (…, R, 1) bool
         if bool(dead.any()):
-            carry = (dead, DTYPES[policy.masked_carry])
+            carry = (dead, FORMATS[policy.masked_carry])
 
     m_blk, pos, neg = _block_maximum(s, allowed, policy)
     if pos is not None:
@@ -388,44 +458,45 @@ def _forward_tile(st: _RunningState, scores_of: ScoreSource, v: torch.Tensor, po
     # a row fully masked so far keeps m = −∞; subtract 0 there so that exp(−∞ − 0) = 0, not NaN
     m_sub = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
     p = _tile_probabilities(s, raw, allowed, m_sub, policy, alpha)  # (…, R, bk) in `exp`
-    p_mm = p.to(policy.dtype("pbar"))                              # cast: P̄ to `pbar`
+    pbar = policy.format("pbar")
+    p_mm = _cast(p, pbar)                                          # cast: P̄ to `pbar`
     l_blk = _block_row_sum(p, p_mm, policy)                        # (…, R, 1) in `exp`
-    pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(policy.dtype("pbar"), v.dtype)), policy.dtype("pv_out"),
-                 policy)                                           # cast: P̄V to `pv_out`
-    _rescale_and_add(st, policy, r0, m_old, m_sub, m_new, l_blk, pv, carry)
+    pv = _matmul(p_mm, v[..., k0:k1, :].to(_wider(pbar.dtype, v.dtype)), policy.format("pv_out"),
+                 policy, _at(key, _SITE_PV, j))                    # cast: P̄V to `pv_out`
+    _rescale_and_add(st, policy, r0, m_old, m_sub, m_new, l_blk, pv, carry, key, j)
 
 
 def _block_maximum(s: torch.Tensor, allowed: torch.Tensor | None, policy: Precision):
     """The maximum this key tile contributes, in `m_acc`: r_m = rowmax(S), or with the fix Algorithm 3's m'
     (the robust fix's for BoundedMax; chapter 5, Fix). Returns (m', pos, neg): the rows where the fix's
     positive (β·r_m) and negative (0) branches fired, or None, None without a fix."""
-    fix, scores_dt, m_dt = policy.fix, policy.dtype("scores"), policy.dtype("m_acc")
+    fix, scores_f, m_f = policy.fix, policy.format("scores"), policy.format("m_acc")
     r_m = s.amax(dim=-1, keepdim=True)                             # (…, R, 1) in `scores`
     if fix is None:
-        return r_m.to(m_dt), None, None                            # cast: m' to `m_acc` (default `acc`)
-    op = _op(scores_dt)
-    thresh = (r_m.to(op) - fix.eps).to(scores_dt)                  # cast: r_m − ε to `scores`
+        return _cast(r_m, m_f), None, None                         # cast: m' to `m_acc` (default `acc`)
+    op = _op(scores_f.dtype)
+    thresh = _cast(r_m.to(op) - fix.eps, scores_f)                 # cast: r_m − ε to `scores`
     tied = s >= thresh                                             # (…, R, bk)
     if allowed is not None and not policy.masked_ties:
         tied = tied & allowed                                      # masked entries never tie
     r_s = tied.sum(dim=-1, keepdim=True)                           # (…, R, 1)
     pos = (r_s > 1) & (r_m > 0)
     neg = (r_s > 1) & (r_m < 0)
-    scaled = (r_m.to(op) * fix.beta).to(scores_dt)                 # cast: β·r_m to `scores`
+    scaled = _cast(r_m.to(op) * fix.beta, scores_f)                # cast: β·r_m to `scores`
     m_blk = torch.where(pos, scaled, torch.where(neg, torch.zeros_like(r_m), r_m))
     if isinstance(fix, BoundedMax):                                # the robust fix: bound the shift
-        m_blk, pos, neg = _bounded_max(m_blk, r_m, r_s, fix, scores_dt, m_dt)  # m_dt: `acc` unless m_acc
-    return m_blk.to(m_dt), pos, neg                                # cast: m' to `m_acc` (default `acc`)
+        m_blk, pos, neg = _bounded_max(m_blk, r_m, r_s, fix, scores_f, m_f)  # m_f: `acc` unless m_acc
+    return _cast(m_blk, m_f), pos, neg                             # cast: m' to `m_acc` (default `acc`)
 
 
 def _tile_probabilities(s, raw, allowed, m_sub, policy: Precision, alpha: float) -> torch.Tensor:
     """P̄ = exp(S − m) of one tile, in `exp`: S − m rounded to `exp_in` (sub), or the fused QKᵀ·α − m (fma)."""
     if policy.sub == "sub":
         return exp_scores(s, m_sub, policy)                        # (…, R, bk) in `exp`
-    x = (raw.double() * _fma_alpha(alpha, policy) - m_sub.double()).to(policy.dtype("exp_in"))  # cast: fused
+    x = _cast(raw.double() * _fma_alpha(alpha, policy) - m_sub.double(), policy.format("exp_in"))  # cast: fused
     if allowed is not None:
         x = x.masked_fill(~allowed, -math.inf)
-    return torch.exp(x.to(policy.dtype("exp")))                    # cast: exp runs in `exp`; (…, R, bk)
+    return torch.exp(_cast(x, policy.format("exp")))               # cast: exp runs in `exp`; (…, R, bk)
 
 
 def _block_row_sum(p: torch.Tensor, p_mm: torch.Tensor, policy: Precision) -> torch.Tensor:
@@ -433,7 +504,7 @@ def _block_row_sum(p: torch.Tensor, p_mm: torch.Tensor, policy: Precision) -> to
     paper) or of P̄ as rounded to `pbar` for the P̄V product (l_from="pbar", flash-attention PR #2721: the
     normaliser then matches the numerator); then the official code's floor `l_clamp` where set."""
     if policy.l_from == "pbar":
-        l_blk = p_mm.to(policy.dtype("exp")).sum(dim=-1, keepdim=True)  # cast: P̄ back to `exp` (exact)
+        l_blk = _cast(p_mm, policy.format("exp")).sum(dim=-1, keepdim=True)  # cast: P̄ back to `exp` (exact)
     else:
         l_blk = p.sum(dim=-1, keepdim=True)                        # (…, R, 1) in `exp`
     if policy.l_clamp is not None:
@@ -442,49 +513,51 @@ def _block_row_sum(p: torch.Tensor, p_mm: torch.Tensor, policy: Precision) -> to
 
 
 def _rescale_and_add(st: _RunningState, policy: Precision, r0: int, m_old, m_sub, m_new, l_blk, pv,
-                     carry) -> None:
+                     carry, key: RoundingKey | None = None, j: int = 0) -> None:
     """The online update of rows r0: a = exp(m_old − m_new), ℓ = a·ℓ + ℓ_j, Ō = Ō·a + P̄V (each rounded)."""
-    acc, exp_dt, exp_in = policy.dtype("acc"), policy.dtype("exp"), policy.dtype("exp_in")
-    m_dt, o_acc, pv_out = policy.dtype("m_acc"), policy.dtype("o_acc"), policy.dtype("pv_out")
-    m_rs = policy.dtype("m_rescale")                               # `m_acc` unless m_rescale is set
-    op = _op(m_dt, exp_in, m_rs)
+    acc, exp_f, exp_in = policy.format("acc"), policy.format("exp"), policy.format("exp_in")
+    m_f, o_acc, pv_out = policy.format("m_acc"), policy.format("o_acc"), policy.format("pv_out")
+    m_rs = policy.format("m_rescale")                              # `m_acc` unless m_rescale is set
+    op = _op(m_f.dtype, exp_in.dtype, m_rs.dtype)
     # cast: m_old, m_new to `m_rescale`, m_old − m_new to `exp_in`
-    m_o, m_n = m_old.to(m_rs), m_sub.to(m_rs)
+    m_o, m_n = _cast(m_old, m_rs), _cast(m_sub, m_rs)
     l_old = st.l[..., r0:, :]                                      # (…, R, 1)
     if carry is not None:                                          # cast: m_old, m_new to `masked_carry` there
-        m_o = torch.where(carry[0], m_o.to(carry[1]).to(m_rs), m_o)
-        m_n = torch.where(carry[0], m_n.to(carry[1]).to(m_rs), m_n)
-    d_m = (m_o.to(op) - m_n.to(op)).to(exp_in)
-    a = torch.exp(d_m.to(exp_dt))                                  # cast: exp runs in `exp`; (…, R, 1)
+        m_o = torch.where(carry[0], _cast(_cast(m_o, carry[1]), m_rs), m_o)
+        m_n = torch.where(carry[0], _cast(_cast(m_n, carry[1]), m_rs), m_n)
+    d_m = _cast(m_o.to(op) - m_n.to(op), exp_in)
+    a = torch.exp(_cast(d_m, exp_f))                               # cast: exp runs in `exp`; (…, R, 1)
     if carry is not None:                                          # cast: ℓ_old to `masked_carry` there
-        l_old = torch.where(carry[0], l_old.to(carry[1]).to(l_old.dtype), l_old)
-    op = _op(acc, exp_dt)
-    l_new = (a.to(op) * l_old.to(op) + l_blk.to(op)).to(acc)      # cast: ℓ to `acc`
-    op = _op(o_acc, exp_dt, pv_out)
+        l_old = torch.where(carry[0], _cast(l_old, carry[1]).to(l_old.dtype), l_old)
+    op = _op(acc.dtype, exp_f.dtype)
+    l_new = _cast(a.to(op) * l_old.to(op) + l_blk.to(op), acc)     # cast: ℓ to `acc`
+    op = _op(o_acc.dtype, exp_f.dtype, pv_out.dtype)
     o_prod = st.o[..., r0:, :].to(op) * a.to(op)
-    o_scaled = _round(o_prod, o_acc, policy)                       # cast: Ō·a to `o_acc`
+    o_scaled = _round(o_prod, o_acc, policy, _at(key, _SITE_SCALE, j))  # cast: Ō·a to `o_acc`
     if carry is not None:                                          # cast: Ō·a to `masked_carry` there (rne)
-        o_scaled = torch.where(carry[0], o_prod.to(carry[1]).to(o_acc), o_scaled)
-    st.o[..., r0:, :] = _round(o_scaled.to(op) + pv.to(op), o_acc, policy)  # cast: Ō·a + P̄V to `o_acc`
+        o_scaled = torch.where(carry[0], _cast(_cast(o_prod, carry[1]), o_acc), o_scaled)
+    st.o[..., r0:, :] = _round(o_scaled.to(op) + pv.to(op), o_acc, policy,
+                               _at(key, _SITE_ADD, j))             # cast: Ō·a + P̄V to `o_acc`
     st.l[..., r0:, :] = l_new
     st.m[..., r0:, :] = m_new
 
 
-def _normalise(st: _RunningState, policy: Precision) -> ForwardResult:
+def _normalise(st: _RunningState, policy: Precision, key: RoundingKey | None = None) -> ForwardResult:
     """After the last key tile: O = Ō / ℓ rounded to `out`, and L = log ℓ + m."""
     o, l, m = st.o, st.l, st.m
-    exp_dt, out_dt, o_acc = policy.dtype("exp"), policy.dtype("out"), policy.dtype("o_acc")
+    exp_f, out_f, o_acc = policy.format("exp"), policy.format("out"), policy.format("o_acc")
+    l_div_last, l_store = policy.format("l_div_last"), policy.format("l_store")
     tq = l.shape[-2]
-    l_div = l.to(policy.dtype("l_div"))                            # cast: ℓ to `l_div` (default `acc`)
-    op = _op(o_acc, l_div.dtype, out_dt, policy.dtype("l_div_last"))
+    l_div = _cast(l, policy.format("l_div"))                       # cast: ℓ to `l_div` (default `acc`)
+    op = _op(o_acc.dtype, l_div.dtype, out_f.dtype, l_div_last.dtype)
     l_div = l_div.to(op)
     if policy.l_div_last is not None:                              # the last query tile divides by another ℓ
         l_div = l_div.clone()                                      # (never write into ℓ itself)
         last = 0 if policy.block_q is None else ((tq - 1) // policy.block_q) * policy.block_q
-        l_div[..., last:, :] = l[..., last:, :].to(policy.dtype("l_div_last")).to(op)  # cast: ℓ to `l_div_last`
-    o_out = _round(o.to(op) / l_div, out_dt, policy)               # cast: O = Ō / ℓ to `out`
-    l_st, m_st = l.to(policy.dtype("l_store")), m.to(policy.dtype("l_store"))  # cast: stored ℓ, m (`l_store`)
-    lse = torch.log(l_st.to(exp_dt)) + m_st.to(exp_dt)             # cast: L = log ℓ + m in `exp`
+        l_div[..., last:, :] = _cast(l[..., last:, :], l_div_last).to(op)  # cast: ℓ to `l_div_last`
+    o_out = _round(o.to(op) / l_div, out_f, policy, _at(key, _SITE_OUT))  # cast: O = Ō / ℓ to `out`
+    l_st, m_st = _cast(l, l_store), _cast(m, l_store)              # cast: stored ℓ, m (`l_store`)
+    lse = torch.log(_cast(l_st, exp_f)) + _cast(m_st, exp_f)       # cast: L = log ℓ + m in `exp`
     return ForwardResult(o_out, o, m, l, lse, st.fix_pos, st.fix_neg)
 
 
@@ -493,14 +566,14 @@ def _normalise(st: _RunningState, policy: Precision) -> ForwardResult:
 # ---------------------------------------------------------------------------------------------------
 def _qk_scores(q: torch.Tensor, k: torch.Tensor, policy: Precision, alpha: float) -> ScoreSource:
     """The score source of the main forward and the backward: S = round(round(QKᵀ)·α)."""
-    mm, qk_out, scores_dt = policy.dtype("matmul"), policy.dtype("qk_out"), policy.dtype("scores")
-    q_mm = q.to(mm)                                                # cast: Q to `matmul`; (B, H, Tq, D)
-    k_mm = k.to(mm)                                                # cast: K to `matmul`; (B, H, Tk, D)
-    op = _op(qk_out, scores_dt)
+    mm, qk_out, scores_f = policy.format("matmul"), policy.format("qk_out"), policy.format("scores")
+    q_mm = _cast(q, mm)                                            # cast: Q to `matmul`; (B, H, Tq, D)
+    k_mm = _cast(k, mm)                                            # cast: K to `matmul`; (B, H, Tk, D)
+    op = _op(qk_out.dtype, scores_f.dtype)
 
     def scores_of(r0: int, k0: int, k1: int):
         qk = _matmul(q_mm[..., r0:, :], k_mm[..., k0:k1, :].transpose(-1, -2), qk_out)  # (B, H, R, bk)
-        s = (qk.to(op) * alpha).to(scores_dt)                      # cast: S = QKᵀ·α to `scores`
+        s = _cast(qk.to(op) * alpha, scores_f)                     # cast: S = QKᵀ·α to `scores`
         return s, (qk if policy.sub == "fma" else None)
 
     return scores_of
@@ -547,38 +620,43 @@ def _scale(scale, d):
 
 def _fma_alpha(alpha: float, policy: Precision) -> float:
     """α as the fused step sees it: rounded to the dtype of the raw product (`qk_out`)."""
-    return float(torch.tensor(alpha, dtype=policy.dtype("qk_out")))
+    return float(torch.tensor(alpha, dtype=policy.format("qk_out").dtype))  # sub="fma": a native qk_out
 
 
 # ---------------------------------------------------------------------------------------------------
 # public forward / backward
 # ---------------------------------------------------------------------------------------------------
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
-                  causal: bool = True, scale: float | None = None) -> ForwardResult:
+                  causal: bool = True, scale: float | None = None,
+                  sr_key: RoundingKey | None = None) -> ForwardResult:
     """FlashAttention-2's Algorithm 1 (and the paper's Algorithm 3 when `policy.fix` is set), no autograd.
 
-    q (B, H, Tq, D), k and v (B, H, Tk, D). Returns the `ForwardResult` (o, o_unnorm, m, l, lse, counters)."""
+    q (B, H, Tq, D), k and v (B, H, Tk, D). Returns the `ForwardResult` (o, o_unnorm, m, l, lse, counters).
+    sr_key: where an "sr" policy's stochastic roundings draw their bits (see `attention`)."""
     _check_qkv(q, k, v, policy, causal)
-    return _forward(q, k, v, policy, causal, scale)
+    return _forward(q, k, v, policy, causal, scale, sr_key)
 
 
-def _forward(q, k, v, policy: Precision, causal: bool, scale: float | None) -> ForwardResult:
+def _forward(q, k, v, policy: Precision, causal: bool, scale: float | None,
+             sr_key: RoundingKey | None = None) -> ForwardResult:
     alpha = _scale(scale, q.shape[-1])
+    key = _sr_key(policy, sr_key)
     with _no_autocast(q), torch.no_grad():
         masking = _Masking(q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2] if causal else None, None,
                            q.device, skip_rows=not policy.masked_ties)
-        v_mm = v.to(policy.dtype("matmul"))                        # cast: V to `matmul`; (B, H, Tk, D)
-        return _tiled_forward(_qk_scores(q, k, policy, alpha), v_mm, policy, masking, alpha)
+        v_mm = _cast(v, policy.format("v"))                        # cast: V to `v` (default `matmul`)
+        return _tiled_forward(_qk_scores(q, k, policy, alpha), v_mm, policy, masking, alpha, key)
 
 
 def forward_from_scores(s: torch.Tensor, v: torch.Tensor, policy: Precision = PAPER_BF16,
-                        mask: torch.Tensor | None = None) -> ForwardResult:
+                        mask: torch.Tensor | None = None, sr_key: RoundingKey | None = None) -> ForwardResult:
     """The same tiled forward, started from given (already scaled) scores: the Rounding chapter's entry point.
 
     s (…, Tq, Tk) scores αQKᵀ, cast to the policy's `scores` dtype first (with sub="fma" they play the role
-    of the raw FP32 product, with α = 1); v (…, Tk, D), cast to `matmul`; mask None or bool (…, Tq, Tk),
+    of the raw FP32 product, with α = 1); v (…, Tk, D), cast to `v` (default `matmul`); mask None or bool (…, Tq, Tk),
     broadcastable, True = allowed (every row needs at least one allowed key). Everything after S is the code
-    path of `attention` (chapter 4, Rounding: the chapter's numbers are the model's numbers)."""
+    path of `attention` (chapter 4, Rounding: the chapter's numbers are the model's numbers). sr_key as in
+    `attention`."""
     if not isinstance(policy, Precision):
         raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
     if s.dim() < 2 or v.dim() < 2 or s.shape[-1] != v.shape[-2] or s.shape[:-2] != v.shape[:-2]:
@@ -595,45 +673,46 @@ def forward_from_scores(s: torch.Tensor, v: torch.Tensor, policy: Precision = PA
         mask = torch.broadcast_to(mask, s.shape)
         if not mask.any(dim=-1).all():
             raise ValueError("every row needs at least one allowed key in mask")
+    key = _sr_key(policy, sr_key)
     with _no_autocast(s), torch.no_grad():
-        s_in = s.to(policy.dtype("scores"))                        # cast: S to `scores`
-        raw_in = s.to(policy.dtype("qk_out")) if policy.sub == "fma" else None  # cast: raw product (fma)
+        s_in = _cast(s, policy.format("scores"))                   # cast: S to `scores`
+        raw_in = _cast(s, policy.format("qk_out")) if policy.sub == "fma" else None  # cast: raw product (fma)
 
         def scores_of(r0, k0, k1):
             return s_in[..., r0:, k0:k1], (raw_in[..., r0:, k0:k1] if raw_in is not None else None)
 
         masking = _Masking(tq, tk, None, mask, s.device, skip_rows=False)
-        v_mm = v.to(policy.dtype("matmul"))                        # cast: V to `matmul`; (…, Tk, D)
-        return _tiled_forward(scores_of, v_mm, policy, masking, 1.0)
+        v_mm = _cast(v, policy.format("v"))                        # cast: V to `v` (default `matmul`); (…, Tk, D)
+        return _tiled_forward(scores_of, v_mm, policy, masking, 1.0, key)
 
 
 def _per_q_tile_sum(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, block_q: int | None,
-                    out: torch.dtype) -> torch.Tensor:
+                    out: Format) -> torch.Tensor:
     """acc + Σ_i a_iᵀ b_i over query tiles i (rows of a and b), each product rounded to `out` and added in
     order, rounded to `out` after every add. a (…, R, bk), b (…, R, D), acc (…, bk, D) in `out`."""
     r = a.shape[-2]
     step = r if block_q is None else block_q
     n_full = r // step
-    op = _op(out)
+    op = _op(out.dtype)
     if n_full:
         a_f = a[..., : n_full * step, :].unflatten(-2, (n_full, step))   # (…, n, bq, bk)
         b_f = b[..., : n_full * step, :].unflatten(-2, (n_full, step))   # (…, n, bq, D)
         parts = _matmul(a_f.transpose(-1, -2), b_f, out)                  # (…, n, bk, D) in `out`
         for i in range(n_full):
-            acc = (acc.to(op) + parts[..., i, :, :].to(op)).to(out)      # cast: running sum to `grad_acc`
+            acc = _cast(acc.to(op) + parts[..., i, :, :].to(op), out)     # cast: running sum to `grad_acc`
     if n_full * step < r:
         part = _matmul(a[..., n_full * step:, :].transpose(-1, -2), b[..., n_full * step:, :], out)
-        acc = (acc.to(op) + part.to(op)).to(out)                         # cast: running sum to `grad_acc`
+        acc = _cast(acc.to(op) + part.to(op), out)                        # cast: running sum to `grad_acc`
     return acc
 
 
 def output_residual(res: ForwardResult, policy: Precision) -> torch.Tensor:
     """R = O_hp − O rounded to `out`: what the forward's final rounding O = Ō / ℓ took away, with O_hp the
     quotient in op. The stored residual of output-residual compensation (``delta="dO.O_res"``)."""
-    acc, out_dt = policy.dtype("acc"), policy.dtype("out")
-    op = _op(acc, out_dt)
+    acc, out_f = policy.format("acc"), policy.format("out")
+    op = _op(acc.dtype, out_f.dtype)
     o_hp = res.o_unnorm.to(op) / res.l.to(op)                      # the quotient before its rounding
-    return (o_hp - res.o.to(op)).to(out_dt)                        # cast: residual to `out`
+    return _cast(o_hp - res.o.to(op), out_f)                       # cast: residual to `out`
 
 
 def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -668,16 +747,16 @@ class _BackwardTiles:
     P = exp(S − L) of a tile."""
 
     def __init__(self, q, k, v, lse, do, policy: Precision, causal: bool, alpha: float):
-        mm = policy.dtype("matmul")
+        mm = policy.format("matmul")
         self.policy, self.alpha, self.lse, self.shape_q, self.device = policy, alpha, lse, q.shape, q.device
         self.tq, self.tk = q.shape[-2], k.shape[-2]
         self.masking = _Masking(self.tq, self.tk, self.tk - self.tq if causal else None, None, q.device,
                                 skip_rows=True)
         self.scores_of = _qk_scores(q, k, policy, alpha)
-        self.v_mm = v.to(mm)                                       # cast: V to `matmul`; (B, H, Tk, D)
-        self.q_mm = q.to(mm)                                       # cast: Q to `matmul`; (B, H, Tq, D)
-        self.k_mm = k.to(mm)                                       # cast: K to `matmul`; (B, H, Tk, D)
-        self.do_mm = do.to(mm)                                     # cast: dO to `matmul`; (B, H, Tq, D)
+        self.v_mm = _cast(v, policy.format("v"))                   # cast: V to `v` (default `matmul`); (B, H, Tk, D)
+        self.q_mm = _cast(q, mm)                                   # cast: Q to `matmul`; (B, H, Tq, D)
+        self.k_mm = _cast(k, mm)                                   # cast: K to `matmul`; (B, H, Tk, D)
+        self.do_mm = _cast(do, mm)                                 # cast: dO to `matmul`; (B, H, Tq, D)
 
     def tiles(self):
         """(r0, k0, k1) per key tile: r0 is the first row of the query tile holding the tile's first live row
@@ -689,17 +768,17 @@ class _BackwardTiles:
 
     def probabilities(self, r0, k0, k1):
         """P = exp(S − L) for rows r0: and keys k0:k1, in `exp`; masked entries 0.  (B, H, R, bk)"""
-        policy, exp_dt = self.policy, self.policy.dtype("exp")
+        policy, exp_f = self.policy, self.policy.format("exp")
         s, raw = self.scores_of(r0, k0, k1)
         allowed = self.masking.allowed(r0, k0, k1)
         L = self.lse[..., r0:, :]
         if policy.sub == "sub":
             if allowed is not None:
                 s = s.masked_fill(~allowed, -math.inf)
-            op = _op(policy.dtype("scores"), exp_dt)
-            x = (s.to(op) - L.to(op)).to(exp_dt)                   # cast: S − L to `exp`
+            op = _op(policy.format("scores").dtype, exp_f.dtype)
+            x = _cast(s.to(op) - L.to(op), exp_f)                  # cast: S − L to `exp`
         else:
-            x = (raw.double() * _fma_alpha(self.alpha, policy) - L.double()).to(exp_dt)  # cast: fused QKᵀ·α − L
+            x = _cast(raw.double() * _fma_alpha(self.alpha, policy) - L.double(), exp_f)  # cast: fused QKᵀ·α − L
             if allowed is not None:
                 x = x.masked_fill(~allowed, -math.inf)
         return torch.exp(x)                                        # exp in `exp`
@@ -707,38 +786,38 @@ class _BackwardTiles:
     def dp(self, r0, k0, k1):
         """dP = dO V_jᵀ for rows r0: and keys k0:k1, rounded to `dp`."""
         return _matmul(self.do_mm[..., r0:, :], self.v_mm[..., k0:k1, :].transpose(-1, -2),
-                       self.policy.dtype("dp"))                    # cast: dP to `dp`
+                       self.policy.format("dp"))                   # cast: dP to `dp`
 
 
 def _delta(t: _BackwardTiles, o, do, o_res) -> torch.Tensor:
     """δ (B, H, Tq, 1) from the policy's source: dO ∘ O, dO ∘ O_hp (O recomputed), dO ∘ (O + R), or dP ∘ P."""
-    policy, exp_dt = t.policy, t.policy.dtype("exp")
+    policy, exp_dt, prod_f = t.policy, t.policy.format("exp").dtype, t.policy.format("delta_prod")
     if policy.delta == "dO.O":
-        prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, o.dtype)
-        prod = (do.to(prod_dt) * o.to(prod_dt))                    # cast: dO∘O in `delta_prod`
-        return prod.to(_op(prod_dt)).sum(dim=-1, keepdim=True)     # (B, H, Tq, 1) summed in op
+        f = _prod_format(prod_f, do.dtype, o.dtype)
+        prod = _product(do, o, f)                                  # cast: dO∘O in `delta_prod`
+        return prod.to(_op(f.dtype)).sum(dim=-1, keepdim=True)     # (B, H, Tq, 1) summed in op
     if policy.delta == "dO.O_hp":
-        hp = _wider(torch.float32, exp_dt, policy.dtype("acc"))
+        hp = _wider(torch.float32, exp_dt, policy.format("acc").dtype)
         o_hp = torch.zeros(t.shape_q, dtype=hp, device=t.device)   # (B, H, Tq, D) O recomputed for δ
         for r0, k0, k1 in t.tiles():
             p = t.probabilities(r0, k0, k1)
             o_hp[..., r0:, :] += p.to(hp) @ t.v_mm[..., k0:k1, :].to(hp)  # cast: P and V to hp
-        prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
-        return (do.to(prod_dt) * o_hp.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+        f = _prod_format(prod_f, do.dtype, hp)
+        return _product(do, o_hp, f).to(_op(f.dtype)).sum(dim=-1, keepdim=True)
     if policy.delta == "dO.O_res":
         if o_res is None:
             raise ValueError("delta='dO.O_res' needs the forward's output residual (flash_backward(..., "
                              "o_residual=output_residual(forward_result, policy)))")
         hp = _wider(torch.float32, o.dtype, o_res.dtype)
         o_c = o.to(hp) + o_res.to(hp)                              # O + R in FP32: the compensated output
-        prod_dt = _wider(policy.dtype("delta_prod"), do.dtype, hp)
-        return (do.to(prod_dt) * o_c.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+        f = _prod_format(prod_f, do.dtype, hp)
+        return _product(do, o_c, f).to(_op(f.dtype)).sum(dim=-1, keepdim=True)
     delta = None                                                   # "dP.P"
     for r0, k0, k1 in t.tiles():
         p = t.probabilities(r0, k0, k1)
         dp = t.dp(r0, k0, k1)
-        prod_dt = _wider(policy.dtype("delta_prod"), policy.dtype("dp"), exp_dt)
-        part = (dp.to(prod_dt) * p.to(prod_dt)).to(_op(prod_dt)).sum(dim=-1, keepdim=True)
+        f = _prod_format(prod_f, policy.format("dp").dtype, exp_dt)
+        part = _product(dp, p, f).to(_op(f.dtype)).sum(dim=-1, keepdim=True)
         if delta is None:
             delta = torch.zeros((*t.shape_q[:-1], 1), dtype=part.dtype, device=t.device)
         delta[..., r0:, :] += part
@@ -748,33 +827,33 @@ def _delta(t: _BackwardTiles, o, do, o_res) -> torch.Tensor:
 def _gradient_pass(t: _BackwardTiles, delta: torch.Tensor):
     """dQ, dK, dV in `grad_acc` over the key tiles (dK_j, dV_j per query tile of `block_q`)."""
     policy, alpha = t.policy, t.alpha
-    mm, exp_dt, pbar, dp_dt = policy.dtype("matmul"), policy.dtype("exp"), policy.dtype("pbar"), policy.dtype("dp")
-    ds_dt, gacc, bq = policy.dtype("ds"), policy.dtype("grad_acc"), policy.block_q
-    dq = torch.zeros(t.shape_q, dtype=gacc, device=t.device)      # (B, H, Tq, D) in `grad_acc`
-    dk = torch.zeros(t.k_mm.shape, dtype=gacc, device=t.device)   # (B, H, Tk, D)
-    dv = torch.zeros(t.v_mm.shape, dtype=gacc, device=t.device)   # (B, H, Tk, D)
+    mm, exp_dt, pbar = policy.format("matmul").dtype, policy.format("exp").dtype, policy.format("pbar")
+    dp_dt, ds_f, gacc, bq = policy.format("dp").dtype, policy.format("ds"), policy.format("grad_acc"), policy.block_q
+    dq = torch.zeros(t.shape_q, dtype=gacc.dtype, device=t.device)     # (B, H, Tq, D) in `grad_acc`
+    dk = torch.zeros(t.k_mm.shape, dtype=gacc.dtype, device=t.device)  # (B, H, Tk, D)
+    dv = torch.zeros(t.v_mm.shape, dtype=gacc.dtype, device=t.device)  # (B, H, Tk, D)
     for r0, k0, k1 in t.tiles():
         if r0 >= t.tq:
             continue
         p = t.probabilities(r0, k0, k1)                            # (B, H, R, bk) in `exp`
-        p_mm = p.to(pbar)                                          # cast: P to `pbar`
-        dv[..., k0:k1, :] = _per_q_tile_sum(dv[..., k0:k1, :], p_mm, t.do_mm[..., r0:, :].to(_wider(pbar, mm)),
-                                            bq, gacc)
+        p_mm = _cast(p, pbar)                                      # cast: P to `pbar`
+        dv[..., k0:k1, :] = _per_q_tile_sum(dv[..., k0:k1, :], p_mm,
+                                            t.do_mm[..., r0:, :].to(_wider(pbar.dtype, mm)), bq, gacc)
         dp = t.dp(r0, k0, k1)                                      # cast: dP to `dp`
         op = _op(exp_dt, dp_dt, delta.dtype)
         ds = (p.to(op) * alpha) * (dp.to(op) - delta[..., r0:, :].to(op))  # (B, H, R, bk) in op
-        ds_mm = ds.to(ds_dt)                                       # cast: dS to `ds`
-        wide = _wider(ds_dt, mm)
+        ds_mm = _cast(ds, ds_f)                                    # cast: dS to `ds`
+        wide = _wider(ds_f.dtype, mm)
         dq_part = _matmul(ds_mm.to(wide), t.k_mm[..., k0:k1, :].to(wide), gacc)  # (B, H, R, D)
         corr_k = None
         if policy.ds_rowsum:
             dq_part, corr_k = _ds_rowsum_correction(t, r0, k0, k1, ds, ds_mm, dq_part, op)
-        op = _op(gacc)
-        dq[..., r0:, :] = (dq[..., r0:, :].to(op) + dq_part.to(op)).to(gacc)  # cast: dQ sum to `grad_acc`
+        op = _op(gacc.dtype)
+        dq[..., r0:, :] = _cast(dq[..., r0:, :].to(op) + dq_part.to(op), gacc)  # cast: dQ sum to `grad_acc`
         dk[..., k0:k1, :] = _per_q_tile_sum(dk[..., k0:k1, :], ds_mm.to(wide), t.q_mm[..., r0:, :].to(wide),
                                             bq, gacc)
         if corr_k is not None:
-            dk[..., k0:k1, :] = (dk[..., k0:k1, :].to(corr_k.dtype) - corr_k).to(gacc)  # cast: to `grad_acc`
+            dk[..., k0:k1, :] = _cast(dk[..., k0:k1, :].to(corr_k.dtype) - corr_k, gacc)  # cast: to `grad_acc`
     return dq, dk, dv
 
 
@@ -786,7 +865,7 @@ def _ds_rowsum_correction(t: _BackwardTiles, r0, k0, k1, ds, ds_mm, dq_part, op)
             else torch.ones(ds.shape[-2:], dtype=op, device=ds.device))  # (R, bk)
     n = live.sum(dim=-1, keepdim=True).clamp(min=1)                # (R, 1)
     e = (ds_mm.to(op) - ds).sum(dim=-1, keepdim=True) / n          # (B, H, R, 1) per allowed key
-    dq_part = (dq_part.to(op) - e * (live @ t.k_mm[..., k0:k1, :].to(op))).to(t.policy.dtype("grad_acc"))  # cast
+    dq_part = _cast(dq_part.to(op) - e * (live @ t.k_mm[..., k0:k1, :].to(op)), t.policy.format("grad_acc"))  # cast
     corr_k = (e * live).transpose(-1, -2) @ t.q_mm[..., r0:, :].to(op)  # (B, H, bk, D)
     return dq_part, corr_k
 
@@ -795,8 +874,8 @@ class _FlashAttentionFn(torch.autograd.Function):
     """Forward: `flash_forward`. Backward: `flash_backward` (FlashAttention-2's Algorithm 2), not autograd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, policy, causal, scale):
-        res = _forward(q, k, v, policy, causal, scale)
+    def forward(ctx, q, k, v, policy, causal, scale, sr_key=None):
+        res = _forward(q, k, v, policy, causal, scale, sr_key)
         if policy.delta == "dO.O_res":  # output-residual compensation stores one more `out` tensor
             with _no_autocast(q), torch.no_grad():
                 ctx.save_for_backward(q, k, v, res.o, res.lse, output_residual(res, policy))
@@ -809,20 +888,25 @@ class _FlashAttentionFn(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse, *o_res = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.policy, ctx.causal, ctx.scale, *o_res)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
-              causal: bool = True, scale: float | None = None, check_finite: bool = True) -> torch.Tensor:
+              causal: bool = True, scale: float | None = None, check_finite: bool = True,
+              sr_key: RoundingKey | None = None) -> torch.Tensor:
     """softmax(α·QKᵀ)·V computed as FlashAttention-2 under `policy`; differentiable (Algorithm 2 backward).
 
     q (B, H, Tq, D), k and v (B, H, Tk, D), one float dtype; α = scale or D^-1/2. Causal masking is
     bottom-right aligned (needs Tq ≤ Tk). Returns O (B, H, Tq, D) in the policy's `out` dtype; gradients
     come back in the inputs' dtype. Inputs holding inf or NaN raise `NonFiniteInputError` (a ValueError)
     unless ``check_finite=False`` (what the model passes: NaN then propagates to the output, as in a kernel,
-    and no host-device synchronization is spent on the check). Shape and dtype checks always run."""
+    and no host-device synchronization is spent on the check). Shape and dtype checks always run.
+
+    sr_key: under ``policy.rounding = "sr"``, the `lpfail.sr_stream.RoundingKey` the output path's stochastic
+    roundings draw their bits from (the model passes one per layer and micro-batch, from its `SRStream`); None
+    draws a key's seed from torch's default CPU generator. Ignored under "rne"."""
     _check_qkv(q, k, v, policy, causal, check_finite)
-    return _FlashAttentionFn.apply(q, k, v, policy, causal, scale)
+    return _FlashAttentionFn.apply(q, k, v, policy, causal, scale, sr_key)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,

@@ -20,7 +20,10 @@ Public surface::
     classify(x)          -> "zero" | "subnormal" | "normal" | "inf" | "nan"
     describe(x)          -> "-2.40625 = -1.0011010₂ × 2^1"
     round_bf16(x32, mode="rne" | "rtz" | "stochastic", generator=None) -> bf16 tensor
-    round_stochastic(x, dtype=bf16 | fp16, generator=None) -> unbiased stochastic rounding of fp32/fp64
+    round_mantissa(x, mantissa, mode="rne" | "rtz" | "stochastic", generator=None, key=None) -> bf16 tensor
+                                                      bf16's exponent with `mantissa` <= 7 fraction bits
+    round_stochastic(x, dtype=bf16 | fp16, generator=None, *, mantissa=None, key=None) -> unbiased stochastic
+                                                      rounding of fp32/fp64
     ulp(x), next_up(x), next_down(x)                  of bf16 values (floats or tensors)
     add_trace(a, b)            -> AddTrace            bf16 + bf16, rounded once to bf16 (RNE)
     add_trace_acc(acc, term)   -> AddTrace            fp32 running sum + bf16 term → fp32 → bf16
@@ -40,8 +43,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "bits", "from_bits", "classify", "describe", "round_bf16", "round_stochastic", "ulp", "next_up",
-    "next_down",
+    "bits", "from_bits", "classify", "describe", "round_bf16", "round_mantissa", "round_stochastic", "ulp",
+    "next_up", "next_down",
     "AddTrace", "add_trace", "add_trace_acc", "paper_example",
     "BF16_MAX", "BF16_SMALLEST_NORMAL", "BF16_SMALLEST_SUBNORMAL", "BF16_EPS",
     "PAPER_RUNNING_SUM", "PAPER_TERM",
@@ -285,6 +288,126 @@ def round_bf16(x: torch.Tensor, mode: str = "rne", generator: torch.Generator | 
     return _patterns_to_bf16(r)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Fewer fraction bits: bf16's exponent with K <= 7 fraction bits (the precision dial)
+# ---------------------------------------------------------------------------------------------------
+#: Fraction bits a K-bit format may keep: 1 … 7 (7 is bf16 itself).
+MANTISSA_BITS = range(1, 8)
+
+
+def _check_mantissa(mantissa) -> int:
+    if isinstance(mantissa, bool) or not isinstance(mantissa, int) or mantissa not in MANTISSA_BITS:
+        raise ValueError(f"mantissa must be an int in 1..7, the fraction bits kept of bf16's 7 (got {mantissa!r})")
+    return mantissa
+
+
+def _draw(shape, nbits: int, draw: int, device, generator, key) -> torch.Tensor:
+    """Uniform random int64 in [0, 2^nbits): from the counter-based `key` (`lpfail.sr_stream.RoundingKey`) when
+    given, else from torch.randint with `generator` (None: the device's default generator)."""
+    if key is not None:
+        return key.bits(shape, nbits, draw=draw, device=device)
+    return torch.randint(0, 1 << nbits, shape, generator=generator, device=device, dtype=torch.int64)
+
+
+def _round_pattern(u: torch.Tensor, shift: int, mode: str, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 patterns u (int64, 0 … 2^32 − 1) rounded to 23 − shift fraction bits: the 16-bit pattern of the
+    result (its low `shift` − 16 fraction bits are zero). Works on the magnitude, so no carry reaches the sign;
+    a carry out of the largest finite value gives the pattern of ±inf; NaN becomes the quiet NaN with its sign."""
+    sign = u & 0x80000000
+    mag = u & 0x7FFFFFFF
+    if mode == "rne":
+        lsb = (mag >> shift) & 1                                         # lowest kept bit
+        r = (mag + ((1 << (shift - 1)) - 1) + lsb) >> shift              # > half: carry; = half: to even
+    elif mode == "rtz":
+        r = mag >> shift
+    else:
+        r = (mag + noise) >> shift                                       # carry with prob low bits / 2^shift
+    r = ((r << shift) | sign) >> 16
+    return torch.where(mag > 0x7F800000, (sign >> 16) | _QNAN16, r)
+
+
+def _round_to_odd_fp32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 patterns (int64) of float64 values rounded to fp32 *to odd*: truncated toward zero, and the last bit
+    set when that dropped anything. Rounding to odd and then to nearest even in a format with at least two
+    fraction bits fewer (here 7 or fewer of fp32's 23, at every exponent, subnormals included) equals rounding
+    to nearest even directly; beyond fp32's largest value the truncation is that largest value (odd), which a
+    K-bit format rounds on to ±inf as it must."""
+    y = x.to(torch.float32)
+    u = y.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    sign, mag = u & 0x80000000, u & 0x7FFFFFFF
+    ya, xa = y.double().abs(), x.abs()
+    mag = torch.where(ya > xa, mag - 1, mag)                             # rounded away from zero: step back
+    mag = torch.where((ya != xa) & ~torch.isnan(x), mag | 1, mag)        # inexact: odd
+    return sign | mag
+
+
+_BF16_TABLES: dict = {}
+
+
+def _round_bf16_patterns(x: torch.Tensor, shift: int, mode: str) -> torch.Tensor:
+    """bf16 values rounded to 7 − shift fraction bits: a look-up in the table of all 65,536 bf16 patterns rounded
+    by `_round_pattern` (their fp32 patterns are the bf16 ones followed by 16 zero bits), made once per
+    (shift, mode, device)."""
+    if shift == 0:
+        return x.clone()
+    tkey = (shift, mode, x.device)
+    table = _BF16_TABLES.get(tkey)
+    if table is None:
+        every = torch.arange(1 << 16, dtype=torch.int64, device=x.device)
+        table = _patterns_to_bf16(_round_pattern(every << 16, shift + 16, mode)).view(torch.int16)
+        _BF16_TABLES[tkey] = table
+    idx = x.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    return table.index_select(0, idx.reshape(-1)).view(torch.bfloat16).reshape(x.shape)
+
+
+def round_mantissa(x: torch.Tensor, mantissa: int, mode: str = "rne", generator: torch.Generator | None = None,
+                   key=None) -> torch.Tensor:
+    """Round to bf16's exponent with only `mantissa` (K, 1 … 7) fraction bits; the result is a bf16 tensor whose
+    low 7 − K fraction bits are zero. K = 7 is bf16 itself: mode "rne" then equals ``.to(torch.bfloat16)`` bit
+    for bit.
+
+    The arithmetic is `round_bf16`'s on the fp32 bit pattern, with the low 23 − K bits dropped instead of 16:
+
+    * "rne": add 2^(22−K) − 1 plus the lowest kept bit, drop the low bits (ties to even);
+    * "rtz": drop the low bits;
+    * "stochastic": add a uniform random integer of 23 − K bits, then drop them, so the magnitude rounds up with
+      probability (its distance to the lower neighbour) / spacing, exactly (see `round_stochastic`).
+
+    Range: bf16's exponent (bias 127, largest finite value (2 − 2^−K)·2^127). Past it the value rounds to ±inf
+    as in IEEE arithmetic (to nearest: from (2 − 2^(−K−1))·2^127 on; stochastically, with the last spacing
+    continued). Subnormals are gradual, with K fraction bits: below 2^−126 the spacing is 2^(−126−K) (bf16's
+    2^−133 at K = 7), which is what dropping the same low bits of an fp32 subnormal pattern gives. Zero keeps its
+    sign, ±inf stays, NaN becomes the quiet NaN 0x7FC0 with x's sign.
+
+    Input: float32, or bf16 / fp16 (widened to fp32 exactly). float64 is rounded exactly too: to nearest even
+    through a round-to-odd to fp32 (`_round_to_odd_fp32`), stochastically by `round_stochastic`'s exact
+    comparison. Random bits come from `key` (`lpfail.sr_stream.RoundingKey`, counter-based) when given, else from
+    torch.randint with `generator`.
+
+    >>> round_mantissa(torch.tensor([1.0625, 1.1875, 1.09375]), 3).tolist()   # K = 3: spacing 1/8 in [1, 2)
+    [1.0, 1.25, 1.125]
+    """
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"round_mantissa takes a floating-point tensor (got {got})")
+    k = _check_mantissa(mantissa)
+    if mode not in ROUNDING_MODES:
+        raise ValueError(f"mode must be one of {ROUNDING_MODES} (got {mode!r})")
+    if generator is not None and key is not None:
+        raise ValueError("give either a generator or a key, not both")
+    if mode == "stochastic":
+        if x.dtype != torch.float64:
+            x = x.float()
+        return round_stochastic(x, torch.bfloat16, generator, mantissa=k, key=key)
+    if x.dtype == torch.bfloat16:
+        return _round_bf16_patterns(x, 7 - k, mode)
+    if x.dtype == torch.float64:
+        u = _round_to_odd_fp32(x)
+    else:
+        u = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return _patterns_to_bf16(_round_pattern(u, 23 - k, mode))
+
+
 #: 16-bit formats `round_stochastic` rounds to: (fraction bits, exponent bias).
 _SR_FORMATS = {torch.bfloat16: (7, 127), torch.float16: (10, 15)}
 _SR_BITS = 62                                 # random bits per draw of the exact Bernoulli comparison
@@ -295,8 +418,29 @@ def _pow2(k: torch.Tensor) -> torch.Tensor:
     return ((k + 1023) << 52).view(torch.float64)
 
 
+def _exact_up(p: torch.Tensor, device, generator, key) -> torch.Tensor:
+    """Bernoulli(p) for exact dyadic probabilities p in [0, 1], exactly: up ⇔ U < p for U uniform in [0, 1),
+    compared 62 random bits at a time, drawing again for the elements the bits so far leave undecided (which
+    reads one flag back from the device per round)."""
+    up = torch.zeros(p.shape, dtype=torch.bool, device=device)
+    pending = torch.ones_like(up)
+    draw = 0
+    while True:
+        t = p * float(1 << _SR_BITS)                      # exact: a power-of-two scaling
+        whole = torch.floor(t)
+        w = whole.to(torch.int64)                         # ≤ 2^62
+        r = _draw(p.shape, _SR_BITS, draw, device, generator, key)
+        up = up | (pending & (r < w))
+        p = t - whole                                     # exact: the bits of p below these 62
+        pending = pending & (r == w) & (p > 0)            # undecided: the next 62 bits of U decide
+        draw += 1
+        if not bool(pending.any()):
+            return up
+
+
 def round_stochastic(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+                     generator: torch.Generator | None = None, *, mantissa: int | None = None,
+                     key=None) -> torch.Tensor:
     """Stochastic rounding of an fp32 or fp64 tensor to bf16 or fp16: unbiased, E[result] = x exactly.
 
     Each finite nonzero x becomes one of its two neighbours in `dtype`, lo ≤ |x| < hi (magnitudes), the
@@ -310,14 +454,20 @@ def round_stochastic(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
     (probability 2^-62) elements the first draw leaves undecided, so the comparison is exact; this path
     reads one flag back from the device per call.
 
+    ``mantissa=K`` (1 … 7, bf16 only) rounds to bf16's exponent with K fraction bits instead of 7 (the format
+    of `round_mantissa`; the result is still a bf16 tensor): from fp32 with a uniform integer of 23 − K bits, from
+    fp64 by the exact comparison. K = 7 is plain bf16.
+
     Overflow: above the largest finite value M the format is continued by its last spacing (2^120 for bf16,
     32 for fp16), whose next value is ±inf: |x| in (M, M + spacing) becomes ±inf with probability
     (|x| − M) / spacing, larger values always do. Zero (either sign), ±inf and NaN pass through unchanged.
 
-    Randomness: `torch.randint` with `generator` (which must live on x's device), or that device's default
-    generator when None, so results follow torch.manual_seed, are deterministic under
-    torch.use_deterministic_algorithms, and resume bit-exactly from a checkpoint of torch's RNG state. Used by
-    the attention's output path under ``Precision.rounding = "sr"`` (lpfail.attention).
+    Randomness: with `key` (a `lpfail.sr_stream.RoundingKey`), counter-based bits that depend only on the key,
+    the round of draws and each element's index — the same on every device, eager or in a CUDA graph (this is
+    what the attention's output path uses under ``Precision.rounding = "sr"``). Without it, `torch.randint`
+    with `generator` (which must live on x's device), or that device's default generator when None, so results
+    follow torch.manual_seed, are deterministic under torch.use_deterministic_algorithms, and resume
+    bit-exactly from a checkpoint of torch's RNG state.
 
     >>> x = torch.full((100_000,), 1.0 + 2.0 ** -9)    # a quarter of the way from 1.0 to its bf16 successor
     >>> r = round_stochastic(x, generator=torch.Generator().manual_seed(0))
@@ -332,8 +482,19 @@ def round_stochastic(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
     if dtype not in _SR_FORMATS:
         raise ValueError(f"round_stochastic rounds to torch.bfloat16 or torch.float16 (got {dtype}): the wider "
                          "formats are where the attention's values are computed, not rounded to")
-    if x.dtype == torch.float32 and dtype == torch.bfloat16:
-        return round_bf16(x, "stochastic", generator)
+    if generator is not None and key is not None:
+        raise ValueError("give either a generator or a key, not both")
+    if mantissa is not None and dtype != torch.bfloat16:
+        raise ValueError(f"mantissa={mantissa!r} needs dtype=torch.bfloat16 (fewer fraction bits of bf16's "
+                         f"exponent); got {dtype}")
+    k = 7 if mantissa is None else _check_mantissa(mantissa)
+    if dtype == torch.bfloat16:
+        shift = 23 - k
+        if x.dtype == torch.float32:
+            u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF   # the fp32 bit pattern
+            noise = _draw(u.shape, shift, 0, x.device, generator, key)
+            return _patterns_to_bf16(_round_pattern(u, shift, "stochastic", noise))
+        return _stochastic_bf16_from_fp64(x, k, generator, key)
     frac_bits, bias = _SR_FORMATS[dtype]
     regular = torch.isfinite(x) & (x != 0)
     a = torch.where(regular, x.abs().double(), torch.ones((), dtype=torch.float64, device=x.device))
@@ -343,22 +504,32 @@ def round_stochastic(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
     lo = mag.to(torch.int16).view(dtype).double()
     k = (mag >> frac_bits).clamp(min=1) - bias - frac_bits  # hi − lo = 2^k (past the max: the spacing continued)
     p = ((a - lo) * _pow2(-k)).clamp(max=1.0)             # exact dyadic P(hi); 1 for |x| ≥ max + spacing
-    up = torch.zeros(a.shape, dtype=torch.bool, device=x.device)
-    pending = torch.ones_like(up)
-    while True:                                           # up ⇔ U < p for U uniform in [0, 1), bit by bit
-        t = p * float(1 << _SR_BITS)                      # exact: a power-of-two scaling
-        whole = torch.floor(t)
-        w = whole.to(torch.int64)                         # ≤ 2^62
-        r = torch.randint(0, 1 << _SR_BITS, a.shape, generator=generator, device=x.device, dtype=torch.int64)
-        up = up | (pending & (r < w))
-        p = t - whole                                     # exact: the bits of p below these 62
-        pending = pending & (r == w) & (p > 0)            # undecided: the next 62 bits of U decide
-        if not bool(pending.any()):
-            break
+    up = _exact_up(p, x.device, generator, key)
     mag = mag + up.to(torch.int64)                        # max finite + 1 is the pattern of +inf
     pattern = mag | (torch.signbit(x).to(torch.int64) << 15)
     out = torch.where(pattern >= 0x8000, pattern - 0x10000, pattern).to(torch.int16).view(dtype)
     return torch.where(regular, out, x.to(dtype))         # ±0, ±inf and NaN: unchanged
+
+
+def _stochastic_bf16_from_fp64(x: torch.Tensor, k: int, generator, key) -> torch.Tensor:
+    """`round_stochastic` of float64 values to bf16's exponent with k fraction bits. The lower neighbour lo is x
+    truncated toward zero — to fp32 first (the pattern stepped back where the conversion rounded away), then to k
+    bits by dropping the low 23 − k bits; truncations compose, since fp32's grid contains the k-bit one at every
+    exponent. |x| − lo is then exactly the dropped bits, and P(hi) = (|x| − lo) / 2^e an exact dyadic fraction."""
+    shift = 23 - k
+    regular = torch.isfinite(x) & (x != 0)
+    a = torch.where(regular, x.abs(), torch.ones((), dtype=torch.float64, device=x.device))
+    y = a.to(torch.float32)
+    t = y.view(torch.int32).to(torch.int64) & 0x7FFFFFFF
+    t = t - (y.double() > a).to(torch.int64)               # a truncated toward zero to fp32 (inf → the max)
+    lo_pat = (t >> shift) << shift                         # ... and to k fraction bits
+    lo = (lo_pat.to(torch.int32)).view(torch.float32).double()
+    e = (lo_pat >> 23).clamp(min=1) - 127 - k              # spacing 2^e (subnormals: exponent field 1's)
+    p = ((a - lo) * _pow2(-e)).clamp(max=1.0)              # exact dyadic P(hi); 1 for |x| ≥ max + spacing
+    up = _exact_up(p, x.device, generator, key)
+    pattern = (lo_pat + (up.to(torch.int64) << shift)) >> 16    # max finite + spacing is the pattern of +inf
+    pattern = pattern | (torch.signbit(x).to(torch.int64) << 15)
+    return torch.where(regular, _patterns_to_bf16(pattern), x.to(torch.bfloat16))  # ±0, ±inf, NaN: unchanged
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 
 from lpfail import sdpa_hook
 from lpfail.precision import Precision
+from lpfail.sr_stream import RoundingKey, SRStream
 
 BACKENDS = ("sdpa", "reference", "naive", "triton")
 FALLBACKS = (None, "reference")
@@ -61,6 +62,8 @@ class GPTConfig:
     #                        et al. 2023, arXiv 2309.14322); off: the paper's model
     logit_softcap: float = 0.0  # > 0: output logits become cap·tanh(logits / cap) (Gemma 2's final soft-cap); a
     #                             non-precision control of experiment `cures`; 0: off, the paper's model
+    sr_seed: int = 0  # the seed of the model's stochastic-rounding stream (`SRStream`: keys of "sr" policies'
+    #                   roundings); the training loop passes TrainConfig.init_seed
 
     def __post_init__(self):
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -77,6 +80,8 @@ class GPTConfig:
         if not (isinstance(self.logit_softcap, (int, float)) and math.isfinite(self.logit_softcap)
                 and self.logit_softcap >= 0):
             raise ValueError(f"GPTConfig.logit_softcap must be a finite number >= 0, 0 = off (got {self.logit_softcap!r})")
+        if isinstance(self.sr_seed, bool) or not isinstance(self.sr_seed, int) or not 0 <= self.sr_seed < 1 << 64:
+            raise ValueError(f"GPTConfig.sr_seed must be an int in [0, 2^64) (got {self.sr_seed!r})")
         if self.bias:
             raise ValueError("GPTConfig.bias=True is not supported: this model follows the paper, which has no "
                              "biases (the field exists only to say so)")
@@ -205,11 +210,11 @@ def _no_autocast(device_type: str):
 # where the training loop records the step as non-finite, instead of raising mid-forward; and the check's
 # torch.isfinite(...).all() would force a host-device synchronization per layer per step. The Triton kernel
 # and SDPA do not check either. Shape and dtype checks still run.
-def _reference(q, k, v, policy):
+def _reference(q, k, v, policy, sr_key: RoundingKey | None = None):
     from lpfail.attention import attention  # lazy: the reference is only imported when a layer uses it
 
     with _no_autocast(q.device.type):
-        return attention(q, k, v, policy=policy, causal=True, check_finite=False)
+        return attention(q, k, v, policy=policy, causal=True, check_finite=False, sr_key=sr_key)
 
 
 def _triton_function():
@@ -238,7 +243,7 @@ def unavailable(spec: AttentionSpec, device) -> str | None:
     return reason
 
 
-def _triton(q, k, v, spec: AttentionSpec, state: dict):
+def _triton(q, k, v, spec: AttentionSpec, state: dict, sr_key: RoundingKey | None = None):
     fn, interpreted, reason = _triton_function()
     if reason is None and not q.is_cuda and not interpreted:  # TRITON_INTERPRET=1 runs the kernels on the CPU
         reason = ("the Triton kernel needs CUDA tensors (CUDA available: "
@@ -255,11 +260,18 @@ def _triton(q, k, v, spec: AttentionSpec, state: dict):
                       f"implementation with policy {spec.policy.name} (warned once per model)",
                       RuntimeWarning, stacklevel=4)
         state["warned"] = True
-    return _reference(q, k, v, spec.policy)
+    return _reference_keyed(q, k, v, spec.policy, sr_key)
 
 
-def run_attention(spec: AttentionSpec, q, k, v, state: dict | None = None):
-    """Causal attention of (B, nh, T, hs) tensors under one spec; the output's dtype is the backend's own."""
+def _reference_keyed(q, k, v, policy, sr_key: RoundingKey | None):
+    """`_reference`, passing a rounding key only where there is one."""
+    return _reference(q, k, v, policy) if sr_key is None else _reference(q, k, v, policy, sr_key)
+
+
+def run_attention(spec: AttentionSpec, q, k, v, state: dict | None = None, sr_key: RoundingKey | None = None):
+    """Causal attention of (B, nh, T, hs) tensors under one spec; the output's dtype is the backend's own.
+    `sr_key`: the rounding key of a "reference" spec whose policy rounds stochastically (see
+    `lpfail.attention.attention`)."""
     if spec.backend == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if spec.backend == "naive":
@@ -268,8 +280,15 @@ def run_attention(spec: AttentionSpec, q, k, v, state: dict | None = None):
         with _no_autocast(q.device.type):
             return naive_attention(q, k, v, causal=True, check_finite=False)
     if spec.backend == "reference":
-        return _reference(q, k, v, spec.policy)
-    return _triton(q, k, v, spec, state if state is not None else {})
+        return _reference_keyed(q, k, v, spec.policy, sr_key)
+    return _triton(q, k, v, spec, state if state is not None else {}, sr_key)
+
+
+def _run(spec: AttentionSpec, q, k, v, state: dict, key: RoundingKey | None):
+    """`run_attention`, passing a rounding key only where there is one."""
+    if key is None:
+        return run_attention(spec, q, k, v, state)
+    return run_attention(spec, q, k, v, state, sr_key=key)
 
 
 # -- the model -------------------------------------------------------------------------------------------
@@ -283,6 +302,7 @@ class CausalSelfAttention(nn.Module):
         self.specs: tuple[AttentionSpec, ...] = (DEFAULT_SPEC,) * config.n_head  # one per head
         self.fallback_state: dict = {}  # shared by all layers of a GPT: "warn once" for the triton fallback
         self.capture: dict | None = None  # set by logit_capture(): {"dtype": ..., "out": list}
+        self.sr_stream: SRStream | None = None  # the GPT's stream (not a submodule here: one per model), or None
         if config.qk_norm:
             # QK-norm: LayerNorm over each head's channels, one gain vector shared by the heads, no bias (the
             # model has none). LayerNorm, not RMSNorm, because LayerNorm is what both papers that showed it
@@ -293,6 +313,13 @@ class CausalSelfAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
+    def _sr_key(self, spec: AttentionSpec, group: int) -> RoundingKey | None:
+        """The rounding key of head group `group` (0 when all heads share one spec) under a stochastic-rounding
+        policy: the model's stream at (this layer, the group); None otherwise or without a stream."""
+        if self.sr_stream is None or spec.policy is None or spec.policy.rounding != "sr":
+            return None
+        return self.sr_stream.key(self.layer, group)
+
     def attend(self, q, k, v):
         """(B, nh, T, hs) q, k, v → (B, nh, T, hs) attention output, heads grouped by their spec."""
         groups = _groups(self.specs)
@@ -300,12 +327,14 @@ class CausalSelfAttention(nn.Module):
             spec = self.specs[0]
             if spec.backend == "sdpa":
                 return run_attention(spec, q, k, v, self.fallback_state)
+            key = self._sr_key(spec, 0)
             # seen by an active SDPA interceptor (the monitor, `substitute`) as one call per layer, like SDPA
-            return sdpa_hook.presented(q, k, v, lambda: run_attention(spec, q, k, v, self.fallback_state))
+            return sdpa_hook.presented(q, k, v, lambda: _run(spec, q, k, v, self.fallback_state, key))
         ys, order = [], []
-        for spec, heads in groups.items():
+        for gi, (spec, heads) in enumerate(groups.items()):
             idx = torch.tensor(heads, device=q.device)
-            ys.append(run_attention(spec, q[:, idx], k[:, idx], v[:, idx], self.fallback_state))  # (B, len(heads), T, hs)
+            ys.append(_run(spec, q[:, idx], k[:, idx], v[:, idx], self.fallback_state,
+                           self._sr_key(spec, gi)))  # (B, len(heads), T, hs)
             order.extend(heads)
         wide = functools.reduce(torch.promote_types, [y.dtype for y in ys])  # groups' out dtypes may differ
         inverse = torch.empty(len(order), dtype=torch.long)
@@ -377,9 +406,13 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # weight tying (GPT-2; saves 38.6M parameters)
+        # the stream of stochastic rounding's keys: its step is a buffer (saved in checkpoints); the layers hold
+        # a reference that is not a submodule of theirs (one stream, one state-dict entry: sr_stream.step)
+        self.sr_stream = SRStream(config.sr_seed)
         shared: dict = {}
         for block in self.transformer.h:
             block.attn.fallback_state = shared
+            object.__setattr__(block.attn, "sr_stream", self.sr_stream)
         self.apply(self._init_weights)
         # GPT-2: the projections that write into the residual stream are scaled by 1/sqrt(2·n_layer), since
         # every layer adds two of them to the stream.

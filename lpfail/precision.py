@@ -85,7 +85,19 @@ l_from      the source of each key block's row sum ℓ_j: "p", the   p       p  
             tutorial), or "pbar", P̄ as rounded for the P̄V product
             (flash-attention PR #2721: numerator and normaliser
             then use the same P̄; only with a pbar narrower than exp)
+v           None (= `matmul`), or the format V is rounded to where None    None    None
+            it enters attention (its operand of P̄V and of dP, in
+            both passes; rounded from the input directly)
 =========== ====================================================== ======= ======= =====
+
+Formats. Every dtype knob (and o_acc … masked_carry, v) takes "bf16", "fp16", "fp32", "fp64" or a format of the
+precision dial: bf16's 8-bit exponent with K < 7 fraction bits, "bf16m6" … "bf16m1" (`DIAL`; K = 7 is "bf16"
+itself, `dial_format(K)`). A K-bit value is stored in a torch.bfloat16 tensor (its low 7 − K fraction bits zero)
+and rounded to by integer arithmetic on the FP32 bit pattern (`lpfail.bf16.round_mantissa`: to nearest even;
+stochastically on the output path under ``rounding="sr"``), with bf16's range: overflow to ±inf past
+(2 − 2^−K)·2^127, gradual underflow with spacing 2^(−126−K) below 2^−126. `Precision.format(knob)` gives a cast
+point's `Format`; `Precision.dtype(knob)`, the torch dtype, refuses the K-bit formats (their storage dtype alone
+would round at 7 bits). The K-bit formats run in the reference attention only (`kernels` refuses them).
 
 Two knobs were added for the cures of chapter 6 (experiment `cures`), both off in every preset and shown in
 the string form only when used, so no existing cache key changes:
@@ -104,9 +116,14 @@ for bit. FP64 sets every dtype knob to fp64. PAPER_BF16_OFFICIAL_FIX is PAPER_BF
 l_clamp=1e-10 and masked_ties=True. ``sub="fma"`` needs qk_out, scores and exp_in of at least FP32 (a
 16-bit product or score would be rounded before the fused step, which is what the step exists to avoid).
 ``rounding="sr"`` is the control of the paper's claim that the rounding error harms because it is biased: the
-same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, acc, out
-in a 16-bit dtype, and the string form shows it only when set (",rounding=sr"), so the strings of all
-"rne" policies, and with them every stored result's config hash, are those from before the knob existed.
+same 8-bit significand, no bias (`lpfail.bf16.round_stochastic`); it needs at least one of pv_out, o_acc (default
+acc), out in a 16-bit or K-bit format, and the string form shows it only when set, so the strings of all "rne"
+policies, and with them every stored result's config hash, are those from before the knob existed. Its random bits
+are counter-based (`lpfail.sr_stream`): a pure function of the run's seed, the training step, the call site and
+the element, the same on every device and whether or not the step is captured in a CUDA graph. The string of an
+"sr" policy names that stream's version, ",rounding=sr,sr_stream=1", and `Precision.parse` requires it: the
+stream of the first stored "sr" runs (torch's generators, whose draws differed between captured and eager steps)
+was ",rounding=sr" alone, which therefore no longer parses, so no stored result of it is taken for a new one.
 o_acc, l_div, l_store, m_acc, m_rescale and l_div_last (None by default, shown in the string only when set, like
 ``rounding``) describe what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16;
 see `lpfail.experiments.official_check` and notes/official_check.md). masked_carry (None by default, shown only
@@ -117,6 +134,8 @@ row_sums.copy_) and stores Ō·a in the BF16 output buffer before P̄V is added;
 does not fall back to `acc` (None: no extra rounding). l_from (default "p", shown only when set) is the second
 biased path of issue 25: with ℓ summed from the FP32 P while P̄V uses P̄ = bf16(P), O = ΣP̄V / ΣP is not a weighted
 mean of V (for V ≡ c it is c·ΣP̄/ΣP, not c); "pbar" sums the rounded P̄ instead, so O = ΣP̄V / ΣP̄.
+v (default None, shown only when set) gives V a format of its own, for the precision dial's arms
+(`lpfail.experiments.dial`): V at K bits while Q and K, and with them the scores and their ties, stay BF16.
 """
 from __future__ import annotations
 
@@ -128,20 +147,77 @@ from dataclasses import dataclass, field
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+#: The precision dial: bf16's exponent with K < 7 fraction bits, name → K ("bf16" is K = 7).
+DIAL = {f"bf16m{k}": k for k in range(6, 0, -1)}
 DELTAS = ("dO.O", "dO.O_hp", "dP.P", "dO.O_res")
 SUBS = ("sub", "fma")
 ROUNDINGS = ("rne", "sr")
 L_FROMS = ("p", "pbar")
-_SR_FIELDS = ("pv_out", "acc", "out")  # the output path's cast points that rounding="sr" acts on
 _ACC_FIELDS = ("o_acc", "l_div", "l_store", "m_acc", "m_rescale", "l_div_last")  # optional dtypes (torch.compile's
 #: arithmetic): each falls back to `acc`, except m_rescale (to `m_acc`) and l_div_last (to `l_div`)
 _FALLBACK = {"m_rescale": "m_acc", "l_div_last": "l_div"}
 #: Knobs added after the first stored results, with their defaults: a policy's string names one only when it
 #: differs from its default, so the strings (cache keys) of every earlier policy stay as they were.
 _SET_ONLY = (("rounding", "rne"), *((name, None) for name in _ACC_FIELDS), ("ds_rowsum", False),
-             ("masked_carry", None), ("l_from", "p"))
+             ("masked_carry", None), ("l_from", "p"), ("v", None))
 _DTYPE_FIELDS = ("matmul", "scores", "exp", "pbar", "pv_out", "acc", "out",
                  "qk_out", "exp_in", "dp", "delta_prod", "ds", "grad_acc")
+_FORMAT_LIST = sorted(DTYPES) + list(DIAL)
+
+
+@dataclass(frozen=True)
+class Format:
+    """The number format of a cast point: its name, the torch dtype its values are stored in, and the fraction
+    bits it keeps (7 for bf16, 10 for fp16, 23 for fp32, 52 for fp64, K for "bf16mK")."""
+
+    name: str
+    dtype: torch.dtype
+    mantissa: int
+
+    @property
+    def native(self) -> bool:
+        """Whether the format is its storage dtype's own (a `.to(dtype)` rounds to it)."""
+        return self.name in DTYPES
+
+    @property
+    def narrow(self) -> bool:
+        """16 bits or fewer: bf16, fp16 and the K-bit formats (the casts stochastic rounding acts on)."""
+        return self.dtype.itemsize <= 2
+
+    @property
+    def max(self) -> float:
+        """The largest finite value: (2 − 2^−K)·2^127 for the K-bit formats."""
+        return float(torch.finfo(self.dtype).max) if self.native else (2.0 - 2.0 ** -self.mantissa) * 2.0 ** 127
+
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        """x rounded to this format to nearest even, in its storage dtype: ``x.to(dtype)`` for a native format,
+        `lpfail.bf16.round_mantissa` (exact from any float input) for a K-bit one."""
+        if self.native:
+            return x.to(self.dtype)
+        from lpfail.bf16 import round_mantissa
+
+        return round_mantissa(x, self.mantissa)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+#: Every format a knob may name.
+FORMATS: dict[str, Format] = {
+    **{name: Format(name, dt, {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}[dt])
+       for name, dt in DTYPES.items()},
+    **{name: Format(name, torch.bfloat16, k) for name, k in DIAL.items()},
+}
+
+
+def dial_format(k: int) -> str:
+    """The format name of bf16's exponent with k fraction bits: "bf16" for k = 7, else "bf16m<k>" (k in 1 … 6)."""
+    if k == 7:
+        return "bf16"
+    name = f"bf16m{k}"
+    if isinstance(k, bool) or name not in DIAL:
+        raise ValueError(f"the precision dial has 1 … 7 fraction bits (got {k!r})")
+    return name
 
 
 @dataclass(frozen=True)
@@ -276,12 +352,14 @@ class Precision:
     masked_carry: str | None = None
     # added with the normaliser's source (issue 25, flash-attention PR #2721):
     l_from: str = "p"
+    # added with the precision dial (lpfail.experiments.dial):
+    v: str | None = None
 
     def __post_init__(self):
         for name in _DTYPE_FIELDS:
             value = getattr(self, name)
-            if value not in DTYPES:
-                raise ValueError(f"Precision.{name} must be one of {sorted(DTYPES)} (got {value!r})")
+            if value not in FORMATS:
+                raise ValueError(f"Precision.{name} must be one of {_FORMAT_LIST} (got {value!r})")
         if self.delta not in DELTAS:
             raise ValueError(f"Precision.delta must be one of {list(DELTAS)} (got {self.delta!r})")
         if self.sub not in SUBS:
@@ -299,12 +377,14 @@ class Precision:
             raise ValueError(f"Precision.masked_ties must be True or False (got {self.masked_ties!r})")
         for name in _ACC_FIELDS:
             value = getattr(self, name)
-            if value is not None and value not in DTYPES:
+            if value is not None and value not in FORMATS:
                 raise ValueError(f"Precision.{name} must be None (the `{_FALLBACK.get(name, 'acc')}` dtype) or one "
-                                 f"of {sorted(DTYPES)} (got {value!r})")
+                                 f"of {_FORMAT_LIST} (got {value!r})")
+        if self.v is not None and self.v not in FORMATS:
+            raise ValueError(f"Precision.v must be None (the `matmul` dtype) or one of {_FORMAT_LIST} (got {self.v!r})")
         if self.masked_carry is not None:
-            if self.masked_carry not in DTYPES:
-                raise ValueError(f"Precision.masked_carry must be None (no extra rounding) or one of {sorted(DTYPES)} "
+            if self.masked_carry not in FORMATS:
+                raise ValueError(f"Precision.masked_carry must be None (no extra rounding) or one of {_FORMAT_LIST} "
                                  f"(got {self.masked_carry!r})")
             if not self.masked_ties:
                 raise ValueError(f"Precision.masked_carry={self.masked_carry!r} needs masked_ties=True: it rounds "
@@ -312,19 +392,22 @@ class Precision:
                                  "and without masked_ties such tiles are skipped (the setting would do nothing)")
         if self.l_from not in L_FROMS:
             raise ValueError(f"Precision.l_from must be one of {list(L_FROMS)} (got {self.l_from!r})")
-        if self.l_from == "pbar" and DTYPES[self.pbar].itemsize >= DTYPES[self.exp].itemsize:
+        pbar_f, exp_f = FORMATS[self.pbar], FORMATS[self.exp]
+        if self.l_from == "pbar" and not (pbar_f.dtype.itemsize < exp_f.dtype.itemsize
+                                          or (not pbar_f.native and pbar_f.mantissa < exp_f.mantissa)):
             raise ValueError(f"Precision.l_from='pbar' would do nothing here: pbar={self.pbar} is as wide as exp="
                              f"{self.exp}, so P̄ is P and both sources give the same row sum; use l_from='p'")
         if not isinstance(self.ds_rowsum, bool):
             raise ValueError(f"Precision.ds_rowsum must be True or False (got {self.ds_rowsum!r})")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"Precision.rounding must be one of {list(ROUNDINGS)} (got {self.rounding!r})")
-        if self.rounding == "sr" and not any(getattr(self, n) in ("bf16", "fp16") for n in _SR_FIELDS):
+        sr_knobs = ("pv_out", "o_acc" if self.o_acc is not None else "acc", "out")
+        if self.rounding == "sr" and not any(FORMATS[getattr(self, n)].narrow for n in sr_knobs):
             raise ValueError(f"Precision.rounding='sr' would do nothing here: it rounds only the 16-bit casts of "
-                             f"the output path ({', '.join(f'{n}={getattr(self, n)}' for n in _SR_FIELDS)}), "
-                             "and none of them is bf16 or fp16; use rounding='rne' for this policy")
+                             f"the output path ({', '.join(f'{n}={getattr(self, n)}' for n in sr_knobs)}), "
+                             "and none of them is bf16, fp16 or a K-bit format; use rounding='rne' for this policy")
         if self.sub == "fma":
-            narrow = [name for name in ("qk_out", "scores", "exp_in") if getattr(self, name) in ("bf16", "fp16")]
+            narrow = [name for name in ("qk_out", "scores", "exp_in") if FORMATS[getattr(self, name)].narrow]
             if narrow:
                 raise ValueError(f"Precision.sub='fma' needs qk_out, scores and exp_in of at least fp32, but "
                                  f"{', '.join(f'{n}={getattr(self, n)}' for n in narrow)}: the fused step forms "
@@ -358,17 +441,29 @@ class Precision:
             raise ValueError(f"unknown Precision knob(s) {sorted(unknown)}; valid: {[f.name for f in dataclasses.fields(self)]}")
         return dataclasses.replace(self, **changes)
 
-    def dtype(self, knob: str) -> torch.dtype:
-        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")``; o_acc, l_div, l_store and m_acc
-        fall back to `acc` when None, m_rescale to `m_acc` and l_div_last to `l_div`."""
+    def format(self, knob: str) -> Format:
+        """The `Format` of a dtype knob, e.g. ``policy.format("acc")``; o_acc, l_div, l_store and m_acc fall back
+        to `acc` when None, m_rescale to `m_acc`, l_div_last to `l_div`, v to `matmul`."""
         if knob in _ACC_FIELDS:
             value = getattr(self, knob)
             if value is None:
-                return self.dtype(_FALLBACK[knob]) if knob in _FALLBACK else DTYPES[self.acc]
-            return DTYPES[value]
+                return self.format(_FALLBACK[knob]) if knob in _FALLBACK else FORMATS[self.acc]
+            return FORMATS[value]
+        if knob == "v":
+            return FORMATS[self.v] if self.v is not None else FORMATS[self.matmul]
         if knob not in _DTYPE_FIELDS:
             raise ValueError(f"{knob!r} is not a dtype knob; dtype knobs: {list(_DTYPE_FIELDS)}")
-        return DTYPES[getattr(self, knob)]
+        return FORMATS[getattr(self, knob)]
+
+    def dtype(self, knob: str) -> torch.dtype:
+        """The torch dtype of a dtype knob, e.g. ``policy.dtype("acc")`` (fallbacks as in `format`). A K-bit format
+        raises ValueError: its storage dtype (bfloat16) would round at 7 bits; use `format` and `Format.round`."""
+        f = self.format(knob)
+        if not f.native:
+            raise ValueError(f"Precision.{knob}={f.name} is a K-bit format of the precision dial, stored in "
+                             f"torch.bfloat16 but not rounded by a cast to it: use policy.format({knob!r}) and its "
+                             "round(x), as lpfail.attention does")
+        return f.dtype
 
     @property
     def name(self) -> str:
@@ -376,7 +471,10 @@ class Precision:
         appended for stochastic rounding: "PAPER_BF16,rounding=sr"), else its string."""
         if self.rounding != "rne":
             base = dataclasses.replace(self, rounding="rne")
-            return f"{base.name},rounding={self.rounding}" if base.name != str(base) else str(self)
+            return f"{base.name},{_rounding_text(self.rounding)}" if base.name != str(base) else str(self)
+        if self.v is not None:
+            base = dataclasses.replace(self, v=None)
+            return f"{base.name},v={self.v}" if base.name != str(base) else str(self)
         if self.l_from != "p":
             base = dataclasses.replace(self, l_from="p")
             return f"{base.name},l_from={self.l_from}" if base.name != str(base) else str(self)
@@ -399,7 +497,9 @@ class Precision:
         parts.append(f"masked_ties={'true' if self.masked_ties else 'false'}")
         for name, default in _SET_ONLY:  # only when set (see _SET_ONLY)
             value = getattr(self, name)
-            if value != default:
+            if name == "rounding" and value != default:
+                parts.append(_rounding_text(value))
+            elif value != default:
                 parts.append(f"{name}={'true' if value is True else value}")
         return ",".join(parts)
 
@@ -419,7 +519,8 @@ class Precision:
             base = PRESETS[key].with_fix() if fixed else PRESETS[key]
         changes: dict = {}
         valid = list(_DTYPE_FIELDS) + ["delta", "block", "block_q", "block_k", "sub", "fix", "l_clamp",
-                                       "masked_ties", *(name for name, _ in _SET_ONLY)]
+                                       "masked_ties", *(name for name, _ in _SET_ONLY), "sr_stream"]
+        stream = None
         for item in items:
             if "=" not in item:
                 raise ValueError(f"cannot parse {item!r} in {text!r}: expected key=value")
@@ -439,13 +540,17 @@ class Precision:
                 changes["fix"] = _parse_fix(value)
             elif key == "l_clamp":
                 changes["l_clamp"] = None if value == "none" else _parse_float(value, key)
-            elif key in _ACC_FIELDS or key == "masked_carry":
+            elif key in _ACC_FIELDS or key in ("masked_carry", "v"):
                 changes[key] = None if value == "none" else value
+            elif key == "sr_stream":
+                stream = value
             elif key in ("masked_ties", "ds_rowsum"):
                 if value not in ("true", "false"):
                     raise ValueError(f"{key} must be 'true' or 'false' (got {value!r})")
                 changes[key] = value == "true"
-        return dataclasses.replace(base, **changes)
+        policy = dataclasses.replace(base, **changes)
+        _check_stream(policy, stream, text)
+        return policy
 
 
 def _split_top(text: str) -> list[str]:
@@ -463,6 +568,31 @@ def _split_top(text: str) -> list[str]:
             cur += ch
     out.append(cur)
     return out
+
+
+def _rounding_text(rounding: str) -> str:
+    """The string form of a rounding other than "rne": "sr" names its stream's version too."""
+    from lpfail.sr_stream import STREAM_VERSION
+
+    return f"rounding={rounding},sr_stream={STREAM_VERSION}" if rounding == "sr" else f"rounding={rounding}"
+
+
+def _check_stream(policy: "Precision", stream: str | None, text: str) -> None:
+    """`Precision.parse`: an "sr" policy must name the current stream version, and only an "sr" policy may."""
+    from lpfail.sr_stream import STREAM_VERSION
+
+    if policy.rounding != "sr":
+        if stream is not None:
+            raise ValueError(f"sr_stream={stream} in {text!r} belongs to rounding=sr (got rounding={policy.rounding})")
+        return
+    if stream is None:
+        raise ValueError(f"{text!r}: rounding=sr must name its random stream, ',rounding=sr,sr_stream="
+                         f"{STREAM_VERSION}' (counter-based, lpfail.sr_stream). ',rounding=sr' alone was the first "
+                         "stream (torch's generators, not reproducible under CUDA-graph capture), which is retired: "
+                         "results stored under it are not results of the current stream")
+    if stream != str(STREAM_VERSION):
+        raise ValueError(f"{text!r}: sr_stream={stream} is not this code's stream; the current version is "
+                         f"{STREAM_VERSION} (lpfail.sr_stream.STREAM_VERSION)")
 
 
 def _block(b: int | None) -> str:

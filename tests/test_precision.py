@@ -209,22 +209,35 @@ def test_default_policy_string_is_unchanged():
                                     FA2_BF16.replace(out="fp32", acc="fp16"), PAPER_BF16.with_fix(8.0, 0.0)],
                          ids=lambda p: p.name)
 def test_sr_round_trips(policy):
+    """An "sr" policy's string is the "rne" one plus the rounding and its random stream's version."""
     sr = policy.replace(rounding="sr")
-    assert str(sr) == str(policy) + ",rounding=sr"
+    assert str(sr) == str(policy) + ",rounding=sr,sr_stream=1"
     assert Precision.parse(str(sr)) == sr
-    assert sr.name == (f"{policy.name},rounding=sr" if policy.name != str(policy) else str(sr))
+    assert sr.name == (f"{policy.name},rounding=sr,sr_stream=1" if policy.name != str(policy) else str(sr))
     if not policy.name.startswith("PAPER_BF16+dynmax"):     # names with a non-default fix never parsed
         assert Precision.parse(sr.name) == sr
-    assert Precision.parse(str(sr).replace("rounding=sr", "rounding=rne")) == policy
+    assert Precision.parse(str(sr).replace(",rounding=sr,sr_stream=1", "")) == policy
 
 
 def test_sr_names():
-    assert PAPER_BF16.replace(rounding="sr").name == "PAPER_BF16,rounding=sr"
-    assert PAPER_BF16.with_fix().replace(rounding="sr").name == "PAPER_BF16+fix,rounding=sr"
-    assert Precision.parse("PAPER_BF16,rounding=sr") == PAPER_BF16.replace(rounding="sr")
-    assert Precision.parse("FA2_BF16+fix,rounding=sr") == FA2_BF16.with_fix().replace(rounding="sr")
+    assert PAPER_BF16.replace(rounding="sr").name == "PAPER_BF16,rounding=sr,sr_stream=1"
+    assert PAPER_BF16.with_fix().replace(rounding="sr").name == "PAPER_BF16+fix,rounding=sr,sr_stream=1"
+    assert Precision.parse("PAPER_BF16,rounding=sr,sr_stream=1") == PAPER_BF16.replace(rounding="sr")
+    assert Precision.parse("FA2_BF16+fix,rounding=sr,sr_stream=1") == FA2_BF16.with_fix().replace(rounding="sr")
     odd = FA2_BF16.replace(block_k=32, rounding="sr")
     assert odd.name == str(odd)
+
+
+def test_sr_strings_name_their_stream():
+    """",rounding=sr" alone was the first stream (torch's generators), whose stored runs are not runs of the
+    counter-based one: it no longer parses, so their cache keys match nothing; other versions are refused too."""
+    for text in ("PAPER_BF16,rounding=sr", str(PAPER_BF16) + ",rounding=sr"):
+        with pytest.raises(ValueError, match="must name its random stream.*sr_stream=1"):
+            Precision.parse(text)
+    with pytest.raises(ValueError, match="sr_stream=0 is not this code's stream"):
+        Precision.parse("PAPER_BF16,rounding=sr,sr_stream=0")
+    with pytest.raises(ValueError, match="belongs to rounding=sr"):
+        Precision.parse("PAPER_BF16,sr_stream=1")
 
 
 def test_rounding_validation():

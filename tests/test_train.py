@@ -526,7 +526,8 @@ def test_set_lr_writes_tensors_in_place():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attention", ["reference(PAPER_BF16)", "sdpa"])
+@pytest.mark.parametrize("attention", ["reference(PAPER_BF16)", "sdpa",
+                                       "reference(PAPER_BF16,rounding=sr,sr_stream=1)"])
 def test_captured_steps_equal_uncaptured(tmp_path, attention, monkeypatch):
     """On CUDA a captured run and the same config with LPFAIL_NO_CAPTURE=1 give the same losses bit for bit
     (same kernels, same order), and a run continued from a checkpoint (3 eager steps, then capture again)

@@ -203,7 +203,7 @@ def a_run_config(out_dir: str, lr: float = 3.2e-2, seed: int = 0, checkpoint_eve
 
 
 #: Chapter 3's item 3: the policies whose δ error is accumulated along one trajectory (`accumulation_run`).
-ACC_POLICIES = {"A": "PAPER_BF16", "A_fix": "PAPER_BF16_OFFICIAL_FIX", "A_sr": "PAPER_BF16,rounding=sr",
+ACC_POLICIES = {"A": "PAPER_BF16", "A_fix": "PAPER_BF16_OFFICIAL_FIX", "A_sr": "PAPER_BF16,rounding=sr,sr_stream=1",
                 "D": "FA2_BF16"}
 
 

@@ -30,7 +30,7 @@ VARIANTS: dict[str, Variant] = {
                  words="production (FA2) arithmetic"),
     "B": Variant("reference(PAPER_BF16_OFFICIAL_FIX)", False, "B: the paper's official fix", words="the official fix"),
     "S": Variant("sdpa", False, "S: PyTorch SDPA", words="PyTorch SDPA"),
-    "A_sr": Variant("reference(PAPER_BF16,rounding=sr)", False, "A + stochastic rounding (P̄V, Ō, O)",
+    "A_sr": Variant("reference(PAPER_BF16,rounding=sr,sr_stream=1)", False, "A + stochastic rounding (P̄V, Ō, O)",
                     words="the paper's arithmetic + stochastic rounding"),
     "A_qk": Variant("reference(PAPER_BF16)", True, "A + QK-norm", words="the paper's arithmetic + QK-norm"),
     "C_qk": Variant("reference(FP32)", True, "C + QK-norm", words="FP32 attention + QK-norm"),

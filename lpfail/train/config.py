@@ -73,7 +73,8 @@ class TrainConfig:
     #                           Both repeat bit for bit under deterministic mode on the H200; "torch" is 1.1× faster
     #                           (results/train_speed.json)
     # seeds
-    init_seed: int = 0  # weights (drawn on the CPU, so identical on any device)
+    init_seed: int = 0  # weights (drawn on the CPU, so identical on any device), and the seed of the stream of
+    #                     stochastic rounding's bits under an "sr" policy (GPTConfig.sr_seed, lpfail.sr_stream)
     data_seed: int = 0  # batch order (BatchOrder); ignored when a recorded order is replayed
     # run
     max_steps: int = 1000
@@ -179,7 +180,7 @@ class TrainConfig:
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig(block_size=self.block_size, vocab_size=vocab_size, n_layer=self.n_layer,
                          n_head=self.n_head, n_embd=self.n_embd, qk_norm=self.qk_norm,
-                         logit_softcap=self.logit_softcap)
+                         logit_softcap=self.logit_softcap, sr_seed=self.init_seed)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "TrainConfig":

@@ -2,7 +2,14 @@
 the process group (`_Dist`), the optimizer and its learning-rate schedule (`_build_optimizer`, `lr_factor`), the
 loss (`_loss`, `cross_entropy`, `z_loss_term`), the step itself in its two forms (`_EagerStep`, and
 `_CapturedStep`: the same kernels replayed from one CUDA graph), the diagnostics and the held-out loss, and which
-errors count as non-finite values met in a step (`_nonfinite_error`). Part of `lpfail.train`."""
+errors count as non-finite values met in a step (`_nonfinite_error`). Part of `lpfail.train`.
+
+Both forms of the step drive the model's stochastic-rounding stream (`lpfail.sr_stream.SRStream`, the GPT's
+``sr_stream``) the same way: before each micro-batch's forward its global index (rank · micro-batches + i) is set
+as a Python int — the same value the eager step uses is baked into the captured graph — and after the step its
+step buffer is advanced in place, so every replay of a captured graph reads the current step. The bits of an
+"sr" policy's roundings are therefore the same captured or not, and a run resumed from a checkpoint (which holds
+the step buffer) continues the stream."""
 from __future__ import annotations
 
 import contextlib
@@ -164,6 +171,21 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return (torch.logsumexp(logits, dim=-1) - picked).mean()
 
 
+def _sr_stream(model):
+    """The model's stochastic-rounding stream (through a DDP wrapper), or None for a model without one."""
+    return getattr(getattr(model, "module", model), "sr_stream", None)
+
+
+def _set_micro(stream, index: int) -> None:
+    if stream is not None:
+        stream.micro = index
+
+
+def _advance(stream) -> None:
+    if stream is not None:
+        stream.advance()
+
+
 class _EagerStep:
     """One training step as plain PyTorch runs it: forward and backward over this rank's micro-batches (DDP
     all-reduces the gradients after the last one only), the loss averaged over micro-batches and ranks, the
@@ -180,7 +202,9 @@ class _EagerStep:
         world = self.dist.world
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         cap_rec = None
+        stream = _sr_stream(self.raw)
         for i in range(n_micro):
+            _set_micro(stream, self.dist.rank * n_micro + i)
             x, y = _rows(tokens, offsets[i * micro:(i + 1) * micro], cfg.block_size)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             sync = model.no_sync() if (world > 1 and i < n_micro - 1) else contextlib.nullcontext()
@@ -194,6 +218,7 @@ class _EagerStep:
                 cap_rec = _capture_logits(self.raw, x, cfg, amp)
         loss_t = self.dist.all_sum(loss_sum) / (n_micro * world)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, _clip(cfg), foreach=True)
+        _advance(stream)
         return loss_t.item(), grad_norm.item(), cap_rec
 
 
@@ -218,10 +243,12 @@ class _CapturedStep:
         self.x = torch.zeros((n_micro, micro, cfg.block_size), dtype=torch.long, device=device)
         self.y = torch.zeros_like(self.x)
         optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients itself
+        self.stream = _sr_stream(model)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             loss_sum = torch.zeros((), dtype=torch.float64, device=device)
             for i in range(n_micro):
+                _set_micro(self.stream, i)  # one process (rank 0): the eager step's index
                 with amp:
                     logits, _ = model(self.x[i])  # (b, T, vocab)
                 loss = _loss(cfg, logits, self.y[i])
@@ -237,6 +264,7 @@ class _CapturedStep:
             self.x[i].copy_(x)
             self.y[i].copy_(y)
         self.graph.replay()
+        _advance(self.stream)
         return self.loss.item(), self.grad_norm.item()
 
 
