@@ -22,7 +22,7 @@ from lpfail.sweep import rerun
 class RerunCheckConfig:
     stop_at: int = 300
     full: tuple[str, ...] = ("small/D/lr0.016/s9", "small/D/lr0.032/s9")
-    parallel: int = 24          # runs at a time (scheduling only: a run's numbers do not depend on it)
+    parallel: int = 16          # runs at a time (scheduling only: a run's numbers do not depend on it)
     budget_s: float = 480.0     # within one device call
     root: str = "/tmp/lpfail_rerun"
 

@@ -99,6 +99,12 @@ def compare(item: Item, rerun: dict[str, np.ndarray], val: dict | None = None) -
     return out
 
 
+def _cost(item: Item) -> float:
+    """A run's relative cost: steps × layers × width² (the model's matmul work per token)."""
+    c = item.run.config
+    return float(item.stop_at or c.max_steps) * c.n_layer * c.n_embd ** 2
+
+
 def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None = None, log=print) -> list[dict]:
     """Train every item afresh (a run directory left by an earlier call is wiped first) and compare it; one row per
     item, in order."""
@@ -113,8 +119,9 @@ def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None
         specs.append(driver.RunSpec(run_dir_name(it.run), tc, variant=it.run.group, seed=it.run.seed,
                                     interrupt_at_step=it.stop_at))
     t0 = time.monotonic()
-    status = driver.sweep(specs, parallel or parallel_default(gpus), budget_s, cont=False, env=CUBLAS, log=log,
-                          gpus=gpus)
+    order = sorted(range(len(items)), key=lambda i: -_cost(items[i]))  # the longest first: none is cut off last
+    status = driver.sweep([specs[i] for i in order], parallel or parallel_default(gpus), budget_s, cont=False,
+                          env=CUBLAS, log=log, gpus=gpus)
     rows = []
     for it, spec in zip(items, specs):
         st = status[spec.name]
@@ -124,6 +131,8 @@ def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None
             val = read_val(spec.dir) if it.stop_at is None else None
             row.update(compare(it, _binned(spec.dir, spec.cfg, it.curve_points),
                                {"val_loss": val["val_loss"].tolist()} if val is not None else None))
+            if it.stop_at is None:  # a full rerun keeps its whole summary: it can replace a stored run that differs
+                row["summary"] = get(it.grid).summarize(spec.dir, spec.cfg, it.run.key)
         except (OSError, KeyError, ValueError) as e:
             row.update(equal=False, error=f"{type(e).__name__}: {e}")
         rows.append(row)
