@@ -298,3 +298,24 @@ def test_calibration_scales_the_bias_and_brackets_the_noise():
     assert list(res["SR_policy"])[0] == str(PAPER_BF16.replace(rounding="sr"))
     assert "bracketed" in D.summary(res)
     results._split("dial_calibration", res)                         # storable
+
+
+@pytest.mark.parametrize("knob", ["matmul", "scores", "exp", "pbar", "pv_out", "acc", "out", "qk_out", "exp_in",
+                                  "dp", "delta_prod", "ds", "grad_acc", "o_acc", "l_div", "l_store", "m_acc",
+                                  "m_rescale", "l_div_last", "v"])
+def test_the_reference_honours_a_k_bit_format_at_every_cast_point(knob):
+    """PAPER_BF16 with one cast point at 4 bits: forward and backward run, finite, and something they return
+    changes (the cast point is not silently rounded at bf16's 7 bits)."""
+    base = PAPER_BF16.replace(block_q=32, block_k=32)
+    q, k, v = qkv(seed=2)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+
+    def run(pol):
+        ts = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = attention(*ts, pol)
+        o.backward(do)
+        return [o.detach()] + [t.grad for t in ts]
+
+    ref, got = run(base), run(base.replace(**{knob: "bf16m4"}))
+    assert all(torch.isfinite(t).all() for t in got)
+    assert any(not torch.equal(a, b) for a, b in zip(ref, got))
