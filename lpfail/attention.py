@@ -653,10 +653,10 @@ def forward_from_scores(s: torch.Tensor, v: torch.Tensor, policy: Precision = PA
     """The same tiled forward, started from given (already scaled) scores: the Rounding chapter's entry point.
 
     s (…, Tq, Tk) scores αQKᵀ, cast to the policy's `scores` dtype first (with sub="fma" they play the role
-    of the raw FP32 product, with α = 1); v (…, Tk, D), cast to `v` (default `matmul`); mask None or bool (…, Tq, Tk),
-    broadcastable, True = allowed (every row needs at least one allowed key). Everything after S is the code
-    path of `attention` (chapter 4, Rounding: the chapter's numbers are the model's numbers). sr_key as in
-    `attention`."""
+    of the raw FP32 product, with α = 1); v (…, Tk, D), cast to `v` (default `matmul`); mask None or bool
+    (…, Tq, Tk), broadcastable, True = allowed (every row needs at least one allowed key). Everything after S is
+    the code path of `attention` (chapter 4, Rounding: the chapter's numbers are the model's numbers). sr_key as
+    in `attention`."""
     if not isinstance(policy, Precision):
         raise TypeError(f"policy must be a lpfail.precision.Precision (got {type(policy).__name__})")
     if s.dim() < 2 or v.dim() < 2 or s.shape[-1] != v.shape[-2] or s.shape[:-2] != v.shape[:-2]:

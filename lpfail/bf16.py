@@ -347,9 +347,7 @@ _BF16_TABLES: dict = {}
 def _round_bf16_patterns(x: torch.Tensor, shift: int, mode: str) -> torch.Tensor:
     """bf16 values rounded to 7 − shift fraction bits: a look-up in the table of all 65,536 bf16 patterns rounded
     by `_round_pattern` (their fp32 patterns are the bf16 ones followed by 16 zero bits), made once per
-    (shift, mode, device)."""
-    if shift == 0:
-        return x.clone()
+    (shift, mode, device). NaN becomes the quiet NaN with its sign, as from fp32."""
     tkey = (shift, mode, x.device)
     table = _BF16_TABLES.get(tkey)
     if table is None:

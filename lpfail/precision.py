@@ -123,7 +123,8 @@ are counter-based (`lpfail.sr_stream`): a pure function of the run's seed, the t
 the element, the same on every device and whether or not the step is captured in a CUDA graph. The string of an
 "sr" policy names that stream's version, ",rounding=sr,sr_stream=1", and `Precision.parse` requires it: the
 stream of the first stored "sr" runs (torch's generators, whose draws differed between captured and eager steps)
-was ",rounding=sr" alone, which therefore no longer parses, so no stored result of it is taken for a new one.
+was ",rounding=sr" alone, which therefore no longer parses: a config that still names it fails instead of
+matching the runs stored under it.
 o_acc, l_div, l_store, m_acc, m_rescale and l_div_last (None by default, shown in the string only when set, like
 ``rounding``) describe what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16;
 see `lpfail.experiments.official_check` and notes/official_check.md). masked_carry (None by default, shown only
@@ -467,8 +468,9 @@ class Precision:
 
     @property
     def name(self) -> str:
-        """The preset's name when this policy is one (with "+fix" for the fixed variants, and ",rounding=sr"
-        appended for stochastic rounding: "PAPER_BF16,rounding=sr"), else its string."""
+        """The preset's name when this policy is one (with "+fix" for the fixed variants, ",rounding=sr,sr_stream=1"
+        appended for stochastic rounding: "PAPER_BF16,rounding=sr,sr_stream=1", and ",v=…" for V's own format),
+        else its string."""
         if self.rounding != "rne":
             base = dataclasses.replace(self, rounding="rne")
             return f"{base.name},{_rounding_text(self.rounding)}" if base.name != str(base) else str(self)

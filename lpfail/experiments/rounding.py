@@ -96,12 +96,14 @@ class RowErrors:
         return (getattr(self, part) * np.sign(self.o_true)).mean(axis=1)
 
 
-def row_errors(s: torch.Tensor, v: torch.Tensor, policy: Precision) -> RowErrors:
+def row_errors(s: torch.Tensor, v: torch.Tensor, policy: Precision, sr_key=None) -> RowErrors:
     """Run rows through the policy's tiled forward and measure Ō's error against float64 arithmetic.
 
     Ō's scale depends on the maximum m the forward used (the fix moves it), so Ō is compared after division
-    by the exact row sum for that same m: Ō_lp / ℓ_exact(m) − O_exact, which is zero for exact arithmetic."""
-    res = attn.forward_from_scores(s, v, policy)
+    by the exact row sum for that same m: Ō_lp / ℓ_exact(m) − O_exact, which is zero for exact arithmetic.
+    `sr_key`: the `lpfail.sr_stream.RoundingKey` of an "sr" policy's roundings (None: drawn, see
+    `lpfail.attention.attention`)."""
+    res = attn.forward_from_scores(s, v, policy, sr_key=sr_key)
     s64, v64 = s.double(), v.double()
     m = res.m.double().reshape(s.shape[:-1] + (1,))                   # (rows, 1, 1)
     p = torch.exp(s64 - m)                                             # exact P̄ for the m used
