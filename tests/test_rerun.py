@@ -16,22 +16,42 @@ def _item(stop_at, curve=None, val=None):
 def test_compare_counts_only_the_bins_a_stopped_rerun_completed():
     it = _item(300)
     cut = {"loss_curve": np.array(it.stored["loss_curve"][:31] + [np.nan] * 69),
-           "gnorm_curve": np.array(it.stored["gnorm_curve"][:30] + [np.nan] * 70)}
+           "gnorm_curve": np.array(it.stored["gnorm_curve"][:30] + [np.nan] * 70), "steps_logged": 306}
     row = rerun.compare(it, cut)
-    assert row["bins"] == 30 and row["equal"] and row["first_diff_step"] is None
+    assert row["units"] == row["done"] == 30 and row["equal"] and row["first_diff_step"] is None
+    assert rerun.word(row) == "bit-identical"
+
+
+def test_a_rerun_cut_off_before_its_stop_is_not_called_different():
+    it = _item(300)
+    cut = {"loss_curve": np.array(it.stored["loss_curve"][:10] + [np.nan] * 90),
+           "gnorm_curve": np.array(it.stored["gnorm_curve"][:10] + [np.nan] * 90), "steps_logged": 104}
+    row = rerun.compare(it, cut)
+    assert row["done"] == 10 and row["same_so_far"] and not row["equal"] and rerun.word(row) == "cut off"
 
 
 def test_compare_names_the_first_step_that_differs_by_one_ulp():
     it = _item(300)
     loss = np.array(it.stored["loss_curve"])
     loss[12] = np.nextafter(loss[12], np.inf)
-    row = rerun.compare(it, {"loss_curve": loss, "gnorm_curve": np.array(it.stored["gnorm_curve"])})
-    assert not row["equal"] and row["first_diff_step"] == 120
+    row = rerun.compare(it, {"loss_curve": loss, "gnorm_curve": np.array(it.stored["gnorm_curve"]),
+                             "steps_logged": 1000})
+    assert not row["equal"] and row["first_diff_step"] == 120 and rerun.word(row) == "different"
+
+
+def test_a_store_that_keeps_every_step_is_compared_step_by_step():
+    g = get("symptom")
+    run = g.runs()[0]
+    loss = [float(np.float32(x)) for x in np.linspace(5, 2, 2000)]
+    stored = {"loss": loss, "grad_norm": [1.0] * 2000}
+    it = rerun.Item("symptom", run, stored, 300, 100)
+    row = rerun.compare(it, {"loss": np.array(loss[:301]), "grad_norm": np.ones(301), "steps_logged": 301})
+    assert row["units"] == row["done"] == 300 and row["unit_steps"] == 1 and row["equal"]
 
 
 def test_a_full_rerun_compares_the_held_out_losses_too():
     it = _item(None)
-    same = {k: np.array(it.stored[k]) for k in ("loss_curve", "gnorm_curve")}
+    same = {**{k: np.array(it.stored[k]) for k in ("loss_curve", "gnorm_curve")}, "steps_logged": 1000}
     assert rerun.compare(it, same, {"val_loss": list(it.stored["val_loss"])})["equal"]
     other = list(it.stored["val_loss"])
     other[-1] = 1.31
@@ -53,3 +73,5 @@ def test_the_plan_covers_every_stored_variant_and_size_of_every_grid_once():
     assert [i.run.key for i in full] == ["small/D/lr0.016/s9"]
     assert all(i.stop_at == 300 or i.stop_at is None for i in items)
     assert all(isinstance(i.run, Run) for i in items)
+    heads = [i for i in items if i.run.group == "heads_top"]
+    assert heads and heads[0].uncaptured  # its part records a call without CUDA-graph capture

@@ -34,6 +34,7 @@ class Item:
     stored: dict
     stop_at: int | None  # None: trained to the end
     curve_points: int
+    uncaptured: bool = False  # the stored run was trained without CUDA-graph capture (its part says so): so is the rerun
 
     @property
     def label(self) -> str:
@@ -58,38 +59,59 @@ def plan(stop_at: int = 300, full: tuple[str, ...] = (), grids: tuple[str, ...] 
             if (r.store.folder, r.key) in seen:
                 continue
             seen.add((r.store.folder, r.key))
+            part = next((m for m in lk.parts if r.key in m["keys"]), {})
+            off = part.get("uncaptured") or []
             items.append(Item(name, r, lk.have[r.id], None if r.key in full else min(stop_at, r.config.max_steps),
-                              getattr(grid, "curve_points", 100)))
+                              getattr(grid, "curve_points", 100), "*" in off or r.group in off))
     return items
 
 
-def _binned(run_dir: Path, tc, points: int) -> dict[str, np.ndarray]:
+def _form(stored: dict) -> tuple[str, str, bool]:
+    """The two series a store keeps of a run: its binned curves ("loss_curve", "gnorm_curve"), or, where it keeps
+    every step (chapter 1's search), "loss" and "grad_norm" as float32 values."""
+    return ("loss_curve", "gnorm_curve", True) if "loss_curve" in stored else ("loss", "grad_norm", False)
+
+
+def rerun_series(run_dir: Path, item: Item) -> dict:
+    """The rerun's two series in its store's form, and how many steps it logged."""
     from lpfail.sweep.store import _geometric_mean
     from lpfail.train import read_log
 
-    log = read_log(run_dir)
-    return {"loss_curve": driver.bins(log["loss"], tc.max_steps, points, np.mean),
-            "gnorm_curve": driver.bins(log["grad_norm"], tc.max_steps, points, _geometric_mean)}
+    log, tc = read_log(run_dir), item.run.config
+    loss_key, gn_key, binned = _form(item.stored)
+    if binned:
+        out = {loss_key: driver.bins(log["loss"], tc.max_steps, item.curve_points, np.mean),
+               gn_key: driver.bins(log["grad_norm"], tc.max_steps, item.curve_points, _geometric_mean)}
+    else:
+        out = {k: np.asarray(log[src], dtype=np.float32).astype(np.float64) for k, src in ((loss_key, "loss"),
+                                                                                         (gn_key, "grad_norm"))}
+    return {**out, "steps_logged": len(log["loss"])}
 
 
-def compare(item: Item, rerun: dict[str, np.ndarray], val: dict | None = None) -> dict:
-    """The rerun's curves against the stored ones over the bins the rerun completed (all of them for a full
-    rerun, with its held-out losses): {"bins", "equal", "first_diff_step", "stored_last", "rerun_last"}."""
+def compare(item: Item, rerun: dict, val: dict | None = None) -> dict:
+    """The rerun's series against the stored ones over the units (bins, or steps where the store keeps every step)
+    that the rerun completed, of those up to its stop (all, for a full rerun, with its held-out losses too).
+
+    {"units", "done", "same_so_far", "equal", "first_diff_step", ...}: ``same_so_far`` — bit-identical over the
+    ``done`` units the rerun completed; ``equal`` — that, and the rerun reached every one of the ``units``."""
     tc = item.run.config
-    width = max(1, math.ceil(tc.max_steps / item.curve_points))
-    n = len(item.stored["loss_curve"]) if item.stop_at is None else item.stop_at // width
-    equal, first = True, None
-    for key in ("loss_curve", "gnorm_curve"):
-        a = np.asarray(item.stored[key][:n], dtype=np.float64)
-        b = np.asarray(rerun[key][:n], dtype=np.float64)
+    loss_key, gn_key, binned = _form(item.stored)
+    width = max(1, math.ceil(tc.max_steps / item.curve_points)) if binned else 1
+    target = len(item.stored[loss_key]) if item.stop_at is None else item.stop_at // width
+    done = min(target, int(rerun["steps_logged"]) // width)
+    same_so_far, first = True, None
+    for key in (loss_key, gn_key):
+        a = np.asarray(item.stored[key][:done], dtype=np.float64)
+        b = np.asarray(rerun[key][:done], dtype=np.float64)
         same = (a == b) | (np.isnan(a) & np.isnan(b))
-        if len(b) < n or not same.all():
-            equal = False
-            bad = int(np.argmin(same)) if len(b) >= n else len(b)
-            first = bad * width if first is None else min(first, bad * width)
-    out = {"bins": n, "equal": equal, "first_diff_step": first,
-           "stored_last": float(item.stored["loss_curve"][n - 1]) if n else float("nan"),
-           "rerun_last": float(rerun["loss_curve"][n - 1]) if n and len(rerun["loss_curve"]) >= n else float("nan")}
+        if not same.all():
+            same_so_far = False
+            bad = int(np.argmin(same)) * width
+            first = bad if first is None else min(first, bad)
+    out = {"units": target, "unit_steps": width, "done": done, "same_so_far": same_so_far,
+           "equal": bool(same_so_far and done == target), "first_diff_step": first,
+           "stored_last": float(item.stored[loss_key][done - 1]) if done else float("nan"),
+           "rerun_last": float(rerun[loss_key][done - 1]) if done else float("nan")}
     if item.stop_at is None and val is not None:
         same_val = np.array_equal(np.asarray(item.stored["val_loss"], dtype=np.float64),
                                   np.asarray(val["val_loss"], dtype=np.float64), equal_nan=True)
@@ -97,6 +119,18 @@ def compare(item: Item, rerun: dict[str, np.ndarray], val: dict | None = None) -
         out["equal"] = bool(out["equal"] and same_val)
         out["stored_val"], out["rerun_val"] = item.stored["val_loss"][-1], val["val_loss"][-1]
     return out
+
+
+def word(row: dict) -> str:
+    """A row's outcome in words: bit-identical, different (from step s), cut off (bit-identical over the part it
+    ran), or failed."""
+    if row.get("error") or row.get("state") == "failed":
+        return "failed"
+    if row.get("same_so_far") is False:
+        return "different"
+    if row.get("equal"):
+        return "bit-identical"
+    return "cut off"
 
 
 def _cost(item: Item) -> float:
@@ -117,7 +151,8 @@ def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None
         tc = it.run.at(root / run_dir_name(it.run))
         tc = dataclasses.replace(tc, checkpoint_every=0, keep_checkpoints=0)
         specs.append(driver.RunSpec(run_dir_name(it.run), tc, variant=it.run.group, seed=it.run.seed,
-                                    interrupt_at_step=it.stop_at))
+                                    interrupt_at_step=it.stop_at,
+                                    env={"LPFAIL_NO_CAPTURE": "1"} if it.uncaptured else None))
     t0 = time.monotonic()
     order = sorted(range(len(items)), key=lambda i: -_cost(items[i]))  # the longest first: none is cut off last
     status = driver.sweep([specs[i] for i in order], parallel or parallel_default(gpus), budget_s, cont=False,
@@ -125,19 +160,21 @@ def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None
     rows = []
     for it, spec in zip(items, specs):
         st = status[spec.name]
-        row = {"grid": it.grid, "key": it.run.key, "run_hash": it.run.hash, "group": it.run.group, "size": f"{it.run.config.n_layer}x"
+        row = {"grid": it.grid, "key": it.run.key, "run_hash": it.run.hash, "group": it.run.group,
+               "uncaptured": it.uncaptured, "size": f"{it.run.config.n_layer}x"
                f"{it.run.config.n_embd}", "stop_at": it.stop_at, "state": st["state"], "wall_s": st["wall_s"]}
         try:
             val = read_val(spec.dir) if it.stop_at is None else None
-            row.update(compare(it, _binned(spec.dir, spec.cfg, it.curve_points),
+            row.update(compare(it, rerun_series(spec.dir, it),
                                {"val_loss": val["val_loss"].tolist()} if val is not None else None))
             if it.stop_at is None:  # a full rerun keeps its whole summary: it can replace a stored run that differs
                 row["summary"] = get(it.grid).summarize(spec.dir, spec.cfg, it.run.key)
         except (OSError, KeyError, ValueError) as e:
             row.update(equal=False, error=f"{type(e).__name__}: {e}")
         rows.append(row)
-        log(f"rerun {it.label} {it.run.key}: {'bit-identical' if row.get('equal') else 'DIFFERENT'} over "
-            f"{row.get('bins', 0)} bins (first difference at step {row.get('first_diff_step')})")
+        row["word"] = word(row)
+        log(f"rerun {it.label} {it.run.key}: {row['word']} over {row.get('done', 0)} of {row.get('units', 0)} "
+            f"units of {row.get('unit_steps', 1)} steps (first difference at step {row.get('first_diff_step')})")
     log(f"rerun check: {sum(bool(r.get('equal')) for r in rows)} of {len(rows)} bit-identical, "
         f"{time.monotonic() - t0:.0f} s")
     return rows

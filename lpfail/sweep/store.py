@@ -75,7 +75,7 @@ class Store:
             new = {k: r for k, r in part["runs"].items() if k not in runs}
             runs.update(new)
             if new:
-                metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host")}
+                metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host", "uncaptured")}
                              | {"file": path.name, "runs": len(new), "keys": sorted(new)})
         return runs, metas
 
