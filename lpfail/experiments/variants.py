@@ -62,6 +62,29 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
+# The precision dial's arms (lpfail.experiments.dial, experiment `dial_training`): K fraction bits at BF16's exponent.
+# At K = 7 each arm is its base policy (A_7 is A, SR_7 is A_sr), so only K < 7 is listed; the policy string is
+# spelled out, so a run's TrainConfig hash names every knob of its arm.
+def _dial_variants() -> dict[str, Variant]:
+    from lpfail.experiments import dial
+
+    words = {"A": ("the paper's arithmetic at {k} bits", "A_{k}: PAPER_BF16 with V and the output path at {k} bits"),
+             "SR": ("the paper's arithmetic at {k} bits, stochastically rounded",
+                    "SR_{k}: A_{k} with the output path rounded stochastically"),
+             "D": ("production arithmetic at {k} bits", "D_{k}: FA2_BF16 with V and O at {k} bits"),
+             "R": ("the robust fix at {k} bits", "R_{k}: A_{k} with the robust fix")}
+    out = {}
+    for arm, make in (("A", dial.arm_a), ("SR", dial.arm_sr), ("D", dial.arm_d), ("R", dial.arm_r)):
+        for k in dial.KS:
+            if k < 7:
+                w, label = words[arm]
+                out[f"{arm}_{k}"] = Variant(f"reference({make(k)})", False, label.format(k=k), words=w.format(k=k))
+    return out
+
+
+VARIANTS.update(_dial_variants())
+
+
 def check(names, what: str):
     """Raise a ValueError naming the unknown variants among ``names``."""
     unknown = [v for v in names if v not in VARIANTS]
