@@ -193,7 +193,13 @@ def install_nudge() -> None:
             return draw
 
     default_rng = np.random.default_rng
-    np.random.default_rng = lambda *a, **k: NudgedGenerator(default_rng(*a, **k))
+    def nudged_default_rng(*a, **k):
+        # default_rng(generator) returns that generator, as numpy's does: a nudged one is not wrapped twice
+        if a and isinstance(a[0], NudgedGenerator):
+            return a[0]
+        return NudgedGenerator(default_rng(*a, **k))
+
+    np.random.default_rng = nudged_default_rng
     for name in ("randn", "rand", "random", "normal", "uniform", "standard_normal"):
         fn = getattr(np.random, name)
         setattr(np.random, name, (lambda f: lambda *a, **k: np.nextafter(f(*a, **k), np.inf))(fn))

@@ -88,3 +88,14 @@ def test_the_gpu_driver_runs_training_unpinned(tmp_path, monkeypatch):
     assert "ATEN_CPU_CAPABILITY" not in s.env and s.env[numerics.OFF_VAR] == "0"
     cpu = driver._Sweep([], 1, 10.0, True, None, 0.0, print, [], None, None)
     assert cpu.env["ATEN_CPU_CAPABILITY"] == "default"
+
+
+def test_a_nudged_generator_passes_through_default_rng_as_numpys_own_does():
+    """numpy's default_rng(gen) returns gen; the nudge keeps that (confirmation_power passes its generators on)."""
+    code = ("import json, lpfail, numpy as np; g = np.random.default_rng(0); "
+            "print(json.dumps([np.random.default_rng(g) is g, np.random.default_rng(g).normal()]))")
+    plain, nudged = _py(code), _py(code, LPFAIL_NUDGE="1")
+    assert plain[0] is True and nudged[0] is True
+    import numpy as np
+
+    assert nudged[1] == float(np.nextafter(plain[1], np.inf))

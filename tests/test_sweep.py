@@ -341,3 +341,59 @@ def test_checks_of_a_grid_without_check_groups_are_skipped_not_failed(tmp_path):
     assert R.uncaptured_from_checks(out) == ""
     with pytest.raises(ValueError, match="no runs of group"):
         sweep.graph_checks(grid, tmp_path, groups=("nope",))
+
+
+# -- runs of a retired random stream --------------------------------------------------------------------------------
+class _OneRunGrid(sweep.GridBase):
+    name = "one_run"
+    store = L.STORE
+
+    def __init__(self, run):
+        self._run = run
+
+    def runs(self):
+        return [self._run]
+
+    def result(self, have, parts):
+        return {}
+
+
+def test_a_retired_streams_run_is_read_but_not_stored_and_a_current_one_wins_over_it(tmp_path):
+    """A stochastic-rounding run stored under the retired spelling (",rounding=sr" alone: torch's generator) is read
+    for the record (`Lookup.have`, `retired`) and still to be trained (`missing`); once the current stream's run of
+    the same point is stored in a later part, the lookup reads that one, although the earlier part holds the key."""
+    from lpfail.sweep.grid import lookup
+    from lpfail.sweep.store import retired_hashes
+
+    c = L.LRSweepConfig(**TINY)
+    run = L.grid_run(c, L.Point("small", "A_sr", 1e-3, 0))
+    assert ",rounding=sr,sr_stream=1" in run.config.attention
+    (old,) = retired_hashes(run.config)
+    assert old != run.hash and len(old) == 16
+    assert retired_hashes(L.grid_run(c, L.Point("small", "A", 1e-3, 0)).config) == set()
+    grid = _OneRunGrid(run)
+    part = L.STORE.part(tmp_path)
+    part.path = part.path.with_name("part-20260101T000000-0.json")
+    part.add({"key": run.key, "run_hash": old, "v": "retired"})
+    lk = lookup(grid, tmp_path)
+    assert lk.have[run.id]["v"] == "retired" and lk.retired == {run.id} and lk.missing == [run]
+    assert lk.complete and not lk.trained
+    st = sweep.status(grid, tmp_path)
+    assert st["stored"] == 0 and st["retired"] == 1
+    assert "retired stochastic-rounding stream" in sweep.status_text(grid, tmp_path)
+    with pytest.raises(sweep.SweepIncomplete, match="retired"):
+        sweep.collect(grid, tmp_path)
+    part = L.STORE.part(tmp_path)
+    part.path = part.path.with_name("part-20260102T000000-0.json")
+    part.add({"key": run.key, "run_hash": run.hash, "v": "current"})
+    lk = lookup(grid, tmp_path)
+    assert lk.have[run.id]["v"] == "current" and not lk.retired and not lk.missing
+    assert [p["file"] for p in lk.parts] == ["part-20260102T000000-0.json"]
+
+
+def test_the_stored_a_sr_runs_are_read_as_retired():
+    """lr_sweep's 36 A_sr runs were trained with the retired stream: read (the stored result re-collects from them,
+    test_stored_grid_result_recollects_identically) and listed as still to train."""
+    lk = sweep.lookup(sweep.get("lr_sweep"))
+    assert len(lk.retired) == 36 and all("/A_sr/" in i for i in lk.retired)
+    assert {r.id for r in lk.missing} == lk.retired

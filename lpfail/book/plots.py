@@ -50,6 +50,11 @@ PALETTE = {
     # implementations measured in chapters 5 and 6 (each its own colour; the arithmetic they share is in words)
     "sdpa_cudnn": "#393b79", "sdpa_efficient": "#6b6ecf", "sdpa_math": "#17607d",
     "triton_sub": "#e6a000", "triton_fma": "#a05195", "mimic_exp2_fma": "#5b8c2a",
+    # the precision dial's arms (lpfail.experiments.dial): each arm its family's hue, darker as K falls (fewer bits)
+    "A_6": "#f4a6a6", "A_5": "#e8686a", "A_4": "#b31b1b", "A_3": "#6e0a0a",
+    "SR_6": "#f7c6e3", "SR_5": "#e98fc4", "SR_4": "#c2448f", "SR_3": "#7a1f5a",
+    "D_6": "#fdd0a2", "D_5": "#fdae6b", "D_4": "#d9661a", "D_3": "#8c3d06",
+    "R_6": "#b3e9ef", "R_5": "#6fd3df", "R_4": "#119aab", "R_3": "#0b5f6a",
 }
 #: Other names of the same arithmetic: they take that variant's colour.
 ALIASES = {"ref_PAPER_BF16": "A", "PAPER_BF16": "A", "nofix": "A", "triton_paper": "A", "reference_paper": "A",
@@ -71,11 +76,16 @@ WORDS = {"A": "the paper's arithmetic", "C": "FP32 attention", "D": "production 
          "ref_FA2_BF16": "production (FA2) arithmetic", "nofix": "no fix", "alg3": "Algorithm 3 (no clamp)",
          "official": "the official fix", "robust": "the robust fix", "fix": "Algorithm 3",
          "triton": "our kernel, FA2 arithmetic", "triton_fix": "our kernel + Algorithm 3",
-         "triton_paper": "our kernel, the paper's arithmetic", "reference_paper": "the reference, the paper's arithmetic"}
+         "triton_paper": "our kernel, the paper's arithmetic", "reference_paper": "the reference, the paper's arithmetic",
+         **{f"A_{k}": f"the paper's arithmetic at {k} bits" for k in (6, 5, 4, 3)},
+         **{f"SR_{k}": f"stochastic rounding at {k} bits" for k in (6, 5, 4, 3)},
+         **{f"D_{k}": f"production arithmetic at {k} bits" for k in (6, 5, 4, 3)},
+         **{f"R_{k}": f"the robust fix at {k} bits" for k in (6, 5, 4, 3)}}
 #: Letters shown in legends beside the words (the tables use the same).
 LETTER = {"A": "A", "C": "C", "D": "D", "B": "B", "Bp": "B′", "R": "R", "S": "SDPA", "A_sr": "A_sr",
           "A_qk": "A_qk", "C_qk": "C_qk", "C_tile": "C_tile", "A_hp": "A_hp", "A_res": "A_res", "A_ds": "A_ds",
-          "A_z": "A_z", "A_cap": "A_cap", "A_comp": "A_comp"}
+          "A_z": "A_z", "A_cap": "A_cap", "A_comp": "A_comp",
+          **{f"{a}_{k}": f"{a}_{k}" for a in ("A", "SR", "D", "R") for k in (6, 5, 4, 3)}}
 #: Colours of series that are not variants (heads, layers, steps): a sequential map, never a variant's colour.
 SERIES_CMAP = "viridis"
 

@@ -149,7 +149,7 @@ def grid_status(cfg: CuresConfig | None = None, directory=None) -> dict:
     lk = lookup(cures_grid(cfg), directory)
     per = {}
     for v in cfg.variants:
-        miss = [r for r in lk.missing if r.group == v]
+        miss = [r for r in lk.runs if r.group == v and r.id not in lk.have]  # retired runs are read
         lrs: dict[float, list[int]] = {}
         for r in miss:
             lrs.setdefault(float(r.config.lr), []).append(int(r.seed))

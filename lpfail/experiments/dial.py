@@ -184,7 +184,27 @@ def _brackets(cfg: DialCalibrationConfig, points: dict, out: dict) -> None:
     out["bracketed"] = np.array(bracketed, dtype=np.float64)
 
 
-@experiment("dial_calibration", config=DialCalibrationConfig,
+def headline(res) -> dict[str, str]:
+    """Per arm and K: O's bias on the tied rows and the error variance, two significant digits (as the dial's
+    pre-registration quotes them), and per K whether A_K's variance lies between SR_{K+1}'s and SR_K's."""
+    out = {}
+    ks = [int(k) for k in res["ks"]]
+    arms = [a for a in ARMS if f"{a}_bias" in res]
+    for i, k in enumerate(ks):
+        for a in arms:
+            out[f"{a}_{k} bias"] = f"{float(res[f'{a}_bias'][i]):.1e}"
+            out[f"{a}_{k} var"] = f"{float(res[f'{a}_var'][i]):.1e}"
+        b = float(res["bracketed"][i])
+        out[f"bracketed K={k}"] = "n/a" if math.isnan(b) else str(bool(b))
+    return out
+
+
+def check(cfg: DialCalibrationConfig) -> DialCalibrationConfig:
+    """The two-settings check's config: a fifth of the rows."""
+    return dataclasses.replace(cfg, n_rows=400)
+
+
+@experiment("dial_calibration", config=DialCalibrationConfig, headline=headline, check=check,
             description="the precision dial on tied rows: bias and noise of O for A_K, SR_K, D_K, K = 7 … 3 (CPU)")
 def dial_calibration(cfg: DialCalibrationConfig) -> dict:
     """Keys: ``ks``; ``{arm}_{stat}`` and ``{arm}_{stat}_ci`` (arrays over ks) for stat in STATS; ``{arm}_policy``

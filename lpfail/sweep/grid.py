@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
 from lpfail import results
-from lpfail.sweep.store import Store, run_hash, used_parts
+from lpfail.sweep.store import Store, run_hash
 
 
 class SweepIncomplete(results.ResultError):
@@ -104,44 +104,63 @@ class GridBase:
 @dataclass
 class Lookup:
     """Which runs of a grid are stored: ``have`` {run id: summary}, ``missing`` [Run], ``parts`` (the
-    provenance of every part that holds one of them, all stores together)."""
+    provenance of every part that holds one of them, all stores together). ``retired``: the ids of runs found only
+    under a retired spelling of their policy (`lpfail.sweep.store.retired_hashes`, a random stream this code no
+    longer has): in ``have``, so that a grid's stored result can be read again, and in ``missing`` too, since the
+    current stream's run has still to be trained."""
 
     have: dict[str, dict]
     missing: list[Run]
     parts: list[dict]
     runs: list[Run]
+    retired: set[str] = dataclasses.field(default_factory=set)
 
     @property
     def complete(self) -> bool:
+        """Every run can be read (retired runs included): the grid's result can be assembled."""
+        return all(r.id in self.have for r in self.runs)
+
+    @property
+    def trained(self) -> bool:
+        """Every run is stored under its current TrainConfig: nothing is left to train."""
         return not self.missing
 
     def missing_text(self, name: str, again: str) -> str:
-        n = len(self.have) + len(self.missing)
+        n = len(self.runs)
         if not self.have:
             return f"{name}: none of the {n} runs is stored yet; run `{again}` on a GPU machine"
         per: dict[str, int] = {}
         for r in self.missing:
             per[r.group] = per.get(r.group, 0) + 1
+        retired = (f"; {len(self.retired)} of them are stored only from a retired stochastic-rounding stream"
+                   if self.retired else "")
         return (f"{name}: {len(self.missing)} of {n} runs are not stored yet (missing per group: "
-                + ", ".join(f"{g} {k}" for g, k in per.items()) + f"; first: {self.missing[0].key}); nothing "
-                f"stored. Run `{again}` on a GPU machine")
+                + ", ".join(f"{g} {k}" for g, k in per.items()) + f"; first: {self.missing[0].key}{retired}); "
+                f"nothing stored. Run `{again}` on a GPU machine")
 
 
 def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = None) -> Lookup:
     """The grid's runs found in their stores (a run counts when its key and its TrainConfig hash match)."""
+    from lpfail.sweep.store import retired_hashes
+
     runs = grid.runs() if runs is None else runs
     stores = {r.store.folder: r.store for r in runs} | {grid.store.folder: grid.store}
-    loaded = {f: s.load(directory) for f, s in stores.items()}
-    have, missing, keys = {}, [], {f: set() for f in stores}
+    loaded = {f: s.load_versions(directory) for f, s in stores.items()}
+    have, missing, retired, used = {}, [], set(), {f: set() for f in stores}
     for r in runs:
-        s = loaded[r.store.folder][0].get(r.key)
-        if s is not None and s.get("run_hash") == r.hash:
-            have[r.id] = s
-            keys[r.store.folder].add(r.key)
-        else:
+        versions = loaded[r.store.folder][0].get(r.key, [])
+        found = next((fs for fs in versions if fs[1].get("run_hash") == r.hash), None)
+        if found is None:
             missing.append(r)
-    parts = [m for f in stores for m in used_parts(loaded[f][1], keys[f])]
-    return Lookup(have, missing, parts, runs)
+            old = retired_hashes(r.config)
+            found = next((fs for fs in versions if fs[1].get("run_hash") in old), None) if old else None
+            if found is None:
+                continue
+            retired.add(r.id)
+        have[r.id] = found[1]
+        used[r.store.folder].add(found[0])
+    parts = [m for f in stores for m in loaded[f][1] if m["file"] in used[f]]
+    return Lookup(have, missing, parts, runs, retired)
 
 
 # -- the registry of grids ---------------------------------------------------------------------------------------

@@ -89,7 +89,8 @@ def compare(grid: Grid, q: Quick, quick_have: dict[str, dict], directory: Path |
     one seed is expected in, whether it falls inside, and whether the quick runs equal the stored ones bit for
     bit (same held-out losses)."""
     value = float(q.statistic(quick_have, q.seed))
-    stored = lookup(grid, directory).have
+    lk = lookup(grid, directory)
+    stored = {k: v for k, v in lk.have.items() if k not in lk.retired}  # a retired stream's runs are not this code's
     per_seed = {int(s): float(q.statistic(stored, s)) for s in q.seeds}
     pred = prediction(list(per_seed.values()))
     inside = pred["interval"] is not None and pred["interval"][0] <= value <= pred["interval"][1]
@@ -112,7 +113,8 @@ def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, directory: Path |
     t0 = time.perf_counter()
     drive(grid, q.runs, root=Path(root) / "quick_runs", budget_s=budget_s, directory=scratch, log=log)
     wall = time.perf_counter() - t0
-    have = lookup(grid, scratch, runs=q.runs).have
+    lk = lookup(grid, scratch, runs=q.runs)
+    have = {k: v for k, v in lk.have.items() if k not in lk.retired}
     missing = [r for r in q.runs if r.id not in have]
     out = {"name": grid.name, "wall_s": round(wall, 1), "complete": not missing}
     if missing:

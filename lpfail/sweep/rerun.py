@@ -51,7 +51,7 @@ def plan(stop_at: int = 300, full: tuple[str, ...] = (), grids: tuple[str, ...] 
     for name in grids or tuple(names()):
         grid = get(name)
         lk = lookup(grid, directory)
-        stored = [r for r in lk.runs if r.id in lk.have]
+        stored = [r for r in lk.runs if r.id in lk.have and r.id not in lk.retired]  # a retired stream cannot rerun
         chosen: dict[tuple, Run] = {(r.store.folder, r.key): r for r in stored if r.key in full}
         for r in stored:
             chosen.setdefault((r.store.folder, r.group, r.config.n_layer, r.config.n_embd), r)

@@ -252,15 +252,16 @@ def run_experiment(grid: Grid) -> dict:
 
 # -- what is stored ------------------------------------------------------------------------------------------------
 def status(grid: Grid, directory: Path | None = None) -> dict:
-    """Runs stored and planned, per group, and the parts that hold them."""
+    """Runs stored and planned, per group, and the parts that hold them; ``retired``: runs read only from a retired
+    random stream (`Lookup.retired`), not counted as stored."""
     lk = lookup(grid, directory)
     per: dict[str, list[int]] = {}
     for r in lk.runs:
         n = per.setdefault(r.group, [0, 0])
-        n[0] += r.id in lk.have
+        n[0] += r.id in lk.have and r.id not in lk.retired
         n[1] += 1
-    return {"name": grid.name, "stored": len(lk.have), "planned": len(lk.runs), "per_group": per,
-            "missing": [r.key for r in lk.missing], "parts": lk.parts}
+    return {"name": grid.name, "stored": len(lk.have) - len(lk.retired), "planned": len(lk.runs), "per_group": per,
+            "missing": [r.key for r in lk.missing], "parts": lk.parts, "retired": len(lk.retired)}
 
 
 def status_text(grid: Grid, directory: Path | None = None) -> str:
@@ -268,6 +269,9 @@ def status_text(grid: Grid, directory: Path | None = None) -> str:
     groups = ", ".join(f"{g} {a}/{b}" for g, (a, b) in st["per_group"].items())
     parts = ", ".join(f"{m['file']} ({m['runs']} runs, {m['device']}, {str(m['created'])[:16]})" for m in st["parts"])
     head = f"{st['name']}: {st['stored']} of {st['planned']} runs stored"
+    if st["retired"]:
+        head += (f" ({st['retired']} more read from a retired stochastic-rounding stream, to be trained again: "
+                 "lpfail.sr_stream.RETIRED_SPELLINGS)")
     if st["missing"]:
         head += f"; next missing: {st['missing'][0]}"
     return f"{head}\n  by group: {groups}\n  parts: {parts or 'none'}"

@@ -4,9 +4,10 @@ A part file (``results/<folder>/part-<UTC time>-<pid>.json``) holds the runs one
 keyed by the run's point key, with the provenance of that call (git commit, device, versions, host, date, wall
 time) and last the hash of all that (`lpfail.results.CONTENT_KEY`: a part whose content does not match the hash
 it holds was edited, and is refused; a part written before parts held one is read as it is). A call writes a new part and never touches another, so parts copied back from several GPU calls simply
-sit side by side; `Store.load` merges them (the first part that holds a key wins). A run is *stored* for a grid
-when a part holds its key **and** the hash of its TrainConfig (`run_hash`): a changed setting orphans the old
-runs instead of silently reusing them.
+sit side by side; `Store.load` merges them (the first part that holds a key wins), `Store.load_versions` keeps every
+version of a key. A run is *stored* for a grid when a part holds its key **and** the hash of its TrainConfig
+(`run_hash`): a changed setting orphans the old runs instead of silently reusing them. A run of a retired random
+stream (`retired_hashes`) is read for the record, never counted as stored.
 
 `summarize_run` is what a part keeps of one run (≈ 5 kB as JSON): held-out losses, the curves binned to
 ``curve_points``, the diagnostics, status and speed.
@@ -28,15 +29,32 @@ from lpfail import results
 from lpfail.sweep.driver import bins
 
 
-def run_hash(tc) -> str:
-    """A hash of a run's TrainConfig that ignores where it writes and fields left at their defaults (so a
-    field added to TrainConfig later does not orphan the stored runs)."""
+def _hashed_text(tc) -> str:
     from lpfail.train import TrainConfig
 
     default = TrainConfig().to_dict()
     where = ("out_dir", "device", "checkpoint_every", "keep_checkpoints")  # where and how often: not what
     d = {k: v for k, v in tc.to_dict().items() if k not in where and v != default.get(k)}
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return json.dumps(d, sort_keys=True)
+
+
+def _sha16(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_hash(tc) -> str:
+    """A hash of a run's TrainConfig that ignores where it writes and fields left at their defaults (so a
+    field added to TrainConfig later does not orphan the stored runs)."""
+    return _sha16(_hashed_text(tc))
+
+
+def retired_hashes(tc) -> set[str]:
+    """The hashes the same point had under a retired spelling of its policies (`lpfail.sr_stream.RETIRED_SPELLINGS`):
+    a stored run with one of them is a run of a random stream this code no longer has."""
+    from lpfail.sr_stream import RETIRED_SPELLINGS
+
+    text = _hashed_text(tc)
+    return {_sha16(text.replace(new, old)) for new, old in RETIRED_SPELLINGS if new in text}
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,23 @@ class Store:
                 metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host", "uncaptured")}
                              | {"file": path.name, "runs": len(new), "keys": sorted(new)})
         return runs, metas
+
+    def load_versions(self, directory: Path | None = None) -> tuple[dict[str, list[tuple[str, dict]]], list[dict]]:
+        """Every stored summary of every key, in part order ({key: [(part file name, summary), ...]}: a point
+        trained again under another TrainConfig hash keeps both), and each part's provenance (as `load` gives it).
+        The same checks as `load`."""
+        self.load(directory)  # refuses a corrupt or foreign part, naming it
+        versions: dict[str, list[dict]] = {}
+        metas = []
+        d = self.path(directory)
+        for path in sorted(d.glob("part-*.json")) if d.is_dir() else []:
+            part = json.loads(path.read_text())
+            new = sorted(k for k in part["runs"] if k not in versions)  # as `load` counts them
+            for k, r in part["runs"].items():
+                versions.setdefault(k, []).append((path.name, r))
+            metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host", "uncaptured")}
+                         | {"file": path.name, "runs": len(new), "keys": new})
+        return versions, metas
 
 
 class Part:
