@@ -591,6 +591,21 @@ def confound_text(sr: Mapping | None) -> str:
             "added variance, not only from a harm that the bias does not explain.")
 
 
+def retired_text(grid: str = "confirmation") -> str:
+    """Where ``grid``'s A_sr runs are runs of the retired stochastic-rounding stream (`lpfail.sweep.Lookup.retired`,
+    read from the results cache's part files): that they cannot be repeated and are to be trained again ('' when
+    none is)."""
+    from lpfail import sweep
+
+    n = len(sweep.lookup(sweep.get(grid)).retired)
+    if not n:
+        return ""
+    return (f"The {n} stochastic-rounding runs (A_sr) behind it drew their random bits from torch's generator, "
+            "whose draws depended on whether a training step was captured in a CUDA graph; that stream is replaced "
+            "by one each run owns, so these runs cannot be repeated bit for bit. Until they are trained again under "
+            "the new stream, this verdict rests on one draw of the rounding and may move with another.")
+
+
 def judge_bias_not_noise(res: Mapping, sr: Mapping | None = None) -> Verdict:
     """C0-bias, by H2: stochastic rounding of A's output path (P̄V, Ō, O: the same 8-bit mantissas without the
     bias) closes at least half of the A − C gap. Needs H1 supported ("no gap to close" → not yet tested).
@@ -933,7 +948,9 @@ def claims(load, stored) -> list[Verdict]:
         sr = _load_or_none(load, "sr_confound")
         bias = few_seeds(judge_bias_not_noise(lr, sr), lr)
         if confirmed(conf, "C0-bias"):
-            bias = judge_confirmed(conf, bias, "C0-bias", confound_text(sr))
+            bias = judge_confirmed(conf, bias, "C0-bias", " ".join(filter(None, (confound_text(sr), retired_text()))))
+        elif retired := retired_text("lr_sweep"):
+            bias = dataclasses.replace(bias, evidence=f"{bias.evidence} {retired}")
         qk = few_seeds(judge_qk_norm(lr), lr)
         if confirmed(conf, "C0-qk"):
             qk = judge_confirmed(conf, qk, "C0-qk")

@@ -46,7 +46,8 @@ def _plan(grid) -> str:
     lines = []
     for r in lk.runs:
         over = ";".join(getattr(r.config, "overrides", ()) or ())
-        lines.append(f"{r.key}\t{r.group}\t{r.seed}\t{'retired' if r.id in lk.retired else 'stored' if r.id in lk.have else 'missing'}\t"
+        state = "retired" if r.id in lk.retired else "stored" if r.id in lk.have else "missing"
+        lines.append(f"{r.key}\t{r.group}\t{r.seed}\t{state}\t"
                      f"{r.config.attention}{(' ' + over) if over else ''}")
     return "\n".join(lines)
 

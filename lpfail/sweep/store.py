@@ -110,8 +110,8 @@ class Store:
             new = sorted(k for k in part["runs"] if k not in versions)  # as `load` counts them
             for k, r in part["runs"].items():
                 versions.setdefault(k, []).append((path.name, r))
-            metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host", "uncaptured")}
-                         | {"file": path.name, "runs": len(new), "keys": new})
+            meta = {k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host", "uncaptured")}
+            metas.append(meta | {"file": path.name, "runs": len(new), "keys": new})
         return versions, metas
 
 
