@@ -98,7 +98,7 @@ def test_h6_refuted_when_the_gap_opens_later_at_the_larger_model():
 
 
 def test_the_rule_is_dated_and_says_what_was_seen():
-    assert CF.PREREGISTERED_ON == "2026-12-01" and "seeds 3–9" in CF.SEEN and "proxy-findings" in CF.SEEN
+    assert CF.PREREGISTERED_ON == "2026-12-01" and "seeds 3–9" in CF.SEEN and "probes" in CF.SEEN
     assert set(CF.SIDES) <= set(CF.HYPOTHESES) and CF.TEST in CF.RULE.lower() or "t test" in CF.RULE
     assert set(CF.CONFIRM).isdisjoint(L.LRSweepConfig().seeds)  # the call never uses a seed seen before
 

@@ -493,11 +493,15 @@ def test_tally_in_two_parts_counts_each_claim_once():
 def test_preregistration_record_names_what_was_seen():
     rows = V.preregistration_record()
     names = [r[0].strip("`") for r in rows]
-    assert names[:len(V.PREREGISTERED)] == list(V.PREREGISTERED) and "fix_sweep" in names
-    for name, when, seen in rows[:len(V.PREREGISTERED)]:
+    pre = V.preregistered()
+    assert names[:len(pre)] == list(pre) and "fix_sweep" in names
+    assert {"lr_sweep", "confirmation", "substitution", "fix_training", "cures", "precision_alarm",
+            "dial_training"} <= set(pre)  # derived from the modules: a new pre-registered experiment is listed
+    for name, when, seen in rows[:len(pre)]:
         assert when.startswith("2026-") and seen and seen != "not recorded", name
     by = {r[0].strip("`"): r[2] for r in rows}
-    assert "proxy-findings" in by["substitution"] and "proxy-findings" in by["cures"]  # the probe disclosed
+    assert "probes" in by["substitution"] and "probes" in by["cures"]  # the probe disclosed
+    assert all("../shared" not in r[2] for r in rows)  # nothing points outside the repository
     assert "before this rule" in by["fix_training"]                                     # B seen before its rule
     assert "doubled" in by["fix_sweep"]
     assert V.record_markdown().count("\n") == len(rows) + 1
@@ -581,7 +585,8 @@ def test_front_page_on_ten_seeds():
     assert ten == {"A_sr": "inconclusive", "A_qk": "supported", "D": "supported", "B": "inconclusive",
                    "R": "inconclusive"}
     s = front._removing_bias({}, None, ten)
-    assert s.startswith("**But removing the bias is not shown") and "the official fix and the robust fix are not" in s
+    assert s.startswith("**Removing the bias is not shown") and "the official fix and the robust fix are not" in s
+    assert "against the paper's account" not in s  # inconclusive calls do not point the other way
     ten2 = {**ten, "B": "refuted"}
     assert "the official fix closes less than half" in front._removing_bias({}, None, ten2)
     assert "stochastic rounding close at least half" in front._removing_bias({}, None, {**ten, "A_sr": "supported"})

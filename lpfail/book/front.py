@@ -92,8 +92,9 @@ def _removing_bias(vs, cures: Mapping | None, ten: Mapping | None = None) -> str
                               "of the gap")
             if short:
                 detail.append(f"{listing(short)} {'closes' if len(short) == 1 else 'close'} less than half")
-            return ("**But removing the bias is not shown to remove the harm**, against the paper's account: on ten "
-                    f"paired seeds, {'; '.join(detail)} ({{doc}}`01_symptom`, {{doc}}`05_fix`).")
+            against = " — against the paper's account" if short and not unshown else ""
+            return (f"**Removing the bias is not shown to remove the harm**{against}: on ten paired seeds, "
+                    f"{'; '.join(detail)} ({{doc}}`01_symptom`, {{doc}}`05_fix`).")
         return (f"**Removing the bias:** on ten paired seeds, {listing(helps)} close at least half of the gap; "
                 f"{listing(unshown + short, none='no other')} do not show it ({{doc}}`01_symptom`, {{doc}}`05_fix`).")
     if cures is not None:
@@ -131,16 +132,19 @@ def _production(vs, prod: Mapping | None) -> str:
     lies on the other side of zero from the paper's arithmetic (``opposite``)."""
     k = vs.get("K-bias:sdpa_flash")
     if _is(k, CONTRADICTED) and prod is not None and prod["opposite"]:
-        return (f"**Production kernels round the other way:** all {prod['n_production']} we measured (SDPA's back "
-                "ends, FlashAttention-2-style Triton) err on tied rows *toward* zero, by an error of the same size ({doc}`06_beyond`).")
+        return (f"**GPU production kernels round the other way:** all {prod['n_production']} we measured on a GPU "
+                "(SDPA's back ends, FlashAttention-2-style Triton) err on tied rows *toward* zero, by an error of the "
+                "same size; PyTorch's CPU flash back end has the paper's bias in its AVX2 and AVX-512 builds "
+                "({doc}`06_beyond`).")
     return f"**Production kernels on tied rows:** {_status(vs, 'K-bias:sdpa_flash', 'K-fma')} ({{doc}}`06_beyond`)."
 
 
 def _chain(vs) -> str:
     b, c, g = vs.get("C1b"), vs.get("C1c"), vs.get("C2")
-    if _is(b, NOT_REPRODUCED, CONTRADICTED) and _is(g, NOT_REPRODUCED, CONTRADICTED):
-        return ("**The chain from bias to failure does not hold in our runs:** no single layer carries the gap, "
-                "and the gradient error of W_Q has no fixed sign ({doc}`02_substitution`, {doc}`03_gradient_error`).")
+    if _is(b, NOT_REPRODUCED) and _is(g, NOT_REPRODUCED):
+        return (f"**The chain from the bias to a failure is not shown on our runs:** no single layer is shown to "
+                f"carry the gap (on {b.seeds or 3} seeds), and the gradient error of W_Q is not shown to keep one "
+                f"sign (on {g.seeds or 1} run) ({{doc}}`02_substitution`, {{doc}}`03_gradient_error`).")
     return (f"**The chain from the bias to the failure:** {_status(vs, 'C1a', 'C1b', 'C1c', 'C2')} "
             "({doc}`02_substitution`, {doc}`03_gradient_error`).")
 
@@ -163,6 +167,126 @@ def findings(vs: list[Verdict], load: Callable | None = None) -> list[str]:
             _chain(by)]
 
 
+# -- the thesis and what to do ------------------------------------------------------------------------------------
+def proxy_words(conf: Mapping | None) -> str:
+    """'a 4-layer × 256 byte-level GPT trained 1,000 steps at learning rates 1e-3–3.2e-2': our proxy named by its size,
+    steps and learning rates, from the stored confirmation grid's config ('our small proxy' without it)."""
+    cfg = (getattr(conf, "meta", None) or {}).get("config") or {}
+    if not cfg.get("small"):
+        return "our small proxy"
+    (nl, _, ne), lrs = cfg["small"], [float(x) for x in cfg.get("lrs", [])]
+    return (f"our proxy, a {nl}-layer × {ne} byte-level GPT trained {int(cfg['max_steps']):,} steps at learning rates "
+            f"{min(lrs):g}–{max(lrs):g}")
+
+
+def dial_words(load: Callable) -> str:
+    """Where the precision dial stands (`lpfail.experiments.dial_training`): its stored runs, or its verdicts."""
+    dial = _load_or_none(load, "dial_training")
+    if dial is None:
+        return "The test that turns the bias up at equal precision (the precision dial) has no stored run yet."
+    if not dial.get("complete", False):
+        return (f"The test that turns the bias up at equal precision (the precision dial, {{doc}}`01_symptom`) is "
+                f"pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs stored.")
+    calls = dial["analysis"].get("calls") or {}
+    words = {f: sorted({r.get("verdict") for r in fam.values() if isinstance(r, dict) and r.get("verdict")})
+             for f, fam in calls.items()}
+    return ("The precision dial, which turns the bias up at equal precision ({doc}`01_symptom`), reads: "
+            + "; ".join(f"{f} {listing(w)}" for f, w in words.items()) + ".")
+
+
+def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
+    """The first screen's answer in three sentences: what is real, what it does in training at the scales we ran,
+    what is not shown — each sentence chosen by the verdicts it rests on, with a plain fallback."""
+    from lpfail import results
+
+    load = load or results.load
+    by = by_claim(vs)
+    conf = _load_or_none(load, "confirmation")
+    proxy = proxy_words(conf)
+    ten = ten_seed_words(conf)
+    h5 = None
+    if conf is not None:
+        h5 = ((conf["analysis"].get("sizes") or {}).get("small") or {}).get("H5")
+    if _is(by.get("C3a"), REPRODUCED) and _is(by.get("C3b"), REPRODUCED):
+        real = ("The paper's rounding bias is real: when keys tie at a row's maximum, BF16 flash attention rounds "
+                "the sum P̄V away from zero, bit for bit as the paper says.")
+    else:
+        real = f"The paper's rounding bias: {_status(by, 'C3a', 'C3b')}."
+    fails = search_failures(load)
+    failed = ("" if fails is None else
+              f", and {fails[0]} of its {fails[1]} runs in our explosion search failed by the paper's criterion "
+              f"({fails[2]} of FP32 attention's {fails[3]})")
+    if _is(by.get("C0"), REPRODUCED) and h5 == "not distinguishable":
+        train = (f"On {proxy}, that arithmetic ends worse than FP32 attention only at learning rates where FP32 "
+                 f"attention itself degrades{failed}")
+    elif _is(by.get("C0"), REPRODUCED):
+        train = f"On {proxy}, that arithmetic ends worse than FP32 attention"
+    else:
+        train = f"On {proxy}, whether that arithmetic harms training: {_status(by, 'C0')}"
+    if ten is not None:
+        works = [REMEDY[v].split(",")[0] for v in ("D", "A_qk") if ten[v] == "supported"]
+        bias_cures = [v for v in ("A_sr", "B", "R") if ten[v] == "supported"]
+        cure = ((f"; {listing(works)} close at least half of that gap" if works else "")
+                + ("" if bias_cures else ", while removing the bias is not shown to"))
+    else:
+        cure = ""
+    chain = ("The chain from the bias to a training failure is not shown on our runs"
+             if all(_is(by.get(c), NOT_REPRODUCED, CONTRADICTED, NOT_TESTED) for c in ("C1b", "C2")) else
+             f"The chain from the bias to a failure: {_status(by, 'C1b', 'C2')}")
+    dial = dial_words(load)
+    return f"{real} {train}{cure}. {chain}; {dial[0].lower()}{dial[1:]}"
+
+
+def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
+    """**What to do**, by situation, each line linked to its evidence and worded by the verdicts it rests on."""
+    from lpfail import results
+
+    load = load or results.load
+    by = by_claim(vs)
+    ten = ten_seed_words(_load_or_none(load, "confirmation")) or {}
+    out = []
+    if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
+        out.append("**Training on a GPU with PyTorch SDPA, FlashAttention or cuDNN:** nothing to change for this "
+                   "mechanism — these kernels accumulate in FP32 and round tied rows toward zero, not away "
+                   "({doc}`06_beyond`).")
+    else:
+        out.append(f"**Training on a GPU with a production kernel:** check its tied rows — "
+                   f"{_status(by, 'K-bias:sdpa_flash')} ({{doc}}`06_beyond`).")
+    if ten.get("D") == "supported":
+        out.append("**Attention with BF16 accumulators** (the paper's pure-PyTorch flash attention; PyTorch's CPU "
+                   "flash back end in its AVX2 or AVX-512 build): accumulate O and P̄V in FP32 — production "
+                   "arithmetic closed at least half of the gap on ten seeds ({doc}`01_symptom`, {doc}`06_beyond`).")
+    else:
+        out.append("**Attention with BF16 accumulators:** FP32 accumulation is not shown to close the gap on our "
+                   "proxy ({doc}`01_symptom`).")
+    robust = by.get("Robust")
+    out.append("**Writing your own kernel:** keep the running O, m and ℓ in FP32 and test tied rows against "
+               "`lpfail.attention` (chapter 4's rows); if O must stay BF16, "
+               + ("the robust fix removes the bias wherever it is finite at every logit scale"
+                  if _is(robust, REPRODUCED) else f"the robust fix: {_status(by, 'Robust')}")
+               + " ({doc}`04_rounding`, {doc}`05_fix`).")
+    alarm = _load_or_none(load, "precision_alarm")
+    if alarm is not None and "analysis" in alarm:
+        a = alarm["analysis"]
+        lead = a.get("lead") or {}
+        div = [k for k, d in lead.items() if d.get("divergence_step") == d.get("divergence_step")]
+        fired = [k for k in div if lead[k].get("alarm_step") is not None]
+        out.append("**What to monitor:** the largest attention logit and the share of rows with tied maxima "
+                   f"(`lpfail.Monitor`); its precision alarm warned before {len(fired)} of {len(div)} divergences "
+                   "of the paper's arithmetic in its pre-registered evaluation, so read it as a record, not a "
+                   "warning ({doc}`07_diagnose`).")
+    else:
+        out.append("**What to monitor:** the largest attention logit and the tied fraction (`lpfail.Monitor`, "
+                   "{doc}`07_diagnose`).")
+    qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else \
+        f"is {_status(by, 'C0-qk')}"
+    fix = ("are not shown to close it in training" if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED)
+           else f"read {_status(by, 'Fix-b')}")
+    out.append(f"**QK-norm or the fix?** QK-norm {qk}, where the logits grow at high learning rates; the paper's "
+               f"fix and the robust fix remove the bias bit for bit but {fix} ({{doc}}`05_fix`, {{doc}}`06_beyond`).")
+    return out
+
+
 # -- the causal chain -------------------------------------------------------------------------------------------
 #: The paper's chain (its Fig. 1), link by link: (the link in words, the chapter, the claims that test it).
 LINKS = [
@@ -171,56 +295,132 @@ LINKS = [
     ("The stored O, and δ from it,\nare biased: it runs through δ", "ch. 2", ("C1c",)),
     ("One layer carries it", "ch. 2", ("C1b",)),
     ("dW_Q's error adds up along\none direction, step after step", "ch. 3", ("C2",)),
-    ("‖W_Q‖ and the logits grow;\ntraining fails", "ch. 1", ("C0",)),
+    ("‖W_Q‖ and the logits grow;\ntraining fails", "ch. 1", ("failure",)),
     ("Without the bias, training\nis stable", "ch. 1, 5", ("C0-bias", "Fix-b")),
 ]
-CHAIN_STATUSES = ("reproduced", "partly", "not reproduced", "not testable here")
+CHAIN_STATUSES = ("reproduced", "partly", "not shown", "contradicted", "not testable here")
 
 
 def link_status(vs: Mapping[str, Verdict], claims) -> str:
     """One mark for a link from its claims' verdicts: every one reproduced → reproduced; none with evidence →
-    not testable here; every judged one not reproduced or contradicted → not reproduced; else partly."""
+    not testable here; every judged one contradicted (a call pointing the other way) → contradicted; every judged
+    one not reproduced or contradicted → not shown (the test could not see it); else partly."""
     words = [vs[c].verdict for c in claims if c in vs]
     judged = [w for w in words if w not in (NOT_TESTED, NO_CLAIM)]
     if not judged:
         return "not testable here"
     if all(w == REPRODUCED for w in judged) and len(judged) == len(words):
         return "reproduced"
+    if all(w == CONTRADICTED for w in judged):
+        return "contradicted"
     if all(w in (NOT_REPRODUCED, CONTRADICTED) for w in judged):
-        return "not reproduced"
-    return "partly" if any(w in (REPRODUCED, PARTLY) for w in judged) else "not reproduced"
+        return "not shown"
+    return "partly" if any(w in (REPRODUCED, PARTLY) for w in judged) else "not shown"
 
 
-def chain(vs: list[Verdict]) -> list[dict]:
-    """`LINKS` with each link's status (`link_status`), for `lpfail.book.plots.causal_chain`."""
+def search_failures(load: Callable | None = None) -> tuple[int, int, int, int] | None:
+    """(runs of the paper's arithmetic failed, its runs, FP32 attention's failed, its runs) in the stored explosion
+    search, by its pre-registered criterion; None without it."""
+    from lpfail import results
+    from lpfail.book import symptom_report
+
+    search = symptom_report.search_evidence(load or results.load)
+    if search is None:
+        return None
+    per = search[0]["per_config"]
+    return tuple(int(sum(d[v][i] for d in per if v in d)) for v in ("A", "C") for i in (0, 1))
+
+
+def failure_status(load: Callable | None = None) -> str:
+    """The chain's failure link: 'reproduced' or 'partly' where a run of the paper's arithmetic failed by the
+    explosion search's pre-registered criterion (`lpfail.book.symptom_report.judge_symptom`), 'not shown' where
+    none did, 'not testable here' without the search."""
+    from lpfail import results
+    from lpfail.book import symptom_report
+
+    search = symptom_report.search_evidence(load or results.load)
+    if search is None:
+        return "not testable here"
+    a_failed = sum(d["A"][0] for d in search[0]["per_config"] if "A" in d)
+    if not a_failed:
+        return "not shown"
+    v = symptom_report.judge_symptom(*search).verdict
+    return {REPRODUCED: "reproduced", CONTRADICTED: "contradicted"}.get(v, "partly")
+
+
+def chain(vs: list[Verdict], load: Callable | None = None) -> list[dict]:
+    """`LINKS` with each link's status (`link_status`; the failure link by `failure_status`), for
+    `lpfail.book.plots.causal_chain`."""
     by = by_claim(vs)
-    return [{"text": t, "chapter": ch, "claims": cl, "status": link_status(by, cl)} for t, ch, cl in LINKS]
+    return [{"text": t, "chapter": ch, "claims": cl,
+             "status": failure_status(load) if cl == ("failure",) else link_status(by, cl)} for t, ch, cl in LINKS]
 
 
 def chain_caption(links: list[dict]) -> str:
     """The figure's caption line: which claims decided each link."""
-    return "; ".join(f"{k + 1}: {', '.join(link['claims'])} → {link['status']}" for k, link in enumerate(links))
+    names = {"failure": "the explosion search's pre-registered failure criterion"}
+    return "; ".join(f"{k + 1}: {', '.join(names.get(c, c) for c in link['claims'])} → {link['status']}"
+                     for k, link in enumerate(links))
 
 
 # -- reading paths ---------------------------------------------------------------------------------------------
 _WORD = re.compile(r"[0-9A-Za-zÀ-ÿ\u0370-\u03ff]+(?:[’'.,/−–-][0-9A-Za-zÀ-ÿ\u0370-\u03ff]+)*")
 
 
+_GLUE = re.compile(r"```\{glue(?::md|:figure)?\}\s*([\w-]+)[^\n]*\n.*?```|\{glue(?::md|:text)?\}`([\w-]+)[^`]*`", re.S)
+_TAGS = re.compile(r"<[^>]+>")
+
+
+def _glued(nb) -> dict[str, str]:
+    """{name: the text a glued value shows} from a notebook's stored outputs (markdown, else plain text)."""
+    out = {}
+    for c in nb.cells:
+        for o in c.get("outputs", []) if c.cell_type == "code" else []:
+            name = ((o.get("metadata") or {}).get("scrapbook") or {}).get("name")
+            data = o.get("data") or {}
+            if name:
+                pre = "application/papermill.record/"
+                out[name] = data.get(pre + "text/markdown") or (  # a figure (html or png) shows no words
+                    "" if {pre + "image/png", pre + "text/html"} & set(data) else data.get(pre + "text/plain", ""))
+    return out
+
+
+def _shown_outputs(nb) -> str:
+    """The text of the outputs a code cell shows where it stands (not glued values, not code)."""
+    parts = []
+    for c in nb.cells:
+        for o in c.get("outputs", []) if c.cell_type == "code" else []:
+            if (o.get("metadata") or {}).get("scrapbook"):
+                continue
+            data = o.get("data") or {}
+            text = data.get("text/markdown") or _TAGS.sub(" ", data.get("text/html", "")) or o.get("text", "")
+            parts.append(text if isinstance(text, str) else "".join(text))
+    return "\n".join(parts)
+
+
 def page_words(page: str, book: Path = BOOK) -> int:
-    """Words of prose of a page's source (its Markdown cells, without code blocks, math and directive options)."""
+    """Words a reader reads on a page: its Markdown cells (without code blocks, math and directive options) with
+    every glued value counted as the text it shows (a figure's caption, a table's cells), and the outputs its code
+    cells show — what the built page shows, from the notebook's stored outputs."""
     import nbformat
 
     p = book / f"{page}.ipynb"
+    glued, shown = {}, ""
     if p.is_file():
-        text = "\n".join(c.source for c in nbformat.read(str(p), as_version=4).cells if c.cell_type == "markdown")
+        nb = nbformat.read(str(p), as_version=4)
+        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        glued, shown = _glued(nb), _shown_outputs(nb)
     else:
         text = (book / f"{page}.md").read_text()
-    text = re.sub(r"```(?!\{(?:exercise|solution|admonition|glue:figure|note|tip))[^\n]*\n.*?```", " ", text,
-                  flags=re.S)
+    text = _GLUE.sub(lambda m: " " + glued.get(m.group(1) or m.group(2), "x") + " "
+                     + (m.group(0).split("\n", 1)[1].rsplit("```", 1)[0] if m.group(0).startswith("```{glue:figure")
+                        else "") + " ", text)
+    text += "\n" + shown
+    text = re.sub(r"```(?!\{(?:exercise|solution|admonition|note|tip))[^\n]*\n.*?```", " ", text, flags=re.S)
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", " ", text, flags=re.S)
     text = re.sub(r"^:[\w-]+:.*$", " ", text, flags=re.M)
     text = re.sub(r"\{[\w:-]+\}`[^`]*`", " x ", text)
-    return len(_WORD.findall(text))
+    return len(_WORD.findall(_TAGS.sub(" ", text)))
 
 
 #: Who reads what: (reader, what they get, the pages in order).

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -189,6 +190,38 @@ def summary_table(vs: list[Verdict]) -> str:
                     [[v.claim, v.statement, f"**{v.verdict}**" + (f" ({v.note})" if v.note else "")] for v in vs])
 
 
+_STAT = re.compile(r"((?:S|L|\()[^;:]*?= [+−-]?\d[\d.]* \[[^\]]+\])")
+
+
+def short_claim(v: Verdict, words: int = 14) -> str:
+    """The claim in a few words: its statement up to the first colon or full stop, cut at ``words`` words."""
+    head = re.split(r"(?<!Sec)(?<!e\.g)(?<!i\.e)(?<!vs)(?<=[a-z)])[:.](?:\s|$)", v.statement, maxsplit=1)[0].strip()
+    ws = head.split()
+    return " ".join(ws[:words]) + (" …" if len(ws) > words else "")
+
+
+def one_line(v: Verdict, chars: int = 150) -> str:
+    """The evidence in one line: for a paired-seed rule its statistic with its interval, the seeds and Holm's p;
+    otherwise the evidence's first sentence, cut at ``chars`` characters."""
+    if v.p_adjusted is not None and (m := _STAT.search(v.evidence)):
+        return f"{m.group(1)}; {v.seeds} seeds, Holm p {v.p_adjusted:.2g}"
+    first = re.split(r"(?<=[.;])\s", re.sub(r"^On our proxy, ", "", v.evidence), maxsplit=1)[0]
+    first = re.sub(r"\{doc\}`[^`]*`|\{numref\}`[^`]*`", "", first).strip(" ;,.")
+    if len(first) > chars:
+        first = first[:chars].rsplit(" ", 1)[0].rstrip(" ,;(") + " …"
+    return first
+
+
+def claims_table(vs: list[Verdict]) -> str:
+    """Every claim in one table — the claim in words, our verdict, the evidence in one line, its chapter — cells
+    escaped; the verdict a coloured label that says the word."""
+    from lpfail.book.text import md_table
+
+    return md_table(["claim", "what is claimed", "our verdict", "evidence", "chapter"],
+                    [[v.claim, short_claim(v), status_html(v.verdict), one_line(v), f"{{doc}}`{v.chapter}`"]
+                     for v in vs])
+
+
 def _extras(v: Verdict) -> list[str]:
     """The optional fields of the paired-seed rules, as bullets (only those present)."""
     out = []
@@ -292,8 +325,19 @@ def tally_markdown(vs: list[Verdict]) -> str:
     return out
 
 
-#: The pre-registered experiments whose rules decide verdicts on this page, in the book's order.
-PREREGISTERED = ("lr_sweep", "confirmation", "substitution", "fix_training", "cures", "precision_alarm")
+def preregistered() -> tuple[str, ...]:
+    """Every registered experiment whose module declares a pre-registration (``PREREGISTERED_ON``), in the order
+    the rules were fixed (then by name): derived from the experiments themselves, never a hand-kept list."""
+    import importlib
+
+    from lpfail import results
+
+    found = []
+    for name, exp in results.registry().items():
+        mod = importlib.import_module(exp.fn.__module__)
+        if getattr(mod, "PREREGISTERED_ON", None):
+            found.append((str(mod.PREREGISTERED_ON), name))
+    return tuple(name for _, name in sorted(found))
 #: A rule whose data had been seen in part before its final form, where the experiment module has no `SEEN`.
 RECORD_EXTRA = {
     "fix_sweep": ("the robust fix's rule (`lpfail.book.fix_report`), not dated in code",
@@ -308,8 +352,10 @@ def preregistration_record() -> list[list[str]]:
     import importlib
 
     rows = []
-    for name in PREREGISTERED:
-        mod = importlib.import_module(f"lpfail.experiments.{name}")
+    from lpfail import results
+
+    for name in preregistered():
+        mod = importlib.import_module(results.get(name).fn.__module__)
         seen = str(getattr(mod, "SEEN", "not recorded"))
         if getattr(mod, "AMENDMENT", None) and getattr(mod, "AMENDED_ON", None):
             seen += f" Amended {mod.AMENDED_ON}: {mod.AMENDMENT}"

@@ -39,6 +39,9 @@ from lpfail.sweep import register, run_experiment
 from lpfail.sweep.stats import interval, judge, sensitivity_draws
 
 PREREGISTERED_ON = "2026-12-01"
+#: What had been seen when the rule was written, before the first run of A_comp.
+SEEN = ("lr_sweep's stored runs of A and C at the same seeds, rates and batches, which this grid shares (its H1, "
+        "S(A) − S(C) > 0, supported on three seeds); no run of A_comp.")
 NEW = ("A_comp",)
 COMPILED_HYPOTHESES = {
     "symptom": "the compiled arithmetic shows the symptom: S(A_comp) − S(C) > 0",

@@ -36,7 +36,7 @@ PREREGISTERED_ON = "2026-12-01"
 SEEN = ("Every result stored in the repository on 2026-12-01: lr_sweep's grid at seeds 0–2 (both sizes; its "
         "per-lr curves informed the healthy margin and the third size's learning rates), fix_training, cures, "
         "compiled_sweep, substitution and its amendment (all seeds 0–2), chapter 1's explosion search, and the "
-        "two-seed exploratory probe of ../shared/proxy-findings.md that preceded every rule. No run of seeds 3–9, "
+        "two-seed exploratory probe (the lab notebook's 'probes') that preceded every rule. No run of seeds 3–9, "
         "of the placebo C_tile, of the larger size's seeds 3–4, or of the 12 × 768 size existed.")
 SEEDS = tuple(range(10))  # the smaller size: the estimate pools seeds 0–9 ...
 CONFIRM = tuple(range(3, 10))  # ... the confirmatory call uses the fresh seeds 3–9 alone

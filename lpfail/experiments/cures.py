@@ -65,7 +65,7 @@ PREREGISTERED_ON = "2026-12-01"
 #: said "none for the new ones"); the rule is unchanged.
 SEEN = ("lr_sweep's results for the reused variants (A − C > 0, A_sr does not close the gap, D closes it, B about a "
         "third); of the new variants no run of this grid, but the earlier two-seed exploratory probe "
-        "(../shared/proxy-findings.md), which preceded every rule, had tried δ from an O recomputed in FP32 and a "
+        "(the lab notebook's 'probes'), which preceded every rule, had tried δ from an O recomputed in FP32 and a "
         "bounded form of the fix.")
 BASELINE, CONTROL = "A", "C"
 REUSED = ("A", "C", "S", "D", "B", "A_sr", "A_qk")  # already in lr_sweep's grid

@@ -38,7 +38,7 @@ PREREGISTERED_ON = "2026-12-01"
 #: pre-registered.
 SEEN = ("B's runs (the official fix) were stored, and their sensitivity seen beside A's and C's, before this "
         "rule was written; no run of B′ or R existed. The two-seed exploratory probe "
-        "(../shared/proxy-findings.md) had tried B and a bounded fix at 1e-2 and 3e-2 before any rule.")
+        "(the lab notebook's 'probes') had tried B and a bounded fix at 1e-2 and 3e-2 before any rule.")
 FIXES = ("B", "Bp", "R")
 FIX_HYPOTHESES = {
     "closes_half": "the fix closes at least half of the A − C gap in LR sensitivity at the smaller size: "

@@ -37,11 +37,11 @@ from lpfail.sweep.stats import (bootstrap_seed_indices, effective_loss, interval
 
 # -- the pre-registration ----------------------------------------------------------------------------------
 #: Fixed on 2026-12-01, before any run of this experiment. The only outcomes seen then were those of two
-#: unregistered probes with other settings (../shared/proxy-findings.md: 2 seeds, a constant schedule,
+#: unregistered probes with other settings (lpfail.book.probes: 2 seeds, a constant schedule,
 #: training loss), which suggested A − C > 0 at lr ≥ 1e-2.
 PREREGISTERED_ON = "2026-12-01"
 #: What had been seen when the rule was written (the comment above, as the verdict page's record shows it).
-SEEN = ("Two unregistered exploratory probes with other settings (../shared/proxy-findings.md: 2 seeds, a constant "
+SEEN = ("Two unregistered exploratory probes with other settings (the lab notebook's 'probes': 2 seeds, a constant "
         "schedule, training loss), which suggested A − C > 0 at lr ≥ 1e-2; no run of this grid.")
 CONFIDENCE = stats.CONFIDENCE  # two-sided percentile bootstrap interval
 N_BOOTSTRAP = stats.N_BOOTSTRAP  # resamples of the seeds (with replacement; the same resample for every variant and lr)
@@ -69,7 +69,7 @@ RULE = ("A statistic's hypothesis is 'supported' when its 95 % bootstrap interva
 class LRSweepConfig:
     """The grid, the two model sizes and the training setting shared by every run.
 
-    Defaults: the setting of the probe in ../shared/proxy-findings.md (4 × 256 byte-level GPT on the Python
+    Defaults: the setting of the second exploratory probe (lpfail.book.probes: 4 × 256 byte-level GPT on the Python
     documentation corpus, context 256, 32 sequences = 8,192 tokens per step, AdamW (0.9, 0.95), wd 0, clip 1,
     1,000 steps), with Wortsman et al.'s schedule (linear warm-up, then cosine decay, here to lr / 10) and a
     held-out validation split for the final loss."""

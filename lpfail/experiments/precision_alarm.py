@@ -32,7 +32,7 @@ from lpfail.sweep import GridBase, Run, Store, register, run_experiment, summari
 
 # -- the pre-registration (fixed 2026-12-02, before any run of the alarm on training) -----------------------------
 PREREGISTERED_ON = "2026-12-02"
-SEEN = ("Simulated error terms only (notes/beyond.md, 2026-12-01: random signs along one direction, equal and "
+SEEN = ("Simulated error terms only (random signs along one direction, equal and "
         "log-normal sizes, 32 tests × ≈ 85 windows per run). No record of the alarm on a training run existed, "
         "on the CPU or a GPU; the logit alert's evaluation on lr_sweep's stored runs (chapter 7) had been seen.")
 

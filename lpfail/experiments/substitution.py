@@ -44,7 +44,7 @@ PREREGISTERED_ON = "2026-12-01"
 #: What had been seen when the rule was written. The disclosure of the probe was added on 2026-12-02; the rule is
 #: unchanged.
 SEEN = ("lr_sweep's results (A, C, D, B, S, A_sr at every learning rate), from which the two learning rates were "
-        "chosen; and the earlier two-seed exploratory probe (../shared/proxy-findings.md), which preceded every rule "
+        "chosen; and the earlier two-seed exploratory probe (the lab notebook's 'probes'), which preceded every rule "
         "and had already tried FP32 scores, an FP32 backward and δ from an O recomputed in FP32 at 1e-2 and 3e-2 "
         "(none of them matched FP32 attention at 3e-2).")
 LRS = (1.6e-2, 3.2e-2)  # where lr_sweep's A − C gap lies (+0.10, +0.42 at the smaller size)

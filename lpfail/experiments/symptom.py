@@ -60,7 +60,7 @@ from lpfail.sweep.driver import (  # noqa: F401
 
 # -- the failure criterion (pre-registered) --------------------------------------------------------------
 #: Fixed on 2026-11-29, before any run of the `symptom` experiment had been made (the only outcomes seen
-#: then were those of the first probe, ../shared/probe-findings.md, which used a different, stricter test).
+#: then were those of the first exploratory probe (lpfail.book.probes), which used a different, stricter test).
 CRITERION_FIXED_ON = "2026-11-29"
 WINDOW = 100
 RISE = 0.25
@@ -138,7 +138,7 @@ VARIANTS: dict[str, Variant] = {
 class SymptomConfig:
     """One configuration of the search: a model, data and optimizer, the variants and the seeds.
 
-    Defaults: the first configuration to try, from the probe (../shared/probe-findings.md: 4 layers × 256,
+    Defaults: the first configuration to try, from the first exploratory probe (lpfail.book.probes: 4 layers × 256,
     T 1024, 16 sequences per step, lr 1.5e-2 where its A rose from step 600 while C did not), on the Python
     documentation corpus, with the three cheapest variants first."""
 
