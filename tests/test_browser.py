@@ -136,3 +136,16 @@ def test_good_figure_and_table_pass():
     r = _by_page(browser_check.check_site(FIXTURES / "good_site", pages=["other.html"]))["other.html"]
     print(r.line())
     assert r.ok and r.images == 1
+
+
+def test_the_first_page_answers_on_its_first_screen():
+    """At 1280 px the answer and 'What to do' end within the first 800 px, and on a phone nothing comes before
+    them: a page that puts a heading and a tall block first fails at both widths."""
+    (good,) = browser_check.check_site(FIXTURES / "first_screen_good", pages=["book/intro.html"])
+    print(good.line())
+    assert good.ok, good.errors
+    (bad,) = browser_check.check_site(FIXTURES / "first_screen_bad", pages=["book/intro.html"])
+    print(bad.line())
+    text = "\n".join(bad.errors)
+    assert "below the first 800 px at 1280 px" in text
+    assert "at 400 px, before the answer: H2 What the paper claims" in text

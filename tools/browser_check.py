@@ -401,6 +401,51 @@ def source_widgets(page: str, source: Path | None) -> int:
     return sum(1 for c in cells for o in c.get("outputs", []) if WIDGET_MIME in o.get("data", {}))
 
 
+#: The book's first page, and the height of the first screen it must answer on at 1280 px.
+FIRST_PAGE = "book/intro.html"
+FIRST_SCREEN_PX = 800
+#: Where the answer and the advice end, in page pixels: the paragraph that starts with "The answer." and the last
+#: item of the list under the heading "What to do"; the tops of everything else that is not the title, its
+#: subtitle or those two, in document order (for the phone: nothing may come before them).
+_FIRST_SCREEN_JS = r"""
+const art = document.querySelector('article.bd-article') || document.querySelector('main') || document.body;
+const y = e => e.getBoundingClientRect().top + window.scrollY;
+const bottom = e => e.getBoundingClientRect().bottom + window.scrollY;
+const thesis = Array.from(art.querySelectorAll('p')).find(p => p.textContent.trim().startsWith('The answer.'));
+const todo = Array.from(art.querySelectorAll('h2')).find(h => h.textContent.trim().startsWith('What to do'));
+const sec = todo ? (todo.closest('section') || todo.parentElement) : null;
+const items = sec ? Array.from(sec.querySelectorAll('li')) : [];
+const before = [];
+if (thesis && todo) {
+  const t = y(thesis);
+  for (const el of art.querySelectorAll('h2, h3, img, figure, table, div.cell_output, ol, ul')) {
+    if (el === todo || sec && sec.contains(el) || thesis.contains(el)) continue;
+    if (y(el) < t) before.push((el.tagName + ' ' + el.textContent.trim()).slice(0, 60));
+  }
+}
+return {thesis: thesis ? bottom(thesis) : null, thesisTop: thesis ? y(thesis) : null,
+        todo: todo ? y(todo) : null, end: items.length ? bottom(items[items.length - 1]) : null,
+        items: items.length, before: before};
+"""
+
+
+def first_screen_errors(info: dict, width: int) -> list[str]:
+    """What `_FIRST_SCREEN_JS` found, judged: at 1280 px the answer and the whole of "What to do" end within the first
+    `FIRST_SCREEN_PX` pixels; at every width they come before anything else on the page."""
+    out = []
+    if info["thesis"] is None:
+        return ["the first page has no paragraph starting 'The answer.'"]
+    if info["todo"] is None or not info["items"]:
+        return ["the first page has no 'What to do' list"]
+    if info["todo"] < info["thesisTop"]:
+        out.append("'What to do' comes before the answer")
+    if width >= DESKTOP[0] and max(info["thesis"], info["end"]) > FIRST_SCREEN_PX:
+        out.append(f"the answer and 'What to do' end at {max(info['thesis'], info['end']):.0f} px, below the first "
+                   f"{FIRST_SCREEN_PX} px at {width} px")
+    out += [f"at {width} px, before the answer: {b}" for b in info["before"]]
+    return out
+
+
 def check_page(driver, base: str, site: Site, page: str, shots: Path | None, source: Path | None,
                timeout: float = 20.0) -> PageResult:
     from selenium.common.exceptions import TimeoutException
@@ -472,6 +517,9 @@ def check_page(driver, base: str, site: Site, page: str, shots: Path | None, sou
                         f"at {DESKTOP[0]} px: {b['text']}")
     r.errors += [f"word broken inside a table cell at {DESKTOP[0]} px: {w!r}"
                  for w in driver.execute_script(_BROKEN_WORDS_JS)]
+    if page == FIRST_PAGE:
+        driver.execute_script("window.scrollTo(0, 0)")
+        r.errors += first_screen_errors(driver.execute_script(_FIRST_SCREEN_JS), DESKTOP[0])
     stem = page[:-len(".html")].replace("/", "__")
     if shots is not None:
         shots.mkdir(parents=True, exist_ok=True)
@@ -483,6 +531,8 @@ def check_page(driver, base: str, site: Site, page: str, shots: Path | None, sou
     phone = driver.execute_script(_PHONE_JS, OVERFLOW_TOLERANCE_PX)
     r.errors += [f"at {PHONE_WIDTH} px: {m}" for m in driver.execute_script(_FIGURE_TEXT_JS, MIN_LEGEND_PX,
                                                                               MIN_TEXT_PX)]
+    if page == FIRST_PAGE:
+        r.errors += first_screen_errors(driver.execute_script(_FIRST_SCREEN_JS), PHONE_WIDTH)
     if phone["scroll"] > OVERFLOW_TOLERANCE_PX:
         r.errors.append(f"the page scrolls sideways at {phone['width']} px (by {phone['scroll']} px, "
                         f"{phone['pageWidth']} px wide)" + "".join(f"; {c}" for c in phone["culprits"]))

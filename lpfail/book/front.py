@@ -169,76 +169,64 @@ def findings(vs: list[Verdict], load: Callable | None = None) -> list[str]:
 
 # -- the thesis and what to do ------------------------------------------------------------------------------------
 def proxy_words(conf: Mapping | None) -> str:
-    """'a 4-layer × 256 byte-level GPT trained 1,000 steps at learning rates 1e-3–3.2e-2': our proxy named by its size,
-    steps and learning rates, from the stored confirmation grid's config ('our small proxy' without it)."""
+    """'our proxy (4 layers × 256, 1,000 steps, learning rates 0.001–0.032)': the proxy named by its size, steps and
+    learning rates, from the stored confirmation grid's config ('our small proxy' without it)."""
     cfg = (getattr(conf, "meta", None) or {}).get("config") or {}
     if not cfg.get("small"):
         return "our small proxy"
     (nl, _, ne), lrs = cfg["small"], [float(x) for x in cfg.get("lrs", [])]
-    return (f"our proxy, a {nl}-layer × {ne} byte-level GPT trained {int(cfg['max_steps']):,} steps at learning rates "
-            f"{min(lrs):g}–{max(lrs):g}")
+    return f"our proxy ({nl} layers × {ne}, {int(cfg['max_steps']):,} steps, learning rates {min(lrs):g}–{max(lrs):g})"
 
 
 def dial_words(load: Callable) -> str:
-    """Where the precision dial stands (`lpfail.experiments.dial_training`): its stored runs, or its verdicts."""
+    """Where the precision dial stands (`lpfail.experiments.dial_training`), in a clause."""
     dial = _load_or_none(load, "dial_training")
     if dial is None:
-        return "The test that turns the bias up at equal precision (the precision dial) has no stored run yet."
+        return "the precision dial that tests it has no stored run yet"
     if not dial.get("complete", False):
-        return (f"The test that turns the bias up at equal precision (the precision dial, {{doc}}`01_symptom`) is "
-                f"pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs stored.")
+        return (f"the precision dial that tests it is pending ({int(dial['runs_stored'])} of "
+                f"{int(dial['runs_planned'])} runs stored, {{doc}}`01_symptom`)")
     calls = dial["analysis"].get("calls") or {}
     words = {f: sorted({r.get("verdict") for r in fam.values() if isinstance(r, dict) and r.get("verdict")})
              for f, fam in calls.items()}
-    return ("The precision dial, which turns the bias up at equal precision ({doc}`01_symptom`), reads: "
-            + "; ".join(f"{f} {listing(w)}" for f, w in words.items()) + ".")
+    return ("the precision dial that tests it reads " + "; ".join(f"{f} {listing(w)}" for f, w in words.items())
+            + " ({doc}`01_symptom`)")
 
 
 def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     """The first screen's answer in three sentences: what is real, what it does in training at the scales we ran,
-    what is not shown — each sentence chosen by the verdicts it rests on, with a plain fallback."""
+    what is not shown — each chosen by the verdicts it rests on, with a plain fallback."""
     from lpfail import results
 
     load = load or results.load
     by = by_claim(vs)
     conf = _load_or_none(load, "confirmation")
-    proxy = proxy_words(conf)
     ten = ten_seed_words(conf)
-    h5 = None
-    if conf is not None:
-        h5 = ((conf["analysis"].get("sizes") or {}).get("small") or {}).get("H5")
+    h5 = ((conf["analysis"].get("sizes") or {}).get("small") or {}).get("H5") if conf is not None else None
     if _is(by.get("C3a"), REPRODUCED) and _is(by.get("C3b"), REPRODUCED):
-        real = ("The paper's rounding bias is real: when keys tie at a row's maximum, BF16 flash attention rounds "
-                "the sum P̄V away from zero, bit for bit as the paper says.")
+        real = ("The paper's rounding bias is real: on rows whose maximum is tied, BF16 flash attention rounds P̄V "
+                "away from zero, bit for bit.")
     else:
         real = f"The paper's rounding bias: {_status(by, 'C3a', 'C3b')}."
-    fails = search_failures(load)
-    failed = ("" if fails is None else
-              f", and {fails[0]} of its {fails[1]} runs in our explosion search failed by the paper's criterion "
-              f"({fails[2]} of FP32 attention's {fails[3]})")
-    if _is(by.get("C0"), REPRODUCED) and h5 == "not distinguishable":
-        train = (f"On {proxy}, that arithmetic ends worse than FP32 attention only at learning rates where FP32 "
-                 f"attention itself degrades{failed}")
-    elif _is(by.get("C0"), REPRODUCED):
-        train = f"On {proxy}, that arithmetic ends worse than FP32 attention"
-    else:
-        train = f"On {proxy}, whether that arithmetic harms training: {_status(by, 'C0')}"
+    train = f"On {proxy_words(conf)}, that arithmetic trains worse than FP32 attention"
+    if not _is(by.get("C0"), REPRODUCED):
+        train = f"On {proxy_words(conf)}, whether it harms training: {_status(by, 'C0')}"
+    elif h5 == "not distinguishable":
+        train += " only where FP32 attention degrades too"
     if ten is not None:
-        works = [REMEDY[v].split(",")[0] for v in ("D", "A_qk") if ten[v] == "supported"]
-        bias_cures = [v for v in ("A_sr", "B", "R") if ten[v] == "supported"]
-        cure = ((f"; {listing(works)} close at least half of that gap" if works else "")
-                + ("" if bias_cures else ", while removing the bias is not shown to"))
-    else:
-        cure = ""
-    chain = ("The chain from the bias to a training failure is not shown on our runs"
+        works = [{"D": "FP32 accumulation", "A_qk": "QK-norm"}[v] for v in ("D", "A_qk") if ten[v] == "supported"]
+        biased = [v for v in ("A_sr", "B", "R") if ten[v] == "supported"]
+        train += (f"; {listing(works)} close at least half of the gap" if works else "") + (
+            "" if biased else (", removing the bias is not shown to" if works else "; removing the bias is not "
+                               "shown to close it"))
+    chain = ("The chain from the bias to a failure is not shown"
              if all(_is(by.get(c), NOT_REPRODUCED, CONTRADICTED, NOT_TESTED) for c in ("C1b", "C2")) else
              f"The chain from the bias to a failure: {_status(by, 'C1b', 'C2')}")
-    dial = dial_words(load)
-    return f"{real} {train}{cure}. {chain}; {dial[0].lower()}{dial[1:]}"
+    return f"{real} {train}. {chain}; {dial_words(load)}."
 
 
 def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
-    """**What to do**, by situation, each line linked to its evidence and worded by the verdicts it rests on."""
+    """**What to do**, by situation: one line each, linked to its evidence and worded by the verdicts it rests on."""
     from lpfail import results
 
     load = load or results.load
@@ -246,44 +234,29 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     ten = ten_seed_words(_load_or_none(load, "confirmation")) or {}
     out = []
     if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
-        out.append("**Training on a GPU with PyTorch SDPA, FlashAttention or cuDNN:** nothing to change for this "
-                   "mechanism — these kernels accumulate in FP32 and round tied rows toward zero, not away "
+        out.append("**GPU with SDPA, FlashAttention or cuDNN:** nothing to change for this mechanism; these kernels "
+                   "round tied rows toward zero, not away ({doc}`06_beyond`).")
+    else:
+        out.append(f"**GPU with a production kernel:** its tied rows read {_status(by, 'K-bias:sdpa_flash')} "
                    "({doc}`06_beyond`).")
-    else:
-        out.append(f"**Training on a GPU with a production kernel:** check its tied rows — "
-                   f"{_status(by, 'K-bias:sdpa_flash')} ({{doc}}`06_beyond`).")
-    if ten.get("D") == "supported":
-        out.append("**Attention with BF16 accumulators** (the paper's pure-PyTorch flash attention; PyTorch's CPU "
-                   "flash back end in its AVX2 or AVX-512 build): accumulate O and P̄V in FP32 — production "
-                   "arithmetic closed at least half of the gap on ten seeds ({doc}`01_symptom`, {doc}`06_beyond`).")
-    else:
-        out.append("**Attention with BF16 accumulators:** FP32 accumulation is not shown to close the gap on our "
-                   "proxy ({doc}`01_symptom`).")
-    robust = by.get("Robust")
-    out.append("**Writing your own kernel:** keep the running O, m and ℓ in FP32 and test tied rows against "
-               "`lpfail.attention` (chapter 4's rows); if O must stay BF16, "
-               + ("the robust fix removes the bias wherever it is finite at every logit scale"
-                  if _is(robust, REPRODUCED) else f"the robust fix: {_status(by, 'Robust')}")
-               + " ({doc}`04_rounding`, {doc}`05_fix`).")
+    out.append("**BF16 accumulators** (the paper's PyTorch attention, PyTorch's CPU flash back end): accumulate in "
+               "FP32" + ("; that closed at least half of the gap on ten seeds" if ten.get("D") == "supported" else
+                         "; that is not shown to close the gap on our proxy") + " ({doc}`01_symptom`).")
+    out.append("**Your own kernel:** keep O, m and ℓ in FP32 and test tied rows against `lpfail.attention`; if O must "
+               "stay BF16, use the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else
+                                                  f" ({_status(by, 'Robust')})") + " ({doc}`05_fix`).")
     alarm = _load_or_none(load, "precision_alarm")
-    if alarm is not None and "analysis" in alarm:
-        a = alarm["analysis"]
-        lead = a.get("lead") or {}
-        div = [k for k, d in lead.items() if d.get("divergence_step") == d.get("divergence_step")]
-        fired = [k for k in div if lead[k].get("alarm_step") is not None]
-        out.append("**What to monitor:** the largest attention logit and the share of rows with tied maxima "
-                   f"(`lpfail.Monitor`); its precision alarm warned before {len(fired)} of {len(div)} divergences "
-                   "of the paper's arithmetic in its pre-registered evaluation, so read it as a record, not a "
-                   "warning ({doc}`07_diagnose`).")
-    else:
-        out.append("**What to monitor:** the largest attention logit and the tied fraction (`lpfail.Monitor`, "
-                   "{doc}`07_diagnose`).")
-    qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else \
-        f"is {_status(by, 'C0-qk')}"
-    fix = ("are not shown to close it in training" if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED)
-           else f"read {_status(by, 'Fix-b')}")
-    out.append(f"**QK-norm or the fix?** QK-norm {qk}, where the logits grow at high learning rates; the paper's "
-               f"fix and the robust fix remove the bias bit for bit but {fix} ({{doc}}`05_fix`, {{doc}}`06_beyond`).")
+    lead = ((alarm["analysis"].get("lead") or {}) if alarm is not None and "analysis" in alarm else {})
+    div = [d for d in lead.values() if d.get("divergence_step") == d.get("divergence_step")]  # not NaN
+    fired = [d for d in div if d.get("alarm_step") is not None]
+    out.append("**Monitor** the largest logit and the tied rows (`lpfail.Monitor`)"
+               + (f"; its alarm warned before {len(fired)} of {len(div)} divergences, so read it as a record"
+                  if div else "") + " ({doc}`07_diagnose`).")
+    qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else f"reads {_status(by, 'C0-qk')}"
+    fix = ("are not shown to help training" if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED)
+           else f"read {_status(by, 'Fix-b')} in training")
+    out.append(f"**QK-norm** {qk}; the paper's fix and the robust fix remove the bias but {fix} "
+               "({doc}`05_fix`).")
     return out
 
 

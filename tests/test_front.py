@@ -1,0 +1,65 @@
+"""The first page's answer (`lpfail.book.front.thesis`, `advice`) follows the verdicts and the stored results: a
+fixture that flips a verdict, a call or the dial's state changes the sentence that rests on it."""
+import dataclasses
+import functools
+
+from lpfail import results
+from lpfail.book import front, verdict
+
+
+@functools.lru_cache(maxsize=1)
+def _stored_verdicts():
+    return tuple(verdict.verdicts())
+
+
+def _vs(**flips):
+    return [dataclasses.replace(v, verdict=flips.get(v.claim, v.verdict)) for v in _stored_verdicts()]
+
+
+def _load(**over):
+    def load(name):
+        if name in over:
+            if over[name] is None:
+                raise results.ResultMissing(name)
+            return over[name]
+        return results.load(name)
+    return load
+
+
+def test_the_thesis_says_what_is_real_and_names_the_proxy():
+    t = front.thesis(_vs())
+    assert t.startswith("The paper's rounding bias is real")
+    assert "layers ×" in t and "steps" in t and "learning rates" in t  # "on our proxy" names size, steps and rates
+    assert "{doc}`01_symptom`" in t
+
+
+def test_flipping_a_verdict_changes_the_thesis():
+    base = front.thesis(_vs())
+    flipped = front.thesis(_vs(C3b=verdict.NOT_REPRODUCED))
+    assert flipped != base and "is real" not in flipped and "C3b not reproduced" in flipped
+    assert "not shown" in front.thesis(_vs(C1b=verdict.NOT_REPRODUCED, C2=verdict.NOT_REPRODUCED))
+    assert "C1b reproduced" in front.thesis(_vs(C1b=verdict.REPRODUCED))
+
+
+def test_the_dial_reads_pending_until_its_result_is_complete():
+    assert "no stored run yet" in front.thesis(_vs(), _load(dial_training=None))
+    dial = results.load("dial_training")
+    if not dial.get("complete", False):
+        assert "pending" in front.thesis(_vs())
+    done = {"complete": True, "runs_stored": 265, "runs_planned": 265,
+            "analysis": {"calls": {"H8": {"row": {"verdict": "supported"}}}}}
+    t = front.thesis(_vs(), _load(dial_training=done))
+    assert "pending" not in t and "H8 supported" in t
+
+
+def test_advice_follows_the_calls():
+    conf = results.load("confirmation")
+    a = front.advice(_vs())
+    assert len(a) == 5 and all("{doc}`" in line for line in a)
+    claims = conf["analysis"]["claims"]
+    if claims["HD"]["verdict"] == "supported":
+        flipped = {**dict(conf), "analysis": {**conf["analysis"], "claims": {**claims, "HD": {**claims["HD"],
+                                                                             "verdict": "inconclusive"}}}}
+        b = front.advice(_vs(), _load(confirmation=flipped))
+        assert "not shown to close" in b[1] and "at least half" in a[1]
+    assert "toward zero" not in front.advice(_vs(**{"K-bias:sdpa_flash": verdict.REPRODUCED}))[0]
