@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from lpfail import attention as attn
-from lpfail.book.widgets import _HTML, switcher_html
+from lpfail.book.twin import HTML as _HTML, switcher_html
 from lpfail.experiments.rounding import RowSpec, make_rows, mean_ci
 from lpfail.precision import PAPER_BF16, PAPER_BF16_OFFICIAL_FIX, BoundedMax, DynamicMax
 

@@ -182,15 +182,15 @@ def dial_words(load: Callable) -> str:
     """Where the precision dial stands (`lpfail.experiments.dial_training`), in a clause."""
     dial = _load_or_none(load, "dial_training")
     if dial is None:
-        return "the precision dial that tests it has no stored run yet"
+        return "its test, the precision dial, has no stored run yet"
     if not dial.get("complete", False):
-        return (f"the precision dial that tests it is pending ({int(dial['runs_stored'])} of "
-                f"{int(dial['runs_planned'])} runs stored, {{doc}}`01_symptom`)")
+        return (f"its test, the precision dial, has {int(dial['runs_stored'])} of its {int(dial['runs_planned'])} "
+                "runs ({doc}`ch. 1 <01_symptom>`)")
     calls = dial["analysis"].get("calls") or {}
     words = {f: sorted({r.get("verdict") for r in fam.values() if isinstance(r, dict) and r.get("verdict")})
              for f, fam in calls.items()}
-    return ("the precision dial that tests it reads " + "; ".join(f"{f} {listing(w)}" for f, w in words.items())
-            + " ({doc}`01_symptom`)")
+    return ("its test, the precision dial, reads " + "; ".join(f"{f} {listing(w)}" for f, w in words.items())
+            + " ({doc}`ch. 1 <01_symptom>`)")
 
 
 def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
@@ -204,15 +204,15 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     ten = ten_seed_words(conf)
     h5 = ((conf["analysis"].get("sizes") or {}).get("small") or {}).get("H5") if conf is not None else None
     if _is(by.get("C3a"), REPRODUCED) and _is(by.get("C3b"), REPRODUCED):
-        real = ("The paper's rounding bias is real: on rows whose maximum is tied, BF16 flash attention rounds P̄V "
-                "away from zero, bit for bit.")
+        real = ("The rounding bias that Qiu and Yao blame for BF16 training failures is real: on tied "
+                "rows, BF16 flash attention rounds P̄V away from zero, bit for bit.")
     else:
-        real = f"The paper's rounding bias: {_status(by, 'C3a', 'C3b')}."
-    train = f"On {proxy_words(conf)}, that arithmetic trains worse than FP32 attention"
+        real = f"The rounding bias that Qiu and Yao blame: {_status(by, 'C3a', 'C3b')}."
+    train = f"On {proxy_words(conf)}, it trains worse than FP32 attention"
     if not _is(by.get("C0"), REPRODUCED):
         train = f"On {proxy_words(conf)}, whether it harms training: {_status(by, 'C0')}"
     elif h5 == "not distinguishable":
-        train += " only where FP32 attention degrades too"
+        train += " only where FP32 attention degrades"
     if ten is not None:
         works = [{"D": "FP32 accumulation", "A_qk": "QK-norm"}[v] for v in ("D", "A_qk") if ten[v] == "supported"]
         biased = [v for v in ("A_sr", "B", "R") if ten[v] == "supported"]
@@ -234,29 +234,29 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     ten = ten_seed_words(_load_or_none(load, "confirmation")) or {}
     out = []
     if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
-        out.append("**GPU with SDPA, FlashAttention or cuDNN:** nothing to change for this mechanism; these kernels "
-                   "round tied rows toward zero, not away ({doc}`06_beyond`).")
+        out.append("**GPU with SDPA, FlashAttention or cuDNN:** nothing to change; they round tied rows toward "
+                   "zero, not away ({doc}`ch. 6 <06_beyond>`).")
     else:
         out.append(f"**GPU with a production kernel:** its tied rows read {_status(by, 'K-bias:sdpa_flash')} "
-                   "({doc}`06_beyond`).")
-    out.append("**BF16 accumulators** (the paper's PyTorch attention, PyTorch's CPU flash back end): accumulate in "
-               "FP32" + ("; that closed at least half of the gap on ten seeds" if ten.get("D") == "supported" else
-                         "; that is not shown to close the gap on our proxy") + " ({doc}`01_symptom`).")
-    out.append("**Your own kernel:** keep O, m and ℓ in FP32 and test tied rows against `lpfail.attention`; if O must "
-               "stay BF16, use the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else
-                                                  f" ({_status(by, 'Robust')})") + " ({doc}`05_fix`).")
+                   "({doc}`ch. 6 <06_beyond>`).")
+    out.append("**BF16 accumulators** (the paper's code, PyTorch's CPU flash back end): accumulate in FP32"
+               + ("; that closed at least half of the gap on ten seeds" if ten.get("D") == "supported" else
+                         "; that is not shown to close the gap on our proxy") + " ({doc}`ch. 1 <01_symptom>`).")
+    out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; if O "
+               "must stay BF16, use the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else
+                                                  f" ({_status(by, 'Robust')})") + " ({doc}`ch. 5 <05_fix>`).")
     alarm = _load_or_none(load, "precision_alarm")
     lead = ((alarm["analysis"].get("lead") or {}) if alarm is not None and "analysis" in alarm else {})
     div = [d for d in lead.values() if d.get("divergence_step") == d.get("divergence_step")]  # not NaN
     fired = [d for d in div if d.get("alarm_step") is not None]
     out.append("**Monitor** the largest logit and the tied rows (`lpfail.Monitor`)"
                + (f"; its alarm warned before {len(fired)} of {len(div)} divergences, so read it as a record"
-                  if div else "") + " ({doc}`07_diagnose`).")
+                  if div else "") + " ({doc}`ch. 7 <07_diagnose>`).")
     qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else f"reads {_status(by, 'C0-qk')}"
     fix = ("are not shown to help training" if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED)
            else f"read {_status(by, 'Fix-b')} in training")
-    out.append(f"**QK-norm** {qk}; the paper's fix and the robust fix remove the bias but {fix} "
-               "({doc}`05_fix`).")
+    out.append(f"**QK-norm** {qk}; both fixes remove the bias but {fix} "
+               "({doc}`ch. 5 <05_fix>`).")
     return out
 
 

@@ -386,7 +386,7 @@ def provenance_html(res) -> str:
 def runs_twin(res, size: str = "small", dpi: int = 90, variants=None):
     """Kernel-free twin of `runs_explorer`: every stored (variant, lr) of one size precomputed, its seeds
     drawn together, behind one <select>."""
-    from lpfail.book import widgets
+    from lpfail.book import twin
 
     cases = []
     stored = np.asarray(res[f"{size}_stored"])
@@ -395,8 +395,8 @@ def runs_twin(res, size: str = "small", dpi: int = 90, variants=None):
         for j, lr in enumerate(np.asarray(res["lrs"])):
             if stored[i, j].any():
                 cases.append((f"{v}, lr {_fmt_lr(float(lr))}",
-                              widgets._png_html(run_figure(res, size, v, j), dpi=dpi)))
-    return widgets._HTML(widgets.switcher_html(f"lr_sweep_runs_{size}", cases, label="run"))
+                              twin.png_html(run_figure(res, size, v, j), dpi=dpi)))
+    return twin.HTML(twin.switcher_html(f"lr_sweep_runs_{size}", cases, label="run"))
 
 
 def runs_explorer(res):

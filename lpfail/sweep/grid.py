@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
 from lpfail import results
+from lpfail.sweep.checks import graph_checks
 from lpfail.sweep.store import Store, run_hash
 
 
@@ -92,8 +93,6 @@ class GridBase:
         """`graph_checks` of the `check_groups`; a grid that names none (its runs are never captured, e.g.
         precision_alarm's) has nothing to compare, and says so instead of failing (2026-12-02: `start --checks`
         stopped on precision_alarm before its driver began)."""
-        from lpfail.sweep.run import graph_checks
-
         if not self.check_groups:
             why = f"{self.name}: no checks to run (the grid names no check groups: its runs are not captured)"
             log(why)
