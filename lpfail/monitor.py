@@ -16,6 +16,9 @@ Nothing in the model's code changes. Two sources are used, each where it can be 
   its q and k the monitor computes, per call (= layer, numbered in call order within a forward) and per head,
   the largest attention logit S = α·qkᵀ (FP32, over the allowed entries) and the fraction of query rows whose
   maximum is attained by ≥ 2 keys once S is rounded to BF16 (`score_dtype`): the tied maxima of chapter 1. The
+  allowed entries are those of is_causal and of an ``attn_mask`` (bool; or float, whose entries −∞ and its dtype's
+  most negative value mask a key, its other values not added to S: `SDPACall.allowed`); rows with no allowed key
+  are not counted. The
   first `sample_batch` sequences of the batch are examined, to bound the cost. Calls made by modules that are
   not the model's, and a checkpoint's recomputation in the backward, are not counted.
 * **Q/K projections**: modules that expose them, by name or by shape (`find_qk` lists the patterns:
@@ -658,7 +661,7 @@ def _refusal(call: SDPACall) -> str | None:
     if not (call.q.requires_grad or call.k.requires_grad):
         return "no gradient reaches q or k (torch.no_grad, or a reentrant checkpoint's forward)"
     if call.attn_mask is not None:
-        return "an attn_mask (the reference takes is_causal or no mask)"
+        return "an attn_mask (the alarm recomputes calls without one: is_causal or no mask)"
     if call.dropout_p:
         return f"dropout_p={call.dropout_p} (the reference has no dropout)"
     if call.is_causal and call.q.shape[-2] != call.k.shape[-2]:

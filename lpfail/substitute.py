@@ -26,15 +26,20 @@ block a compiled model runs eagerly (dynamo's stance is force_eager while the in
 reference keeps every cast of its policy (inductor would drop BF16 round trips), the result is the eager
 model's, bit for bit, and nothing is compiled or recompiled for the block.
 
-What the reference cannot do is refused with an error rather than approximated: an ``attn_mask``, dropout,
-and a causal call with different query and key lengths (SDPA aligns such a mask top-left, the reference
-bottom-right); a recomputed call from a module that made several SDPA calls in its forward (which of them it
-recomputes cannot be told). Grouped-query calls (fewer key/value heads) are expanded first. A requested
-layer index that no forward reached, or a block in which no SDPA call of `model` happened, is an error at the
-end of the block.
+Masks: a call's ``attn_mask`` (bool, or float added to the scores: a padding mask as Hugging Face builds it, a
+causal mask given as a mask, a sliding window) is passed to the reference (`lpfail.attention.attention`'s
+``attn_mask``); a causal call with different query and key lengths gets SDPA's top-left causal mask as a mask
+(the reference's own causal is bottom-right). Rows a mask leaves without a key give 0, as SDPA.
+
+What the reference cannot do is refused with an error rather than approximated: dropout; a float mask that
+requires grad (a learned bias: the reference gives the mask no gradient); a recomputed call from a module that
+made several SDPA calls in its forward (which of them it recomputes cannot be told). Grouped-query calls (fewer
+key/value heads) are expanded first. A requested layer index that no forward reached, or a block in which no
+SDPA call of `model` happened, is an error at the end of the block.
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -77,36 +82,50 @@ def _ids(which, what):
     return tuple(sorted(items))
 
 
+def _mask(call: SDPACall, q: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
+    """(attn_mask for the reference, causal) of a call: its own attn_mask as a (B, H, Tq, Tk) view, and
+    is_causal as the reference takes it — bottom-right causal where Tq = Tk (there the same as SDPA's top-left),
+    else SDPA's top-left causal mask given as a bool mask."""
+    mask = call.mask_view()
+    if mask is not None and mask.dtype != torch.bool and mask.requires_grad:
+        raise SubstitutionError(f"SDPA call {call.index} passes an attn_mask that requires grad (a learned "
+                                "bias); the reference gives the mask no gradient, so this call cannot be substituted")
+    tq, tk = q.shape[-2], call.k.shape[-2]
+    if not call.is_causal or tq == tk:
+        return mask, call.is_causal
+    top_left = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril()  # query i sees keys j ≤ i
+    if mask is None:
+        return top_left, False
+    if mask.dtype == torch.bool:
+        return mask & top_left, False
+    return mask.masked_fill(~top_left, -math.inf), False
+
+
 def _reference(call: SDPACall, policy: Precision, heads: tuple[int, ...] | None, original):
-    if call.attn_mask is not None:
-        raise SubstitutionError(f"SDPA call {call.index} passes an attn_mask; the reference attention supports "
-                                "only is_causal=True or no mask, so this call cannot be substituted")
     if call.dropout_p != 0.0:
         raise SubstitutionError(f"SDPA call {call.index} uses dropout_p={call.dropout_p}; the reference has no "
                                 "dropout (evaluate with model.eval() or dropout 0)")
-    if call.is_causal and call.q.shape[-2] != call.k.shape[-2]:
-        raise SubstitutionError(f"SDPA call {call.index} is causal with {call.q.shape[-2]} queries and "
-                                f"{call.k.shape[-2]} keys: SDPA aligns that mask top-left, the reference "
-                                "bottom-right, so they would attend to different keys")
     try:
         q, k, v, _ = call.heads_view()                                     # (B, H, T, D)
     except ValueError as e:
         raise SubstitutionError(f"SDPA call {call.index}: {e}") from None
+    mask, causal = _mask(call, q)                                         # (B, H, Tq, Tk) or None
     nh = q.shape[1]
     if heads is not None and heads[-1] >= nh:
         raise SubstitutionError(f"head {heads[-1]} requested, but SDPA call {call.index} has {nh} heads")
 
-    def ref(qh, kh, vh):
+    def ref(qh, kh, vh, mh):
         with torch.autocast(device_type=q.device.type, enabled=False):
-            return attention(qh, kh, vh, policy=policy, causal=call.is_causal, scale=call.scale,
-                             check_finite=False)
+            return attention(qh, kh, vh, policy=policy, causal=causal, scale=call.scale, check_finite=False,
+                             attn_mask=mh)
 
     if heads is None or len(heads) == nh:
-        return from_heads_view(ref(q, k, v).to(call.q.dtype), call.q)
+        return from_heads_view(ref(q, k, v, mask).to(call.q.dtype), call.q)
     idx = torch.tensor(heads, device=q.device)
     own = original()
     out = own if own.dim() == 4 else own.reshape(*q.shape[:-1], own.shape[-1])   # (B, H, Tq, D) the model's
-    part = ref(q[:, idx], k[:, idx], v[:, idx]).to(out.dtype)             # (B, len(heads), Tq, D)
+    part_mask = None if mask is None else (mask if mask.dim() == 2 else mask[:, idx])
+    part = ref(q[:, idx], k[:, idx], v[:, idx], part_mask).to(out.dtype)  # (B, len(heads), Tq, D)
     return from_heads_view(out.index_copy(1, idx, part), call.q)
 
 
