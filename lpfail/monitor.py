@@ -56,9 +56,15 @@ a draft (notes/beyond.md), not part of the library until it is pre-registered an
 
 The monitor never changes the model's numbers: it reads detached tensors under ``torch.no_grad()`` with
 autocast off, draws no random numbers and passes every SDPA call through unchanged (tests/test_monitor.py
-checks bit-identical losses, also under autocast). One exception: in a model compiled with a backend that
-changes low bits (inductor), a sampled step's forward runs eagerly (`lpfail.sdpa_hook`: that is what makes
-its statistics right and avoids recompiling the model), so its numbers are the eager ones. Its cost is
+checks bit-identical losses, also under autocast). One exception: compiled code. From the `step()` before a
+sampled step to the `step()` that ends it, dynamo's stance is "force_eager" (`Monitor._hold_eager`), so every
+compiled forward of a sampled step runs eagerly, however the model was compiled — ``torch.compile(model)``
+given to the monitor or made after attaching it, ``model.compile()`` before or after, a compiled submodule, any
+inductor mode on a CPU (tests/test_kit_compiled.py): that is what makes its statistics the eager model's
+(inductor drops BF16 round trips) and avoids recompiling the model. With a backend that changes low bits
+(inductor) a sampled step's numbers are therefore the eager ones, and other compiled code run in that span (a
+compiled loss or optimizer step) runs eagerly too; `paused()` blocks run compiled. CUDA graphs on a GPU (modes
+"reduce-overhead" and "max-autotune") are refused with a `MonitorError` (`cuda_graph_modules`). Its cost is
 confined to sampled steps: the interceptor mode is entered by a forward pre-hook of the model on sampled
 steps only and left by its forward hook, so an unsampled step runs no monitor code but two hook calls; on a
 sampled step the logit statistics stay on the device until `step()`; the norms come from hs × hs Gram
@@ -93,14 +99,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, _to4, eager
+from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, _to4, eager, force_eager
 
 log = logging.getLogger("lpfail.monitor")
 log.addHandler(logging.NullHandler())  # a library: the application decides where records go
 
 __all__ = ["Monitor", "Thresholds", "Alert", "Alarm", "MonitorError", "MonitorWarning", "MonitorCoverageWarning",
            "QKWeights", "find_qk", "describe_qk", "scalars", "spectral_entropy", "attention_logit_stats",
-           "reference_grads", "relative_error", "coherence", "rho", "read_jsonl"]
+           "reference_grads", "relative_error", "coherence", "rho", "read_jsonl", "cuda_graph_modules"]
 
 
 class MonitorError(RuntimeError):
@@ -728,7 +734,7 @@ _RECORD_KEYS = frozenset({"kind", "step", "max_logit", "tied_frac", "rows", "lay
 class Monitor:
     """See the module docstring. Arguments:
 
-    model         any nn.Module (also a compiled one: ``torch.compile(model)`` or ``model.compile()``)
+    model         any nn.Module, also a compiled one (module docstring: compiled code on sampled steps)
     every         sample every `every`-th step (steps counted by `step()`, starting at 0). Default 100: on an
                   H200 (2026-12-01, GPT-2 small, tools/gpu_monitor_overhead.py) a sampled step costs tens of
                   milliseconds (the logit statistics in the forward, the norms, the update's eigenvalues on the
@@ -789,6 +795,7 @@ class Monitor:
         self._layer_of = {id(src.module): i for i, src in enumerate(self.qk) if src.module is not None}
         self._coverage_warned = False
         self._paused = False
+        self._eager = None  # the "force_eager" stance held for a sampled step (`_hold_eager`), or None
 
     # -- attaching --------------------------------------------------------------------------------------
     def attach(self) -> "Monitor":
@@ -799,12 +806,14 @@ class Monitor:
         break each), so dynamo never guards on the monitor's step count. Writes the header record."""
         if self._hooks is not None:
             raise MonitorError("this Monitor is already attached")
+        _refuse_cuda_graphs(self.model)
         self._mode = SDPAInterceptor(self._on_sdpa)
         self._ids = {id(m) for m in self.model.modules()}
         self._depth, self._active = 0, False
         self._hooks = (self.model.register_forward_pre_hook(eager(self._pre_forward)),
                        self.model.register_forward_hook(eager(self._post_forward), always_call=True))
         self._write(self.header())
+        self._hold_eager(self.sampling)
         return self
 
     def detach(self) -> None:
@@ -814,6 +823,25 @@ class Monitor:
             for hk in self._hooks:
                 hk.remove()
             self._hooks, self._mode, self._active, self._depth = None, None, False, 0
+        self._hold_eager(False)
+
+    def _hold_eager(self, on: bool) -> None:
+        """Hold dynamo's "force_eager" stance (on), or give it back (off; the stance before it is restored).
+
+        Held from the `step()` before a sampled step (or `attach()`, for step 0) to the `step()` that ends it, so
+        that every compiled forward of a sampled step runs its Python code eagerly, however the model was
+        compiled: ``torch.compile(model)`` given to the monitor or made after it was attached, ``model.compile()``
+        before or after, a compiled submodule. A compiled region reads the stance when it is entered; the
+        monitor's forward hooks run inside the compiled ``__call__`` of ``model.compile()`` (and of a
+        ``torch.compile`` wrapper made after attaching), too late to change it for that forward, so the stance is
+        set before the forward starts. Not held while `paused`. Without torch._dynamo imported nothing is
+        compiled and nothing is held."""
+        on = on and self._hooks is not None and not self._paused
+        if on and self._eager is None:
+            self._eager = force_eager()
+        elif not on and self._eager is not None:
+            held, self._eager = self._eager, None
+            held.__exit__(None, None, None)
 
     def header(self) -> dict:
         """The record that opens each attachment in the JSONL: format, versions, the model, the settings."""
@@ -848,6 +876,7 @@ class Monitor:
         self._forwards += 1
         self._mode.new_forward()
         if self.sampling:
+            _refuse_cuda_graphs(self.model)  # also a model.compile(mode=...) made after attaching
             self._mode.__enter__()
             self._active = True
 
@@ -859,12 +888,15 @@ class Monitor:
 
     @contextlib.contextmanager
     def paused(self):
-        """Forwards made inside are not seen: neither counted nor examined (a training loop's validation)."""
+        """Forwards made inside are not seen: neither counted nor examined (a training loop's validation), and
+        compiled code inside runs compiled also on a sampled step."""
         prev, self._paused = self._paused, True
+        self._hold_eager(False)
         try:
             yield self
         finally:
             self._paused = prev
+            self._hold_eager(self.sampling)
 
     def __enter__(self) -> "Monitor":
         return self.attach()
@@ -993,6 +1025,7 @@ class Monitor:
         step = self._step
         alarm_step = self.alarm_step
         self._step += 1
+        self._hold_eager(self.sampling)  # the next step's forwards run eagerly if it is sampled
         forwards, self._forwards = self._forwards, 0
         if step % self.every:
             return None
@@ -1172,6 +1205,36 @@ def scalars(record: dict, heads: bool = False) -> dict[str, float]:
         if k not in _RECORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
             out[k] = float(v)
     return out
+
+
+def cuda_graph_modules(model: nn.Module) -> list[str]:
+    """The modules of `model` (by name; "" is the model) compiled to replay CUDA graphs: by ``torch.compile``
+    with mode "reduce-overhead" or "max-autotune" (or ``options={"triton.cudagraphs": True}``), as the wrapper
+    ``torch.compile`` returns or by ``module.compile(...)``. Whatever their device (on a CPU inductor makes no
+    CUDA graph)."""
+    out = []
+    for name, m in model.named_modules():
+        for compiled in (m, getattr(m, "_compiled_call_impl", None)):
+            get = getattr(compiled, "get_compiler_config", None)  # set by torch.compile on what it returns
+            config = get() if callable(get) else None
+            if isinstance(config, dict) and config.get("triton.cudagraphs"):
+                out.append(name)
+                break
+    return out
+
+
+def _refuse_cuda_graphs(model: nn.Module) -> None:
+    """A `MonitorError` for a model whose compiled parts replay CUDA graphs on a CUDA device (see the message)."""
+    names = cuda_graph_modules(model)
+    cuda = [n for n in names if any(p.is_cuda for p in model.get_submodule(n).parameters())]
+    if cuda:
+        where = ", ".join(repr(n) if n else "the model" for n in cuda)
+        raise MonitorError(
+            f"{where} is compiled with CUDA graphs (torch.compile mode 'reduce-overhead' or 'max-autotune'). On a "
+            "sampled step the monitor runs the forward eagerly (dynamo's force_eager stance), between replays of "
+            "the captured graphs; that has not been checked on a GPU, so the monitor refuses rather than risk "
+            "records of the wrong forward. Compile with mode='max-autotune-no-cudagraphs' or the default mode "
+            "(the same kernels, launched without a graph) while monitoring")
 
 
 def _check_qk(qk: list[QKWeights]) -> None:

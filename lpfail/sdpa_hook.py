@@ -32,7 +32,11 @@ Four cases need more than that, each handled here:
   model is compiled once, with its graphs reused after the mode is left. The cost: a forward made under the
   mode runs at eager speed, and with a compiler that changes low bits (inductor) its numbers are the eager
   ones, not the compiled ones. The forward hooks that enter the mode run under ``torch._dynamo.disable``
-  (`eager`), so that they can set the stance also inside ``model.compile()``'s compiled ``__call__``.
+  (`eager`), so that dynamo never traces them. A compiled region reads the stance when it is entered: a hook that
+  runs inside one (``model.compile()``'s compiled ``__call__``, or a ``torch.compile`` wrapper around a model
+  that holds the hook) cannot make the rest of that forward eager, so its owner sets the stance (`force_eager`)
+  before the forward starts (`lpfail.monitor.Monitor` from one step to the next; `lpfail.substitute` for its
+  whole block, which it enters outside any compiled region).
 * **shapes**: SDPA takes (…, L, E) inputs with any number of leading dimensions; `SDPACall.heads_view` gives
   (B, H, L, E) views: 4-D as they are, 3-D (N, L, E) as N sequences of one head, more dimensions with the
   leading ones folded into the batch.
