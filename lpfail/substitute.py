@@ -8,8 +8,13 @@ write (explained in chapter 7, "Diagnose your own model")::
         loss = model(x, y)[1]            # layer 1 (its 2nd SDPA call in each forward), heads 0, 6, 7
         loss.backward()                  # the backward is the reference's (FlashAttention-2's Algorithm 2)
 
-Layers are the positions of the SDPA calls within one forward of `model` (0-based, in call order), which
-for a stack of blocks is the layer index. Heads are 0-based query heads. Everything else — the other calls,
+Layers are the positions of the SDPA calls within the block's first forward of `model` (0-based, in call
+order), which for a stack of blocks is the layer index, and they stay with the modules that made those calls:
+in a later forward a call is substituted when its module's call had a requested position in the first one (its
+k-th call, where a module makes several: the k-th of its positions), so a forward that skips a layer (LayerDrop,
+early exit) substitutes the same modules, and so does ``model.forward(...)`` called directly (the block wraps
+``model.forward`` too, so that every forward starts the numbering). Heads are 0-based query heads. Everything
+else — the other calls,
 the other heads of a substituted call, SDPA calls of any other model run inside the block — runs the model's
 own SDPA untouched: a call is `model`'s when the innermost ``nn.Module`` that made it is one of `model`'s
 modules (or, where no module made it, when it happens during a forward of `model`). The reference
@@ -39,6 +44,7 @@ SDPA call of `model` happened, is an error at the end of the block.
 """
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -129,6 +135,9 @@ def _reference(call: SDPACall, policy: Precision, heads: tuple[int, ...] | None,
     return from_heads_view(out.index_copy(1, idx, part), call.q)
 
 
+_NONE = object()
+
+
 class _Block:
     """The state of one `substitute` block: the interceptor, the hooks on the model, the record."""
 
@@ -138,6 +147,21 @@ class _Block:
         self.mode = SDPAInterceptor(self.handle)
         self.depth, self.forwards, self.bw_depth = 0, 0, 0
         self.recompute_hooks: list = []
+        self.sites: dict[int, list[int]] | None = None  # id(module) → its call positions in the first forward
+
+    def layer(self, call: SDPACall) -> int | None:
+        """The layer of one of the model's calls: by the module that made it — the position its call had in the
+        block's first forward that made any (its k-th call in a forward: the k-th of them) —, else (a module
+        unseen then, or a call no module made) the position of the call in its own forward. A recomputed call
+        (activation checkpointing) takes its module's one position; `call.index` where the module made
+        several."""
+        first = self.sites.get(id(call.module)) if self.sites is not None and call.module is not None else None
+        if first is None:
+            return call.index
+        if call.recomputed:
+            return first[0] if len(first) == 1 else call.index
+        k = len(self.mode.index_of.get(id(call.module), [])) - 1    # this call's rank among its module's calls
+        return first[k] if 0 <= k < len(first) else call.index
 
     def handle(self, call: SDPACall, original):
         ours = id(call.module) in self.ids if call.module is not None else self.depth > 0
@@ -154,7 +178,7 @@ class _Block:
                     "checkpointing")
         else:
             self.rec.calls += 1
-        if self.rec.layers is not None and call.index not in self.rec.layers:
+        if self.rec.layers is not None and self.layer(call) not in self.rec.layers:
             return original()
         if call.recomputed:
             self.rec.recomputed += 1
@@ -162,7 +186,7 @@ class _Block:
             self.rec.substituted += 1
         return _reference(call, self.policy, self.rec.heads, original)
 
-    # the top module's hooks: a forward of the model starts (numbering from 0) and ends
+    # the top module's hooks and its forward (`delimited`): a forward of the model starts (numbering from 0), ends
     def pre(self, *_):
         self.depth += 1
         if self.depth > 1:
@@ -175,8 +199,22 @@ class _Block:
 
     def post(self, *_):
         self.depth = max(self.depth - 1, 0)
+        if self.depth == 0 and self.sites is None and self.mode.index_of:
+            self.sites = {m: list(ix) for m, ix in self.mode.index_of.items()}
         if self.depth == 0 and not self.recompute_hooks:
             self._add_recompute_hooks()
+
+    def delimited(self, forward):
+        """`forward` (the model's bound forward) between `pre` and `post`: a forward is delimited also when
+        ``model.forward(...)`` is called directly, which runs no hook of the model."""
+        @functools.wraps(forward)
+        def run(*args, **kwargs):
+            self.pre()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self.post()
+        return run
 
     # between forwards: a submodule called by the autograd engine is a checkpoint's recomputation
     def _add_recompute_hooks(self):
@@ -233,12 +271,18 @@ def substitute(model: nn.Module, policy: Precision, layers=None, heads=None):
     block = _Block(model, policy, Substitution(policy, _ids(layers, "layers"), _ids(heads, "heads")))
     hooks = (model.register_forward_pre_hook(eager(block.pre)),
              model.register_forward_hook(eager(block.post), always_call=True))
+    own_forward = model.__dict__.get("forward", _NONE)  # an instance attribute (torch.compile's wrapper has one)
+    model.forward = block.delimited(model.forward)
     ok = False
     try:
         with block.mode:
             yield block.rec
         ok = True
     finally:
+        if own_forward is _NONE:
+            del model.forward
+        else:
+            model.forward = own_forward
         for h in hooks:
             h.remove()
         block._remove_recompute_hooks()
