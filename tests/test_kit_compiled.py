@@ -121,9 +121,15 @@ def test_records_are_eager_and_sampled_steps_run_no_compiled_graph(how, eager_gp
         assert all(r[k] == c[k] for k in STATS), (r["step"], {k: (r[k], c[k]) for k in STATS if r[k] != c[k]})
 
 
+@pytest.fixture(scope="module")
+def eager_hf():
+    return _watch(_hf_gpt2, "eager", backend=None)[0]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["model.compile() before attaching", "torch.compile(model) after attaching"])
-def test_a_hugging_face_model_compiled(how):
-    eager, _ = _watch(_hf_gpt2, "eager", backend=None)
+def test_a_hugging_face_model_compiled(how, eager_hf):
+    eager = eager_hf
     _reset_dynamo()
     records, ran = _watch(_hf_gpt2, how)
     assert ran[1] > 0 and ran[0] == ran[2] == 0, ran
