@@ -13,13 +13,13 @@ order), which for a stack of blocks is the layer index, and they stay with the m
 in a later forward a call is substituted when its module's call had a requested position in the first one (its
 k-th call, where a module makes several: the k-th of its positions), so a forward that skips a layer (LayerDrop,
 early exit) substitutes the same modules, and so does ``model.forward(...)`` called directly (the block wraps
-``model.forward`` too, so that every forward starts the numbering). Heads are 0-based query heads. Everything
-else — the other calls,
-the other heads of a substituted call, SDPA calls of any other model run inside the block — runs the model's
-own SDPA untouched: a call is `model`'s when the innermost ``nn.Module`` that made it is one of `model`'s
-modules (or, where no module made it, when it happens during a forward of `model`). The reference
-(`lpfail.attention.attention`) is called as lpfail's GPT calls it for a "reference" layer (autocast off,
-``check_finite=False``), so on lpfail's GPT the substitution is bit for bit the model's own
+``model.forward`` too, so that every forward starts the numbering). Heads are 0-based query heads.
+
+Everything else — the other calls, the other heads of a substituted call, SDPA calls of any other model run
+inside the block — runs the model's own SDPA untouched: a call is `model`'s when the innermost ``nn.Module``
+that made it is one of `model`'s modules (or, where no module made it, when it happens during a forward of
+`model`). The reference (`lpfail.attention.attention`) is called as lpfail's GPT calls it for a "reference"
+layer (autocast off, ``check_finite=False``), so on lpfail's GPT the substitution is bit for bit the model's own
 ``set_attention("reference", policy, layers, heads)`` (tested). Its output is returned in q's dtype.
 
 Also covered (`lpfail.sdpa_hook` says how): attention inside ``nn.MultiheadAttention`` (so
