@@ -10,17 +10,22 @@ drives the very same tile loop on synthetic rows through `forward_from_scores`.
 
 Public surface::
 
-    attention(q, k, v, policy=FA2_BF16, causal=True, scale=None, check_finite=True, sr_key=None) -> o
-                                                                          (backward: Algorithm 2)
-    naive_attention(q, k, v, causal=True, scale=None, check_finite=True) -> o  float64 truth, autograd
-    flash_forward(q, k, v, policy, causal=True, scale=None, sr_key=None) -> ForwardResult
-    flash_backward(q, k, v, o, lse, do, policy, causal=True, scale=None) -> (dq, dk, dv)
+    attention(q, k, v, policy=FA2_BF16, causal=True, scale=None, check_finite=True, sr_key=None,
+              attn_mask=None) -> o                                        (backward: Algorithm 2)
+    naive_attention(q, k, v, causal=True, scale=None, check_finite=True, attn_mask=None) -> o  float64 truth
+    flash_forward(q, k, v, policy, causal=True, scale=None, sr_key=None, attn_mask=None) -> ForwardResult
+    flash_backward(q, k, v, o, lse, do, policy, causal=True, scale=None, attn_mask=None) -> (dq, dk, dv)
     forward_from_scores(s, v, policy, mask=None, sr_key=None) -> ForwardResult   rows of given scores
     ForwardResult(o, o_unnorm, m, l, lse, fix_pos, fix_neg)
 
 Shapes: q (B, H, Tq, D), k and v (B, H, Tk, D). Causal masking is bottom-right aligned as in
 FlashAttention-2 (query i sees keys j ≤ i + Tk − Tq), so causal needs Tq ≤ Tk (else a ValueError: the first
 Tq − Tk queries would see no key at all). Any lengths: the last tile of each axis may be partial.
+
+Masks: ``attn_mask`` is SDPA's, broadcastable to (B, H, Tq, Tk): bool (True = allowed), or float, added to the
+scores (−∞ entries masked). With ``causal`` as well, both apply. A row that the mask leaves without any allowed
+key (a padding query) gives O = 0, L = +∞ and zero gradients, as SDPA does. Without a mask not one operation
+of the paths below changes.
 
 Conventions
 -----------
@@ -45,7 +50,9 @@ Conventions
 Forward, per key tile j (Algorithm 1, with Algorithm 3 when ``policy.fix`` is set), for all query rows::
 
     QKᵀ  = matmul(Q, K_jᵀ)                          operands `matmul`, result rounded to `qk_out`
-    S    = QKᵀ · α                                  computed in op, rounded to `scores`; masked → −∞
+    S    = QKᵀ · α                                  computed in op, rounded to `scores`
+    S    = S + M                                     a float attn_mask M: in op, rounded to `scores`
+                                                     masked entries (causal, bool mask, M = −∞) → −∞
     r_m  = rowmax(S)                                 exact (in `scores`)
     fix: t = r_m − ε (op, rounded to `scores`);  r_s = #{unmasked S ≥ t}
          m' = β·r_m (op, rounded to `scores`) if r_s > 1 and r_m > 0;  0 if r_s > 1 and r_m < 0;  else r_m
@@ -99,7 +106,7 @@ Backward (Algorithm 2), per key tile j, for all query rows at once::
                                                      δ = Σ_j rowsum(dP_j ∘ P_j), a first pass over the tiles.
                                                      "dO.O_res": δ = rowsum(dO ∘ (O + R)) in FP32, R the
                                                      forward's stored residual O_hp − O rounded to `out`.
-    S    as in the forward (same `qk_out`, `scores`)
+    S    as in the forward (same `qk_out`, `scores`, the same S + M)
     P    = exp(S − L)    difference in op rounded to `exp`, exp in `exp`  (sub="fma": one fused rounding)
     dV_j += matmul(P rounded to `pbar`, dO)ᵀ         per query tile: rounded to `grad_acc`, then added
     dP   = matmul(dO, V_jᵀ)                          dO in `matmul`, V in `v`; rounded to `dp`
@@ -164,6 +171,7 @@ maximum maps to a small nonzero residual instead of exactly 0. We emulate the FM
 float64 (the FP32×FP32 product is exact there) and rounding once to `exp_in`. The float64 subtraction can
 itself round when the exponents of QKᵀ·α and m are far apart, so in rare cases this double rounding differs
 from a hardware FMA by one FP32 ulp. With FP64 operands the step is simply computed unfused in float64.
+A float attn_mask M joins the fused step: QKᵀ·α + M − m is formed in float64 and rounded once.
 """
 from __future__ import annotations
 
@@ -333,15 +341,19 @@ def _no_autocast(t: torch.Tensor):
 
 
 class _Masking:
-    """Which (query, key) pairs are allowed, tile by tile, and where a key tile's first live row is.
+    """Which (query, key) pairs are allowed, tile by tile, where a key tile's first live row is, and what an
+    additive mask adds to the scores.
 
     `causal_offset` = Tk − Tq for bottom-right causal masking (query i sees keys j ≤ i + offset), or None.
-    `mask` is a user mask (…, Tq, Tk), True = allowed, broadcastable; used only by `forward_from_scores`."""
+    `mask` is a bool mask (…, Tq, Tk), True = allowed, broadcastable; with a causal offset both apply.
+    `bias` is an additive mask (…, Tq, Tk) added to the scores (an ``attn_mask`` of floats), or None.
+    `user_mask`: an ``attn_mask`` was given to `attention` (rows it leaves without a key get O = 0)."""
 
     def __init__(self, tq: int, tk: int, causal_offset: int | None, mask: torch.Tensor | None,
-                 device: torch.device, skip_rows: bool):
+                 device: torch.device, skip_rows: bool, bias: torch.Tensor | None = None, user_mask: bool = False):
         self.tq, self.tk, self.offset, self.mask, self.device = tq, tk, causal_offset, mask, device
-        self.skip_rows = skip_rows
+        self.skip_rows, self.bias = skip_rows, bias
+        self.user_mask = user_mask
 
     def first_row(self, k0: int) -> int:
         """First query row that sees any key of the tile starting at k0 (rows above it are fully masked)."""
@@ -351,13 +363,56 @@ class _Masking:
 
     def allowed(self, r0: int, k0: int, k1: int) -> torch.Tensor | None:
         """Bool (…, Tq − r0, k1 − k0) for rows r0: and keys k0:k1, or None when everything is allowed."""
-        if self.mask is not None:
-            return self.mask[..., r0:, k0:k1]
-        if self.offset is None or k1 - 1 <= r0 + self.offset:
-            return None
-        rows = torch.arange(r0, self.tq, device=self.device)[:, None]  # (Tq − r0, 1)
-        cols = torch.arange(k0, k1, device=self.device)[None, :]       # (1, bk)
-        return cols <= rows + self.offset
+        causal = None
+        if self.offset is not None and k1 - 1 > r0 + self.offset:
+            rows = torch.arange(r0, self.tq, device=self.device)[:, None]  # (Tq − r0, 1)
+            cols = torch.arange(k0, k1, device=self.device)[None, :]       # (1, bk)
+            causal = cols <= rows + self.offset
+        if self.mask is None:
+            return causal
+        m = self.mask[..., r0:, k0:k1]
+        return m if causal is None else m & causal
+
+    def added(self, s: torch.Tensor, r0: int, k0: int, k1: int, scores_f: Format) -> torch.Tensor:
+        """The scores s (…, R, bk) in `scores` plus the additive mask's entries for rows r0: and keys k0:k1."""
+        if self.bias is None:
+            return s
+        b = self.bias[..., r0:, k0:k1]
+        op = _op(scores_f.dtype, b.dtype)
+        return _cast(s.to(op) + b.to(op), scores_f)                 # cast: S + M to `scores`
+
+    def fused_bias(self, r0: int, k0: int, k1: int) -> torch.Tensor | None:
+        """The additive mask's entries for rows r0: and keys k0:k1 (for the fused step, sub="fma"), or None."""
+        return None if self.bias is None else self.bias[..., r0:, k0:k1]
+
+
+def _mask_parts(attn_mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor, check_finite: bool = True):
+    """(allowed, bias) from an SDPA-style ``attn_mask``, both broadcast to (B, H, Tq, Tk) (views, no copy):
+    a bool mask allows its True entries (bias None); a float mask is added to the scores and allows the
+    entries that are not −∞. (None, None) without a mask. Raises for a mask of another type or shape, one
+    that requires grad (the reference gives the mask no gradient), or (`check_finite`) one holding NaN or +∞."""
+    if attn_mask is None:
+        return None, None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be None or a torch.Tensor (got {type(attn_mask).__name__})")
+    shape = (*q.shape[:2], q.shape[-2], k.shape[-2])
+    try:
+        m = torch.broadcast_to(attn_mask, shape)
+    except RuntimeError:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (batch, heads, "
+                         f"seq_q, seq_k) = {shape}") from None
+    if m.device != q.device:
+        raise ValueError(f"attn_mask is on {m.device}, q on {q.device}")
+    if m.dtype == torch.bool:
+        return m, None
+    if m.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"attn_mask must be bool (True = allowed) or floating point (added to the scores); got "
+                         f"{m.dtype}")
+    if attn_mask.requires_grad:
+        raise ValueError("attn_mask requires grad, but the reference attention gives the mask no gradient")
+    if check_finite and bool((torch.isnan(m) | torch.isposinf(m)).any()):
+        raise NonFiniteInputError("attn_mask contains NaN or +inf (masked entries are -inf)")
+    return ~torch.isneginf(m), m
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -410,7 +465,7 @@ def _tiled_forward(scores_of: ScoreSource, v: torch.Tensor, policy: Precision, m
         r0 = masking.first_row(k0)
         if r0 < masking.tq:
             _forward_tile(st, scores_of, v, policy, masking, alpha, r0, k0, k1, key, j)
-    return _normalise(st, policy, key)
+    return _normalise(st, policy, key, masked=masking.user_mask)
 
 
 class _RunningState(NamedTuple):
@@ -440,6 +495,7 @@ def _forward_tile(st: _RunningState, scores_of: ScoreSource, v: torch.Tensor, po
     fix), P̄, ℓ_j, P̄V, and the online rescaling of the running state."""
     mask_value = -policy.format("scores").max if policy.masked_ties else -math.inf
     s, raw = scores_of(r0, k0, k1)                      # (…, R, bk) in `scores`; raw QKᵀ for fma
+    s = masking.added(s, r0, k0, k1, policy.format("scores"))  # an additive mask: S + M (else s itself)
     allowed = masking.allowed(r0, k0, k1)               # (…, R, bk) bool, or None
     if allowed is not None:
         s = s.masked_fill(~allowed, mask_value)
@@ -457,7 +513,8 @@ def _forward_tile(st: _RunningState, scores_of: ScoreSource, v: torch.Tensor, po
     m_new = torch.maximum(m_old, m_blk)                            # (…, R, 1) in `acc`
     # a row fully masked so far keeps m = −∞; subtract 0 there so that exp(−∞ − 0) = 0, not NaN
     m_sub = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-    p = _tile_probabilities(s, raw, allowed, m_sub, policy, alpha)  # (…, R, bk) in `exp`
+    p = _tile_probabilities(s, raw, allowed, m_sub, policy, alpha,
+                            masking.fused_bias(r0, k0, k1))  # (…, R, bk) in `exp`
     pbar = policy.format("pbar")
     p_mm = _cast(p, pbar)                                          # cast: P̄ to `pbar`
     l_blk = _block_row_sum(p, p_mm, policy)                        # (…, R, 1) in `exp`
@@ -489,14 +546,21 @@ def _block_maximum(s: torch.Tensor, allowed: torch.Tensor | None, policy: Precis
     return _cast(m_blk, m_f), pos, neg                             # cast: m' to `m_acc` (default `acc`)
 
 
-def _tile_probabilities(s, raw, allowed, m_sub, policy: Precision, alpha: float) -> torch.Tensor:
-    """P̄ = exp(S − m) of one tile, in `exp`: S − m rounded to `exp_in` (sub), or the fused QKᵀ·α − m (fma)."""
+def _tile_probabilities(s, raw, allowed, m_sub, policy: Precision, alpha: float, bias=None) -> torch.Tensor:
+    """P̄ = exp(S − m) of one tile, in `exp`: S − m rounded to `exp_in` (sub), or the fused QKᵀ·α − m (fma;
+    with an additive mask M, QKᵀ·α + M − m formed in float64 and rounded once)."""
     if policy.sub == "sub":
         return exp_scores(s, m_sub, policy)                        # (…, R, bk) in `exp`
-    x = _cast(raw.double() * _fma_alpha(alpha, policy) - m_sub.double(), policy.format("exp_in"))  # cast: fused
+    x = _cast(_fused_scores(raw, alpha, policy, bias) - m_sub.double(), policy.format("exp_in"))  # cast: fused
     if allowed is not None:
         x = x.masked_fill(~allowed, -math.inf)
     return torch.exp(_cast(x, policy.format("exp")))               # cast: exp runs in `exp`; (…, R, bk)
+
+
+def _fused_scores(raw: torch.Tensor, alpha: float, policy: Precision, bias: torch.Tensor | None) -> torch.Tensor:
+    """QKᵀ·α (+ M, an additive mask) in float64, unrounded: the part of the fused step before "− m"."""
+    x = raw.double() * _fma_alpha(alpha, policy)
+    return x if bias is None else x + bias.double()
 
 
 def _block_row_sum(p: torch.Tensor, p_mm: torch.Tensor, policy: Precision) -> torch.Tensor:
@@ -542,8 +606,10 @@ def _rescale_and_add(st: _RunningState, policy: Precision, r0: int, m_old, m_sub
     st.m[..., r0:, :] = m_new
 
 
-def _normalise(st: _RunningState, policy: Precision, key: RoundingKey | None = None) -> ForwardResult:
-    """After the last key tile: O = Ō / ℓ rounded to `out`, and L = log ℓ + m."""
+def _normalise(st: _RunningState, policy: Precision, key: RoundingKey | None = None,
+               masked: bool = False) -> ForwardResult:
+    """After the last key tile: O = Ō / ℓ rounded to `out`, and L = log ℓ + m. `masked` (an attention mask was
+    given): rows with no allowed key get O = 0 and L = +∞, as SDPA and FlashAttention-2 give them."""
     o, l, m = st.o, st.l, st.m
     exp_f, out_f, o_acc = policy.format("exp"), policy.format("out"), policy.format("o_acc")
     l_div_last, l_store = policy.format("l_div_last"), policy.format("l_store")
@@ -558,6 +624,10 @@ def _normalise(st: _RunningState, policy: Precision, key: RoundingKey | None = N
     o_out = _round(o.to(op) / l_div, out_f, policy, _at(key, _SITE_OUT))  # cast: O = Ō / ℓ to `out`
     l_st, m_st = _cast(l, l_store), _cast(m, l_store)              # cast: stored ℓ, m (`l_store`)
     lse = torch.log(_cast(l_st, exp_f)) + _cast(m_st, exp_f)       # cast: L = log ℓ + m in `exp`
+    if masked:  # rows with no allowed key (m = −∞): O = 0 and L = +∞, so that the backward's P is 0 there
+        dead = torch.isneginf(m)                                   # (…, Tq, 1): no finite score seen
+        o_out = o_out.masked_fill(dead, 0.0)
+        lse = lse.masked_fill(dead, math.inf)
     return ForwardResult(o_out, o, m, l, lse, st.fix_pos, st.fix_neg)
 
 
@@ -628,22 +698,25 @@ def _fma_alpha(alpha: float, policy: Precision) -> float:
 # ---------------------------------------------------------------------------------------------------
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
                   causal: bool = True, scale: float | None = None,
-                  sr_key: RoundingKey | None = None) -> ForwardResult:
+                  sr_key: RoundingKey | None = None, attn_mask: torch.Tensor | None = None) -> ForwardResult:
     """FlashAttention-2's Algorithm 1 (and the paper's Algorithm 3 when `policy.fix` is set), no autograd.
 
     q (B, H, Tq, D), k and v (B, H, Tk, D). Returns the `ForwardResult` (o, o_unnorm, m, l, lse, counters).
-    sr_key: where an "sr" policy's stochastic roundings draw their bits (see `attention`)."""
+    sr_key: where an "sr" policy's stochastic roundings draw their bits (see `attention`); attn_mask as in
+    `attention` (rows it leaves without a key have lse = +∞)."""
     _check_qkv(q, k, v, policy, causal)
-    return _forward(q, k, v, policy, causal, scale, sr_key)
+    _mask_parts(attn_mask, q, k)
+    return _forward(q, k, v, policy, causal, scale, sr_key, attn_mask)
 
 
 def _forward(q, k, v, policy: Precision, causal: bool, scale: float | None,
-             sr_key: RoundingKey | None = None) -> ForwardResult:
+             sr_key: RoundingKey | None = None, attn_mask: torch.Tensor | None = None) -> ForwardResult:
     alpha = _scale(scale, q.shape[-1])
     key = _sr_key(policy, sr_key)
     with _no_autocast(q), torch.no_grad():
-        masking = _Masking(q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2] if causal else None, None,
-                           q.device, skip_rows=not policy.masked_ties)
+        allowed, bias = _mask_parts(attn_mask, q, k, check_finite=False)
+        masking = _Masking(q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2] if causal else None, allowed,
+                           q.device, skip_rows=not policy.masked_ties, bias=bias, user_mask=attn_mask is not None)
         v_mm = _cast(v, policy.format("v"))                        # cast: V to `v` (default `matmul`)
         return _tiled_forward(_qk_scores(q, k, policy, alpha), v_mm, policy, masking, alpha, key)
 
@@ -717,26 +790,29 @@ def output_residual(res: ForwardResult, policy: Precision) -> torch.Tensor:
 
 def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                    do: torch.Tensor, policy: Precision = FA2_BF16, causal: bool = True,
-                   scale: float | None = None, o_residual: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   scale: float | None = None, o_residual: torch.Tensor | None = None,
+                   attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's Algorithm 2 under the policy: (dq, dk, dv) in the inputs' dtype.
 
     o (B, H, Tq, D) and lse (B, H, Tq, 1) are what `flash_forward` returned (o in `out`, lse in `exp`);
     do (B, H, Tq, D) is the gradient of o. With ``policy.delta == "dO.O_res"``, o_residual is
-    `output_residual` of the forward (required)."""
+    `output_residual` of the forward (required). attn_mask: the forward's (see `attention`)."""
     _check_qkv(q, k, v, policy, causal)
-    return _backward(q, k, v, o, lse, do, policy, causal, scale, o_residual)
+    _mask_parts(attn_mask, q, k)
+    return _backward(q, k, v, o, lse, do, policy, causal, scale, o_residual, attn_mask)
 
 
-def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float | None, o_res=None):
+def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float | None, o_res=None,
+              attn_mask=None):
     alpha = _scale(scale, q.shape[-1])
     with _no_autocast(q), torch.no_grad():
-        return _backward_tiles(q, k, v, o, lse, do, policy, causal, alpha, o_res)
+        return _backward_tiles(q, k, v, o, lse, do, policy, causal, alpha, o_res, attn_mask)
 
 
-def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha: float, o_res=None):
+def _backward_tiles(q, k, v, o, lse, do, policy: Precision, causal: bool, alpha: float, o_res=None,
+                    attn_mask=None):
     """Algorithm 2 over the key tiles: δ first (`_delta`), then one pass for dQ, dK, dV (`_gradient_pass`)."""
-    tiles = _BackwardTiles(q, k, v, lse, do, policy, causal, alpha)
+    tiles = _BackwardTiles(q, k, v, lse, do, policy, causal, alpha, attn_mask)
     delta = _delta(tiles, o, do, o_res)
     dq, dk, dv = _gradient_pass(tiles, delta)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)         # cast: gradients to the inputs' dtype
@@ -746,12 +822,13 @@ class _BackwardTiles:
     """What every pass of the backward reads: the operands cast to `matmul`, the masking, the scores and
     P = exp(S − L) of a tile."""
 
-    def __init__(self, q, k, v, lse, do, policy: Precision, causal: bool, alpha: float):
+    def __init__(self, q, k, v, lse, do, policy: Precision, causal: bool, alpha: float, attn_mask=None):
         mm = policy.format("matmul")
         self.policy, self.alpha, self.lse, self.shape_q, self.device = policy, alpha, lse, q.shape, q.device
         self.tq, self.tk = q.shape[-2], k.shape[-2]
-        self.masking = _Masking(self.tq, self.tk, self.tk - self.tq if causal else None, None, q.device,
-                                skip_rows=True)
+        allowed, bias = _mask_parts(attn_mask, q, k, check_finite=False)
+        self.masking = _Masking(self.tq, self.tk, self.tk - self.tq if causal else None, allowed, q.device,
+                                skip_rows=True, bias=bias)
         self.scores_of = _qk_scores(q, k, policy, alpha)
         self.v_mm = _cast(v, policy.format("v"))                   # cast: V to `v` (default `matmul`); (B, H, Tk, D)
         self.q_mm = _cast(q, mm)                                   # cast: Q to `matmul`; (B, H, Tq, D)
@@ -770,6 +847,7 @@ class _BackwardTiles:
         """P = exp(S − L) for rows r0: and keys k0:k1, in `exp`; masked entries 0.  (B, H, R, bk)"""
         policy, exp_f = self.policy, self.policy.format("exp")
         s, raw = self.scores_of(r0, k0, k1)
+        s = self.masking.added(s, r0, k0, k1, policy.format("scores"))  # an additive mask: S + M as in the forward
         allowed = self.masking.allowed(r0, k0, k1)
         L = self.lse[..., r0:, :]
         if policy.sub == "sub":
@@ -778,7 +856,8 @@ class _BackwardTiles:
             op = _op(policy.format("scores").dtype, exp_f.dtype)
             x = _cast(s.to(op) - L.to(op), exp_f)                  # cast: S − L to `exp`
         else:
-            x = _cast(raw.double() * _fma_alpha(self.alpha, policy) - L.double(), exp_f)  # cast: fused QKᵀ·α − L
+            x = _cast(_fused_scores(raw, self.alpha, policy, self.masking.fused_bias(r0, k0, k1)) - L.double(),
+                      exp_f)                                       # cast: fused QKᵀ·α (+ M) − L to `exp`
             if allowed is not None:
                 x = x.masked_fill(~allowed, -math.inf)
         return torch.exp(x)                                        # exp in `exp`
@@ -874,26 +953,27 @@ class _FlashAttentionFn(torch.autograd.Function):
     """Forward: `flash_forward`. Backward: `flash_backward` (FlashAttention-2's Algorithm 2), not autograd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, policy, causal, scale, sr_key=None):
-        res = _forward(q, k, v, policy, causal, scale, sr_key)
+    def forward(ctx, q, k, v, policy, causal, scale, sr_key=None, attn_mask=None):
+        res = _forward(q, k, v, policy, causal, scale, sr_key, attn_mask)
         if policy.delta == "dO.O_res":  # output-residual compensation stores one more `out` tensor
             with _no_autocast(q), torch.no_grad():
                 ctx.save_for_backward(q, k, v, res.o, res.lse, output_residual(res, policy))
         else:
             ctx.save_for_backward(q, k, v, res.o, res.lse)
-        ctx.policy, ctx.causal, ctx.scale = policy, causal, scale
+        ctx.policy, ctx.causal, ctx.scale, ctx.attn_mask = policy, causal, scale, attn_mask
         return res.o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, *o_res = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.policy, ctx.causal, ctx.scale, *o_res)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.policy, ctx.causal, ctx.scale, *(o_res or [None]),
+                               attn_mask=ctx.attn_mask)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = FA2_BF16,
               causal: bool = True, scale: float | None = None, check_finite: bool = True,
-              sr_key: RoundingKey | None = None) -> torch.Tensor:
+              sr_key: RoundingKey | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(α·QKᵀ)·V computed as FlashAttention-2 under `policy`; differentiable (Algorithm 2 backward).
 
     q (B, H, Tq, D), k and v (B, H, Tk, D), one float dtype; α = scale or D^-1/2. Causal masking is
@@ -904,23 +984,39 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precisi
 
     sr_key: under ``policy.rounding = "sr"``, the `lpfail.sr_stream.RoundingKey` the output path's stochastic
     roundings draw their bits from (the model passes one per layer and micro-batch, from its `SRStream`); None
-    draws a key's seed from torch's default CPU generator. Ignored under "rne"."""
+    draws a key's seed from torch's default CPU generator. Ignored under "rne".
+
+    attn_mask: as SDPA's, broadcastable to (B, H, Tq, Tk): bool (True = the query may attend to the key), or
+    float, added to the scores S in op and rounded to `scores` (S + M, before the row maximum; entries −∞ are
+    masked). Applied together with `causal` when both are given. A row left with no allowed key gives O = 0 and
+    zero gradients (as SDPA). The mask gets no gradient (one that requires grad is refused)."""
     _check_qkv(q, k, v, policy, causal, check_finite)
-    return _FlashAttentionFn.apply(q, k, v, policy, causal, scale, sr_key)
+    _mask_parts(attn_mask, q, k, check_finite)
+    return _FlashAttentionFn.apply(q, k, v, policy, causal, scale, sr_key, attn_mask)
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                    scale: float | None = None, check_finite: bool = True) -> torch.Tensor:
+                    scale: float | None = None, check_finite: bool = True,
+                    attn_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The truth: softmax(α·QKᵀ)·V in float64 (inputs upcast), no tiling, differentiable by autograd.
 
-    Same shapes, causal convention (bottom-right, Tq ≤ Tk) and `check_finite` as `attention`; returns float64."""
+    Same shapes, causal convention (bottom-right, Tq ≤ Tk), `check_finite` and `attn_mask` (a float mask added
+    in float64; rows with no allowed key give 0) as `attention`; returns float64."""
     _check_qkv(q, k, v, FP64, causal, check_finite)
+    allowed, bias = _mask_parts(attn_mask, q, k, check_finite)
     alpha = _scale(scale, q.shape[-1])
     q64, k64, v64 = q.double(), k.double(), v.double()             # cast: everything to float64
     s = (q64 @ k64.transpose(-1, -2)) * alpha                      # (B, H, Tq, Tk)
+    if bias is not None:
+        s = s + bias.double()                                      # cast: the additive mask to float64
     if causal:
         tq, tk = q.shape[-2], k.shape[-2]
         rows = torch.arange(tq, device=q.device)[:, None]
         cols = torch.arange(tk, device=q.device)[None, :]
         s = s.masked_fill(cols > rows + (tk - tq), -math.inf)
-    return torch.softmax(s, dim=-1) @ v64                          # (B, H, Tq, D)
+    if allowed is None:
+        return torch.softmax(s, dim=-1) @ v64                      # (B, H, Tq, D)
+    s = s.masked_fill(~allowed, -math.inf)
+    live = torch.isfinite(s.amax(dim=-1, keepdim=True))            # (B, H, Tq, 1): rows with an allowed key
+    p = torch.softmax(s.masked_fill(~live, 0.0), dim=-1).masked_fill(~live, 0.0)  # no NaN, also in the backward
+    return p @ v64                                                 # (B, H, Tq, D)

@@ -16,6 +16,9 @@ Nothing in the model's code changes. Two sources are used, each where it can be 
   its q and k the monitor computes, per call (= layer, numbered in call order within a forward) and per head,
   the largest attention logit S = α·qkᵀ (FP32, over the allowed entries) and the fraction of query rows whose
   maximum is attained by ≥ 2 keys once S is rounded to BF16 (`score_dtype`): the tied maxima of chapter 1. The
+  allowed entries are those of is_causal and of an ``attn_mask`` (bool; or float, whose entries −∞ and its dtype's
+  most negative value mask a key, its other values not added to S: `SDPACall.allowed`); rows with no allowed key
+  are not counted. The
   first `sample_batch` sequences of the batch are examined, to bound the cost. Calls made by modules that are
   not the model's, and a checkpoint's recomputation in the backward, are not counted.
 * **Q/K projections**: modules that expose them, by name or by shape (`find_qk` lists the patterns:
@@ -32,8 +35,11 @@ Nothing in the model's code changes. Two sources are used, each where it can be 
 
 Where weights are found but no attention call is seen (e.g. ``nn.MultiheadAttention`` called with its default
 ``need_weights=True``, which does not use SDPA) the first such step warns (`MonitorCoverageWarning`) and says
-why; on a sampled step where neither source yields anything it raises `MonitorError`, naming what it looked
-for, instead of monitoring nothing.
+why. Where projections are not found, the monitor warns once (`MonitorCoverageWarning`): when it is built, for
+modules that hold projection-like children it could not read (a fused ``qkv``/``c_attn`` without a head count,
+`unmatched_projections`) or whose class name says attention; else at the first sampled step that sees attention
+calls but has no projections at all. On a sampled step where neither source yields anything it raises
+`MonitorError`, naming what it looked for, instead of monitoring nothing.
 
 **The precision alarm** (``alarm=Alarm()``; what separates a precision failure from a learning rate that is
 too high, which the logit alert cannot: chapter 7). On a sampled step (every `Alarm.every`), for each SDPA call
@@ -53,9 +59,15 @@ a draft (notes/beyond.md), not part of the library until it is pre-registered an
 
 The monitor never changes the model's numbers: it reads detached tensors under ``torch.no_grad()`` with
 autocast off, draws no random numbers and passes every SDPA call through unchanged (tests/test_monitor.py
-checks bit-identical losses, also under autocast). One exception: in a model compiled with a backend that
-changes low bits (inductor), a sampled step's forward runs eagerly (`lpfail.sdpa_hook`: that is what makes
-its statistics right and avoids recompiling the model), so its numbers are the eager ones. Its cost is
+checks bit-identical losses, also under autocast). One exception: compiled code. From the `step()` before a
+sampled step to the `step()` that ends it, dynamo's stance is "force_eager" (`Monitor._hold_eager`), so every
+compiled forward of a sampled step runs eagerly, however the model was compiled — ``torch.compile(model)``
+given to the monitor or made after attaching it, ``model.compile()`` before or after, a compiled submodule, any
+inductor mode on a CPU (tests/test_kit_compiled.py): that is what makes its statistics the eager model's
+(inductor drops BF16 round trips) and avoids recompiling the model. With a backend that changes low bits
+(inductor) a sampled step's numbers are therefore the eager ones, and other compiled code run in that span (a
+compiled loss or optimizer step) runs eagerly too; `paused()` blocks run compiled. CUDA graphs on a GPU (modes
+"reduce-overhead" and "max-autotune") are refused with a `MonitorError` (`cuda_graph_modules`). Its cost is
 confined to sampled steps: the interceptor mode is entered by a forward pre-hook of the model on sampled
 steps only and left by its forward hook, so an unsampled step runs no monitor code but two hook calls; on a
 sampled step the logit statistics stay on the device until `step()`; the norms come from hs × hs Gram
@@ -65,9 +77,10 @@ step costs a number of device operations that does not grow with the depth, beyo
 in the forward, and one copy to the host (tools/monitor_op_count.py counts them; GPT-2 small: ≈ 350 ops and 1
 copy, against ≈ 2 400 and 36 before 2026-12-01 12:00, whose sampled steps cost ≈ 70-90 ms on an H200).
 
-Thresholds (`Thresholds`) turn statistics into alerts: a warning (`MonitorWarning`, through ``warnings``),
-a ``logging`` record on the "lpfail.monitor" logger and the optional ``callback(alert)``, once when a
-statistic of a (layer, head) crosses its threshold (and again only after it went back). Every record and
+Thresholds (`Thresholds`) turn statistics into alerts, once when a statistic of a (layer, head) crosses its
+threshold (and again only after it went back). Each alert is one message: a ``logging`` record on the
+"lpfail.monitor" logger where the application has configured logging (a handler that receives it), else a
+warning (`MonitorWarning`, through ``warnings``); and the optional ``callback(alert)``. Every record and
 alert is one line of strict JSON in `path` (non-finite numbers as the strings "NaN", "Infinity",
 "-Infinity", which `read_jsonl` reads back as floats), after a header record per attachment (`header`:
 format, versions, the model, the settings). `scalars()` gives the latest record as a flat {name: float}
@@ -90,14 +103,15 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, _to4, eager
+from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, _to4, eager, force_eager
 
 log = logging.getLogger("lpfail.monitor")
 log.addHandler(logging.NullHandler())  # a library: the application decides where records go
 
 __all__ = ["Monitor", "Thresholds", "Alert", "Alarm", "MonitorError", "MonitorWarning", "MonitorCoverageWarning",
-           "QKWeights", "find_qk", "describe_qk", "scalars", "spectral_entropy", "attention_logit_stats",
-           "reference_grads", "relative_error", "coherence", "rho", "read_jsonl"]
+           "QKWeights", "find_qk", "describe_qk", "unmatched_projections", "scalars", "spectral_entropy",
+           "attention_logit_stats", "reference_grads", "relative_error", "coherence", "rho", "read_jsonl",
+           "cuda_graph_modules"]
 
 
 class MonitorError(RuntimeError):
@@ -105,26 +119,42 @@ class MonitorError(RuntimeError):
 
 
 class MonitorWarning(UserWarning):
-    """A monitored statistic crossed its threshold."""
+    """A monitored statistic crossed its threshold (issued where logging is not configured: `Thresholds`)."""
 
 
 class MonitorCoverageWarning(UserWarning):
-    """The monitor sees less of the model than it should (weights found, attention calls not seen)."""
+    """The monitor sees less of the model than it should: Q/K projections not found, or found without attention
+    calls seen."""
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When to alert. None switches a statistic's alert off. Defaults, fixed before any evaluation:
+    """When to alert. None switches a statistic's alert off. The defaults:
 
-    max_logit       30: BF16 spaces numbers in [16, 32) 0.125 apart and in [32, 64) 0.25 apart, so above
-                    ≈ 30 neighbouring logits start to round to the same value (chapter 1's tied maxima)
-    tied_frac       0.01: one query row in a hundred with a tied BF16 maximum in some head
+    max_logit       30, fixed before any evaluation: BF16 spaces numbers in [16, 32) 0.125 apart and in [32, 64)
+                    0.25 apart, so above ≈ 30 neighbouring logits start to round to the same value (chapter 1's
+                    tied maxima). It marks that regime, not a failure: on the stored confirmation runs at the
+                    learning rates where FP32 attention is healthy (results/confirmation: the C runs of three
+                    sizes and the D runs of the smallest, 100 runs, a record every 100 steps; the largest logit
+                    over each layer's heads) it is crossed in 83, in none at step 0
+    tied_frac       0.25, calibrated so that a freshly initialised model does not alert. Random logits tie
+                    after rounding to BF16 in a few rows in a hundred whatever their scale (simulated: 0.7 % of
+                    rows of 16 keys, 2 % of 256, 3.5 % of 4096, growing like log n). Measured per head at
+                    initialisation, the largest fraction was 0.0625 (one row of 16) over lpfail's GPT in five
+                    shapes (T = 16 to 256), Hugging Face's GPT-2 small and a Llama (T = 1024), 2 to 20 seeds each
+                    (tests/test_kit_defaults.py repeats it on small models). 0.25 is four times that: with 6 % of
+                    rows tied at random a head of T rows crosses it with probability 2e-3 for T = 16, 2e-7 for
+                    T = 64 (binomial). Training raises the fraction: on the same stored healthy runs a layer's
+                    mean over its heads exceeded 0.01 at step 0 in all 100, 0.1 later in 20, 0.25 in none (the
+                    per-head values the alert reads were not stored, so its per-head rate there is not known).
+                    A model whose keys carry no position (no position embedding, no RoPE) gives repeated tokens
+                    equal keys, whose exact ties count too: it can cross 0.25 at initialisation
     wq, wqk         off: their scale depends on the model (use the values of a healthy run)
     update_entropy  off: alert when the spectral entropy of ΔW_Q^h falls *below* this value
     """
 
     max_logit: float | None = 30.0
-    tied_frac: float | None = 0.01
+    tied_frac: float | None = 0.25
     wq: float | None = None
     wqk: float | None = None
     update_entropy: float | None = None
@@ -490,12 +520,29 @@ def unrecognised_attention(model: nn.Module, found: list[QKWeights]) -> list[str
     return out
 
 
+def unmatched_projections(model: nn.Module, found: list[QKWeights]) -> list[str]:
+    """Modules that hold what looks like Q/K projections — a child named as a fused q | k | v (``c_attn``,
+    ``qkv``, …), or an ``in_proj_weight`` — that `find_qk` did not match (it needs the head count, from
+    ``n_head``/``num_heads``/… or ``n_head=``), and that neither sit inside nor around a layer it found."""
+    names = [f.name for f in found]
+    out = []
+    for name, m in model.named_modules():
+        if any(n == name or n.startswith(name + ".") or name.startswith(n + ".") for n in names):
+            continue
+        held = [a for a in _FUSED if isinstance(getattr(m, a, None), nn.Module) and _weight(getattr(m, a))]
+        if isinstance(getattr(m, "in_proj_weight", None), torch.Tensor):
+            held.append("in_proj_weight")
+        if held:
+            out.append(f"{name or '(the model)'} ({type(m).__name__}: {held[0]}, but no head count)")
+    return out
+
+
 def describe_qk(model: nn.Module, found: list[QKWeights]) -> str:
     """What `find_qk` found, one line per layer, and the attention-like modules it did not recognise."""
     lines = [f"{src.name}: {src.how}" for src in found] or ["no Q/K projections found"]
-    missed = unrecognised_attention(model, found)
+    missed = unmatched_projections(model, found) + unrecognised_attention(model, found)
     if missed:
-        lines.append("not recognised (pass qk= to cover them): " + ", ".join(missed))
+        lines.append("not recognised (pass n_head= or qk= to cover them): " + ", ".join(missed))
     return "\n".join(lines)
 
 
@@ -658,7 +705,7 @@ def _refusal(call: SDPACall) -> str | None:
     if not (call.q.requires_grad or call.k.requires_grad):
         return "no gradient reaches q or k (torch.no_grad, or a reentrant checkpoint's forward)"
     if call.attn_mask is not None:
-        return "an attn_mask (the reference takes is_causal or no mask)"
+        return "an attn_mask (the alarm recomputes calls without one: is_causal or no mask)"
     if call.dropout_p:
         return f"dropout_p={call.dropout_p} (the reference has no dropout)"
     if call.is_causal and call.q.shape[-2] != call.k.shape[-2]:
@@ -725,7 +772,7 @@ _RECORD_KEYS = frozenset({"kind", "step", "max_logit", "tied_frac", "rows", "lay
 class Monitor:
     """See the module docstring. Arguments:
 
-    model         any nn.Module (also a compiled one: ``torch.compile(model)`` or ``model.compile()``)
+    model         any nn.Module, also a compiled one (module docstring: compiled code on sampled steps)
     every         sample every `every`-th step (steps counted by `step()`, starting at 0). Default 100: on an
                   H200 (2026-12-01, GPT-2 small, tools/gpu_monitor_overhead.py) a sampled step costs tens of
                   milliseconds (the logit statistics in the forward, the norms, the update's eigenvalues on the
@@ -769,6 +816,12 @@ class Monitor:
         _check_qk(self.qk)
         self.found = describe_qk(model, self.qk)  # what was found, for the header and for the user
         log.info("lpfail.monitor found:\n%s", self.found)
+        self._qk_warned = False  # whether missing Q/K projections were warned about (once)
+        missed = unmatched_projections(model, self.qk) + unrecognised_attention(model, self.qk) if qk is None else []
+        if missed:
+            self._warn_qk("Q/K projections were not found for " + ", ".join(missed) + ": the records hold no "
+                          "‖W_Q‖, ‖W_Q W_Kᵀ‖ or update entropy for them. Pass n_head= (a fused q | k | v "
+                          "without a head-count attribute) or qk=", stacklevel=3)
         self.alarm = alarm
         self.records: list[dict] = []
         self.alerts: list[Alert] = []
@@ -786,6 +839,7 @@ class Monitor:
         self._layer_of = {id(src.module): i for i, src in enumerate(self.qk) if src.module is not None}
         self._coverage_warned = False
         self._paused = False
+        self._eager = None  # the "force_eager" stance held for a sampled step (`_hold_eager`), or None
 
     # -- attaching --------------------------------------------------------------------------------------
     def attach(self) -> "Monitor":
@@ -796,12 +850,14 @@ class Monitor:
         break each), so dynamo never guards on the monitor's step count. Writes the header record."""
         if self._hooks is not None:
             raise MonitorError("this Monitor is already attached")
+        _refuse_cuda_graphs(self.model)
         self._mode = SDPAInterceptor(self._on_sdpa)
         self._ids = {id(m) for m in self.model.modules()}
         self._depth, self._active = 0, False
         self._hooks = (self.model.register_forward_pre_hook(eager(self._pre_forward)),
                        self.model.register_forward_hook(eager(self._post_forward), always_call=True))
         self._write(self.header())
+        self._hold_eager(self.sampling)
         return self
 
     def detach(self) -> None:
@@ -811,6 +867,25 @@ class Monitor:
             for hk in self._hooks:
                 hk.remove()
             self._hooks, self._mode, self._active, self._depth = None, None, False, 0
+        self._hold_eager(False)
+
+    def _hold_eager(self, on: bool) -> None:
+        """Hold dynamo's "force_eager" stance (on), or give it back (off; the stance before it is restored).
+
+        Held from the `step()` before a sampled step (or `attach()`, for step 0) to the `step()` that ends it, so
+        that every compiled forward of a sampled step runs its Python code eagerly, however the model was
+        compiled: ``torch.compile(model)`` given to the monitor or made after it was attached, ``model.compile()``
+        before or after, a compiled submodule. A compiled region reads the stance when it is entered; the
+        monitor's forward hooks run inside the compiled ``__call__`` of ``model.compile()`` (and of a
+        ``torch.compile`` wrapper made after attaching), too late to change it for that forward, so the stance is
+        set before the forward starts. Not held while `paused`. Without torch._dynamo imported nothing is
+        compiled and nothing is held."""
+        on = on and self._hooks is not None and not self._paused
+        if on and self._eager is None:
+            self._eager = force_eager()
+        elif not on and self._eager is not None:
+            held, self._eager = self._eager, None
+            held.__exit__(None, None, None)
 
     def header(self) -> dict:
         """The record that opens each attachment in the JSONL: format, versions, the model, the settings."""
@@ -845,6 +920,7 @@ class Monitor:
         self._forwards += 1
         self._mode.new_forward()
         if self.sampling:
+            _refuse_cuda_graphs(self.model)  # also a model.compile(mode=...) made after attaching
             self._mode.__enter__()
             self._active = True
 
@@ -856,12 +932,15 @@ class Monitor:
 
     @contextlib.contextmanager
     def paused(self):
-        """Forwards made inside are not seen: neither counted nor examined (a training loop's validation)."""
+        """Forwards made inside are not seen: neither counted nor examined (a training loop's validation), and
+        compiled code inside runs compiled also on a sampled step."""
         prev, self._paused = self._paused, True
+        self._hold_eager(False)
         try:
             yield self
         finally:
             self._paused = prev
+            self._hold_eager(self.sampling)
 
     def __enter__(self) -> "Monitor":
         return self.attach()
@@ -990,6 +1069,7 @@ class Monitor:
         step = self._step
         alarm_step = self.alarm_step
         self._step += 1
+        self._hold_eager(self.sampling)  # the next step's forwards run eagerly if it is sampled
         forwards, self._forwards = self._forwards, 0
         if step % self.every:
             return None
@@ -1110,9 +1190,20 @@ class Monitor:
                 "q_proj/k_proj, query/key, c_attn/qkv + n_head, a fused q | k | v by its shape, or in_proj_weight "
                 "+ num_heads). Run the forward between attach() and step(), or pass qk= a function returning the "
                 "projections" + ("" if "max_logit" in rec else f" ({self.found})"))
+        if "max_logit" in rec and not self.qk:
+            self._warn_qk(f"step {step}: {len(rec['max_logit'])} attention calls were seen but no Q/K projections "
+                          f"were found ({self.found.splitlines()[-1]}): the records hold no ‖W_Q‖, ‖W_Q W_Kᵀ‖ or "
+                          "update entropy. Pass n_head= (a fused q | k | v without a head-count attribute) or qk=",
+                          stacklevel=4)
         if "max_logit" in rec and self.qk and len(rec["max_logit"]) != len(self.qk):
             rec["warning"] = (f"{len(rec['max_logit'])} attention calls per step but {len(self.qk)} Q/K "
                               "projections: the call index and the projection index may not be the same layer")
+
+    def _warn_qk(self, message: str, stacklevel: int) -> None:
+        """A `MonitorCoverageWarning` about Q/K projections that were not found, once per monitor."""
+        if not self._qk_warned:
+            self._qk_warned = True
+            warnings.warn(message, MonitorCoverageWarning, stacklevel=stacklevel)
 
     def scalars(self, record: dict | None = None, heads: bool = False) -> dict[str, float]:
         """The latest record (or `record`) as a flat {name: float} dict for TensorBoard's ``add_scalars`` or
@@ -1131,8 +1222,10 @@ class Monitor:
             self.alerts.append(alert)
             self._write({"kind": "alert", **asdict(alert)})
             msg = alert.message()
-            warnings.warn(msg, MonitorWarning, stacklevel=3)
-            log.warning(msg)
+            if _logging_configured(log):
+                log.warning(msg)
+            else:
+                warnings.warn(msg, MonitorWarning, stacklevel=3)
             if self.callback is not None:
                 self.callback(alert)
         else:
@@ -1143,6 +1236,21 @@ class Monitor:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(_strict(obj), allow_nan=False) + "\n")
+
+
+def _logging_configured(logger: logging.Logger) -> bool:
+    """Whether a WARNING record of `logger` reaches a handler other than a NullHandler (one the application added:
+    ``logging.basicConfig``, a handler on "lpfail" or "lpfail.monitor", a test's log capture)."""
+    if not logger.isEnabledFor(logging.WARNING):
+        return False
+    node = logger
+    while node is not None:
+        if any(not isinstance(h, logging.NullHandler) and h.level <= logging.WARNING for h in node.handlers):
+            return True
+        if not node.propagate:
+            return False
+        node = node.parent
+    return False
 
 
 _FLAT = ("max_logit", "tied_frac", "wq", "wqk", "update_entropy", "alarm_dq_rel", "alarm_dk_rel",
@@ -1169,6 +1277,36 @@ def scalars(record: dict, heads: bool = False) -> dict[str, float]:
         if k not in _RECORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
             out[k] = float(v)
     return out
+
+
+def cuda_graph_modules(model: nn.Module) -> list[str]:
+    """The modules of `model` (by name; "" is the model) compiled to replay CUDA graphs: by ``torch.compile``
+    with mode "reduce-overhead" or "max-autotune" (or ``options={"triton.cudagraphs": True}``), as the wrapper
+    ``torch.compile`` returns or by ``module.compile(...)``. Whatever their device (on a CPU inductor makes no
+    CUDA graph)."""
+    out = []
+    for name, m in model.named_modules():
+        for compiled in (m, getattr(m, "_compiled_call_impl", None)):
+            get = getattr(compiled, "get_compiler_config", None)  # set by torch.compile on what it returns
+            config = get() if callable(get) else None
+            if isinstance(config, dict) and config.get("triton.cudagraphs"):
+                out.append(name)
+                break
+    return out
+
+
+def _refuse_cuda_graphs(model: nn.Module) -> None:
+    """A `MonitorError` for a model whose compiled parts replay CUDA graphs on a CUDA device (see the message)."""
+    names = cuda_graph_modules(model)
+    cuda = [n for n in names if any(p.is_cuda for p in model.get_submodule(n).parameters())]
+    if cuda:
+        where = ", ".join(repr(n) if n else "the model" for n in cuda)
+        raise MonitorError(
+            f"{where} is compiled with CUDA graphs (torch.compile mode 'reduce-overhead' or 'max-autotune'). On a "
+            "sampled step the monitor runs the forward eagerly (dynamo's force_eager stance), between replays of "
+            "the captured graphs; that has not been checked on a GPU, so the monitor refuses rather than risk "
+            "records of the wrong forward. Compile with mode='max-autotune-no-cudagraphs' or the default mode "
+            "(the same kernels, launched without a graph) while monitoring")
 
 
 def _check_qk(qk: list[QKWeights]) -> None:

@@ -32,7 +32,11 @@ Four cases need more than that, each handled here:
   model is compiled once, with its graphs reused after the mode is left. The cost: a forward made under the
   mode runs at eager speed, and with a compiler that changes low bits (inductor) its numbers are the eager
   ones, not the compiled ones. The forward hooks that enter the mode run under ``torch._dynamo.disable``
-  (`eager`), so that they can set the stance also inside ``model.compile()``'s compiled ``__call__``.
+  (`eager`), so that dynamo never traces them. A compiled region reads the stance when it is entered: a hook that
+  runs inside one (``model.compile()``'s compiled ``__call__``, or a ``torch.compile`` wrapper around a model
+  that holds the hook) cannot make the rest of that forward eager, so its owner sets the stance (`force_eager`)
+  before the forward starts (`lpfail.monitor.Monitor` from one step to the next; `lpfail.substitute` for its
+  whole block, which it enters outside any compiled region).
 * **shapes**: SDPA takes (…, L, E) inputs with any number of leading dimensions; `SDPACall.heads_view` gives
   (B, H, L, E) views: 4-D as they are, 3-D (N, L, E) as N sequences of one head, more dimensions with the
   leading ones folded into the batch.
@@ -115,15 +119,27 @@ class SDPACall:
 
     def allowed(self) -> torch.Tensor | None:
         """Bool (…, Tq, Tk), True where a query may attend to a key (None: everywhere). SDPA's is_causal is
-        top-left aligned (query i sees keys j ≤ i); a float attn_mask allows the entries that are not −∞."""
+        top-left aligned (query i sees keys j ≤ i); a float attn_mask allows the entries that are neither −∞ nor
+        its dtype's most negative finite value (how libraries that avoid −∞ mask a key: the key's weight
+        exp(min − max) is 0)."""
         tq, tk = self.q.shape[-2], self.k.shape[-2]
         out = None
         if self.is_causal:
             out = torch.ones(tq, tk, dtype=torch.bool, device=self.q.device).tril()
         if self.attn_mask is not None:
-            m = self.attn_mask if self.attn_mask.dtype == torch.bool else ~torch.isneginf(self.attn_mask)
+            m = self.attn_mask
+            if m.dtype != torch.bool:
+                m = ~(torch.isneginf(m) | (m <= torch.finfo(m.dtype).min))
             out = m if out is None else out & m
         return out
+
+    def mask_view(self) -> torch.Tensor | None:
+        """The attn_mask as it applies to `heads_view`'s (B, H, Tq, Tk) scores (a broadcast view where it can
+        be), its dtype kept: bool (True = allowed) or float (added to the scores); None without a mask."""
+        if self.attn_mask is None:
+            return None
+        full = torch.broadcast_to(self.attn_mask, (*self.q.shape[:-2], self.q.shape[-2], self.k.shape[-2]))
+        return _to4(full)
 
     def heads_view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(q, k, v, allowed) as (B, H, T, D) tensors (k, v with the query's head count) and a bool mask
@@ -209,7 +225,7 @@ class SDPAInterceptor(TorchFunctionMode):
         self.index_of = {}
 
     def __enter__(self):
-        self._stances.append(_force_eager())
+        self._stances.append(force_eager())
         try:
             out = super().__enter__()
         except BaseException:
@@ -275,9 +291,11 @@ def presented(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: Callable[
     return _dispatch(stack[-1], (q, k, v), {"is_causal": is_causal}, calling_module(2), original=impl)
 
 
-def _force_eager():
-    """Set dynamo's stance to "force_eager" and return the object that restores the previous one; None where
-    torch._dynamo was never imported (then nothing is compiled, and importing it would take seconds)."""
+def force_eager():
+    """Set dynamo's stance to "force_eager" (every compiled function and module runs its Python code eagerly
+    until the stance is restored) and return the object whose ``__exit__(None, None, None)`` restores the
+    previous one; None where torch._dynamo was never imported (then nothing is compiled, and importing it
+    would take seconds) or torch has no ``torch.compiler.set_stance`` (before 2.6)."""
     if "torch._dynamo" not in sys.modules or not hasattr(torch.compiler, "set_stance"):  # set_stance: torch ≥ 2.6
         return None
     return torch.compiler.set_stance("force_eager")

@@ -109,12 +109,11 @@ def test_errors():
         with substitute(model, FP32, layers=[0, 0]):
             pass
 
-    class Masked(torch.nn.Module):
+    class Dropout(torch.nn.Module):  # masks are substituted (tests/test_kit_masks.py); dropout is refused
         def forward(self, q):
-            mask = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool)
-            return torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
 
-    masked = Masked()
-    with pytest.raises(SubstitutionError, match="attn_mask"):
-        with substitute(masked, FP32):
-            masked(torch.randn(1, 1, 4, 8))
+    dropout = Dropout()
+    with pytest.raises(SubstitutionError, match="dropout_p=0.1"):
+        with substitute(dropout, FP32):
+            dropout(torch.randn(1, 1, 4, 8))

@@ -40,8 +40,13 @@ def tiny_gpt(seed: int = 0, n_layer: int = 2, n_head: int = 4, n_embd: int = 64,
     return GPT(GPTConfig(block_size=block, vocab_size=256, n_layer=n_layer, n_head=n_head, n_embd=n_embd))
 
 
+#: The thresholds the stored demonstration runs with (chapter 7 quotes its alerts): `Thresholds()`'s logit
+#: threshold and a tied fraction of 0.01 (`Thresholds()` has 0.25).
+DEMO_THRESHOLDS = Thresholds(max_logit=30.0, tied_frac=0.01)
+
+
 def train_run(lr: float, steps: int = 300, monitored: bool = True, every: int = 10, window: int = 50,
-              seed: int = 0, batch: int = 16, block: int = 64, thresholds: Thresholds = Thresholds(),
+              seed: int = 0, batch: int = 16, block: int = 64, thresholds: Thresholds = DEMO_THRESHOLDS,
               **shape) -> dict:
     """AdamW (β₂ = 0.95, no weight decay, constant lr after 20 warm-up steps) on the bytes of the Python
     docs corpus, FP32 model with SDPA attention. Returns {"losses", "records", "alerts", "model"}; with
