@@ -31,6 +31,17 @@ are accepted there (rounding cast points to BF16 still work: they are conversion
 """
 from __future__ import annotations
 
+if __name__ != "lpfail.kernels":
+    # This folder imported under another name: a checkout's root on sys.path makes it importable as a top-level
+    # `kernels`, which probes look for (transformers' check for Hugging Face's package of that name imports it).
+    # The import then returns lpfail.kernels itself (one copy of the kernels and of their registered ops; no
+    # __version__, so such a probe finds no usable `kernels`); the rest of this file runs once more in a namespace
+    # that is then dropped, registering nothing (the ops exist by then). The repository's code imports lpfail.kernels.
+    import importlib as _importlib
+    import sys as _sys
+
+    _sys.modules[__name__] = _importlib.import_module("lpfail.kernels")
+
 import dataclasses
 import functools
 import math
@@ -45,8 +56,8 @@ try:
     import triton
     import triton.language as tl
 
-    from kernels import bwd as _bwd
-    from kernels import fwd as _fwd
+    from . import bwd as _bwd
+    from . import fwd as _fwd
     _IMPORT_ERROR: Exception | None = None
 except ImportError as e:  # pragma: no cover - triton is in requirements.txt
     _IMPORT_ERROR = e
@@ -136,7 +147,7 @@ class Tuning:
                    forward at N ≤ 2k by 12–18 %).
     * ``space``    the autotune space: ``"v1"`` (6 forward, 3 + 3 backward configs, as measured until 2026-12-01)
                    or ``"sm90"`` (v1 plus deeper pipelines, 256-row forward tiles at head dim ≤ 64 and configs
-                   capped at 128 registers per thread; `kernels.fwd.FWD_SPACES`, `kernels.bwd.DKDV_SPACES`).
+                   capped at 128 registers per thread; `fwd.FWD_SPACES`, `bwd.DKDV_SPACES` of this package).
                    The backward's FP32 sums follow its tiles: gradients change in their last bits with the pick.
     * ``order``    the causal grid order: ``"head"`` (the longest query blocks first within each (batch, head))
                    or ``"lpt"`` (longest first over all heads, in the forward and both backward kernels).
@@ -220,7 +231,7 @@ _DEFAULT_TEXT = str(DEFAULT_TUNING)
 
 def _check_tuning(tuning, kp: "KernelPolicy") -> None:
     if not isinstance(tuning, Tuning):
-        raise TypeError(f"tuning must be a kernels.Tuning (got {type(tuning).__name__})")
+        raise TypeError(f"tuning must be a lpfail.kernels.Tuning (got {type(tuning).__name__})")
     if tuning.bwd == "atomic" and kp.grad_acc != tl.float32:
         raise ValueError("kernels: Tuning(bwd='atomic') adds dQ with FP32 atomics, so it needs Precision.grad_acc="
                          "'fp32'; a 16-bit grad_acc rounds dQ once per policy key block, which only the split "
@@ -333,11 +344,11 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
 
 def _check_inputs(q, k, v):
     if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"kernels.flash_attention needs Triton, which failed to import ({_IMPORT_ERROR}); "
+        raise RuntimeError(f"lpfail.flash_attention needs Triton, which failed to import ({_IMPORT_ERROR}); "
                            "use lpfail.attention (the pure-PyTorch reference) instead")
     if q.device.type != "cuda" and not interpreted():
         raise RuntimeError(
-            f"kernels.flash_attention needs a CUDA GPU (got tensors on {q.device}). It is Triton code with no "
+            f"lpfail.flash_attention needs a CUDA GPU (got tensors on {q.device}). It is Triton code with no "
             "CPU path; use lpfail.attention(q, k, v, policy) (the pure-PyTorch reference) on this machine, or set "
             "TRITON_INTERPRET=1 before importing `kernels` to run Triton's (slow, FP32-only) CPU interpreter")
     if not (q.dim() == k.dim() == v.dim() == 4):
@@ -357,7 +368,7 @@ def _check_inputs(q, k, v):
 
 def _raw_units(kp: KernelPolicy, scale: float) -> bool:
     """Sub mode with α a power of two (head dims 16 and 64 at the default α): the forward keeps scores in
-    units of α, one multiply fewer per score, with bit-identical results (see `kernels.fwd._attn_fwd`)."""
+    units of α, one multiply fewer per score, with bit-identical results (see `lpfail.kernels.fwd._attn_fwd`)."""
     return not kp.sub_fma and math.frexp(scale)[0] == 0.5
 
 
@@ -451,7 +462,7 @@ def _direct_entry(jit, compiled, args, kwargs, key):
 
 
 _ENV_DATA = getattr(os.environ, "_data", None)   # CPython's os.environ store: a lookup without KeyError handling
-_TUNE_KEY = b"LPFAIL_KERNELS_AUTOTUNE"            # kernels.fwd.TUNE_ENV, encoded as os.environ stores it on POSIX
+_TUNE_KEY = b"LPFAIL_KERNELS_AUTOTUNE"            # fwd.TUNE_ENV, encoded as os.environ stores it on POSIX
 
 
 def _tune_env():
@@ -663,7 +674,7 @@ def policy_for(dtype: torch.dtype, fix=None) -> Precision:
     elif dtype == torch.float32:
         base = FA2_BF16.replace(matmul="fp32", pbar="fp32", out="fp32", ds="fp32")
     else:
-        raise ValueError(f"kernels.flash_attention takes bfloat16, float16 or float32 tensors (got {dtype})")
+        raise ValueError(f"lpfail.flash_attention takes bfloat16, float16 or float32 tensors (got {dtype})")
     if fix is None or fix == "none":
         return base
     if isinstance(fix, (DynamicMax, BoundedMax)):
@@ -777,13 +788,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     ValueError for a mask, dropout, a head count, dtype, head dim, shape or policy the kernels cannot honour.
     """
     if attn_mask is not None:
-        raise ValueError(f"kernels.flash_attention takes no attn_mask (got a {type(attn_mask).__name__}"
+        raise ValueError(f"lpfail.flash_attention takes no attn_mask (got a {type(attn_mask).__name__}"
                          f"{' of ' + str(attn_mask.dtype) if isinstance(attn_mask, torch.Tensor) else ''}); "
                          f"{_SUPPORTED}. For another mask use torch.nn.functional.scaled_dot_product_attention")
     if dropout_p != 0.0:
-        raise ValueError(f"kernels.flash_attention has no dropout (got dropout_p={dropout_p!r}); {_SUPPORTED}")
+        raise ValueError(f"lpfail.flash_attention has no dropout (got dropout_p={dropout_p!r}); {_SUPPORTED}")
     if isinstance(policy, torch.Tensor):
-        raise TypeError("the 4th positional argument of kernels.flash_attention is a Precision policy, not SDPA's "
+        raise TypeError("the 4th positional argument of lpfail.flash_attention is a Precision policy, not SDPA's "
                         f"attn_mask; pass SDPA's arguments by keyword ({_SUPPORTED})")
     sdpa_style = policy is None
     if sdpa_style:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.fwd import (INTERPRET, LOG2E, _bench, _bh_offset, _config, _imin, _load_rows, _load_tile, _round,
+from .fwd import (INTERPRET, LOG2E, _bench, _bh_offset, _config, _imin, _load_rows, _load_tile, _round,
                          _rows_source, _space_configs, _tune)
 
 #: Every reduction tile of the backward (BLOCK_M of the dK/dV kernel, BLOCK_N of the dQ kernel, in every
@@ -42,8 +42,8 @@ GRAD_TILE = 64
 # -- device helpers --------------------------------------------------------------------------------------
 @triton.jit
 def _exp(x, FTZ: tl.constexpr):
-    """exp(x) in FP32. FTZ (`kernels.Tuning.ftz_exp`): exp2(x·log2 e) through ex2.approx.ftz, one MUFU.EX2 and the
-    multiply, as the forward's exp; else `tl.exp`, whose ex2.approx without .ftz adds a range test and two
+    """exp(x) in FP32. FTZ (`lpfail.kernels.Tuning.ftz_exp`): exp2(x·log2 e) through ex2.approx.ftz, one MUFU.EX2
+    and the multiply, as the forward's exp; else `tl.exp`, whose ex2.approx without .ftz adds a range test and two
     predicated multiplies per score (to return subnormal results). The two differ only where exp(x) < 2^−126,
     which FTZ returns as 0 (such a P adds less than 2^−126 of dO or dS to a gradient)."""
     if FTZ:
@@ -151,7 +151,8 @@ def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, 
     return dq, dq_part, aux
 
 
-#: Autotune spaces of the two backward kernels (`kernels.Tuning.space`), (BLOCK_M, BLOCK_N, warps, stages, maxnreg):
+#: Autotune spaces of the two backward kernels (`lpfail.kernels.Tuning.space`),
+#: (BLOCK_M, BLOCK_N, warps, stages, maxnreg):
 #: "v1" is the space of 2026-11-29 (first entry: what LPFAIL_KERNELS_AUTOTUNE=0 runs); "sm90" adds deeper
 #: pipelines and 8-warp tiles. Every reduction tile (dK/dV's BLOCK_M, dQ's BLOCK_N) divides GRAD_TILE.
 DQ_SPACES = {"v1": ((128, 64, 8, 2, None), (128, 32, 4, 3, None), (64, 64, 4, 3, None)),
@@ -289,7 +290,7 @@ def _dq_program(Q, K, V, DO, LSE, DELTA, DQ,
 
 
 #: code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py);
-#: one autotuner per autotune space around the same JIT function (`kernels.Tuning.space`)
+#: one autotuner per autotune space around the same JIT function (`lpfail.kernels.Tuning.space`)
 DQ_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "ORDER", "FTZ"]
 DQ_TUNERS = {space: triton.autotune(configs=_q_side_configs(space), key=DQ_KEY, do_bench=_bench,
                                     prune_configs_by={"early_config_prune": _fp32_prune(_DQ_SMALL)})(_bwd_dq_kernel)
@@ -451,7 +452,7 @@ _bwd_dkdv = DKDV_TUNERS[("v1", False)]
 _bwd_dkdv_atomic = DKDV_TUNERS[("v1", True)]
 
 
-# -- the fused backward (`kernels.Tuning(bwd="fused")`): dK/dV of key block j, then dQ of query block j ---------------
+# -- the fused backward (`lpfail.kernels.Tuning(bwd="fused")`): dK/dV of key block j, then dQ of query block j ------
 @triton.jit
 def _bwd_fused_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
                       stride_qz, stride_qh, stride_qm, stride_qd,

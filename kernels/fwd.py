@@ -286,7 +286,7 @@ def _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES: tl.
     """The maximum that this key block contributes: r_m, or Algorithm 3's m' when FIX (1), or the robust fix's
     (FIX = 2, `lpfail.precision.BoundedMax`). In natural units, except in RAW mode (units of α).
 
-    The tie test has two exact forms (same m' bit for bit; `kernels.Tuning.tie`): TIE = 0 reads the row's two
+    The tie test has two exact forms (same m' bit for bit; `lpfail.kernels.Tuning.tie`): TIE = 0 reads the row's two
     largest scores from one (max, second max) reduction (three min/max per score, and a second running value
     per score in registers); TIE = 1 counts the scores at or above the threshold after a plain max reduction
     (`_tie_count`). In FMA mode the two largest raw products are scaled after the reduction: x ↦ fl(x·α) is
@@ -518,7 +518,7 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, off
 
 
 # -- the forward kernel --------------------------------------------------------------------------------------
-#: Autotune spaces (`kernels.Tuning.space`): (BLOCK_M, warps, stages, maxnreg). "v1" is the space of 2026-11-30
+#: Autotune spaces (`lpfail.kernels.Tuning.space`): (BLOCK_M, warps, stages, maxnreg). "v1" is the space of 2026-11-30
 #: (its first entry is what LPFAIL_KERNELS_AUTOTUNE=0, the GPU tests, runs; picks on the H200 then: 128/8/3
 #: without the fix, 64/4/3 with it (the tie test's registers), 128/8/4 once). "sm90" adds deeper pipelines,
 #: 256-row tiles at head dim ≤ 64 (half the K/V traffic per query), and 8-warp configs capped at 128 registers
@@ -606,7 +606,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     per score. Rounding commutes with a power-of-two scaling, so every value is the one the natural-unit path
     computes, bit for bit (EPS arrives divided by α).
 
-    Scheduling knobs (`kernels.Tuning`; none changes a bit of O or L): TMA reads Q, K, V and writes O through
+    Scheduling knobs (`lpfail.kernels.Tuning`; none changes a bit of O or L): TMA reads Q, K, V and writes O through
     tensor descriptors (Hopper's tensor memory accelerator) instead of pointer tiles; ORDER 0 puts the query blocks
     on grid axis 0 (longest first within each (batch, head)), ORDER 1 on axis 1 behind every (batch, head) (longest
     first over the whole grid); TIE picks the fix's tie test (`_block_max`); the autotune space: `FWD_TUNERS`."""
@@ -689,7 +689,7 @@ def _write_out(O, LSE, acc, l_i, m_i, off_hz, start_m, offs_m, offs_d, N_CTX, st
 #: tensors' dtypes only, so a variant left out would reuse another variant's tuned (and pruned) config.
 FWD_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N", "MATMUL", "PV_DT", "ACC", "PV_OUT", "SUB_FMA", "FIX",
            "CLAMP", "RAW", "TMA", "ORDER", "TIE", "POW2", "L_PBAR"]
-#: One autotuner per autotune space (`kernels.Tuning.space`) around the same JIT function, so that the configs
+#: One autotuner per autotune space (`lpfail.kernels.Tuning.space`) around the same JIT function, so that the configs
 #: the spaces share compile once.
 FWD_TUNERS = {space: triton.autotune(configs=_fwd_configs(space), key=FWD_KEY, do_bench=_bench,
                                      prune_configs_by={"early_config_prune": _fwd_prune})(_attn_fwd_kernel)

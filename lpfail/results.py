@@ -41,7 +41,7 @@ from lpfail import numerics
 
 #: Packages whose modules register experiments. `registry()` walks them on first use and imports every module
 #: whose source registers one (``experiment(`` as a decorator): a new experiment module needs no entry here.
-EXPERIMENT_PACKAGES = ("lpfail.experiments", "kernels")
+EXPERIMENT_PACKAGES = ("lpfail.experiments", "lpfail.kernels")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import kernels
-from kernels import ALL_LEVERS, Tuning, bwd, fwd
+from lpfail import kernels
+from lpfail.kernels import ALL_LEVERS, Tuning, bwd, fwd
 from lpfail.precision import FA2_BF16, PAPER_BF16
 
 POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
