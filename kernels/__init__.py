@@ -24,10 +24,12 @@ of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_T
 
 ``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
 reference only), and no knob may name a K-bit format of the precision dial ("bf16m1" … "bf16m6") or give V a
-format of its own (``v``): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
-Triton's CPU interpreter, which is slow and whose BF16 arithmetic is broken, so only ``matmul="fp32"`` policies
-are accepted there (rounding cast points to BF16 still work: they are conversions). Without either,
-``flash_attention`` raises ``RuntimeError``; the reference is ``lpfail.attention``.
+format of its own (``v``): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with
+``TRITON_INTERPRET=1`` set before this package is imported they run in Triton's CPU interpreter, which is slow and
+whose BF16 arithmetic is broken, so only ``matmul="fp32"`` policies are accepted there (rounding cast points to
+BF16 still work: they are conversions). Without either, ``flash_attention`` raises ``RuntimeError`` naming the
+call of the pure-PyTorch reference, ``lpfail.attention.attention(q, k, v, policy, causal=..., scale=...)``, that
+computes the same (for the SDPA style, with ``policy_for(q.dtype, fix)`` as the policy and ``causal=is_causal``).
 """
 from __future__ import annotations
 
@@ -259,43 +261,43 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         if value in DIAL:
             raise ValueError(f"kernels: Precision.{knob}={value!r} is a K-bit format of the precision dial (bf16's "
                              f"exponent with {DIAL[value]} fraction bits), which the Triton kernels do not round "
-                             "to; run it with the reference, lpfail.attention(q, k, v, policy)")
+                             f"to; run it with the reference, {_REFERENCE}")
     if getattr(policy, "v", None) is not None:
         raise ValueError(f"kernels: Precision.v={policy.v!r} (V rounded to a format of its own where it enters "
                          "attention) is not implemented in the Triton kernels; run it with the reference, "
-                         "lpfail.attention(q, k, v, policy)")
+                         f"{_REFERENCE}")
     for knob in _DTYPE_KNOBS:
         value = getattr(policy, knob)
         if value not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"kernels: Precision.{knob}={value!r} is not supported by the Triton kernels "
-                             "(bf16, fp16 or fp32 only); use lpfail.attention for float64")
+                             "(bf16, fp16 or fp32 only); use the reference, lpfail.attention.attention, for float64")
     if policy.exp != "fp32":
         raise ValueError(f"kernels: Precision.exp={policy.exp!r} is not supported: the kernels evaluate exp in "
                          "fp32 only")
     if getattr(policy, "rounding", "rne") != "rne":
         raise ValueError(f"kernels: Precision.rounding={policy.rounding!r} (stochastic rounding of the output path) "
                          "is not implemented in the Triton kernels, which round to nearest even only; run it with "
-                         "the reference, lpfail.attention(q, k, v, policy)")
+                         f"the reference, {_REFERENCE}")
     if getattr(policy, "delta", "dO.O") not in ("dO.O", "dO.O_hp", "dP.P"):
         raise ValueError(f"kernels: Precision.delta={policy.delta!r} is not implemented in the Triton kernels; "
-                         "run it with the reference, lpfail.attention(q, k, v, policy)")
+                         f"run it with the reference, {_REFERENCE}")
     if getattr(policy, "ds_rowsum", False):
         raise ValueError("kernels: Precision.ds_rowsum=True (the dS row-sum correction) is not implemented in the "
-                         "Triton kernels; run it with the reference, lpfail.attention(q, k, v, policy)")
+                         f"Triton kernels; run it with the reference, {_REFERENCE}")
     if getattr(policy, "masked_carry", None) is not None:
         raise ValueError(f"kernels: Precision.masked_carry={policy.masked_carry!r} (the compiled official fixed "
                          "code's rounding of the running state in a fully masked key tile) is not implemented in "
-                         "the Triton kernels, which skip fully masked tiles; use lpfail.attention for "
-                         "PAPER_BF16_COMPILED_OFFICIAL_FIX")
+                         "the Triton kernels, which skip fully masked tiles; use the reference, "
+                         "lpfail.attention.attention, for PAPER_BF16_COMPILED_OFFICIAL_FIX")
     if getattr(policy, "masked_ties", False):
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "
-                         "use lpfail.attention for PAPER_BF16_OFFICIAL_FIX")
+                         "use the reference, lpfail.attention.attention, for PAPER_BF16_OFFICIAL_FIX")
     for knob in _ACC_FIELDS:  # torch.compile's arithmetic (PAPER_BF16_COMPILED): reference only
         if getattr(policy, knob, None) is not None:
             raise ValueError(f"kernels: Precision.{knob}={getattr(policy, knob)!r} (the compiled official code's "
-                             "arithmetic) is not implemented in the Triton kernels; use lpfail.attention for "
-                             "PAPER_BF16_COMPILED")
+                             "arithmetic) is not implemented in the Triton kernels; use the reference, "
+                             "lpfail.attention.attention, for PAPER_BF16_COMPILED")
     if interpreted() and policy.matmul != "fp32":
         raise ValueError(f"kernels: Precision.matmul={policy.matmul!r} under TRITON_INTERPRET=1: the CPU "
                          "interpreter's bf16/fp16 arithmetic is broken; use matmul='fp32' there")
@@ -342,15 +344,36 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         l_pbar=getattr(policy, "l_from", "p") == "pbar")
 
 
-def _check_inputs(q, k, v):
+#: The pure-PyTorch reference that runs every policy (for the refusals of `kernel_policy`).
+_REFERENCE = "lpfail.attention.attention(q, k, v, policy, causal=...)"
+
+
+def _reference_call(call) -> str:
+    """The reference call that computes what a `flash_attention` call computes, for the errors that send the user
+    there. `call`: None (any policy), or (sdpa_style, fix, causal, scale, enable_gqa) of the call."""
+    if call is None:
+        return _REFERENCE
+    sdpa_style, fix, causal, scale, gqa = call
+    policy = f"lpfail.kernels.policy_for(q.dtype, {fix!r})" if sdpa_style else "policy"
+    text = f"lpfail.attention.attention(q, k, v, {policy}, causal={bool(causal)}, scale={scale!r})"
+    if gqa:
+        text += (" with k and v repeated to q's heads first (k.repeat_interleave(q.shape[1] // k.shape[1], dim=1), "
+                 "and v likewise)")
+    return text
+
+
+def _check_inputs(q, k, v, call=None):
+    """Refuse what the kernels cannot run. `call` (see `_reference_call`) words the reference call that the
+    errors for a missing Triton or GPU offer instead."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"lpfail.flash_attention needs Triton, which failed to import ({_IMPORT_ERROR}); "
-                           "use lpfail.attention (the pure-PyTorch reference) instead")
+                           f"the pure-PyTorch reference computes the same: {_reference_call(call)}")
     if q.device.type != "cuda" and not interpreted():
         raise RuntimeError(
             f"lpfail.flash_attention needs a CUDA GPU (got tensors on {q.device}). It is Triton code with no "
-            "CPU path; use lpfail.attention(q, k, v, policy) (the pure-PyTorch reference) on this machine, or set "
-            "TRITON_INTERPRET=1 before importing `kernels` to run Triton's (slow, FP32-only) CPU interpreter")
+            f"CPU path; on this machine the pure-PyTorch reference computes the same: {_reference_call(call)}. "
+            "Or set TRITON_INTERPRET=1 before lpfail.kernels is imported, to run Triton's (slow, FP32-only) CPU "
+            "interpreter")
     if not (q.dim() == k.dim() == v.dim() == 4):
         raise ValueError(f"q, k, v must be (batch, heads, seq, head_dim); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -807,8 +830,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
             raise ValueError("pass either a policy (with causal=) or the SDPA-style keywords (is_causal=, fix=), "
                              "not both: the policy already says whether there is a fix")
         causal = True if causal is None else causal
+    k_in = k
     k, v = _expand_kv_heads(q, k, v, enable_gqa)
-    _check_inputs(q, k, v)
+    _check_inputs(q, k, v, (sdpa_style, fix, causal, scale, enable_gqa and k is not k_in))
     if not sdpa_style:  # (the SDPA style's policies are valid by construction; the op checks them again)
         _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
     kp = _policy_for_launch(policy)  # validate before anything is launched (memoised)
