@@ -3,9 +3,9 @@
 Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, is_causal=False, scale=None, fix="robust")`` is a
 drop-in for ``F.scaled_dot_product_attention`` (a ``torch.library`` custom op, SDPA's defaults), and
 ``flash_attention(q, k, v, policy, causal=True)`` runs any `Precision` the kernels support, for
-(batch, heads, seq, head_dim) tensors: a Triton forward (`kernels/fwd.py`), a Triton backward
-(`kernels/bwd.py`) and the `autograd.Function` here that joins them. The policy's knobs are compile-time
-constants of the kernels, so one source compiles every precision variant:
+(batch, heads, seq, head_dim) tensors, head_dim a multiple of 16 up to 128 (`HEAD_DIMS`): a Triton forward
+(`kernels/fwd.py`), a Triton backward (`kernels/bwd.py`) and the `autograd.Function` here that joins them. The
+policy's knobs are compile-time constants of the kernels, so one source compiles every precision variant:
 
 * ``pbar``      P̄ rounded to BF16 (FP16) or kept in FP32 before the P̄V dot;
 * ``acc``, ``pv_out``, ``scores``  FP32, or rounded to BF16 (FP16) after every key block — the paper's code;
@@ -65,12 +65,23 @@ except ImportError as e:  # pragma: no cover - triton is in requirements.txt
     _IMPORT_ERROR = e
 
 __all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar",
-           "policy_for", "Tuning", "DEFAULT_TUNING", "ALL_LEVERS"]
+           "policy_for", "Tuning", "DEFAULT_TUNING", "ALL_LEVERS", "HEAD_DIMS"]
 
 _TL = {}
 if _IMPORT_ERROR is None:
     _TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 CHUNK = 64  # key chunk of the two-pass emulation path
+#: The head dims the kernels take: the multiples of 16 up to 128. A tile's width along the head dim is a power of
+#: two, so 48, 80, 96 and 112 run in the next power of two's tile with the padding read as 0 and never written
+#: (`fwd._attn_fwd_kernel`'s D_VALID), without TMA; the others fill their tile exactly.
+HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128)
+
+
+def _head_tile(d: int) -> tuple[int, int]:
+    """(HEAD_DIM, D_VALID), the kernels' constexprs for head dim `d`: the tile's width (the next power of two) and
+    `d` itself where the tile is wider (else 0)."""
+    width = 1 << (d - 1).bit_length()
+    return width, (0 if width == d else d)
 _DTYPE_KNOBS = tuple(k for k in ("matmul", "qk_out", "scores", "exp_in", "pbar", "pv_out", "acc", "out", "dp",
                                  "delta_prod", "ds", "grad_acc") if k in {f.name for f in fields(Precision)})
 
@@ -380,8 +391,9 @@ def _check_inputs(q, k, v, call=None):
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have one shape (self-attention); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[-1] not in (16, 32, 64, 128):
-        raise ValueError(f"head_dim must be 16, 32, 64 or 128 (got {q.shape[-1]})")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be a multiple of 16 up to 128, one of {', '.join(map(str, HEAD_DIMS))} "
+                         f"(got {q.shape[-1]}); the reference, lpfail.attention.attention, takes any")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"q, k, v must share one dtype among bf16, fp16, fp32 (got {q.dtype}, {k.dtype}, "
                          f"{v.dtype})")
@@ -535,10 +547,12 @@ def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
     scalars = (key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp,
                *_shift_args(kp, scale if raw else 1.0))
-    consts = dict(RAW=raw, HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
-                  EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc,
-                  SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass,
-                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **_fwd_levers(kp, scale, causal, tuning, D))
+    width, d_valid = _head_tile(D)
+    consts = dict(RAW=raw, HEAD_DIM=width, D_VALID=d_valid, BLOCK_N=kp.block_n, MATMUL=kp.matmul,
+                  QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt,
+                  PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=causal,
+                  TWO_PASS=kp.two_pass, DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec,
+                  **_fwd_levers(kp, scale, causal, tuning, D))
     if not interp:
         consts["enable_fp_fusion"] = kp.sub_fma
     return (N, D, causal, kp, raw, dtype, tune, tuning), scalars, consts
@@ -569,8 +583,8 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuni
     o = torch.empty((B, H, N, D), device=q.device, dtype=kp.out_dtype)
     lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     aligned = _aligned(q, k, v, o)                                      # Triton specialises on it
-    if tuning.tma and not aligned:
-        tuning = dataclasses.replace(tuning, tma=False)                 # a descriptor needs 16-byte alignment
+    if tuning.tma and (not aligned or D & (D - 1)):   # a descriptor needs 16-byte alignment; D_VALID, pointers
+        tuning = dataclasses.replace(tuning, tma=False)
     key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, _tune_env(), _fwd.INTERPRET, tuning)
     if consts["TMA"] and not _fwd.INTERPRET:
         _ensure_tma_allocator()
@@ -588,7 +602,7 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
     B, H, N, D = q.shape
     do = do.contiguous()
     aligned = _aligned(q, k, v, do, o, lse)
-    if tuning.tma and not aligned:
+    if tuning.tma and (not aligned or D & (D - 1)):   # as in `_forward`
         tuning = dataclasses.replace(tuning, tma=False)
     key, consts, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype, _tune_env(),
                                                     _fwd.INTERPRET, tuning)
@@ -614,7 +628,8 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
         wide = "fp32" if torch.float32 in (o.dtype, do.dtype) else kp.delta_prod
         _launch(_bwd._bwd_delta_dot, (-(-N // 64), bh), (key, o.dtype, atomic),
                 (o, do, delta, dq, *o.stride(), *do.stride(), H, N),
-                dict(HEAD_DIM=D, BLOCK_M=64, PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
+                dict(HEAD_DIM=consts["kv"]["HEAD_DIM"], D_VALID=consts["kv"]["D_VALID"], BLOCK_M=64,
+                     PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if tuning.bwd == "fused":
@@ -635,9 +650,10 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
 def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, do_dtype, tune, interp: bool,
               tuning: Tuning = DEFAULT_TUNING):
     """The backward launches' per-(shape, policy, tuning) constants (computed once instead of on every call)."""
-    common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
-                  DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
-                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=bool(tuning.tma),
+    width, d_valid = _head_tile(D)
+    common = dict(HEAD_DIM=width, D_VALID=d_valid, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
+                  DP=kp.dp, DS=kp.ds, DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal,
+                  DOT_PREC=kp.dot_prec, DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=bool(tuning.tma),
                   ORDER=int(causal and tuning.order == "lpt"), FTZ=bool(tuning.ftz_exp and not kp.sub_fma))
     if not interp:
         common["enable_fp_fusion"] = kp.sub_fma
@@ -902,9 +918,11 @@ def probe_pbar(q: torch.Tensor, k: torch.Tensor, policy: Precision = FA2_BF16,
     p = torch.full((M, N), float("nan"), device=q.device, dtype=torch.float32)
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
     block_n = max(16, triton.next_power_of_2(N))
+    width, d_valid = _head_tile(D)
     _fwd._probe_pbar[(1,)](q, k, p, q.stride(0), k.stride(0), p.stride(0), M, N, scale, kp.eps, kp.beta,
                           *_shift_args(kp, 1.0),
-                          HEAD_DIM=D, BLOCK_M=64, BLOCK_N=block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out,
+                          HEAD_DIM=width, D_VALID=d_valid, BLOCK_M=64, BLOCK_N=block_n, MATMUL=kp.matmul,
+                          QK_OUT=kp.qk_out,
                           SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, DOT_PREC=kp.dot_prec,
                           **extra)
     return p
