@@ -3,9 +3,9 @@
 Explained in chapter 5 ("Fix"). ``flash_attention(q, k, v, is_causal=False, scale=None, fix="robust")`` is a
 drop-in for ``F.scaled_dot_product_attention`` (a ``torch.library`` custom op, SDPA's defaults), and
 ``flash_attention(q, k, v, policy, causal=True)`` runs any `Precision` the kernels support, for
-(batch, heads, seq, head_dim) tensors: a Triton forward (`kernels/fwd.py`), a Triton backward
-(`kernels/bwd.py`) and the `autograd.Function` here that joins them. The policy's knobs are compile-time
-constants of the kernels, so one source compiles every precision variant:
+(batch, heads, seq, head_dim) tensors, head_dim a multiple of 16 up to 128 (`HEAD_DIMS`): a Triton forward
+(`kernels/fwd.py`), a Triton backward (`kernels/bwd.py`) and the `autograd.Function` here that joins them. The
+policy's knobs are compile-time constants of the kernels, so one source compiles every precision variant:
 
 * ``pbar``      P̄ rounded to BF16 (FP16) or kept in FP32 before the P̄V dot;
 * ``acc``, ``pv_out``, ``scores``  FP32, or rounded to BF16 (FP16) after every key block — the paper's code;
@@ -24,12 +24,25 @@ of the backward's sums: ``flash_attention(..., tuning=Tuning(...))``; `DEFAULT_T
 
 ``exp`` must be FP32, nothing may be FP64 and ``rounding`` must be ``"rne"`` (stochastic rounding lives in the
 reference only), and no knob may name a K-bit format of the precision dial ("bf16m1" … "bf16m6") or give V a
-format of its own (``v``): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with ``TRITON_INTERPRET=1`` set before this package is imported they run in
-Triton's CPU interpreter, which is slow and whose BF16 arithmetic is broken, so only ``matmul="fp32"`` policies
-are accepted there (rounding cast points to BF16 still work: they are conversions). Without either,
-``flash_attention`` raises ``RuntimeError``; the reference is ``lpfail.attention``.
+format of its own (``v``): such policies raise ``ValueError`` naming the knob. The kernels need a CUDA GPU; with
+``TRITON_INTERPRET=1`` set before this package is imported they run in Triton's CPU interpreter, which is slow and
+whose BF16 arithmetic is broken, so only ``matmul="fp32"`` policies are accepted there (rounding cast points to
+BF16 still work: they are conversions). Without either, ``flash_attention`` raises ``RuntimeError`` naming the
+call of the pure-PyTorch reference, ``lpfail.attention.attention(q, k, v, policy, causal=..., scale=...)``, that
+computes the same (for the SDPA style, with ``policy_for(q.dtype, fix)`` as the policy and ``causal=is_causal``).
 """
 from __future__ import annotations
+
+if __name__ != "lpfail.kernels":
+    # This folder imported under another name: a checkout's root on sys.path makes it importable as a top-level
+    # `kernels`, which probes look for (transformers' check for Hugging Face's package of that name imports it).
+    # The import then returns lpfail.kernels itself (one copy of the kernels and of their registered ops; no
+    # __version__, so such a probe finds no usable `kernels`); the rest of this file runs once more in a namespace
+    # that is then dropped, registering nothing (the ops exist by then). The repository's code imports lpfail.kernels.
+    import importlib as _importlib
+    import sys as _sys
+
+    _sys.modules[__name__] = _importlib.import_module("lpfail.kernels")
 
 import dataclasses
 import functools
@@ -45,19 +58,30 @@ try:
     import triton
     import triton.language as tl
 
-    from kernels import bwd as _bwd
-    from kernels import fwd as _fwd
+    from . import bwd as _bwd
+    from . import fwd as _fwd
     _IMPORT_ERROR: Exception | None = None
 except ImportError as e:  # pragma: no cover - triton is in requirements.txt
     _IMPORT_ERROR = e
 
 __all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar",
-           "policy_for", "Tuning", "DEFAULT_TUNING", "ALL_LEVERS"]
+           "policy_for", "Tuning", "DEFAULT_TUNING", "ALL_LEVERS", "HEAD_DIMS"]
 
 _TL = {}
 if _IMPORT_ERROR is None:
     _TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 CHUNK = 64  # key chunk of the two-pass emulation path
+#: The head dims the kernels take: the multiples of 16 up to 128. A tile's width along the head dim is a power of
+#: two, so 48, 80, 96 and 112 run in the next power of two's tile with the padding read as 0 and never written
+#: (`fwd._attn_fwd_kernel`'s D_VALID), without TMA; the others fill their tile exactly.
+HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128)
+
+
+def _head_tile(d: int) -> tuple[int, int]:
+    """(HEAD_DIM, D_VALID), the kernels' constexprs for head dim `d`: the tile's width (the next power of two) and
+    `d` itself where the tile is wider (else 0)."""
+    width = 1 << (d - 1).bit_length()
+    return width, (0 if width == d else d)
 _DTYPE_KNOBS = tuple(k for k in ("matmul", "qk_out", "scores", "exp_in", "pbar", "pv_out", "acc", "out", "dp",
                                  "delta_prod", "ds", "grad_acc") if k in {f.name for f in fields(Precision)})
 
@@ -136,7 +160,7 @@ class Tuning:
                    forward at N ≤ 2k by 12–18 %).
     * ``space``    the autotune space: ``"v1"`` (6 forward, 3 + 3 backward configs, as measured until 2026-12-01)
                    or ``"sm90"`` (v1 plus deeper pipelines, 256-row forward tiles at head dim ≤ 64 and configs
-                   capped at 128 registers per thread; `kernels.fwd.FWD_SPACES`, `kernels.bwd.DKDV_SPACES`).
+                   capped at 128 registers per thread; `fwd.FWD_SPACES`, `bwd.DKDV_SPACES` of this package).
                    The backward's FP32 sums follow its tiles: gradients change in their last bits with the pick.
     * ``order``    the causal grid order: ``"head"`` (the longest query blocks first within each (batch, head))
                    or ``"lpt"`` (longest first over all heads, in the forward and both backward kernels).
@@ -220,7 +244,7 @@ _DEFAULT_TEXT = str(DEFAULT_TUNING)
 
 def _check_tuning(tuning, kp: "KernelPolicy") -> None:
     if not isinstance(tuning, Tuning):
-        raise TypeError(f"tuning must be a kernels.Tuning (got {type(tuning).__name__})")
+        raise TypeError(f"tuning must be a lpfail.kernels.Tuning (got {type(tuning).__name__})")
     if tuning.bwd == "atomic" and kp.grad_acc != tl.float32:
         raise ValueError("kernels: Tuning(bwd='atomic') adds dQ with FP32 atomics, so it needs Precision.grad_acc="
                          "'fp32'; a 16-bit grad_acc rounds dQ once per policy key block, which only the split "
@@ -248,43 +272,43 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         if value in DIAL:
             raise ValueError(f"kernels: Precision.{knob}={value!r} is a K-bit format of the precision dial (bf16's "
                              f"exponent with {DIAL[value]} fraction bits), which the Triton kernels do not round "
-                             "to; run it with the reference, lpfail.attention(q, k, v, policy)")
+                             f"to; run it with the reference, {_REFERENCE}")
     if getattr(policy, "v", None) is not None:
         raise ValueError(f"kernels: Precision.v={policy.v!r} (V rounded to a format of its own where it enters "
                          "attention) is not implemented in the Triton kernels; run it with the reference, "
-                         "lpfail.attention(q, k, v, policy)")
+                         f"{_REFERENCE}")
     for knob in _DTYPE_KNOBS:
         value = getattr(policy, knob)
         if value not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"kernels: Precision.{knob}={value!r} is not supported by the Triton kernels "
-                             "(bf16, fp16 or fp32 only); use lpfail.attention for float64")
+                             "(bf16, fp16 or fp32 only); use the reference, lpfail.attention.attention, for float64")
     if policy.exp != "fp32":
         raise ValueError(f"kernels: Precision.exp={policy.exp!r} is not supported: the kernels evaluate exp in "
                          "fp32 only")
     if getattr(policy, "rounding", "rne") != "rne":
         raise ValueError(f"kernels: Precision.rounding={policy.rounding!r} (stochastic rounding of the output path) "
                          "is not implemented in the Triton kernels, which round to nearest even only; run it with "
-                         "the reference, lpfail.attention(q, k, v, policy)")
+                         f"the reference, {_REFERENCE}")
     if getattr(policy, "delta", "dO.O") not in ("dO.O", "dO.O_hp", "dP.P"):
         raise ValueError(f"kernels: Precision.delta={policy.delta!r} is not implemented in the Triton kernels; "
-                         "run it with the reference, lpfail.attention(q, k, v, policy)")
+                         f"run it with the reference, {_REFERENCE}")
     if getattr(policy, "ds_rowsum", False):
         raise ValueError("kernels: Precision.ds_rowsum=True (the dS row-sum correction) is not implemented in the "
-                         "Triton kernels; run it with the reference, lpfail.attention(q, k, v, policy)")
+                         f"Triton kernels; run it with the reference, {_REFERENCE}")
     if getattr(policy, "masked_carry", None) is not None:
         raise ValueError(f"kernels: Precision.masked_carry={policy.masked_carry!r} (the compiled official fixed "
                          "code's rounding of the running state in a fully masked key tile) is not implemented in "
-                         "the Triton kernels, which skip fully masked tiles; use lpfail.attention for "
-                         "PAPER_BF16_COMPILED_OFFICIAL_FIX")
+                         "the Triton kernels, which skip fully masked tiles; use the reference, "
+                         "lpfail.attention.attention, for PAPER_BF16_COMPILED_OFFICIAL_FIX")
     if getattr(policy, "masked_ties", False):
         raise ValueError("kernels: Precision.masked_ties=True (the official code's masking, under which fully "
                          "masked tiles count as ties) is not supported: the kernels never let masked scores tie; "
-                         "use lpfail.attention for PAPER_BF16_OFFICIAL_FIX")
+                         "use the reference, lpfail.attention.attention, for PAPER_BF16_OFFICIAL_FIX")
     for knob in _ACC_FIELDS:  # torch.compile's arithmetic (PAPER_BF16_COMPILED): reference only
         if getattr(policy, knob, None) is not None:
             raise ValueError(f"kernels: Precision.{knob}={getattr(policy, knob)!r} (the compiled official code's "
-                             "arithmetic) is not implemented in the Triton kernels; use lpfail.attention for "
-                             "PAPER_BF16_COMPILED")
+                             "arithmetic) is not implemented in the Triton kernels; use the reference, "
+                             "lpfail.attention.attention, for PAPER_BF16_COMPILED")
     if interpreted() and policy.matmul != "fp32":
         raise ValueError(f"kernels: Precision.matmul={policy.matmul!r} under TRITON_INTERPRET=1: the CPU "
                          "interpreter's bf16/fp16 arithmetic is broken; use matmul='fp32' there")
@@ -331,23 +355,45 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
         l_pbar=getattr(policy, "l_from", "p") == "pbar")
 
 
-def _check_inputs(q, k, v):
+#: The pure-PyTorch reference that runs every policy (for the refusals of `kernel_policy`).
+_REFERENCE = "lpfail.attention.attention(q, k, v, policy, causal=...)"
+
+
+def _reference_call(call) -> str:
+    """The reference call that computes what a `flash_attention` call computes, for the errors that send the user
+    there. `call`: None (any policy), or (sdpa_style, fix, causal, scale, enable_gqa) of the call."""
+    if call is None:
+        return _REFERENCE
+    sdpa_style, fix, causal, scale, gqa = call
+    policy = f"lpfail.kernels.policy_for(q.dtype, {fix!r})" if sdpa_style else "policy"
+    text = f"lpfail.attention.attention(q, k, v, {policy}, causal={bool(causal)}, scale={scale!r})"
+    if gqa:
+        text += (" with k and v repeated to q's heads first (k.repeat_interleave(q.shape[1] // k.shape[1], dim=1), "
+                 "and v likewise)")
+    return text
+
+
+def _check_inputs(q, k, v, call=None):
+    """Refuse what the kernels cannot run. `call` (see `_reference_call`) words the reference call that the
+    errors for a missing Triton or GPU offer instead."""
     if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"kernels.flash_attention needs Triton, which failed to import ({_IMPORT_ERROR}); "
-                           "use lpfail.attention (the pure-PyTorch reference) instead")
+        raise RuntimeError(f"lpfail.flash_attention needs Triton, which failed to import ({_IMPORT_ERROR}); "
+                           f"the pure-PyTorch reference computes the same: {_reference_call(call)}")
     if q.device.type != "cuda" and not interpreted():
         raise RuntimeError(
-            f"kernels.flash_attention needs a CUDA GPU (got tensors on {q.device}). It is Triton code with no "
-            "CPU path; use lpfail.attention(q, k, v, policy) (the pure-PyTorch reference) on this machine, or set "
-            "TRITON_INTERPRET=1 before importing `kernels` to run Triton's (slow, FP32-only) CPU interpreter")
+            f"lpfail.flash_attention needs a CUDA GPU (got tensors on {q.device}). It is Triton code with no "
+            f"CPU path; on this machine the pure-PyTorch reference computes the same: {_reference_call(call)}. "
+            "Or set TRITON_INTERPRET=1 before lpfail.kernels is imported, to run Triton's (slow, FP32-only) CPU "
+            "interpreter")
     if not (q.dim() == k.dim() == v.dim() == 4):
         raise ValueError(f"q, k, v must be (batch, heads, seq, head_dim); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have one shape (self-attention); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[-1] not in (16, 32, 64, 128):
-        raise ValueError(f"head_dim must be 16, 32, 64 or 128 (got {q.shape[-1]})")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be a multiple of 16 up to 128, one of {', '.join(map(str, HEAD_DIMS))} "
+                         f"(got {q.shape[-1]}); the reference, lpfail.attention.attention, takes any")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"q, k, v must share one dtype among bf16, fp16, fp32 (got {q.dtype}, {k.dtype}, "
                          f"{v.dtype})")
@@ -357,7 +403,7 @@ def _check_inputs(q, k, v):
 
 def _raw_units(kp: KernelPolicy, scale: float) -> bool:
     """Sub mode with α a power of two (head dims 16 and 64 at the default α): the forward keeps scores in
-    units of α, one multiply fewer per score, with bit-identical results (see `kernels.fwd._attn_fwd`)."""
+    units of α, one multiply fewer per score, with bit-identical results (see `lpfail.kernels.fwd._attn_fwd`)."""
     return not kp.sub_fma and math.frexp(scale)[0] == 0.5
 
 
@@ -451,7 +497,7 @@ def _direct_entry(jit, compiled, args, kwargs, key):
 
 
 _ENV_DATA = getattr(os.environ, "_data", None)   # CPython's os.environ store: a lookup without KeyError handling
-_TUNE_KEY = b"LPFAIL_KERNELS_AUTOTUNE"            # kernels.fwd.TUNE_ENV, encoded as os.environ stores it on POSIX
+_TUNE_KEY = b"LPFAIL_KERNELS_AUTOTUNE"            # fwd.TUNE_ENV, encoded as os.environ stores it on POSIX
 
 
 def _tune_env():
@@ -501,10 +547,12 @@ def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
     key_block = kp.key_block or triton.cdiv(N, kp.block_n) * kp.block_n
     scalars = (key_block, scale, kp.eps / scale if raw else kp.eps, kp.beta, kp.l_clamp,
                *_shift_args(kp, scale if raw else 1.0))
-    consts = dict(RAW=raw, HEAD_DIM=D, BLOCK_N=kp.block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
-                  EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt, PV_OUT=kp.pv_out, ACC=kp.acc,
-                  SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=causal, TWO_PASS=kp.two_pass,
-                  DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec, **_fwd_levers(kp, scale, causal, tuning, D))
+    width, d_valid = _head_tile(D)
+    consts = dict(RAW=raw, HEAD_DIM=width, D_VALID=d_valid, BLOCK_N=kp.block_n, MATMUL=kp.matmul,
+                  QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, PV_DT=kp.pv_dt,
+                  PV_OUT=kp.pv_out, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, CLAMP=kp.clamp, CAUSAL=causal,
+                  TWO_PASS=kp.two_pass, DOT_PREC=kp.dot_prec, PV_PREC=kp.pv_prec,
+                  **_fwd_levers(kp, scale, causal, tuning, D))
     if not interp:
         consts["enable_fp_fusion"] = kp.sub_fma
     return (N, D, causal, kp, raw, dtype, tune, tuning), scalars, consts
@@ -535,8 +583,8 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuni
     o = torch.empty((B, H, N, D), device=q.device, dtype=kp.out_dtype)
     lse = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
     aligned = _aligned(q, k, v, o)                                      # Triton specialises on it
-    if tuning.tma and not aligned:
-        tuning = dataclasses.replace(tuning, tma=False)                 # a descriptor needs 16-byte alignment
+    if tuning.tma and (not aligned or D & (D - 1)):   # a descriptor needs 16-byte alignment; D_VALID, pointers
+        tuning = dataclasses.replace(tuning, tma=False)
     key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, _tune_env(), _fwd.INTERPRET, tuning)
     if consts["TMA"] and not _fwd.INTERPRET:
         _ensure_tma_allocator()
@@ -554,7 +602,7 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
     B, H, N, D = q.shape
     do = do.contiguous()
     aligned = _aligned(q, k, v, do, o, lse)
-    if tuning.tma and not aligned:
+    if tuning.tma and (not aligned or D & (D - 1)):   # as in `_forward`
         tuning = dataclasses.replace(tuning, tma=False)
     key, consts, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype, _tune_env(),
                                                     _fwd.INTERPRET, tuning)
@@ -580,7 +628,8 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
         wide = "fp32" if torch.float32 in (o.dtype, do.dtype) else kp.delta_prod
         _launch(_bwd._bwd_delta_dot, (-(-N // 64), bh), (key, o.dtype, atomic),
                 (o, do, delta, dq, *o.stride(), *do.stride(), H, N),
-                dict(HEAD_DIM=D, BLOCK_M=64, PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
+                dict(HEAD_DIM=consts["kv"]["HEAD_DIM"], D_VALID=consts["kv"]["D_VALID"], BLOCK_M=64,
+                     PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if tuning.bwd == "fused":
@@ -601,9 +650,10 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
 def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, do_dtype, tune, interp: bool,
               tuning: Tuning = DEFAULT_TUNING):
     """The backward launches' per-(shape, policy, tuning) constants (computed once instead of on every call)."""
-    common = dict(HEAD_DIM=D, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, DP=kp.dp, DS=kp.ds,
-                  DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal, DOT_PREC=kp.dot_prec,
-                  DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=bool(tuning.tma),
+    width, d_valid = _head_tile(D)
+    common = dict(HEAD_DIM=width, D_VALID=d_valid, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
+                  DP=kp.dp, DS=kp.ds, DS_DT=kp.ds_dt, GACC=kp.grad_acc, SUB_FMA=kp.sub_fma, CAUSAL=causal,
+                  DOT_PREC=kp.dot_prec, DS_PREC=kp.ds_prec, RAW=_raw_units(kp, scale), TMA=bool(tuning.tma),
                   ORDER=int(causal and tuning.order == "lpt"), FTZ=bool(tuning.ftz_exp and not kp.sub_fma))
     if not interp:
         common["enable_fp_fusion"] = kp.sub_fma
@@ -663,7 +713,7 @@ def policy_for(dtype: torch.dtype, fix=None) -> Precision:
     elif dtype == torch.float32:
         base = FA2_BF16.replace(matmul="fp32", pbar="fp32", out="fp32", ds="fp32")
     else:
-        raise ValueError(f"kernels.flash_attention takes bfloat16, float16 or float32 tensors (got {dtype})")
+        raise ValueError(f"lpfail.flash_attention takes bfloat16, float16 or float32 tensors (got {dtype})")
     if fix is None or fix == "none":
         return base
     if isinstance(fix, (DynamicMax, BoundedMax)):
@@ -777,13 +827,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     ValueError for a mask, dropout, a head count, dtype, head dim, shape or policy the kernels cannot honour.
     """
     if attn_mask is not None:
-        raise ValueError(f"kernels.flash_attention takes no attn_mask (got a {type(attn_mask).__name__}"
+        raise ValueError(f"lpfail.flash_attention takes no attn_mask (got a {type(attn_mask).__name__}"
                          f"{' of ' + str(attn_mask.dtype) if isinstance(attn_mask, torch.Tensor) else ''}); "
                          f"{_SUPPORTED}. For another mask use torch.nn.functional.scaled_dot_product_attention")
     if dropout_p != 0.0:
-        raise ValueError(f"kernels.flash_attention has no dropout (got dropout_p={dropout_p!r}); {_SUPPORTED}")
+        raise ValueError(f"lpfail.flash_attention has no dropout (got dropout_p={dropout_p!r}); {_SUPPORTED}")
     if isinstance(policy, torch.Tensor):
-        raise TypeError("the 4th positional argument of kernels.flash_attention is a Precision policy, not SDPA's "
+        raise TypeError("the 4th positional argument of lpfail.flash_attention is a Precision policy, not SDPA's "
                         f"attn_mask; pass SDPA's arguments by keyword ({_SUPPORTED})")
     sdpa_style = policy is None
     if sdpa_style:
@@ -796,8 +846,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
             raise ValueError("pass either a policy (with causal=) or the SDPA-style keywords (is_causal=, fix=), "
                              "not both: the policy already says whether there is a fix")
         causal = True if causal is None else causal
+    k_in = k
     k, v = _expand_kv_heads(q, k, v, enable_gqa)
-    _check_inputs(q, k, v)
+    _check_inputs(q, k, v, (sdpa_style, fix, causal, scale, enable_gqa and k is not k_in))
     if not sdpa_style:  # (the SDPA style's policies are valid by construction; the op checks them again)
         _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
     kp = _policy_for_launch(policy)  # validate before anything is launched (memoised)
@@ -867,9 +918,11 @@ def probe_pbar(q: torch.Tensor, k: torch.Tensor, policy: Precision = FA2_BF16,
     p = torch.full((M, N), float("nan"), device=q.device, dtype=torch.float32)
     extra = {} if interpreted() else {"enable_fp_fusion": kp.sub_fma}
     block_n = max(16, triton.next_power_of_2(N))
+    width, d_valid = _head_tile(D)
     _fwd._probe_pbar[(1,)](q, k, p, q.stride(0), k.stride(0), p.stride(0), M, N, scale, kp.eps, kp.beta,
                           *_shift_args(kp, 1.0),
-                          HEAD_DIM=D, BLOCK_M=64, BLOCK_N=block_n, MATMUL=kp.matmul, QK_OUT=kp.qk_out,
+                          HEAD_DIM=width, D_VALID=d_valid, BLOCK_M=64, BLOCK_N=block_n, MATMUL=kp.matmul,
+                          QK_OUT=kp.qk_out,
                           SCORES=kp.scores, EXP_IN=kp.exp_in, PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode, DOT_PREC=kp.dot_prec,
                           **extra)
     return p

@@ -53,7 +53,7 @@ def _method_fn(method, causal):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import kernels
+    from lpfail import kernels
     from lpfail.precision import FA2_BF16, PAPER_BF16
 
     if method.startswith("sdpa"):
@@ -175,8 +175,8 @@ def _time_interleaved(fns: dict, sets, mode, rounds, reps, warmup, runner=None, 
 
 def _chosen_configs():
     """The autotuner's last pick for each kernel (what the timings just above ran), as text."""
-    import kernels.bwd as kb
-    import kernels.fwd as kf
+    from lpfail.kernels import bwd as kb
+    from lpfail.kernels import fwd as kf
     out = {}
     for name, fn in (("fwd", kf._attn_fwd), ("dkdv", kb._bwd_dkdv), ("dq", kb._bwd_dq)):
         cfg = getattr(fn, "best_config", None)

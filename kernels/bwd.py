@@ -30,8 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.fwd import (INTERPRET, LOG2E, _bench, _bh_offset, _config, _imin, _load_rows, _load_tile, _round,
-                         _rows_source, _space_configs, _tune)
+from .fwd import (INTERPRET, LOG2E, _bench, _bh_offset, _config, _imin, _load_rows, _load_tile, _round,
+                  _rows_mask, _rows_source, _space_configs, _tune)
 
 #: Every reduction tile of the backward (BLOCK_M of the dK/dV kernel, BLOCK_N of the dQ kernel, in every
 #: config, interpreter and FP32 fallbacks included) divides this: a policy tile that is a multiple of it is a
@@ -42,8 +42,8 @@ GRAD_TILE = 64
 # -- device helpers --------------------------------------------------------------------------------------
 @triton.jit
 def _exp(x, FTZ: tl.constexpr):
-    """exp(x) in FP32. FTZ (`kernels.Tuning.ftz_exp`): exp2(x·log2 e) through ex2.approx.ftz, one MUFU.EX2 and the
-    multiply, as the forward's exp; else `tl.exp`, whose ex2.approx without .ftz adds a range test and two
+    """exp(x) in FP32. FTZ (`lpfail.kernels.Tuning.ftz_exp`): exp2(x·log2 e) through ex2.approx.ftz, one MUFU.EX2
+    and the multiply, as the forward's exp; else `tl.exp`, whose ex2.approx without .ftz adds a range test and two
     predicated multiplies per score (to return subnormal results). The two differ only where exp(x) < 2^−126,
     which FTZ returns as 0 (such a P adds less than 2^−126 of dO or dS to a gradient)."""
     if FTZ:
@@ -91,21 +91,26 @@ def _bwd_delta_dot(O, DO, DELTA, DQ,
                    stride_oz, stride_oh, stride_om, stride_od,
                    stride_dz, stride_dh, stride_dm, stride_dd,
                    H, N_CTX, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PROD: tl.constexpr,
-                   ZERO_DQ: tl.constexpr = False):
+                   ZERO_DQ: tl.constexpr = False, D_VALID: tl.constexpr = 0):
     """δ = rowsum(dO ∘ O): each product rounded to PROD (the policy's delta_prod, widened), summed in FP32.
     ZERO_DQ (the atomic backward): also zero these rows of the FP32 dQ accumulator DQ (contiguous, O's shape),
-    which saves the launch of a separate memset."""
+    which saves the launch of a separate memset. D_VALID: a head dim narrower than the tile HEAD_DIM
+    (`lpfail.kernels.fwd._attn_fwd_kernel`)."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1)
     O += _bh_offset(off_hz, H, stride_oz, stride_oh)
     DO += _bh_offset(off_hz, H, stride_dz, stride_dh)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    o = _load_rows(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, offs_m, N_CTX, True)
-    do = _load_rows(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, N_CTX, True)
+    o = _load_rows(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, offs_m, N_CTX, True, D_VALID)
+    do = _load_rows(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, N_CTX, True, D_VALID)
     delta = tl.sum(_round(o.to(tl.float32) * do.to(tl.float32), PROD), 1)
     tl.store(DELTA + off_hz.to(tl.int64) * N_CTX + offs_m, delta, mask=offs_m < N_CTX)
-    if ZERO_DQ:
+    if ZERO_DQ and D_VALID:   # rows of D_VALID values
+        DQ += off_hz.to(tl.int64) * N_CTX * D_VALID
+        tl.store(DQ + offs_m[:, None] * D_VALID + offs_d[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
+                 mask=_rows_mask(offs_m[:, None] < N_CTX, offs_d, D_VALID))
+    elif ZERO_DQ:
         DQ += off_hz.to(tl.int64) * N_CTX * HEAD_DIM
         tl.store(DQ + offs_m[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
                  mask=offs_m[:, None] < N_CTX)
@@ -119,14 +124,14 @@ def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, 
                   DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr,
                   SUB_FMA: tl.constexpr, MASK: tl.constexpr, CAUSAL: tl.constexpr, MODE: tl.constexpr,
                   DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr,
-                  FTZ: tl.constexpr):
+                  FTZ: tl.constexpr, D_VALID: tl.constexpr = 0):
     """Walk the key tiles lo:hi for one query block. dQ (MODE 0) with a 16-bit GACC: `dq_part` holds the FP32
     product of the current policy key block (KEY_BLOCK keys) across tiles and across the two calls (unmasked,
     then masked range); `last` is where the whole walk ends."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, MASK, TMA)               # (BLOCK_N, D)
-        v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, MASK, TMA)
+        k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, MASK, TMA, D_VALID)      # (BLOCK_N, D)
+        v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, MASK, TMA, D_VALID)
         qk = tl.dot(q, tl.trans(k.to(MATMUL)), input_precision=DOT_PREC)               # (BLOCK_M, BLOCK_N)
         p = _recompute_p(qk, lse[:, None], scale, QK_OUT, SCORES, SUB_FMA, RAW, FTZ)
         if MASK:
@@ -151,7 +156,8 @@ def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, 
     return dq, dq_part, aux
 
 
-#: Autotune spaces of the two backward kernels (`kernels.Tuning.space`), (BLOCK_M, BLOCK_N, warps, stages, maxnreg):
+#: Autotune spaces of the two backward kernels (`lpfail.kernels.Tuning.space`),
+#: (BLOCK_M, BLOCK_N, warps, stages, maxnreg):
 #: "v1" is the space of 2026-11-29 (first entry: what LPFAIL_KERNELS_AUTOTUNE=0 runs); "sm90" adds deeper
 #: pipelines and 8-warp tiles. Every reduction tile (dK/dV's BLOCK_M, dQ's BLOCK_N) divides GRAD_TILE.
 DQ_SPACES = {"v1": ((128, 64, 8, 2, None), (128, 32, 4, 3, None), (64, 64, 4, 3, None)),
@@ -206,12 +212,15 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
             MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, DP: tl.constexpr,
             DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr,
             CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr,
-            RAW: tl.constexpr, TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False):
+            RAW: tl.constexpr, TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False,
+            D_VALID: tl.constexpr = 0):
     """MODE 0: dQ = Σ_j dS K with dS = (P·α) ∘ (dP − δ).  MODE 1: δ = rowsum(dP ∘ P) into DELTA.
     MODE 2: δ = rowsum(dO ∘ O_hp), O_hp = Σ_j P V recomputed in FP32 from L, into DELTA.
     DQ shares Q's strides (stride_q*); DO has its own (stride_d*). KEY_BLOCK: the policy's key block for dQ's
     GACC roundings (a multiple of BLOCK_N, at least N_CTX for one block over the row; unused for FP32 GACC).
-    Causal with ORDER 1: the longest query blocks (the last) first over the whole grid."""
+    Causal with ORDER 1: the longest query blocks (the last) first over the whole grid. D_VALID: a head dim narrower
+    than the tile HEAD_DIM (`lpfail.kernels.fwd._attn_fwd_kernel`; no TMA then)."""
+    tl.static_assert(not (TMA and D_VALID), "a head dim narrower than the tile (D_VALID) is read without TMA")
     pid, off_hz, n_blocks = _grid_pos(ORDER)
     if CAUSAL and ORDER == 1:
         start_m = n_blocks - 1 - pid
@@ -221,7 +230,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                 stride_kz, stride_kh, stride_kn, stride_kd, stride_vz, stride_vh, stride_vn, stride_vd,
                 stride_dz, stride_dh, stride_dm, stride_dd, H, N_CTX, KEY_BLOCK, scale, start_m, off_hz,
                 HEAD_DIM, BLOCK_M, BLOCK_N, MATMUL, QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, CAUSAL, MODE,
-                DOT_PREC, DS_PREC, RAW, TMA, FTZ)
+                DOT_PREC, DS_PREC, RAW, TMA, FTZ, D_VALID)
 
 
 @triton.jit
@@ -235,7 +244,7 @@ def _dq_program(Q, K, V, DO, LSE, DELTA, DQ,
                 MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, DP: tl.constexpr,
                 DS: tl.constexpr, DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr,
                 CAUSAL: tl.constexpr, MODE: tl.constexpr, DOT_PREC: tl.constexpr, DS_PREC: tl.constexpr,
-                RAW: tl.constexpr, TMA: tl.constexpr, FTZ: tl.constexpr):
+                RAW: tl.constexpr, TMA: tl.constexpr, FTZ: tl.constexpr, D_VALID: tl.constexpr = 0):
     """The query-side work of query block `start_m` of (batch, head) `off_hz` (see `_bwd_dq_kernel`); also the
     second half of each program of the fused backward (`_bwd_fused_kernel`)."""
     q_base = _bh_offset(off_hz, H, stride_qz, stride_qh)
@@ -248,8 +257,9 @@ def _dq_program(Q, K, V, DO, LSE, DELTA, DQ,
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m[:, None] < N_CTX
     q = _load_rows(Q + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, N_CTX,
-                   True).to(MATMUL)
-    do_in = _load_rows(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, N_CTX, True)
+                   True, D_VALID).to(MATMUL)
+    do_in = _load_rows(DO + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, N_CTX, True,
+                       D_VALID)
     do = do_in.to(MATMUL)
     lse = tl.load(LSE + off_hz.to(tl.int64) * N_CTX + offs_m, mask=offs_m < N_CTX, other=float("inf"))
     if MODE == 0:
@@ -274,14 +284,15 @@ def _dq_program(Q, K, V, DO, LSE, DELTA, DQ,
     dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, stride_vn,
                                      offs_m, offs_n0, 0, lo_mask, hi, N_CTX, KEY_BLOCK, scale, BLOCK_N, MATMUL,
                                      QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, False, CAUSAL, MODE,
-                                     DOT_PREC, DS_PREC, RAW, TMA, FTZ)
+                                     DOT_PREC, DS_PREC, RAW, TMA, FTZ, D_VALID)
     dq, dq_part, aux = _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, stride_vn,
                                      offs_m, offs_n0, lo_mask, hi, hi, N_CTX, KEY_BLOCK, scale, BLOCK_N, MATMUL,
                                      QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, True, CAUSAL, MODE,
-                                     DOT_PREC, DS_PREC, RAW, TMA, FTZ)
+                                     DOT_PREC, DS_PREC, RAW, TMA, FTZ, D_VALID)
     if MODE == 0:
         tl.store(DQ + q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                 _round(dq.to(tl.float32), DQ.dtype.element_ty).to(DQ.dtype.element_ty), mask=row_ok)
+                 _round(dq.to(tl.float32), DQ.dtype.element_ty).to(DQ.dtype.element_ty),
+                 mask=_rows_mask(row_ok, offs_d, D_VALID))
     else:
         if MODE == 2:
             aux = tl.sum(do_in.to(tl.float32) * aux, 1)
@@ -289,8 +300,9 @@ def _dq_program(Q, K, V, DO, LSE, DELTA, DQ,
 
 
 #: code-changing constexprs are in the keys (Triton keys on listed args and tensor dtypes only; see kernels/fwd.py);
-#: one autotuner per autotune space around the same JIT function (`kernels.Tuning.space`)
-DQ_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "ORDER", "FTZ"]
+#: one autotuner per autotune space around the same JIT function (`lpfail.kernels.Tuning.space`)
+DQ_KEY = ["N_CTX", "HEAD_DIM", "D_VALID", "CAUSAL", "MODE", "MATMUL", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA",
+          "ORDER", "FTZ"]
 DQ_TUNERS = {space: triton.autotune(configs=_q_side_configs(space), key=DQ_KEY, do_bench=_bench,
                                     prune_configs_by={"early_config_prune": _fp32_prune(_DQ_SMALL)})(_bwd_dq_kernel)
              for space in DQ_SPACES}
@@ -305,7 +317,7 @@ def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ
                    PBAR: tl.constexpr, PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr,
                    DS_DT: tl.constexpr, GACC: tl.constexpr, SUB_FMA: tl.constexpr, MASK: tl.constexpr,
                    DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
-                   TMA: tl.constexpr, FTZ: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                   TMA: tl.constexpr, FTZ: tl.constexpr, DQ_ATOMIC: tl.constexpr, D_VALID: tl.constexpr = 0):
     """Walk query blocks for one key block; tiles are held transposed (keys × queries) so that Pᵀ and dSᵀ
     feed the dV and dK dots directly. Query rows past the sequence load L = +inf, so their P is 0.
     With a 16-bit GACC, `dk_part` and `dv_part` hold the FP32 products of the current policy query tile
@@ -316,8 +328,8 @@ def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0
         row_ok = offs_m < N_CTX
-        q = _load_tile(Q_src, start_m, offs_m, N_CTX, stride_qm, True, TMA)                     # (M, D)
-        do = _load_tile(DO_src, start_m, offs_m, N_CTX, stride_dm, True, TMA).to(MATMUL)
+        q = _load_tile(Q_src, start_m, offs_m, N_CTX, stride_qm, True, TMA, D_VALID)            # (M, D)
+        do = _load_tile(DO_src, start_m, offs_m, N_CTX, stride_dm, True, TMA, D_VALID).to(MATMUL)
         lse = tl.load(LSE + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
         kq = tl.dot(k, tl.trans(q.to(MATMUL)), input_precision=DOT_PREC)               # Sᵀ: (N, M)
@@ -337,7 +349,8 @@ def _kv_side_tiles(dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ
             dk += part_k
             if DQ_ATOMIC:
                 dq_part = tl.dot(tl.trans(dsT.to(DS_DT)), k.to(DS_DT), input_precision=DS_PREC)  # dS K: (M, D)
-                tl.atomic_add(DQ_ptrs + start_m * stride_qm, dq_part, mask=row_ok[:, None], sem="relaxed")
+                tl.atomic_add(DQ_ptrs + start_m * stride_qm, dq_part, sem="relaxed",
+                              mask=_rows_mask(row_ok[:, None], tl.arange(0, DQ_ptrs.shape[1]), D_VALID))
         else:
             dk_part = tl.dot(dsT.to(DS_DT), q.to(DS_DT), dk_part, input_precision=DS_PREC)
             dv, dv_part = _flush_tile(dv, dv_part, start_m + BLOCK_M, QUERY_BLOCK, N_CTX, GACC)
@@ -367,17 +380,19 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                      GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
                      DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
                      TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False,
-                     DQ_ATOMIC: tl.constexpr = False):
+                     DQ_ATOMIC: tl.constexpr = False, D_VALID: tl.constexpr = 0):
     """dV = Σ_i Pᵀ dO and dK = Σ_i dSᵀ Q for one key block. DK shares K's strides, DV V's. QUERY_BLOCK: the
     policy's query block for the GACC roundings (a multiple of BLOCK_M, at least N_CTX for one block over the
     sequence; unused for FP32 GACC). DQ_ATOMIC: dQ too, atomically into DQ (FP32, Q's strides; zeroed before).
-    In causal attention key block 0 has the most work: ORDER 1 runs every (batch, head)'s first blocks first."""
+    In causal attention key block 0 has the most work: ORDER 1 runs every (batch, head)'s first blocks first.
+    D_VALID: a head dim narrower than the tile HEAD_DIM (`lpfail.kernels.fwd._attn_fwd_kernel`; no TMA then)."""
+    tl.static_assert(not (TMA and D_VALID), "a head dim narrower than the tile (D_VALID) is read without TMA")
     start_n, off_hz, n_blocks = _grid_pos(ORDER)
     _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, stride_qz, stride_qh, stride_qm, stride_qd,
                   stride_kz, stride_kh, stride_kn, stride_kd, stride_vz, stride_vh, stride_vn, stride_vd,
                   stride_dz, stride_dh, stride_dm, stride_dd, H, N_CTX, QUERY_BLOCK, scale, start_n, off_hz,
                   HEAD_DIM, BLOCK_M, BLOCK_N, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT, GACC, SUB_FMA,
-                  CAUSAL, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, DQ_ATOMIC)
+                  CAUSAL, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, DQ_ATOMIC, D_VALID)
 
 
 @triton.jit
@@ -392,7 +407,7 @@ def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
                   PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
                   GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
                   DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
-                  TMA: tl.constexpr, FTZ: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                  TMA: tl.constexpr, FTZ: tl.constexpr, DQ_ATOMIC: tl.constexpr, D_VALID: tl.constexpr = 0):
     """The key-side work of key block `start_n` of (batch, head) `off_hz` (see `_bwd_dkdv_kernel`); also the first
     half of each program of the fused backward (`_bwd_fused_kernel`)."""
     Q += _bh_offset(off_hz, H, stride_qz, stride_qh)
@@ -408,9 +423,9 @@ def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     offs_d = tl.arange(0, HEAD_DIM)
     col_ok = offs_n[:, None] < N_CTX
     k = _load_rows(K + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N_CTX,
-                   True).to(MATMUL)                                                    # (BLOCK_N, D)
+                   True, D_VALID).to(MATMUL)                                           # (BLOCK_N, D)
     v = _load_rows(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N_CTX,
-                   True).to(MATMUL)
+                   True, D_VALID).to(MATMUL)
     Q_src = _rows_source(Q, stride_qm, stride_qd, N_CTX, offs_m0, offs_d, BLOCK_M, HEAD_DIM, TMA)
     DO_src = _rows_source(DO, stride_dm, stride_dd, N_CTX, offs_m0, offs_d, BLOCK_M, HEAD_DIM, TMA)
     DQ_ptrs = DQ + offs_m0[:, None] * stride_qm + offs_d[None, :] * stride_qd
@@ -425,20 +440,22 @@ def _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
     dk, dv, dk_part, dv_part = _kv_side_tiles(
         dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ_ptrs, stride_qm, stride_dm, offs_n, offs_m0,
         lo, mid, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT,
-        GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, DQ_ATOMIC)
+        GACC, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, DQ_ATOMIC, D_VALID)
     dk, dv, dk_part, dv_part = _kv_side_tiles(
         dk, dv, dk_part, dv_part, k, v, Q_src, DO_src, LSE, DELTA, DQ_ptrs, stride_qm, stride_dm, offs_n, offs_m0,
         _imin(lo + BLOCK_N, N_CTX) if CAUSAL else 0, N_CTX, N_CTX, QUERY_BLOCK, scale, BLOCK_M, MATMUL, QK_OUT,
         SCORES, PBAR, PV_DT, DP, DS, DS_DT, GACC, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ,
-        DQ_ATOMIC)
+        DQ_ATOMIC, D_VALID)
     tl.store(DK + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-             _round(dk.to(tl.float32), DK.dtype.element_ty).to(DK.dtype.element_ty), mask=col_ok)
+             _round(dk.to(tl.float32), DK.dtype.element_ty).to(DK.dtype.element_ty),
+             mask=_rows_mask(col_ok, offs_d, D_VALID))
     tl.store(DV + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-             _round(dv.to(tl.float32), DV.dtype.element_ty).to(DV.dtype.element_ty), mask=col_ok)
+             _round(dv.to(tl.float32), DV.dtype.element_ty).to(DV.dtype.element_ty),
+             mask=_rows_mask(col_ok, offs_d, D_VALID))
 
 
-_DKDV_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "ORDER", "FTZ",
-             "DQ_ATOMIC"]
+_DKDV_KEY = ["N_CTX", "HEAD_DIM", "D_VALID", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA",
+             "ORDER", "FTZ", "DQ_ATOMIC"]
 _DKDV_PRUNE = {"early_config_prune": _fp32_prune(_DKDV_SMALL)}
 #: (space, atomic) → the dK/dV kernel's autotuner (code-changing constexprs in the key, as for the other kernels).
 #: The atomic backward's (DQ_ATOMIC) zero the dQ accumulator before every timed launch and before the launch they
@@ -451,7 +468,7 @@ _bwd_dkdv = DKDV_TUNERS[("v1", False)]
 _bwd_dkdv_atomic = DKDV_TUNERS[("v1", True)]
 
 
-# -- the fused backward (`kernels.Tuning(bwd="fused")`): dK/dV of key block j, then dQ of query block j ---------------
+# -- the fused backward (`lpfail.kernels.Tuning(bwd="fused")`): dK/dV of key block j, then dQ of query block j ------
 @triton.jit
 def _bwd_fused_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
                       stride_qz, stride_qh, stride_qm, stride_qd,
@@ -465,25 +482,27 @@ def _bwd_fused_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
                       PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
                       GACC: tl.constexpr, SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr,
                       DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
-                      TMA: tl.constexpr = False, FTZ: tl.constexpr = False):
+                      TMA: tl.constexpr = False, FTZ: tl.constexpr = False, D_VALID: tl.constexpr = 0):
     """Both halves of the split backward in one launch, no atomics: program j computes dK_j, dV_j for key block j
     (BLOCK_N1 keys, walking query tiles of BLOCK_M1 rows, as `_bwd_dkdv_kernel`) and then dQ_j for query block j
     (BLOCK_N1 rows, walking key tiles of BLOCK_N2, as `_bwd_dq_kernel` in MODE 0). Causal: key block j meets the
     n − j query blocks at or below the diagonal and query block j the j + 1 key blocks at or left of it, so every
     program does n + 1 blocks' work — no triangular tail, and one launch fewer. Each gradient is computed by exactly
-    the code of the split kernels with these tiles, so with the same tiles the bits are the same."""
+    the code of the split kernels with these tiles, so with the same tiles the bits are the same. D_VALID: a head dim
+    narrower than the tile HEAD_DIM (`lpfail.kernels.fwd._attn_fwd_kernel`; no TMA then)."""
+    tl.static_assert(not (TMA and D_VALID), "a head dim narrower than the tile (D_VALID) is read without TMA")
     pid = tl.program_id(0)
     off_hz = tl.program_id(1)
     _dkdv_program(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, stride_qz, stride_qh, stride_qm, stride_qd,
                   stride_kz, stride_kh, stride_kn, stride_kd, stride_vz, stride_vh, stride_vn, stride_vd,
                   stride_dz, stride_dh, stride_dm, stride_dd, H, N_CTX, QUERY_BLOCK, scale, pid, off_hz,
                   HEAD_DIM, BLOCK_M1, BLOCK_N1, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP, DS, DS_DT, GACC, SUB_FMA,
-                  CAUSAL, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, False)
+                  CAUSAL, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, False, D_VALID)
     _dq_program(Q, K, V, DO, LSE, DELTA, DQ, stride_qz, stride_qh, stride_qm, stride_qd,
                 stride_kz, stride_kh, stride_kn, stride_kd, stride_vz, stride_vh, stride_vn, stride_vd,
                 stride_dz, stride_dh, stride_dm, stride_dd, H, N_CTX, KEY_BLOCK, scale, pid, off_hz,
                 HEAD_DIM, BLOCK_N1, BLOCK_N2, MATMUL, QK_OUT, SCORES, DP, DS, DS_DT, GACC, SUB_FMA, CAUSAL, 0,
-                DOT_PREC, DS_PREC, RAW, TMA, FTZ)
+                DOT_PREC, DS_PREC, RAW, TMA, FTZ, D_VALID)
 
 
 #: The fused backward's autotune spaces, (BLOCK_M1, BLOCK_N1, BLOCK_N2, warps, stages, maxnreg): BLOCK_N1 is both the
@@ -516,7 +535,8 @@ for _c in (*_fused_configs("sm90"), _FUSED_SMALL):
     assert GRAD_TILE % _c.kwargs["BLOCK_M1"] == 0 and GRAD_TILE % _c.kwargs["BLOCK_N2"] == 0, \
         "a fused backward's reduction tile does not divide GRAD_TILE: policy blocks would not be whole tiles"
 
-_FUSED_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA", "FTZ"]
+_FUSED_KEY = ["N_CTX", "HEAD_DIM", "D_VALID", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "GACC", "SUB_FMA", "RAW", "TMA",
+              "FTZ"]
 #: space → the fused backward's autotuner (it writes dQ, dK, dV once each, so repeated timing launches are harmless)
 FUSED_TUNERS = {space: triton.autotune(configs=_fused_configs(space), key=_FUSED_KEY, do_bench=_bench,
                                        prune_configs_by={"early_config_prune": _fp32_prune(_FUSED_SMALL)})(

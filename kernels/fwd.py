@@ -230,12 +230,29 @@ def _bh_offset(off_hz, H, stride_z, stride_h):
 
 
 @triton.jit
-def _load_rows(ptrs, offs, N_CTX, MASK: tl.constexpr):
-    """A (rows, HEAD_DIM) tile whose row indices are `offs`; rows at or past N_CTX read 0 when MASK."""
-    if MASK:
+def _load_rows(ptrs, offs, N_CTX, MASK: tl.constexpr, D_VALID: tl.constexpr = 0):
+    """A (rows, HEAD_DIM) tile whose row indices are `offs`; rows at or past N_CTX read 0 when MASK. D_VALID (a
+    head dim narrower than the tile, see `_attn_fwd_kernel`): columns at or past D_VALID read 0 as well."""
+    if D_VALID:
+        cols = tl.arange(0, ptrs.shape[1])
+        if MASK:
+            return tl.load(ptrs, mask=(offs[:, None] < N_CTX) & (cols[None, :] < D_VALID), other=0.0)
+        else:
+            return tl.load(ptrs, mask=cols[None, :] < D_VALID, other=0.0)
+    elif MASK:
         return tl.load(ptrs, mask=offs[:, None] < N_CTX, other=0.0)
     else:
         return tl.load(ptrs)
+
+
+@triton.jit
+def _rows_mask(rows_ok, offs_d, D_VALID: tl.constexpr):
+    """The store mask of a (rows, HEAD_DIM) tile from its rows' (rows, 1) mask: those rows, and with D_VALID only
+    the columns below it (the tile's padding is never written)."""
+    if D_VALID:
+        return rows_ok & (offs_d[None, :] < D_VALID)
+    else:
+        return rows_ok
 
 
 @_elementwise_combine
@@ -286,7 +303,7 @@ def _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES: tl.
     """The maximum that this key block contributes: r_m, or Algorithm 3's m' when FIX (1), or the robust fix's
     (FIX = 2, `lpfail.precision.BoundedMax`). In natural units, except in RAW mode (units of α).
 
-    The tie test has two exact forms (same m' bit for bit; `kernels.Tuning.tie`): TIE = 0 reads the row's two
+    The tie test has two exact forms (same m' bit for bit; `lpfail.kernels.Tuning.tie`): TIE = 0 reads the row's two
     largest scores from one (max, second max) reduction (three min/max per score, and a second running value
     per score in registers); TIE = 1 counts the scores at or above the threshold after a plain max reduction
     (`_tie_count`). In FMA mode the two largest raw products are scaled after the reduction: x ↦ fl(x·α) is
@@ -339,15 +356,15 @@ def _dynamic_max(r_m, ties, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES: tl.con
 
 
 @triton.jit
-def _load_tile(src, start, offs, N_CTX, stride, MASK: tl.constexpr, TMA: tl.constexpr):
+def _load_tile(src, start, offs, N_CTX, stride, MASK: tl.constexpr, TMA: tl.constexpr, D_VALID: tl.constexpr = 0):
     """Rows start … start + len(offs) − 1 of one (batch, head)'s (N_CTX, HEAD_DIM) matrix. TMA: `src` is a
     tensor descriptor (`tl.make_tensor_descriptor`, shape (N_CTX, HEAD_DIM)): the Hopper tensor memory
     accelerator copies the tile, rows past N_CTX read 0. Else `src` points at row 0's tile of pointers and
-    rows past N_CTX read 0 when MASK (as `_load_rows`)."""
+    rows past N_CTX read 0 when MASK, columns at or past D_VALID when it is set (as `_load_rows`)."""
     if TMA:
         return src.load([start, 0])
     else:
-        return _load_rows(src + start * stride, offs, N_CTX, MASK)
+        return _load_rows(src + start * stride, offs, N_CTX, MASK, D_VALID)
 
 
 @triton.jit
@@ -434,13 +451,13 @@ def _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, off
                ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
                MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
                RAW: tl.constexpr, TMA: tl.constexpr, TIE: tl.constexpr, POW2: tl.constexpr,
-               L_PBAR: tl.constexpr):
+               L_PBAR: tl.constexpr, D_VALID: tl.constexpr = 0):
     """Fast path: the policy's key block is one tile, so each tile is read once. (A rotated loop that issued
     the next tile's QKᵀ before this tile's softmax was tried on the H200 on 2026-11-30: the autotuner chose it
     in 1 of 32 shapes, so it was removed.)"""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, MASK, TMA)       # (BLOCK_N, HEAD_DIM)
+        k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, MASK, TMA, D_VALID)  # (BLOCK_N, HEAD_DIM)
         qk = _scores(q, k, offs_m, offs_n, N_CTX, scale, MATMUL, QK_OUT, SCORES, SUB_FMA, MASK, CAUSAL, DOT_PREC,
                      RAW)
         m_blk = _block_max(qk, scale, EPS, BETA, SHIFT_LO, SHIFT_HI, SHIFT_SAFE, SCORES, SUB_FMA, FIX, ACC, TIE,
@@ -449,7 +466,7 @@ def _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, off
         p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)            # (BLOCK_M, BLOCK_N) FP32
         pbar = _round(p, PBAR).to(PV_DT)                                # cast: P̄ right before the P̄V dot
         l_blk = _row_sum(p, pbar, L_CLAMP, CLAMP, L_PBAR)
-        v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, MASK, TMA).to(PV_DT)
+        v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, MASK, TMA, D_VALID).to(PV_DT)
         if (ACC == tl.float32) and (PV_OUT == tl.float32):
             # FP32 accumulator: let the dot add into the rescaled accumulator (one pass over acc)
             alpha = _alpha(m_i, m_new, exp_c, EXP_IN)
@@ -470,7 +487,7 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, off
                        PBAR: tl.constexpr, PV_DT: tl.constexpr, PV_OUT: tl.constexpr, ACC: tl.constexpr,
                        SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr, CAUSAL: tl.constexpr,
                        DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr,
-                       L_PBAR: tl.constexpr):
+                       L_PBAR: tl.constexpr, D_VALID: tl.constexpr = 0):
     """Emulation path: policy key blocks of KEY_BLOCK keys (a multiple of BLOCK_N), walked in chunks. The tie
     test here is always the (max, second max) form: a count would need the block's maximum first, a third walk."""
     for kb in range(0, hi, KEY_BLOCK):
@@ -481,7 +498,7 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, off
         second = tl.full([BLOCK_M], float("-inf"), tl.float32)
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
-            k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, True, TMA)
+            k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, True, TMA, D_VALID)
             qk = _scores(q, k, offs_m, offs_n, N_CTX, scale, MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL,
                          DOT_PREC, RAW)
             if FIX:
@@ -502,13 +519,13 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, off
         pv = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         for start_n in range(kb, kb_hi, BLOCK_N):
             offs_n = start_n + offs_n0
-            k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, True, TMA)
+            k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, True, TMA, D_VALID)
             qk = _scores(q, k, offs_m, offs_n, N_CTX, scale, MATMUL, QK_OUT, SCORES, SUB_FMA, True, CAUSAL,
                          DOT_PREC, RAW)
             p = _probs(qk, m_new, scale, exp_c, EXP_IN, SUB_FMA)
             pbar = _round(p, PBAR).to(PV_DT)                            # cast: P̄ right before the P̄V dot
             l_blk += _row_sum(p, pbar, 0.0, False, L_PBAR)
-            v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, True, TMA).to(PV_DT)
+            v = _load_tile(V_src, start_n, offs_n, N_CTX, stride_vn, True, TMA, D_VALID).to(PV_DT)
             pv = tl.dot(pbar, v, pv, input_precision=PV_PREC)
         if CLAMP:
             l_blk = tl.maximum(l_blk, L_CLAMP)
@@ -518,7 +535,7 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, off
 
 
 # -- the forward kernel --------------------------------------------------------------------------------------
-#: Autotune spaces (`kernels.Tuning.space`): (BLOCK_M, warps, stages, maxnreg). "v1" is the space of 2026-11-30
+#: Autotune spaces (`lpfail.kernels.Tuning.space`): (BLOCK_M, warps, stages, maxnreg). "v1" is the space of 2026-11-30
 #: (its first entry is what LPFAIL_KERNELS_AUTOTUNE=0, the GPU tests, runs; picks on the H200 then: 128/8/3
 #: without the fix, 64/4/3 with it (the tie test's registers), 128/8/4 once). "sm90" adds deeper pipelines,
 #: 256-row tiles at head dim ≤ 64 (half the K/V traffic per query), and 8-warp configs capped at 128 registers
@@ -598,18 +615,25 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
               SUB_FMA: tl.constexpr, FIX: tl.constexpr, CLAMP: tl.constexpr,
               CAUSAL: tl.constexpr, TWO_PASS: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
               RAW: tl.constexpr, TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, TIE: tl.constexpr = 0,
-              POW2: tl.constexpr = False, L_PBAR: tl.constexpr = False):
+              POW2: tl.constexpr = False, L_PBAR: tl.constexpr = False, D_VALID: tl.constexpr = 0):
     """One program: BLOCK_M query rows of one (batch, head). Writes O and L = m + log ℓ (natural units).
+
+    HEAD_DIM is the tile's width along the head dim, a power of two (Triton's tiles are). A head dim that is not
+    one (48, 80, 96, 112) comes as D_VALID, with HEAD_DIM the next power of two: columns D_VALID … HEAD_DIM − 1
+    of Q, K and V read as 0, so every dot and sum gets zeros there (QKᵀ, ℓ and the first D_VALID columns of P̄V
+    are the narrow ones' values), and they are not written. D_VALID = 0: HEAD_DIM is the head dim (the same code
+    as without the knob). Pointer loads only (the launcher turns TMA off for such dims).
 
     RAW (sub mode, α a power of two, which the launcher checks): scores, maxima and the fix's threshold are
     kept in units of α — S/α = round(QKᵀ) — and α is folded into the exponent's constant, saving one multiply
     per score. Rounding commutes with a power-of-two scaling, so every value is the one the natural-unit path
     computes, bit for bit (EPS arrives divided by α).
 
-    Scheduling knobs (`kernels.Tuning`; none changes a bit of O or L): TMA reads Q, K, V and writes O through
+    Scheduling knobs (`lpfail.kernels.Tuning`; none changes a bit of O or L): TMA reads Q, K, V and writes O through
     tensor descriptors (Hopper's tensor memory accelerator) instead of pointer tiles; ORDER 0 puts the query blocks
     on grid axis 0 (longest first within each (batch, head)), ORDER 1 on axis 1 behind every (batch, head) (longest
     first over the whole grid); TIE picks the fix's tie test (`_block_max`); the autotune space: `FWD_TUNERS`."""
+    tl.static_assert(not (TMA and D_VALID), "a head dim narrower than the tile (D_VALID) is read without TMA")
     if RAW:
         exp_c = scale * LOG2E
     else:
@@ -631,7 +655,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     Q_src = _rows_source(Q, stride_qm, stride_qd, N_CTX, tl.arange(0, BLOCK_M), offs_d, BLOCK_M, HEAD_DIM, TMA)
-    q = _load_tile(Q_src, start_m * BLOCK_M, offs_m, N_CTX, stride_qm, True, TMA).to(MATMUL)  # (BLOCK_M, D)
+    q = _load_tile(Q_src, start_m * BLOCK_M, offs_m, N_CTX, stride_qm, True, TMA, D_VALID).to(MATMUL)  # (M, D)
     K_src = _rows_source(K, stride_kn, stride_kd, N_CTX, offs_n0, offs_d, BLOCK_N, HEAD_DIM, TMA)
     V_src = _rows_source(V, stride_vn, stride_vd, N_CTX, offs_n0, offs_d, BLOCK_N, HEAD_DIM, TMA)
 
@@ -647,7 +671,7 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
                                            offs_n0, hi, N_CTX, KEY_BLOCK, scale, exp_c, EPS, BETA, L_CLAMP,
                                            SHIFT_LO, SHIFT_HI, SHIFT_SAFE, BLOCK_M, BLOCK_N, HEAD_DIM, MATMUL,
                                            QK_OUT, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC, SUB_FMA, FIX, CLAMP,
-                                           CAUSAL, DOT_PREC, PV_PREC, RAW, TMA, L_PBAR)
+                                           CAUSAL, DOT_PREC, PV_PREC, RAW, TMA, L_PBAR, D_VALID)
     else:
         # tiles strictly below the diagonal (and inside the sequence) need no mask; the diagonal ones do
         if CAUSAL:
@@ -658,20 +682,22 @@ def _attn_fwd_kernel(Q, K, V, O, LSE,
                                    0, lo_mask, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI,
                                    SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC,
                                    SUB_FMA, FIX, CLAMP, False, CAUSAL, DOT_PREC, PV_PREC, RAW, TMA, TIE, POW2,
-                                   L_PBAR)
+                                   L_PBAR, D_VALID)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, offs_n0,
                                    lo_mask, hi, N_CTX, scale, exp_c, EPS, BETA, L_CLAMP, SHIFT_LO, SHIFT_HI,
                                    SHIFT_SAFE, BLOCK_N, MATMUL, QK_OUT, SCORES, EXP_IN, PBAR, PV_DT, PV_OUT, ACC,
                                    SUB_FMA, FIX, CLAMP, True, CAUSAL, DOT_PREC, PV_PREC, RAW, TMA, TIE, POW2,
-                                   L_PBAR)
+                                   L_PBAR, D_VALID)
     _write_out(O, LSE, acc, l_i, m_i, off_hz, start_m, offs_m, offs_d, N_CTX, stride_om, stride_od, scale,
-               BLOCK_M, HEAD_DIM, RAW, TMA)
+               BLOCK_M, HEAD_DIM, RAW, TMA, D_VALID)
 
 
 @triton.jit
 def _write_out(O, LSE, acc, l_i, m_i, off_hz, start_m, offs_m, offs_d, N_CTX, stride_om, stride_od, scale,
-               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr):
-    """O = Ō / ℓ, rounded once to the stored dtype (through a TMA descriptor or pointers), and L = log ℓ + m."""
+               BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr,
+               D_VALID: tl.constexpr = 0):
+    """O = Ō / ℓ, rounded once to the stored dtype (through a TMA descriptor or pointers), and L = log ℓ + m;
+    with D_VALID, O's columns below it only."""
     o = acc / l_i[:, None]
     if RAW:
         m_i = m_i * scale                                    # back to natural units (exact)
@@ -682,14 +708,15 @@ def _write_out(O, LSE, acc, l_i, m_i, off_hz, start_m, offs_m, offs_d, N_CTX, st
         tl.make_tensor_descriptor(O, shape=[N_CTX, HEAD_DIM], strides=[stride_om, 1],
                                   block_shape=[BLOCK_M, HEAD_DIM]).store([start_m * BLOCK_M, 0], o)
     else:
-        tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, o, mask=offs_m[:, None] < N_CTX)
+        tl.store(O + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, o,
+                 mask=_rows_mask(offs_m[:, None] < N_CTX, offs_d, D_VALID))
 
 
 #: Every constexpr that changes the code is in the key: Triton's autotuner keys on the listed arguments and the
 #: tensors' dtypes only, so a variant left out would reuse another variant's tuned (and pruned) config.
-FWD_KEY = ["N_CTX", "HEAD_DIM", "CAUSAL", "TWO_PASS", "BLOCK_N", "MATMUL", "PV_DT", "ACC", "PV_OUT", "SUB_FMA", "FIX",
-           "CLAMP", "RAW", "TMA", "ORDER", "TIE", "POW2", "L_PBAR"]
-#: One autotuner per autotune space (`kernels.Tuning.space`) around the same JIT function, so that the configs
+FWD_KEY = ["N_CTX", "HEAD_DIM", "D_VALID", "CAUSAL", "TWO_PASS", "BLOCK_N", "MATMUL", "PV_DT", "ACC", "PV_OUT",
+           "SUB_FMA", "FIX", "CLAMP", "RAW", "TMA", "ORDER", "TIE", "POW2", "L_PBAR"]
+#: One autotuner per autotune space (`lpfail.kernels.Tuning.space`) around the same JIT function, so that the configs
 #: the spaces share compile once.
 FWD_TUNERS = {space: triton.autotune(configs=_fwd_configs(space), key=FWD_KEY, do_bench=_bench,
                                      prune_configs_by={"early_config_prune": _fwd_prune})(_attn_fwd_kernel)
@@ -703,14 +730,16 @@ def _probe_pbar(Q, K, P, stride_qm, stride_kn, stride_pm, M, N, scale, EPS, BETA
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, EXP_IN: tl.constexpr,
                 PBAR: tl.constexpr, ACC: tl.constexpr, SUB_FMA: tl.constexpr, FIX: tl.constexpr,
-                DOT_PREC: tl.constexpr, TIE: tl.constexpr = 0, POW2: tl.constexpr = False):
+                DOT_PREC: tl.constexpr, TIE: tl.constexpr = 0, POW2: tl.constexpr = False,
+                D_VALID: tl.constexpr = 0):
     """P̄ (as rounded before the P̄V dot) of the first key block of a row, computed exactly as `_fwd_tiles`
     computes it: used by the tests and chapter 6 to see whether tied maxima give P̄ = 1 on this hardware."""
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=offs_m[:, None] < M, other=0.0)
-    k = _load_rows(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, N, True)
+    q = tl.load(Q + offs_m[:, None] * stride_qm + offs_d[None, :], mask=_rows_mask(offs_m[:, None] < M, offs_d,
+                D_VALID), other=0.0)
+    k = _load_rows(K + offs_n[:, None] * stride_kn + offs_d[None, :], offs_n, N, True, D_VALID)
     qk = _scores(q.to(MATMUL), k, offs_m, offs_n, N, scale, MATMUL, QK_OUT, SCORES, SUB_FMA, True, False, DOT_PREC,
                  False)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)

@@ -437,7 +437,7 @@ def _bounded_max(m_alg3: torch.Tensor, r_m: torch.Tensor, r_s: torch.Tensor, fix
                  scores_f: Format, acc: Format):
     """The robust fix's m' (`lpfail.precision.BoundedMax`, whose docstring gives the rule) from Algorithm 3's
     m'₃ (in `scores`), the block maximum r_m and the tie count r_s. Computed in FP32 (FP64 for FP64 policies),
-    in the same order as `kernels.fwd._dynamic_max`. Returns (m' in `acc`, pos, neg): m' is r_m where the rule
+    in the same order as `lpfail.kernels.fwd._dynamic_max`. Returns (m' in `acc`, pos, neg): m' is r_m where the rule
     leaves no shift; pos / neg mark the rows shifted with r_m > 0 / r_m ≤ 0 (the fix's counters)."""
     op = _op(scores_f.dtype, acc.dtype)
     lo, hi, half = float(fix.shift_min), float(fix.shift_max), float(fix.shift_max) / 2

@@ -12,7 +12,7 @@ per head::
     AttentionSpec("sdpa")                    torch's fused scaled_dot_product_attention (what users run)
     AttentionSpec("naive")                   softmax(αQKᵀ)V in float64 (the truth)
     AttentionSpec("reference", PAPER_BF16)   lpfail.attention: tiled FlashAttention-2 under a Precision
-    AttentionSpec("triton", FA2_BF16)        kernels.flash_attention (CUDA only)
+    AttentionSpec("triton", FA2_BF16)        lpfail.kernels.flash_attention (CUDA only)
 
 and the paper's substitutions are overrides::
 
@@ -218,18 +218,19 @@ def _reference(q, k, v, policy, sr_key: RoundingKey | None = None):
 
 
 def _triton_function():
-    """(kernels.flash_attention, whether Triton's CPU interpreter is on), or (None, the reason it cannot be had)."""
+    """(lpfail.kernels.flash_attention, whether Triton's CPU interpreter is on), or (None, the reason it cannot be
+    had)."""
     try:
-        kernels = importlib.import_module("kernels")
+        kernels = importlib.import_module("lpfail.kernels")
         fn = getattr(kernels, "flash_attention", None)
         if fn is None:
-            fn = importlib.import_module("kernels.flash_attention")
+            fn = importlib.import_module("lpfail.kernels.flash_attention")
         if isinstance(fn, types.ModuleType):  # kernels/flash_attention.py holding a function of the same name
             fn = getattr(fn, "flash_attention")
         interpreted = getattr(kernels, "interpreted", None)
         return fn, bool(interpreted()) if callable(interpreted) else False, None
     except (ImportError, AttributeError) as e:
-        return None, False, f"cannot import kernels.flash_attention ({type(e).__name__}: {e})"
+        return None, False, f"cannot import lpfail.kernels.flash_attention ({type(e).__name__}: {e})"
 
 
 def unavailable(spec: AttentionSpec, device) -> str | None:

@@ -12,8 +12,12 @@ Chapters call ``load(NAME)``: it returns the stored result when its config hash 
 current config and raises an error naming the regenerating command otherwise. With ``LPFAIL_RECOMPUTE=1``,
 ``load`` recomputes (and stores) instead — on a GPU machine for GPU experiments. Writes are atomic: each file
 goes to a temporary name in the same folder and is renamed into place, the ``.npz`` first and the ``.json``
-(which names the ``.npz``'s hash) last. ``LPFAIL_RESULTS_DIR`` points the cache elsewhere (used on the GPU
-machine, whose files come back through ``$OUT``). A CPU experiment's result is stored only under the pinned CPU
+(which names the ``.npz``'s hash) last.
+
+Where (`results_dir`): ``$LPFAIL_RESULTS_DIR`` if set (the GPU machine's calls point it at ``$OUT``); else, in a
+source checkout, its ``results/`` (the stored results the book reads); else — lpfail installed from a wheel, where
+the folder above the package is site-packages — ``results/`` in the user's lpfail folder (`user_dir`:
+``$LPFAIL_HOME``, else ``$XDG_DATA_HOME/lpfail``, else ``~/.local/share/lpfail``), never site-packages. A CPU experiment's result is stored only under the pinned CPU
 numerics (`lpfail.numerics.require_pinned`): computed otherwise, its numbers would depend on the machine.
 """
 from __future__ import annotations
@@ -37,13 +41,20 @@ from typing import Any, Callable
 
 import numpy as np
 
+import lpfail
 from lpfail import numerics
 
 #: Packages whose modules register experiments. `registry()` walks them on first use and imports every module
 #: whose source registers one (``experiment(`` as a decorator): a new experiment module needs no entry here.
-EXPERIMENT_PACKAGES = ("lpfail.experiments", "kernels")
+EXPERIMENT_PACKAGES = ("lpfail.experiments", "lpfail.kernels")
 
+#: The folder above the package: the repository in a source checkout, site-packages in an install (`checkout`).
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The user's lpfail folder (results outside a checkout): this variable, else $XDG_DATA_HOME/lpfail or
+#: ~/.local/share/lpfail (`user_dir`).
+HOME_ENV = "LPFAIL_HOME"
+#: Where results go, whatever else holds (`results_dir`).
+RESULTS_ENV = "LPFAIL_RESULTS_DIR"
 
 
 class ResultError(RuntimeError):
@@ -179,13 +190,34 @@ def config_hash(cfg) -> str:
 
 
 # -- provenance -----------------------------------------------------------------------------------------
+def checkout() -> bool:
+    """Whether this lpfail runs from a source checkout (a plain one or an editable install), not from a wheel."""
+    return lpfail.checkout_root() is not None
+
+
+def user_dir() -> Path:
+    """The user's lpfail folder: ``$LPFAIL_HOME``, else ``$XDG_DATA_HOME/lpfail``, else ``~/.local/share/lpfail``."""
+    if os.environ.get(HOME_ENV):
+        return Path(os.environ[HOME_ENV]).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share") / "lpfail"
+
+
 def results_dir() -> Path:
-    return Path(os.environ.get("LPFAIL_RESULTS_DIR") or REPO_ROOT / "results")
+    """Where results are stored and read: ``$LPFAIL_RESULTS_DIR``, else the checkout's ``results/``, else
+    ``results/`` in `user_dir` (an installed lpfail never writes into site-packages)."""
+    if os.environ.get(RESULTS_ENV):
+        return Path(os.environ[RESULTS_ENV])
+    return REPO_ROOT / "results" if checkout() else user_dir() / "results"
 
 
 def _git() -> str:
+    """The commit of the checkout that computes (``-dirty`` with uncommitted changes to lpfail/ or kernels/), or
+    ``lpfail-VERSION`` for an installed lpfail (no repository of its own); ``$LPFAIL_GIT`` wins."""
     if os.environ.get("LPFAIL_GIT"):
         return os.environ["LPFAIL_GIT"]
+    if not checkout():
+        return f"lpfail-{lpfail.__version__}"
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                               timeout=10)
@@ -210,7 +242,7 @@ def _device() -> str:
 
 
 def _versions() -> dict:
-    out = {"python": platform.python_version(), "numpy": np.__version__}
+    out = {"python": platform.python_version(), "numpy": np.__version__, "lpfail": lpfail.__version__}
     for mod in ("torch", "triton"):
         try:
             out[mod] = importlib.import_module(mod).__version__

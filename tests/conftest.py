@@ -3,7 +3,7 @@ in its CPU interpreter for the whole session.
 
 TRITON_INTERPRET=1 must be set before Triton is first imported: Triton's own library functions (tl.zeros, …)
 are built as interpreter functions or as GPU ones once, at import, and only the former run in the
-interpreter. A test module that imports `kernels` early (for its benchmark helpers, say) would otherwise
+interpreter. A test module that imports `lpfail.kernels` early (for its benchmark helpers, say) would otherwise
 import Triton in GPU mode, and the kernel tests (tests/kernel_env.py) could not switch it back. lpfail is imported
 before torch, so that its CPU numeric pins hold in every test (lpfail.numerics)."""
 import os

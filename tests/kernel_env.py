@@ -1,6 +1,6 @@
-"""Imports `kernels` for the kernel tests: on a machine without CUDA, in Triton's CPU interpreter.
+"""Imports `lpfail.kernels` for the kernel tests: on a machine without CUDA, in Triton's CPU interpreter.
 
-TRITON_INTERPRET=1 is set before `kernels` is imported — or `kernels` is re-imported, if another module
+TRITON_INTERPRET=1 is set before `lpfail.kernels` is imported — or it is re-imported, if another module
 imported it first — and stays set for the rest of the process, since Triton reads it at run time too."""
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ DEVICE = "cuda" if CUDA else "cpu"
 
 
 def load_kernels():
-    """The `kernels` package, interpreted when there is no CUDA."""
+    """The `lpfail.kernels` package, interpreted when there is no CUDA."""
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
-        if "kernels" in sys.modules and not sys.modules["kernels"].interpreted():
-            for name in ("kernels.fwd", "kernels.bwd", "kernels"):
+        if "lpfail.kernels" in sys.modules and not sys.modules["lpfail.kernels"].interpreted():
+            for name in ("lpfail.kernels.fwd", "lpfail.kernels.bwd", "lpfail.kernels"):
                 importlib.reload(sys.modules[name])
-    return importlib.import_module("kernels")
+    return importlib.import_module("lpfail.kernels")

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from kernels.bench import summary, targets
+from lpfail.kernels.bench import summary, targets
 
 METHODS = ["sdpa_flash", "sdpa_cudnn", "triton", "triton_fix", "triton_paper", "reference_paper"]
 MODES = ["fwd", "bwd", "fwd_bwd"]
@@ -71,7 +71,7 @@ def test_targets_figure_draws_both_panels():
 
 
 def test_markdown_tables():
-    from kernels.bench import summary_markdown, targets_markdown
+    from lpfail.kernels.bench import summary_markdown, targets_markdown
     res = fake(triton=(115.0, 95.0), fix_cost=(0.2, 0.05))
     t = targets_markdown(res, methods=("triton",))
     assert "| `triton` | fwd / SDPA flash | ≥ 1.2× | 1.15× | 1.15× | **no** |" in t
@@ -83,7 +83,7 @@ def test_markdown_tables():
 # -- the robust fix's cost: the stored result imported from the device's JSON, and its targets ------------------
 def _raw_robust(cost_pct=None, drop=None, extra=None):
     """A tools/gpu_robust_cost.py JSON over RobustCostConfig's grid; ``cost_pct(d, n, pair, mode)`` gives each."""
-    from kernels.bench import RobustCostConfig
+    from lpfail.kernels.bench import RobustCostConfig
 
     cfg = RobustCostConfig()
     cost_pct = cost_pct or (lambda d, n, pair, mode: 2.0 if mode == "fwd_bwd" else 5.0)
@@ -100,7 +100,7 @@ VERSIONS = {"python": "3.12.3", "torch": "2.11.0+cu130", "triton": "3.6.0"}
 
 
 def test_robust_cost_import_stores_provenance_and_targets(tmp_path):
-    from kernels.bench import import_robust_cost, robust_markdown, robust_summary
+    from lpfail.kernels.bench import import_robust_cost, robust_markdown, robust_summary
     from lpfail import results
 
     def cost(d, n, pair, mode):   # the fma pair misses the forward target at d = 64, N = 8192 only
@@ -122,7 +122,7 @@ def test_robust_cost_import_stores_provenance_and_targets(tmp_path):
 def test_robust_cost_import_refuses_incomplete_or_unknown(tmp_path):
     import pytest
 
-    from kernels.bench import import_robust_cost
+    from lpfail.kernels.bench import import_robust_cost
 
     with pytest.raises(ValueError, match="missing"):
         import_robust_cost(_raw_robust(drop=3), "g", "2026-12-01", VERSIONS, 1.0, directory=tmp_path)
@@ -138,7 +138,7 @@ def test_robust_cost_import_refuses_incomplete_or_unknown(tmp_path):
 
 
 def test_host_time_record_is_read_checked_and_tabled(tmp_path):
-    from kernels.bench import HOST_FILE, host_time_rows, load_host_time
+    from lpfail.kernels.bench import HOST_FILE, host_time_rows, load_host_time
 
     with pytest.raises(FileNotFoundError, match="gpu_overhead"):
         load_host_time(tmp_path)
@@ -163,7 +163,7 @@ def test_host_time_record_is_read_checked_and_tabled(tmp_path):
 
 
 def test_host_fwd_bwd_facts_give_the_ratio_the_target_and_the_python_floor():
-    from kernels.bench import host_fwd_bwd_facts
+    from lpfail.kernels.bench import host_fwd_bwd_facts
 
     rec = {"dropin": {"fwd_bwd": 375.56}, "sdpa_flash": {"fwd_bwd": 243.0}}
     f = host_fwd_bwd_facts(rec)
@@ -181,7 +181,7 @@ def test_host_fwd_bwd_facts_give_the_ratio_the_target_and_the_python_floor():
 
 
 def test_sdpa_host_spread_reads_every_record_and_needs_two(tmp_path):
-    from kernels.bench import sdpa_host_spread
+    from lpfail.kernels.bench import sdpa_host_spread
 
     root = tmp_path / "kernels_gpu"
     (root / "tune_a").mkdir(parents=True)
@@ -199,7 +199,7 @@ def test_interleaved_timing_visits_every_method_each_round_and_takes_the_median_
     """`_time_interleaved` (issue 25: two timings of one kernel in one run differed by ≈ 10 %): warm-up for every
     method first, then rounds that visit each method in turn, reversed every other round; per method the median
     of its round medians and their spread. A drift that grows with time then biases no method."""
-    from kernels.bench import _time_interleaved
+    from lpfail.kernels.bench import _time_interleaved
 
     clock, visits, warm = [0.0], [], []
 

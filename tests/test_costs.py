@@ -213,7 +213,7 @@ def test_stored_at_commit():
 
 def test_bench_table_reports_the_alternating_fix_cost():
     """kernels.bench.table prints the paired (alternating) fix-cost ratios when the result has them."""
-    from kernels.bench import table
+    from lpfail.kernels.bench import table
     tf = np.full((1, 2, 2, 3), 100.0)
     res = {"methods": np.array(["triton", "triton_fix"]), "modes": np.array(["fwd", "bwd", "fwd_bwd"]),
            "head_dims": np.array([64]), "seq_lens": np.array([1024, 2048]), "tflops": tf, "ms": 1.0 / tf,

@@ -53,7 +53,7 @@ def test_knobs_round_trip_and_leave_presets_alone():
 
 
 def test_kernels_refuse_the_reference_only_cures():
-    kernels = pytest.importorskip("kernels")
+    kernels = pytest.importorskip("lpfail.kernels")
     for p in (FA2_BF16.replace(delta="dO.O_res"), FA2_BF16.replace(ds_rowsum=True)):
         with pytest.raises(ValueError, match="not implemented in the Triton kernels"):
             kernels.kernel_policy(p)

@@ -214,7 +214,7 @@ def test_k_bit_policies_reach_stochastic_rounding_and_not_fma():
 
 
 def test_kernels_refuse_the_dial():
-    kernels = pytest.importorskip("kernels")
+    kernels = pytest.importorskip("lpfail.kernels")
     for p, knob in ((FA2_BF16.replace(out="bf16m5"), "out"), (FA2_BF16.replace(o_acc="bf16m3"), "o_acc"),
                     (FA2_BF16.replace(v="bf16"), "v")):
         with pytest.raises(ValueError, match=rf"Precision\.{knob}=.*lpfail\.attention"):

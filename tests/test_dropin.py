@@ -1,4 +1,4 @@
-"""The drop-in kernel: ``kernels.flash_attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, fix=...)``
+"""The drop-in kernel: ``lpfail.flash_attention(q, k, v, is_causal=False, scale=None, enable_gqa=False, fix=...)``
 against PyTorch's scaled_dot_product_attention (CPU: Triton's interpreter, FP32; GPU-marked: BF16): SDPA's defaults
 and keywords, and clear refusals of what the kernels do not support."""
 from __future__ import annotations
@@ -114,11 +114,38 @@ def test_clear_errors_for_dtype_head_dim_and_policy_mix():
     q, k, v, _ = qkv()
     with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
         kernels.flash_attention(q.double(), k.double(), v.double())
-    q2, k2, v2, _ = qkv(d=48)
+    q2, k2, v2, _ = qkv(d=40)   # not a multiple of 16 (48 is a head dim the kernels take)
     with pytest.raises(ValueError, match="head_dim"):
         kernels.flash_attention(q2, k2, v2)
     with pytest.raises(ValueError, match="not both"):
         kernels.flash_attention(q, k, v, FA2_BF16, fix="robust")
+
+
+@pytest.mark.parametrize("style", ["sdpa", "policy"])
+def test_error_without_gpu_names_the_reference_call_that_computes_the_same(monkeypatch, style):
+    """With no GPU and no interpreter the error offers the pure-PyTorch reference: the function
+    lpfail.attention.attention with its own keywords (causal=, not SDPA's is_causal=) and this call's policy, causal
+    and scale. Run as written, that call gives what the kernels give (FP32: to rounding)."""
+    import re
+
+    import lpfail
+    import lpfail.attention  # noqa: F401  (the call names it as lpfail.attention.attention)
+
+    q, k, v, _ = qkv(n=40)
+    policy = kernels.policy_for(torch.float32, "robust")
+    args, kwargs = ((), dict(is_causal=False, fix="robust", scale=0.3)) if style == "sdpa" else \
+        ((policy,), dict(causal=False, scale=0.3))
+    expected = kernels.flash_attention(q, k, v, *args, **kwargs).cpu()
+    q, k, v = q.cpu(), k.cpu(), v.cpu()
+    monkeypatch.setattr(kernels, "interpreted", lambda: False)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU") as err:
+        kernels.flash_attention(q, k, v, *args, **kwargs)
+    call = re.search(r"computes the same: (lpfail\.attention\.attention\(.*\))\. ", str(err.value)).group(1)
+    assert "is_causal" not in call and "causal=False" in call and "scale=0.3" in call
+    got = eval(call, {"lpfail": lpfail, "q": q, "k": k, "v": v, "policy": policy})
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match=r"repeat_interleave"):   # grouped heads: k and v repeated first
+        kernels.flash_attention(q, k[:, :1], v[:, :1], is_causal=True, enable_gqa=True)
 
 
 @pytest.mark.gpu

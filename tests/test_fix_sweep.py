@@ -192,7 +192,7 @@ def test_fix_training_part_lines(tmp_path):
 
 def _fake_cost(fwd_pct: float, fwd_bwd_pct: float):
     """A robust_cost result (arrays only) whose every shape costs the given per cents, in both modes."""
-    from kernels.bench import RobustCostConfig
+    from lpfail.kernels.bench import RobustCostConfig
 
     cfg = RobustCostConfig()
     ratio = np.empty((len(cfg.head_dims), len(cfg.seq_lens), len(cfg.pairs), len(cfg.modes)))

@@ -340,7 +340,7 @@ def test_no_cuda_and_no_interpreter_is_a_clear_runtime_error(monkeypatch):
 def test_bad_shapes():
     q = torch.randn(1, 1, 16, 64, device=DEVICE)
     with pytest.raises(ValueError, match="head_dim"):
-        kernels.flash_attention(q[..., :48], q[..., :48], q[..., :48], FP32)
+        kernels.flash_attention(q[..., :40], q[..., :40], q[..., :40], FP32)   # 48 is a head dim the kernels take
     with pytest.raises(ValueError, match="one shape"):
         kernels.flash_attention(q, q[:, :, :8], q, FP32)
 
@@ -605,7 +605,7 @@ def test_autotune_spaces_prune_to_their_configs(monkeypatch):
     holds exactly the configs measured until 2026-12-01 and "sm90" those plus its own, in every kernel; the forward
     keeps 256-row tiles only at head dim ≤ 64, FP32 dots get one small config, and LPFAIL_KERNELS_AUTOTUNE=0 takes
     the space's first config (v1's first, in both spaces). One autotuner per space, around one JIT function."""
-    from kernels import bwd, fwd
+    from lpfail.kernels import bwd, fwd
 
     monkeypatch.setattr(fwd, "INTERPRET", False)
     monkeypatch.setattr(bwd, "INTERPRET", False)
@@ -656,7 +656,7 @@ def test_fused_backward_spaces(monkeypatch):
     """The fused backward's autotune spaces as on the GPU: its first config has the split kernels' first tiles (so
     LPFAIL_KERNELS_AUTOTUNE=0 gives the split's bits), "sm90" is "v1" plus its additions, FP32 dots get the small
     config with the split kernels' small tiles, and both spaces wrap one JIT function."""
-    from kernels import bwd, fwd
+    from lpfail.kernels import bwd, fwd
 
     monkeypatch.setattr(bwd, "INTERPRET", False)
     monkeypatch.setenv(fwd.TUNE_ENV, "1")

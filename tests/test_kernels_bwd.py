@@ -20,7 +20,7 @@ from lpfail.precision import FP32, PAPER_BF16
 from tests.kernel_env import CUDA, DEVICE, load_kernels
 
 kernels = load_kernels()
-from kernels import bwd  # noqa: E402
+from lpfail.kernels import bwd  # noqa: E402
 
 from lpfail.attention import attention, flash_backward, flash_forward  # noqa: E402
 

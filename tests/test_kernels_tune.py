@@ -18,7 +18,7 @@ SCRIPT = r"""
 import collections, math, pickle, sys
 sys.path.insert(0, "tools")
 import gpu_kernels_tune as g
-from kernels import NEXT_LEVERS, Tuning
+from lpfail.kernels import NEXT_LEVERS, Tuning
 
 jobs = g.compile_jobs("cpu")
 kinds = collections.Counter(j[0][0] for j in jobs)

@@ -92,7 +92,7 @@ def test_new_knobs_fall_back_to_acc_and_validate():
 
 
 def test_kernels_refuse_the_compiled_knobs():
-    kernels = pytest.importorskip("kernels")
+    kernels = pytest.importorskip("lpfail.kernels")
     for changes in (dict(o_acc="fp32"), dict(l_div="bf16"), dict(l_store="bf16"), dict(m_rescale="bf16"),
                     dict(l_div_last="bf16")):
         with pytest.raises(ValueError, match="compiled official code's arithmetic"):
@@ -393,7 +393,7 @@ def test_masked_carry_validates_and_round_trips():
 
 
 def test_kernels_refuse_masked_carry():
-    kernels = pytest.importorskip("kernels")
+    kernels = pytest.importorskip("lpfail.kernels")
     with pytest.raises(ValueError, match="masked_carry='bf16'.*not implemented in the Triton kernels"):
         kernels.kernel_policy(PAPER_BF16_OFFICIAL_FIX.replace(matmul="fp32", masked_carry="bf16"))
 

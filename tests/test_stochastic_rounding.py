@@ -284,6 +284,6 @@ def test_forward_from_scores_takes_the_sr_policy():
 
 
 def test_kernels_refuse_sr():
-    kernels = pytest.importorskip("kernels")
+    kernels = pytest.importorskip("lpfail.kernels")
     with pytest.raises(ValueError, match="rounding='sr'.*lpfail.attention"):
         kernels.kernel_policy(SR)

@@ -7,9 +7,13 @@ spent on it. The constexprs and compile options come from the launcher's own pla
     python tools/compile_check.py            # the benchmark's policies × every tuning lever, head dims 64 and 128,
                                              # causal, every config of each kernel's autotune space
     python tools/compile_check.py --quick    # one variant per code path and lever, first config (the CPU test)
+    python tools/compile_check.py --head-dims  # head dims narrower than their tile (48 and 96, one per tile
+                                             # width; `--head-dims=48,80,96,112` names them): every kernel (δ,
+                                             # the fused backward and the atomic dK/dV too), first config
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -17,8 +21,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-import kernels
-from kernels import ALL_LEVERS, Tuning, bwd, fwd
+from lpfail import kernels
+from lpfail.kernels import ALL_LEVERS, Tuning, bwd, fwd
 from lpfail.precision import FA2_BF16, PAPER_BF16
 
 POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
@@ -67,9 +71,9 @@ def _divisibility(fn, consts):
 
 
 def _source(jit_fn, consts):
-    fn = getattr(jit_fn, "fn", jit_fn)  # under the autotuner
+    fn = jit_fn.fn if hasattr(jit_fn, "configs") else jit_fn  # the JIT function under an autotuner
     consts = _launch_constants(fn, consts)
-    fp32 = ("DQ",) if consts.get("DQ_ATOMIC") else ()
+    fp32 = ("DQ",) if consts.get("DQ_ATOMIC") or consts.get("ZERO_DQ") else ()
     return ASTSource(fn, _signature(fn, consts, fp32_ptrs=fp32),
                      constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
                      attrs=_divisibility(fn, consts))
@@ -147,6 +151,51 @@ QUICK = (("FA2_BF16+fix", "default", "fwd", (64, 128)), ("fma+fix", "default", "
          ("FA2_BF16", "tma", "dq", (64,)), ("PAPER_BF16", "tma", "dkdv", (64,)))
 
 
+#: (policy, tuning) pairs compiled at every head dim narrower than its tile (`--head-dims`): the fast path with
+#: each fix and the FMA form, the two-pass emulation with BF16 gradient accumulators, δ from dP ∘ P, the default
+#: levers (fused backward) and every lever (atomic backward).
+PADDED = (("FA2_BF16+robust", "default"), ("fma+fix", "default"), ("PAPER_BF16+fix", "default"),
+          ("FA2_BF16", "dpp"), ("FA2_BF16+robust", "next"), ("FA2_BF16", "all"))
+
+
+def padded_variants(dims=(48, 96), n=4096):
+    """Every kernel a causal BF16 launch makes at head dims that are not powers of two, with the launcher's
+    constexprs (HEAD_DIM the next power of two, D_VALID the head dim; TMA off, as the launcher turns it off there),
+    first config of each kernel."""
+    tunings = {**TUNINGS, "next": kernels.NEXT_LEVERS, "dpp": Tuning()}
+    for name, tname in PADDED:
+        policy = POLICIES[name].replace(delta="dP.P") if tname == "dpp" else POLICIES[name]
+        kp = kernels.kernel_policy(policy)
+        tuning = dataclasses.replace(tunings[tname], tma=False)
+        for d in dims:
+            _, _, consts = kernels._fwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, None, False, tuning)
+            assert consts["D_VALID"] == d and consts["HEAD_DIM"] > d
+            fusion = consts.pop("enable_fp_fusion")
+            kernel = fwd.FWD_TUNERS[tuning.space]
+            cfg = _configs(kernel, consts, False)[0]
+            yield (name, tname, d, "fwd", cfg), kernel, {**consts, **cfg.kwargs}, _options(cfg, fusion)
+            _, bconsts, _, _ = kernels._bwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, torch.bfloat16, None,
+                                                 False, tuning)
+            bconsts = {key: dict(c) for key, c in bconsts.items()}
+            fusion = bconsts["kv"]["enable_fp_fusion"]
+            for c in bconsts.values():
+                c.pop("enable_fp_fusion")
+            kinds = [("dkdv", bwd.DKDV_TUNERS[(tuning.space, tuning.bwd == "atomic")], bconsts["kv"])]
+            if tuning.bwd == "fused":
+                kinds.append(("fused", bwd.FUSED_TUNERS[tuning.space], bconsts["fused"]))
+            elif tuning.bwd == "split":
+                kinds.append(("dq", bwd.DQ_TUNERS[tuning.space], bconsts["dq"]))
+            if kp.delta == "dP.P":
+                kinds.append(("dpp", bwd.DQ_TUNERS[tuning.space], bconsts["dpp"]))
+            for kern, kernel, c in kinds:
+                cfg = _configs(kernel, c, False)[0]
+                yield (name, tname, d, kern, cfg), kernel, {**c, **cfg.kwargs}, _options(cfg, fusion)
+            delta = dict(HEAD_DIM=consts["HEAD_DIM"], D_VALID=d, BLOCK_M=64, PROD=kernels._TL["fp32"],
+                         ZERO_DQ=tuning.bwd == "atomic")
+            cfg = triton.Config({}, num_warps=4, num_stages=1)
+            yield (name, tname, d, "delta", cfg), bwd._bwd_delta_dot, delta, _options(cfg, fusion)
+
+
 def _quick_variants():
     want = {(p, t, k, d) for p, t, k, ds in QUICK for d in ds}
     policies = {p: POLICIES[p] for p, _, _, _ in QUICK}
@@ -163,7 +212,11 @@ def main(argv=None) -> int:
     Variants that compile to the same kernel (same constexprs and options) are compiled once."""
     args = sys.argv[1:] if argv is None else argv
     quick = "--quick" in args
-    source = _quick_variants() if quick else variants(POLICIES, tuple(TUNINGS), every=True)
+    dims = [a.partition("=")[2] for a in args if a.startswith("--head-dims")]
+    if dims:
+        source = padded_variants(tuple(int(d) for d in dims[0].split(","))) if dims[0] else padded_variants()
+    else:
+        source = _quick_variants() if quick else variants(POLICIES, tuple(TUNINGS), every=True)
     failed, seen = 0, set()
     for (name, tname, d, kern, cfg), fn, consts, options in source:
         same = (kern, tuple(sorted((k, str(v)) for k, v in consts.items())), tuple(sorted(options.items())))
@@ -179,7 +232,8 @@ def main(argv=None) -> int:
             print(f"{label}  FAILED: {type(e).__name__}: {str(e).splitlines()[-1][:200]}", flush=True)
             continue
         bad = [] if r["shared"] <= SMEM_LIMIT else ["over the shared-memory limit"]
-        bad += [] if (r["cp_async"] or r["tma"]) else ["no asynchronous copies (loads not pipelined)"]
+        bad += [] if (r["cp_async"] or r["tma"] or kern == "delta") else ["no asynchronous copies (loads not "
+                                                                           "pipelined)"]
         failed += bool(bad)
         print(f"{label}  shared memory {r['shared']:6d} B, {r['cp_async']:3d} async copies, {r['tma']:3d} TMA loads"
               + (f"  FAILED: {'; '.join(bad)}" if bad else ""), flush=True)

@@ -49,7 +49,7 @@ step_kernels() {
 step_bench() {
     LPFAIL_RESULTS_DIR=$OUT timeout "$1" python3 -m lpfail run bench_kernels ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | tail -5
     LPFAIL_RESULTS_DIR=$OUT python3 -c "
-from lpfail import results; from kernels.bench import table
+from lpfail import results; from lpfail.kernels.bench import table
 print(table(results._read('bench_kernels', results.results_dir())))" 2>&1 | tee "$OUT/table.txt"
 }
 step_official() {

@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-import kernels  # noqa: E402
-from kernels import NEXT_LEVERS, Tuning  # noqa: E402
-from kernels.bench import _flops, _time_interleaved, _time_paired  # noqa: E402
+from lpfail import kernels  # noqa: E402
+from lpfail.kernels import NEXT_LEVERS, Tuning  # noqa: E402
+from lpfail.kernels.bench import _flops, _time_interleaved, _time_paired  # noqa: E402
 from lpfail.precision import FA2_BF16  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
@@ -160,7 +160,7 @@ def _record_launches(policy, tuning, d, heads=16, causal=True, scale=None, devic
 
 
 def _tuner_id(kernel):
-    from kernels import bwd, fwd
+    from lpfail.kernels import bwd, fwd
     for table, name in ((fwd.FWD_TUNERS, "fwd"), (bwd.DQ_TUNERS, "dq"), (bwd.DKDV_TUNERS, "dkdv"),
                         (bwd.FUSED_TUNERS, "fused")):
         for key, tuner in table.items():
@@ -207,7 +207,7 @@ def _decode(x):
 
 def run_job(job):
     """In a worker: compile one kernel variant into Triton's cache (JITFunction.warmup, nothing launched)."""
-    from kernels import bwd, fwd
+    from lpfail.kernels import bwd, fwd
     (name, key), args, consts, cfg = job
     jit = {"fwd": lambda: fwd.FWD_TUNERS[key].fn, "dq": lambda: bwd.DQ_TUNERS[key].fn,
            "dkdv": lambda: bwd.DKDV_TUNERS[key].fn, "fused": lambda: bwd.FUSED_TUNERS[key].fn,

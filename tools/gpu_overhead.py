@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import kernels
+from lpfail import kernels
 from lpfail import results
 from lpfail.precision import FA2_BF16
 

@@ -21,9 +21,9 @@ import time
 
 import torch
 
-import kernels
-from kernels import bwd as _bwd
-from kernels import fwd as _fwd
+from lpfail import kernels
+from lpfail.kernels import bwd as _bwd
+from lpfail.kernels import fwd as _fwd
 
 CALLS, REPEATS = 2000, 7
 

@@ -18,7 +18,7 @@ def fix_cost(bench: Mapping) -> Verdict:
     the page states the measured range (forward + backward, and forward alone). Where the stored benchmark
     has alternating timings of the kernel with and without the fix (`pair_ratio`), those are used; else the
     ratio of the two methods' separate medians."""
-    from kernels.bench import summary  # the benchmark's own ratios (imports Triton: only when judged)
+    from lpfail.kernels.bench import summary  # the benchmark's own ratios (imports Triton: only when judged)
 
     rows = summary(bench, "triton")
     if "pairs" in bench and "triton/triton_fix" in [str(p) for p in bench["pairs"]]:
@@ -102,7 +102,7 @@ def robust_cost_evidence(cost: Mapping) -> tuple[str, str]:
     """(evidence sentence, note) for the robust fix's cost (`robust_cost`) against our targets: the range over
     shapes per mode and pass, and how many of the targeted (mode, pass) rows miss. A measurement beside the
     Robust verdict, not part of its rule."""
-    from kernels.bench import robust_summary
+    from lpfail.kernels.bench import robust_summary
 
     rows = [r for r in robust_summary(cost) if r["bound"] is not None]
     if not rows:
@@ -240,7 +240,7 @@ def training_facts(ft: Mapping) -> dict[str, str]:
 def kernel_facts(bench: Mapping) -> dict[str, str]:
     """From the stored ``bench_kernels``: the fix's cost over the shapes (both ways of forming S − m), and the
     kernel against its targets and against cuDNN."""
-    from kernels.bench import summary, targets
+    from lpfail.kernels.bench import summary, targets
     from lpfail.book.text import span
 
     sub, fma = summary(bench, "triton"), summary(bench, "triton_fma")
@@ -264,7 +264,7 @@ def kernel_facts(bench: Mapping) -> dict[str, str]:
 def robust_cost_facts(rcost: Mapping) -> dict[str, str]:
     """From the stored ``robust_cost``: the robust fix's cost range per base and pass, and how many targets it
     misses."""
-    from kernels.bench import robust_summary
+    from lpfail.kernels.bench import robust_summary
     from lpfail.book.text import span
 
     rs = {(r["base"], r["mode"]): r for r in robust_summary(rcost)}

@@ -388,7 +388,7 @@ def kernel_bench_figure(res, mode: str = "fwd_bwd",
 def kernel_targets_figure(res) -> plt.Figure:
     """The kernel's two targets, one row per head dim: forward TFLOP/s against N with the 1.2 × SDPA flash target
     (left), and the fix's cost from the alternating timings with the 3 % target (right)."""
-    from kernels.bench import TARGETS
+    from lpfail.kernels.bench import TARGETS
     names = [str(m) for m in res["methods"]]
     modes = [str(m) for m in res["modes"]]
     dims, ns = res["head_dims"], res["seq_lens"]
@@ -641,7 +641,7 @@ def robust_cost_figure(res) -> plt.Figure:
     """The robust fix's cost (`robust_cost`, alternating timings) per shape: forward (left) and forward +
     backward (right), against the same kernel without a fix in both modes and against Algorithm 3, with the
     target as a dashed line."""
-    from kernels.bench import ROBUST_TARGETS, robust_summary
+    from lpfail.kernels.bench import ROBUST_TARGETS, robust_summary
 
     rows = robust_summary(res)
     bounds = dict(ROBUST_TARGETS)

@@ -188,7 +188,7 @@ def run_method(name: str, s: torch.Tensor, v: torch.Tensor, device: str = "cpu",
         q, k, vv = _qkv(s, v, n_query, device)
         return _sdpa(arg, q, k, vv)[:, 0, 0].double().cpu(), None
     if kind == "triton":
-        import kernels
+        from lpfail import kernels
 
         if not kernels.available(device):
             raise RuntimeError(f"the Triton kernels cannot run on {device!r} (they need CUDA)")
