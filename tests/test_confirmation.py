@@ -79,10 +79,10 @@ def test_a_real_gap_is_called_and_the_cures_judged():
     assert small["healthy_lrs"] == pytest.approx([1e-3, 2e-3, 4e-3, 8e-3])  # within 10 % of 1.42
     assert a["sizes"]["gpt2"]["lr_star"] == pytest.approx(1e-3) and a["sizes"]["gpt2"]["H5"] == "distinguishable"
     assert a["H6"]["verdict"] == "supported"
-    from lpfail.book import lr_sweep_report as LR  # the book's sentences from this very analysis
-    h5 = LR.h5_text(a)
+    from lpfail.book import confirmation_report as CR  # the book's sentences from this very analysis
+    h5 = CR.h5_text(a)
     assert "at 12 × 768 (called at 0.001 and 0.002)" in h5 and "*not distinguishable* at 4 × 256" in h5
-    assert LR.h6_text(a).endswith("is 0.016 at 4 × 256, 0.016 at 8 × 512 and 0.001 at 12 × 768.")
+    assert CR.h6_text(a).endswith("is 0.016 at 4 × 256, 0.016 at 8 × 512 and 0.001 at 12 × 768.")
     fx = a["fix_lr"]
     assert fx["B@lr=0.032"]["verdict"] == "refuted" and fx["B@lr=0.001"]["verdict"] == "no gap to close"
 

@@ -55,7 +55,7 @@ def _agrees(name, facts) -> dict:
 
 def test_headlines_print_what_the_book_prints():
     """On the stored results, each headline entry reads as the chapter's own formatting of the same number."""
-    from lpfail.book import beyond_report, fix_report, gradient_report, lr_sweep_report, rounding_report, verdict
+    from lpfail.book import beyond_report, fix_report, gradient_report, rounding_report, training_claims, verdict
     from lpfail.experiments import fix_rows, prod_kernels, rounding
 
     assert (rounding.STRONG, rounding.REMOVED_RATIO) == (rounding_report.STRONG, rounding_report.REMOVED_RATIO)
@@ -66,7 +66,7 @@ def test_headlines_print_what_the_book_prints():
     _agrees("fix_sweep", fix_report.sweep_facts(results.load("fix_sweep")))
     _agrees("gradient_error", gradient_report.facts(results.load("gradient_error"), reps=10))
     sr = results.load("sr_confound")
-    text = lr_sweep_report.confound_text(sr)
+    text = training_claims.confound_text(sr)
     head = results.get("sr_confound").headline(sr)
     assert all(value in text for value in head.values()), (head, text)
     fr = results.load("fix_rows")

@@ -1,9 +1,11 @@
-"""Chapter 1's three-size picture (lpfail.book.lr_sweep_report: size_curves, three_size_figure, three_size_text)
+"""Chapter 1's three-size picture (lpfail.book.confirmation_report: size_curves, three_size_figure,
+three_size_text)
 on a small synthetic confirmation result: a complete size and an incomplete one."""
 import numpy as np
 import pytest
 
-from lpfail.book import lr_sweep_report as LR
+from lpfail.book import confirmation_report as CR
+from lpfail.book import training_claims as TC
 from lpfail.sweep import stats
 
 
@@ -32,7 +34,7 @@ def _conf():
 
 
 def test_size_curves_pair_only_stored_seeds_and_mark_health():
-    d = LR.size_curves(_conf())
+    d = CR.size_curves(_conf())
     assert list(d) == ["small", "gpt2"]
     s = d["small"]
     assert s["complete"] and s["healthy"] == [True, True, False] and s["c_best"] == pytest.approx(1.30)
@@ -47,7 +49,7 @@ def test_size_curves_pair_only_stored_seeds_and_mark_health():
 
 
 def test_three_size_text_says_what_is_called_and_what_waits():
-    t = LR.three_size_text(_conf())
+    t = CR.three_size_text(_conf())
     assert "At 4 × 256 (3 paired seeds; the call on seeds 1–2 alone), the gap is called at 0.004" in t
     assert "H5 reads *not distinguishable*" in t and "where FP32 attention has degraded" in t
     assert "fresh seeds and Holm over" not in t  # a size with a call needs no word on what it could not call
@@ -58,55 +60,55 @@ def test_three_size_text_says_what_is_called_and_what_waits():
 
 
 def test_three_size_figure_has_both_panels_and_a_legend_of_sizes():
-    fig = LR.three_size_figure(_conf())
+    fig = CR.three_size_figure(_conf())
     ax0, ax1, axl = fig.axes
     assert ax0.get_xscale() == ax1.get_xscale() == "log"
     texts = [t.get_text() for t in axl.get_legend().get_texts()]
     assert texts[0] == "4 × 256, 3 seeds" and texts[1] == "12 × 768, seed 0 so far (5 of 30 runs)"
     with pytest.raises(ValueError, match="no size with A and C"):
-        LR.three_size_figure({"analysis": {}})
+        CR.three_size_figure({"analysis": {}})
 
 
 def test_size_estimates_need_both_sizes_complete():
     conf = _conf()
     large = {k.replace("small_", "large_"): v for k, v in conf.items() if k.startswith("small_")}
-    t = LR.size_estimates({**conf, **large})
+    t = TC.size_estimates({**conf, **large})
     assert t.startswith("On the confirmation grid's seeds (estimates, not a call")
     assert t.count("(3 seeds)") == 2 and "95 % Student t intervals" in t
-    assert LR.size_estimates(conf) is None and LR.size_estimates(None) is None  # no larger size stored
+    assert TC.size_estimates(conf) is None and TC.size_estimates(None) is None  # no larger size stored
     stored = large["large_stored"].copy()
     stored[0, 0, 0] = False
-    assert LR.size_estimates({**conf, **large, "large_stored": stored}) is None  # one run of A missing
+    assert TC.size_estimates({**conf, **large, "large_stored": stored}) is None  # one run of A missing
 
 
 def test_seeds_text_names_runs_of_seeds():
-    assert LR.seeds_text([3, 4]) == "seeds 3–4" and LR.seeds_text([0]) == "seed 0"
-    assert LR.seeds_text([0, 2, 5]) == "seeds 0, 2, 5" and LR.seeds_text([]) == "no seed"
+    assert CR.seeds_text([3, 4]) == "seeds 3–4" and CR.seeds_text([0]) == "seed 0"
+    assert CR.seeds_text([0, 2, 5]) == "seeds 0, 2, 5" and CR.seeds_text([]) == "no seed"
 
 
 def test_h6_text_names_each_sizes_smallest_called_rate():
     a = {"H6": {"verdict": "inconclusive", "lr_star": {"small": 0.032, "large": None, "gpt2": 0.004}}}
-    t = LR.h6_text(a)
+    t = CR.h6_text(a)
     assert t.startswith("H6, whether the smallest learning rate with a gap falls with size, reads *inconclusive*")
     assert "0.032 at 4 × 256, none in the grid at 8 × 512 and 0.004 at 12 × 768." in t
-    assert LR.h6_text({}).endswith("waits for the third size's runs.")
-    assert LR.h6_text({"H6": {"verdict": "not measured (runs missing)"}}) == LR.h6_text({})
+    assert CR.h6_text({}).endswith("waits for the third size's runs.")
+    assert CR.h6_text({"H6": {"verdict": "not measured (runs missing)"}}) == CR.h6_text({})
 
 
 def test_h5_text_groups_sizes_by_word():
     a = {"sizes": {"small": {"H5": "not distinguishable", "H5_called_lrs": []},
                    "large": {"H5": "not distinguishable", "H5_called_lrs": []},
                    "gpt2": {"H5": "distinguishable", "H5_called_lrs": [5e-4, 1e-3]}}}
-    assert LR.h5_text(a) == ("Where FP32 attention is healthy, H5 reads *not distinguishable* at 4 × 256 and "
+    assert CR.h5_text(a) == ("Where FP32 attention is healthy, H5 reads *not distinguishable* at 4 × 256 and "
                              "8 × 512; *distinguishable* at 12 × 768 (called at 0.0005 and 0.001).")
-    assert LR.h5_text({"sizes": {}}) is None and LR.h5_text({}) is None
+    assert CR.h5_text({"sizes": {}}) is None and CR.h5_text({}) is None
 
 
 def test_three_size_text_says_what_a_size_without_a_call_could_have_called():
     conf = _conf()
     cells = conf["analysis"]["sizes"]["small"]["cells"]
     conf["analysis"]["sizes"]["small"]["cells"] = {k: {**c, "verdict": "inconclusive"} for k, c in cells.items()}
-    t = LR.three_size_text(conf)
+    t = CR.three_size_text(conf)
     r = stats.callable_ratio(2, len(cells))   # 2 fresh seeds (confirm_seeds), Holm over the 3 rates: ≈ 27
     assert "no learning rate's gap is called" in t
     assert (f"With 2 fresh seeds and Holm over {len(cells)} learning rates, a gap is called only where its mean over "
@@ -122,17 +124,17 @@ def test_power_beside_the_calls_on_the_stored_grid():
     conf = results.load("confirmation")
     a = conf["analysis"]
     assert a["sizes"]["large"]["H5"] == "not distinguishable"  # the stored, pre-registered word stays
-    assert [LR.h5_word(a, s) for s in ("small", "large", "gpt2")] == ["not distinguishable", "no power",
+    assert [CR.h5_word(a, s) for s in ("small", "large", "gpt2")] == ["not distinguishable", "no power",
                                                                       "not distinguishable"]
-    t = LR.three_size_text(conf)
+    t = CR.three_size_text(conf)
     assert "At 8 × 512 (5 paired seeds; the call on seeds 3–4 alone), no learning rate's gap is called; where FP32 " \
            "attention is healthy, H5 reads *no power*." in t
     assert "would call a gap of 69 standard deviations of the per-seed gap 80 % of the time" in t
     assert "more than the healthy margin of 0.132 nats, which is what *no power* says" in t
     assert t.count("less than the healthy margin") == 2 and t.count("(one-sided 95 % bound)") == 3
-    assert LR.h5_text(a) == ("Where FP32 attention is healthy, H5 reads *not distinguishable* at 4 × 256 and "
+    assert CR.h5_text(a) == ("Where FP32 attention is healthy, H5 reads *not distinguishable* at 4 × 256 and "
                              "12 × 768; *no power* at 8 × 512.")
-    large = LR.ten_seed_gap_table(a, "large")
+    large = CR.ten_seed_gap_table(a, "large")
     assert large.count("**no power**") == 6 and "**inconclusive**" not in large
-    assert "**no power**" not in LR.ten_seed_gap_table(a) and LR.ten_seed_facts(conf)["ten_H5"] == "not distinguishable"
-    assert "the robust fix +0.186 [+0.046, +0.325], p = 0.033, Holm-adjusted 0.3 — **no power**" in LR.fix_lr_text(a)
+    assert "**no power**" not in CR.ten_seed_gap_table(a) and CR.ten_seed_facts(conf)["ten_H5"] == "not distinguishable"
+    assert "the robust fix +0.186 [+0.046, +0.325], p = 0.033, Holm-adjusted 0.3 — **no power**" in CR.fix_lr_text(a)

@@ -6,11 +6,12 @@ from lpfail import results
 
 from lpfail.book import verdict as V
 from lpfail.book import gradient_report as GR
-from lpfail.book import lr_sweep_report as LR
+from lpfail.book import confirmation_report as CR
 from lpfail.book import rounding_report as R4
 from lpfail.book import fix_report as R5
 from lpfail.book import substitution_report as SUB
 from lpfail.book import symptom_report as SYM
+from lpfail.book import training_claims as TC
 from lpfail.results import ResultMissing
 
 
@@ -151,7 +152,7 @@ def test_symptom_verdicts_from_the_stored_results():
     # Fix-b is decided by HB on ten seeds where the confirmation grid has it, else by fix_training (pending until
     # its GPU runs); the explosion search is reported beside it either way
     assert "Fix-b" in vs and "NaN in" in vs["Fix-b"].old and "explosion search" in vs["Fix-b"].old
-    if LR.confirmed(V._load_or_none(__import__("lpfail").results.load, "confirmation"), "Fix-b"):
+    if TC.confirmed(V._load_or_none(__import__("lpfail").results.load, "confirmation"), "Fix-b"):
         assert vs["Fix-b"].seeds == 10 and "fix_training's rule" in vs["Fix-b"].old and "HB" in vs["Fix-b"].evidence
     else:
         assert "explosion search" in vs["Fix-b"].note
@@ -207,12 +208,12 @@ def sweep(h1="supported", h2="refuted", h3="supported", h4="not measured (runs m
 def test_sweep_words_cover_every_pre_registered_outcome():
     assert V.SWEEP_WORDS == WORDS
     with pytest.raises(ValueError):
-        LR.judge_lr_symptom(sweep(h1="maybe"))
+        TC.judge_lr_symptom(sweep(h1="maybe"))
 
 
 @pytest.mark.parametrize("word", list(WORDS))
 def test_c0_is_judged_by_h1(word):
-    v = LR.judge_lr_symptom(sweep(h1=word), old=SYM.judge_symptom(sym_ev()))
+    v = TC.judge_lr_symptom(sweep(h1=word), old=SYM.judge_symptom(sym_ev()))
     assert v.claim == "C0" and v.verdict == WORDS[word], (word, v.verdict)
     assert f"**{word}**" in v.evidence
     # the old criterion (explosion search) is reported beside the verdict, whatever it says, and does not decide
@@ -225,20 +226,20 @@ def test_c0_is_judged_by_h1(word):
 def test_c0_old_criterion_does_not_decide():
     failing_old = SYM.judge_symptom(sym_ev(a=((3, 3), (0, 3))))  # the explosion search alone would say reproduced
     assert failing_old.verdict == V.REPRODUCED
-    v = LR.judge_lr_symptom(sweep(h1="inconclusive"), old=failing_old)
+    v = TC.judge_lr_symptom(sweep(h1="inconclusive"), old=failing_old)
     assert v.verdict == V.NOT_REPRODUCED and "explosion search: reproduced" in v.note
-    assert LR.judge_lr_symptom(sweep(h1="refuted"), old=failing_old).verdict == V.CONTRADICTED
-    assert LR.judge_lr_symptom(sweep(), old=None).old == ""  # no explosion search stored: nothing beside it
+    assert TC.judge_lr_symptom(sweep(h1="refuted"), old=failing_old).verdict == V.CONTRADICTED
+    assert TC.judge_lr_symptom(sweep(), old=None).old == ""  # no explosion search stored: nothing beside it
 
 
 def test_c0_evidence_numbers_and_where_the_gap_is():
-    v = LR.judge_lr_symptom(sweep())
+    v = TC.judge_lr_symptom(sweep())
     assert "+0.095 [+0.050, +0.140]" in v.evidence and "S(A) = 0.595" in v.evidence
     assert "significantly above C's at lr 0.032 of 2" in v.evidence
 
 
 def test_partial_grid_is_stated():
-    for judge in (LR.judge_lr_symptom, LR.judge_bias_not_noise, LR.judge_qk_norm, LR.judge_size):
+    for judge in (TC.judge_lr_symptom, TC.judge_bias_not_noise, TC.judge_qk_norm, TC.judge_size):
         v = judge(sweep())
         assert "Partial evidence" in v.evidence and "102 of 198 runs" in v.evidence
         assert "D 0/18" in v.evidence and "the verdict is on the complete part" in v.evidence
@@ -249,36 +250,36 @@ def test_partial_grid_is_stated():
 
 @pytest.mark.parametrize("word", list(WORDS))
 def test_bias_not_noise_by_h2(word):
-    v = LR.judge_bias_not_noise(sweep(h2=word))
+    v = TC.judge_bias_not_noise(sweep(h2=word))
     assert v.claim == "C0-bias" and v.verdict == WORDS[word] and f"**{word}**" in v.evidence
 
 
 def test_bias_not_noise_refuted_says_so_plainly():
-    v = LR.judge_bias_not_noise(sweep())  # ≈ ours: S(A_sr) above S(A)
+    v = TC.judge_bias_not_noise(sweep())  # ≈ ours: S(A_sr) above S(A)
     assert v.verdict == V.CONTRADICTED
     assert v.evidence.startswith("The A − C gap survives stochastic rounding")
     assert "S(A_sr) − S(C) = +0.096 against S(A) − S(C) = +0.083" in v.evidence
     assert "closes none of the gap: it widens it by 16 %" in v.evidence
-    half = LR.judge_bias_not_noise(sweep(h2="supported", s=dict(A=0.595, C=0.512, A_sr=0.52, A_qk=0.2, C_qk=0.2)))
+    half = TC.judge_bias_not_noise(sweep(h2="supported", s=dict(A=0.595, C=0.512, A_sr=0.52, A_qk=0.2, C_qk=0.2)))
     assert half.verdict == V.REPRODUCED and "closes 90 % of the gap" in half.evidence
-    assert "no A − C gap" in LR.judge_bias_not_noise(sweep(h1="inconclusive", h2="no gap to close")).evidence
+    assert "no A − C gap" in TC.judge_bias_not_noise(sweep(h1="inconclusive", h2="no gap to close")).evidence
 
 
 @pytest.mark.parametrize("word", list(WORDS))
 def test_qk_norm_by_h3(word):
-    v = LR.judge_qk_norm(sweep(h3=word))
+    v = TC.judge_qk_norm(sweep(h3=word))
     assert v.claim == "C0-qk" and v.verdict == WORDS[word] and f"**{word}**" in v.evidence
     assert "Not a claim of the paper" in v.statement
 
 
 def test_qk_norm_closes_the_gap_on_numbers_like_ours():
-    v = LR.judge_qk_norm(sweep())
+    v = TC.judge_qk_norm(sweep())
     assert v.verdict == V.REPRODUCED and "closes 94 % of the gap" in v.evidence
 
 
 @pytest.mark.parametrize("word", ["supported", "refuted", "inconclusive", "not measured (runs missing)"])
 def test_size_by_h4(word):
-    v = LR.judge_size(sweep(h4=word))
+    v = TC.judge_size(sweep(h4=word))
     assert v.claim == "C0-size" and v.verdict == WORDS[word]
     if word.startswith("not measured"):
         assert "Not measured" in v.evidence and "A 6/18, C 6/18" in v.evidence
@@ -296,7 +297,7 @@ def test_sweep_rows_from_the_stored_results():
         assert vs[c].proxy and {"size", "steps", "lr"} <= set(vs[c].proxy), c
     conf = V._stored("confirmation") and results.load("confirmation")
     for c in ("C0-bias", "C0-qk", "C0-size"):
-        if LR.confirmed(conf or None, c):   # decided on the confirmation grid's ten seeds
+        if TC.confirmed(conf or None, c):   # decided on the confirmation grid's ten seeds
             assert vs[c].seeds == 10 and vs[c].p_adjusted is not None and "three-seed" not in vs[c].note, c
             assert f"lr_sweep's 3 seeds" in vs[c].old, c
         else:
@@ -319,12 +320,12 @@ def _confirmation(word: str, h5: str = "not distinguishable"):
                                             ("refuted", V.CONTRADICTED)])
 def test_c0_on_ten_seeds_decides_and_keeps_the_three_seed_verdict_beside_it(word, expected):
     old = V.Verdict("C0", "statement", V.REPRODUCED, "three-seed evidence", "rule", seeds=3, old="search")
-    v = LR.judge_confirmed(_confirmation(word), old)
+    v = TC.judge_confirmed(_confirmation(word), old)
     assert v.verdict == expected and v.seeds == 10 and v.p_adjusted == 0.006 and f"**{word}**" in v.evidence
     assert "paired t test" in v.evidence and "Holm" in v.evidence and "three-seed evidence" in v.old
     assert "search" in v.old and "opens only where" in v.evidence and "384 of 750" in v.evidence
     assert "fresh seeds" in v.test and v.proxy["steps"] == "1,000 per run"
-    healthy_called = LR.judge_confirmed(_confirmation(word, h5="distinguishable"), old)
+    healthy_called = TC.judge_confirmed(_confirmation(word, h5="distinguishable"), old)
     assert "opens only where" not in healthy_called.evidence and "0.002" in healthy_called.evidence
 
 
@@ -336,10 +337,10 @@ def test_c0_bias_on_ten_seeds_by_h2_states_the_remedys_own_gap_and_the_confound(
                                         "seeds_confirm": [3, 4, 5, 6, 7, 8, 9], "p_adjusted": 0.24,
                                         "family_size": 6, "verdict": word}
     conf["analysis"]["hypotheses"]["H2"] = "stochastic rounding closes at least half of the gap"
-    assert LR.confirmed(conf, "C0-bias") and not LR.confirmed(conf, "C0-qk") and not LR.confirmed(None, "C0")
+    assert TC.confirmed(conf, "C0-bias") and not TC.confirmed(conf, "C0-qk") and not TC.confirmed(None, "C0")
     old = V.Verdict("C0-bias", "statement", V.CONTRADICTED, "three-seed evidence", "rule", seeds=3,
                     note="3 seeds: fewer than the 10 a training verdict needs")
-    v = LR.judge_confirmed(conf, old, "C0-bias", "It adds variance too.")
+    v = TC.judge_confirmed(conf, old, "C0-bias", "It adds variance too.")
     assert v.verdict == expected and v.seeds == 10 and v.p_adjusted == 0.24 and v.note == ""
     assert "S(A_sr) − S(C) − ½·(S(A) − S(C)) = +0.047 [+0.018, +0.075]" in v.evidence
     # the remedy's own gap: 0.047 + ½ · 0.08
@@ -364,10 +365,10 @@ def test_production_text_reports_shares_only_when_stored():
     from test_lr_sweep import _fake  # tests/ is on sys.path (rootdir-relative, no package)
 
     res = _fake({"A": 0.6, "C": 0.0, "D": 0.0, "S": 0.0}, noise=0.002)
-    t = LR._production_text(res)
+    t = TC._production_text(res)
     assert t.startswith("Descriptively") and "D (production-kernel arithmetic) closes 10" in t and "SDPA closes" in t
-    assert LR._production_text(_fake({"A": 0.6, "C": 0.0})) == ""
-    assert LR._production_text({"analysis": {}}) == ""
+    assert TC._production_text(_fake({"A": 0.6, "C": 0.0})) == ""
+    assert TC._production_text({"analysis": {}}) == ""
 
 
 def test_provenance_names_every_commit_of_a_merged_result():
@@ -551,9 +552,9 @@ def _fix_conf(hb="inconclusive", b_top="refuted"):
                                             ("refuted", V.CONTRADICTED)])
 def test_fix_b_on_ten_seeds_by_hb_with_each_rate_and_the_robust_fix(word, expected):
     conf = _fix_conf(hb=word)
-    assert LR.confirmed(conf, "Fix-b")
+    assert TC.confirmed(conf, "Fix-b")
     old = V.Verdict("Fix-b", "statement", V.CONTRADICTED, "fix_training's three seeds", "rule")
-    v = LR.judge_confirmed(conf, old, "Fix-b", LR.fix_lr_text(conf["analysis"]))
+    v = TC.judge_confirmed(conf, old, "Fix-b", CR.fix_lr_text(conf["analysis"]))
     assert v.verdict == expected and v.seeds == 10 and v.p_adjusted == 0.42 and "{doc}`05_fix`" in v.evidence
     assert "S(B) − S(C), is +0.049 against S(A) − S(C) = +0.080" in v.evidence  # 0.009 + ½ · 0.08
     # the judged cell, with raw and adjusted p; the rate where the gap is seen but not called, as estimates
@@ -567,10 +568,10 @@ def test_fix_b_on_ten_seeds_by_hb_with_each_rate_and_the_robust_fix(word, expect
 
 def test_fix_b_waits_for_the_ten_seeds_and_the_family_names_what_is_missing():
     conf = _confirmation("supported")
-    assert not LR.confirmed(conf, "Fix-b")  # HB not stored: fix_training's rule still decides
-    assert "HB" in LR._family_text(conf["analysis"]) and "counted as p = 1" in LR._family_text(conf["analysis"])
-    assert "counted" not in LR._family_text({"claims": {h: {} for h in ("H1", "H2", "H3", "HD", "HB", "HR")}})
-    assert LR.fix_lr_text({"claims": {}}) == ""
+    assert not TC.confirmed(conf, "Fix-b")  # HB not stored: fix_training's rule still decides
+    assert "HB" in TC._family_text(conf["analysis"]) and "counted as p = 1" in TC._family_text(conf["analysis"])
+    assert "counted" not in TC._family_text({"claims": {h: {} for h in ("H1", "H2", "H3", "HD", "HB", "HR")}})
+    assert CR.fix_lr_text({"claims": {}}) == ""
 
 
 def test_front_page_on_ten_seeds():
@@ -618,21 +619,21 @@ def _ten_conf(**words):
 def test_chapter_one_on_ten_seeds_table_facts_and_answer():
     conf = _ten_conf(H2="inconclusive", HB="inconclusive", HR="refuted")
     a = conf["analysis"]
-    table = LR.ten_seed_table(a)
+    table = CR.ten_seed_table(a)
     rows = [r for r in table.splitlines() if r.startswith("| H") or r.startswith("| placebo")]
     assert len(rows) == 7 and all(r.count("|") == 7 for r in rows)  # six hypotheses and the placebo, unbroken
     assert "0.42 (seeds 3–9)" in table and "**inconclusive**" in table and "not called" in table
-    f = LR.ten_seed_facts(conf)
+    f = CR.ten_seed_facts(conf)
     assert f["ten_confirm"] == "3–9" and f["ten_placebo"] == "1 of 2" and f["ten_runs"] == "636 of 750"
     assert "supported" in f["ten_gap_0.032"] and "inconclusive" in f["ten_gap_0.016"]
-    found = LR.ten_seed_found(a)
+    found = CR.ten_seed_found(a)
     assert "QK-norm and production" not in found and "production (FA2) arithmetic and QK-norm close" in found
     assert "stochastic rounding and the official fix are not shown to" in found
     assert "the robust fix closes less than half" in found and "opens only at learning rates" in found
     a["claims"]["H1"]["verdict"] = "inconclusive"
-    assert LR.ten_seed_found(a).startswith("On ten paired seeds the paper's arithmetic is not shown")
+    assert CR.ten_seed_found(a).startswith("On ten paired seeds the paper's arithmetic is not shown")
     del a["claims"]["H2"]
-    assert "not yet run" in LR.ten_seed_table(a)
+    assert "not yet run" in CR.ten_seed_table(a)
 
 
 @pytest.mark.parametrize("hb, hr, start", [("inconclusive", "inconclusive", "**In training neither fix"),
@@ -652,9 +653,9 @@ def test_ten_seed_gap_table_per_rate_with_the_placebo():
     conf = _ten_conf()
     a = conf["analysis"]
     a["sizes"]["small"]["c_mean"] = [1.43, 2.35, 2.88]
-    t = LR.ten_seed_gap_table(a)
+    t = CR.ten_seed_gap_table(a)
     rows = [r for r in t.splitlines()[2:]]
     assert [r.split("|")[1].strip() for r in rows] == ["0.002", "0.016", "0.032"]  # by rate, not by key text
     assert all(r.count("|") == 10 for r in rows) and "| yes |" in rows[0] and "| no |" in rows[1]
     assert rows[2].endswith("| called |") and rows[0].endswith("|  |  |")  # a rate without a placebo test: empty
-    assert "placebo" not in LR.ten_seed_gap_table({**a, "placebo": None})
+    assert "placebo" not in CR.ten_seed_gap_table({**a, "placebo": None})

@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from lpfail.book import training_claims as TC
+from lpfail.book.confirmation_report import fix_lr_text
 from lpfail.book.verdict import (NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE, SWEEP_WORDS,
                                 Verdict, _load_or_none, _prov, _stat, pending)
 
@@ -160,11 +162,9 @@ def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
         fix_b = dataclasses.replace(fix_b, note=f"old criterion, explosion search: {o.verdict}",
                                     old=f"explosion search (`symptom`), by its own rule: **{o.verdict}**. "
                                         f"{o.evidence} Its rule: {o.rule}.")
-    from lpfail.book import lr_sweep_report as LR
-
     conf = _load_or_none(load, "confirmation")
-    if LR.confirmed(conf, "Fix-b"):  # ten paired seeds decide it; fix_training's three-seed rule is reported beside
-        fix_b = LR.judge_confirmed(conf, fix_b, "Fix-b", LR.fix_lr_text(conf["analysis"]) + (
+    if TC.confirmed(conf, "Fix-b"):  # ten paired seeds decide it; fix_training's three-seed rule is reported beside
+        fix_b = TC.judge_confirmed(conf, fix_b, "Fix-b", fix_lr_text(conf["analysis"]) + (
             " B's seeds 0–2 had been seen when HB was written (2026-12-01); its call rests on seeds 3–9, run after."))
     out = [fix_b]
     bench = _load_or_none(load, "bench_kernels")
@@ -295,8 +295,7 @@ def facts(load=None) -> dict[str, str]:
 # -- chapter 5 on ten paired seeds (the confirmation grid) ------------------------------------------------------------
 def ten_seed_fix_text(a: Mapping) -> str:
     """Chapter 5's paragraph on the fixes in training on ten paired seeds: HB and HR (LR sensitivity, the call on
-    the fresh seeds, Holm within the claims) and each learning rate's cell (`lr_sweep_report.fix_lr_text`)."""
-    from lpfail.book.lr_sweep_report import fix_lr_text
+    the fresh seeds, Holm within the claims) and each learning rate's cell (`confirmation_report.fix_lr_text`)."""
     from lpfail.book.text import interval
 
     c = a.get("claims") or {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+from lpfail.book import training_claims
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _f,
                                 _load_or_none, _prov, pending)
 
@@ -449,7 +450,6 @@ def judge_gradient_error(res: Mapping) -> Verdict:
 def _one_run_scope(res: Mapping) -> dict:
     """What C2's GPU evidence rests on, for its row: one run of A (seed, learning rate, size, steps), the steps
     and layers checked, and why a sign test over so few checkpoints decides nothing (empty without GPU records)."""
-    from lpfail.book import lr_sweep_report as LR
     from lpfail.experiments import gradient_error as GE
 
     gpu = res.get("gpu")
@@ -461,7 +461,7 @@ def _one_run_scope(res: Mapping) -> dict:
     lr, seed = params["lr"].default, params["seed"].default
     steps = sorted({int(r["step"]) for r in gpu["records"]})
     layers = sorted({int(r["layer"]) for r in gpu["records"]})
-    px = LR.proxy()
+    px = training_claims.proxy()
     px["lr"] = f"{lr:g} (one run)"
     return {"seeds": 1, "proxy": px,
             "test": (f"none with a false-call rate: one run (seed {seed}), {len(steps)} checkpoints (steps "

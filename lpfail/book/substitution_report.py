@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from lpfail.book import training_claims
 from lpfail.book.text import interval
 from lpfail.experiments import substitution as sub
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _f,
@@ -545,12 +546,10 @@ RULE_SEEDS = " (with 3 seeds that interval is the seed range, not a 95 % interva
 
 def on_three_seeds(v: Verdict, res: Mapping) -> Verdict:
     """C1b and C1c are judged from training runs on lr_sweep's three seeds: the row names its seeds, test and
-    proxy (`lr_sweep_report.few_seeds`) and the rule's "95 %" interval is qualified (`RULE_SEEDS`)."""
+    proxy (`training_claims.few_seeds`) and the rule's "95 %" interval is qualified (`RULE_SEEDS`)."""
     import dataclasses
 
-    from lpfail.book import lr_sweep_report as LR
-
-    v = LR.few_seeds(v, res)
+    v = training_claims.few_seeds(v, res)
     return dataclasses.replace(v, rule=v.rule.replace("the 95 % bootstrap interval (seeds, paired)",
                                                       "the 95 % bootstrap interval (seeds, paired)" + RULE_SEEDS))
 

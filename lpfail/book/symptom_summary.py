@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lpfail.book.text import listing
+from lpfail.book.training_claims import size_estimates
 
 #: The paper's peak learning rate (GPT-2 small, its Sec. 2).
 PAPER_LR = 1e-3
@@ -44,6 +45,4 @@ def larger_size(conf: Mapping | None) -> str:
     not one of the grid's families)."""
     if conf is None:
         return "not yet measured"
-    from lpfail.book.lr_sweep_report import size_estimates
-
     return size_estimates(conf) or "not yet measured"

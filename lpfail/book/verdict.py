@@ -8,7 +8,7 @@ Verdicts, from best to worst: ``reproduced``, ``partly``, ``not reproduced``, ``
 ``not yet tested`` (no evidence), ``no claim to test`` (a measurement the paper makes no claim about).
 
 The rules live with the chapter that shows their evidence, each chapter's report module exposing
-``claims(load, stored)``: chapter 1 `lpfail.book.lr_sweep_report` (C0, C0-bias, C0-qk, C0-size; the explosion
+``claims(load, stored)``: chapter 1 `lpfail.book.training_claims` (C0, C0-bias, C0-qk, C0-size; the explosion
 search's old criteria in `lpfail.book.symptom_report`), chapter 2 `lpfail.book.substitution_report` (C1a–c),
 chapter 3 `lpfail.book.gradient_report` (C2), chapter 4 `lpfail.book.rounding_report` (C3a, C3b, Fix-a),
 chapter 5 `lpfail.book.fix_report` (Fix-b, Fix-c, Fix-β, Robust), chapter 6 `lpfail.book.beyond_report` (the
@@ -159,7 +159,7 @@ def _stored(name: str) -> bool:
 # -- the page -----------------------------------------------------------------------------------------------
 #: The chapters in the book's order, each with the report module whose ``claims(load, stored)`` judges its
 #: claims (``lpfail.book.<module>``).
-CHAPTERS = (("01_symptom", "lr_sweep_report"), ("02_substitution", "substitution_report"),
+CHAPTERS = (("01_symptom", "training_claims"), ("02_substitution", "substitution_report"),
             ("03_gradient_error", "gradient_report"), ("04_rounding", "rounding_report"),
             ("05_fix", "fix_report"), ("06_beyond", "beyond_report"))
 
