@@ -433,7 +433,7 @@ def runs_explorer(res):
     return W.VBox([W.HBox([size_dd, var_dd]), W.HBox([lr_dd, seed_dd]), out])
 
 
-# -- the compiled arithmetic (issue 16: lpfail.experiments.compiled_sweep) --------------------------------------
+# -- the compiled arithmetic (lpfail.experiments.compiled_sweep) -----------------------------------------------
 def compiled_section() -> str:
     """Chapter 1's section on PAPER_BF16_COMPILED: the stored compiled_sweep table (S of A, C and A_comp, the
     pre-registered verdicts), or how many of its runs are still missing and what they wait for. Markdown."""
