@@ -150,15 +150,15 @@ class KernelPolicy:
 
 @dataclass(frozen=True)
 class Tuning:
-    """How the kernels are scheduled and tuned, never what they compute (issue 25's speed levers; measured side by
-    side by ``tools/gpu_kernels_tune.py``). Every lever keeps O and L bit for bit, except where said:
+    """How the kernels are scheduled and tuned, never what they compute (speed levers, measured side by side by
+    ``tools/gpu_kernels_tune.py``). Every lever keeps O and L bit for bit, except where said:
 
     * ``tma``      read Q, K, V (and dO in the backward) and write O through Hopper tensor descriptors
                    (`tl.make_tensor_descriptor`: the tensor memory accelerator copies whole tiles) instead of
                    pointer tiles and cp.async; tensors that are not 16-byte aligned run without it. ``"bwd"``: in
-                   the backward only (2026-12-02: TMA sped up the d 64 backward by 5–10 % and slowed the d 64
-                   forward at N ≤ 2k by 12–18 %).
-    * ``space``    the autotune space: ``"v1"`` (6 forward, 3 + 3 backward configs, as measured until 2026-12-01)
+                   the backward only (measured: TMA sped up the d 64 backward by 5–10 % and slowed the d 64
+                   forward at N ≤ 2k by 12–18 %; notes/kernels.md).
+    * ``space``    the autotune space: ``"v1"`` (6 forward, 3 + 3 backward configs: the first space, and ``Tuning()``'s)
                    or ``"sm90"`` (v1 plus deeper pipelines, 256-row forward tiles at head dim ≤ 64 and configs
                    capped at 128 registers per thread; `fwd.FWD_SPACES`, `bwd.DKDV_SPACES` of this package).
                    The backward's FP32 sums follow its tiles: gradients change in their last bits with the pick.
@@ -172,8 +172,8 @@ class Tuning:
                    blocks); the bits of the split backward with the same tiles (deterministic, any grad_acc).
     * ``tie``      the fix's tie test: ``"max2"`` (a (max, second max) reduction) or ``"count"`` (a count of the
                    scores at or above r_m − ε after the max, no second running value); same m' bit for bit;
-                   ``"auto"``: count at head dim ≤ 64, max2 above (what the GPU run of 2026-12-02 measured as the
-                   cheaper form for each, with both fixes). The two-pass emulation path (policy blocks > 128
+                   ``"auto"``: count at head dim ≤ 64, max2 above (the cheaper form for each as measured on a GPU,
+                   with both fixes). The two-pass emulation path (policy blocks > 128
                    keys) always uses max2.
     * ``ftz_exp``  the backward's P = exp(S − L) in sub mode through ex2.approx.ftz (the forward's and FMA mode's
                    exp already are): three instructions fewer per score; P below 2^−126 becomes 0.
@@ -228,15 +228,15 @@ class Tuning:
         return cls(**kw)
 
 
-#: Every lever on (measured on 2026-12-02: the LPT order and the atomic backward lost; notes/kernels.md).
+#: Every lever on (measured lever by lever: the LPT order and the atomic backward lost; notes/kernels.md).
 ALL_LEVERS = Tuning(tma=True, space="sm90", order="lpt", bwd="atomic", tie="count", ftz_exp=True)
-#: Chosen on 2026-12-02 (notes/kernels.md) and the default since 2026-12-04: the levers that did not lose on
-#: 2026-12-02 (TMA in the backward only, the sm90 space, the FTZ exp) and the new ones (the fused backward, the tie
-#: test's form chosen per head dim); not the LPT order or the atomic backward, which lost.
+#: The levers that did not lose in ALL_LEVERS's measurement (TMA in the backward only, the sm90 space, the FTZ exp)
+#: and the ones added after it (the fused backward, the tie test's form chosen per head dim); not the LPT order or
+#: the atomic backward, which lost (notes/kernels.md).
 NEXT_LEVERS = Tuning(tma="bwd", space="sm90", bwd="fused", tie="auto", ftz_exp=True)
-#: What every call runs unless it passes ``tuning=``: NEXT_LEVERS since 2026-12-04 (in the subtract form, the
-#: drop-in's arithmetic, it ran fwd+bwd 16–27 % faster than ``Tuning()`` at N ≥ 2k in both tune calls of issue 25;
-#: notes/kernels.md). ``Tuning()`` (every lever off) is the kernels as measured until 2026-12-01; ``str(tuning)``
+#: What every call runs unless it passes ``tuning=``: NEXT_LEVERS (in the subtract form, the drop-in's arithmetic,
+#: it ran fwd+bwd 16–27 % faster than ``Tuning()`` at N ≥ 2k in both tuning measurements; notes/kernels.md).
+#: ``Tuning()`` (every lever off) is the kernels as first written, before any lever; ``str(tuning)``
 #: and `Tuning.parse` name fields against ``Tuning()``, so "default" is that, not DEFAULT_TUNING.
 DEFAULT_TUNING = NEXT_LEVERS
 _DEFAULT_TEXT = str(DEFAULT_TUNING)
@@ -418,8 +418,8 @@ def _shift_args(kp: KernelPolicy, unit: float) -> tuple[float, float, float]:
 _PICKS: dict = {}
 _DIRECT: dict = {}
 #: "0" turns the direct launch of a compiled kernel off (on by default). It calls Triton 3.6's launcher with that
-#: version's argument layout, which no CPU test can run; on 2026-12-01 (NVIDIA H200, torch 2.11, triton 3.6,
-#: results/kernels_gpu/overhead.json) it gave the same O, dQ, dK, dV bit for bit as the JIT path and cut the
+#: version's argument layout, which no CPU test can run; measured on an NVIDIA H200 (torch 2.11, triton 3.6,
+#: results/kernels_gpu/overhead.json), it gave the same O, dQ, dK, dV bit for bit as the JIT path and cut the
 #: drop-in's host time per forward from 100 to 40 µs. Another Triton's binder layout turns it off by itself.
 DIRECT_ENV = "LPFAIL_KERNELS_DIRECT"
 
@@ -813,7 +813,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
       ``dropout_p=0``, ``enable_gqa`` (key/value heads repeated for the query heads, as SDPA does); the policy
       chosen from the inputs' dtype by `policy_for` (FlashAttention-2 arithmetic), plus ``fix``: None (default:
       what SDPA computes), "robust" (the robust fix, `lpfail.precision.BoundedMax`) or "alg3" (the paper's
-      Algorithm 3, no clamp). (Until issue 25 ``is_causal`` defaulted to True.)
+      Algorithm 3, no clamp).
     * With a policy: ``flash_attention(q, k, v, policy, causal=True, scale=None)`` — any `Precision` the
       kernels can honour (the book's variants); causal unless ``causal=False``, as `lpfail.attention.attention`.
 
@@ -822,7 +822,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     (Triton backward). The SDPA style runs as the custom op ``torch.ops.lpfail.flash_attention_fwd`` (with its
     backward registered) whenever it is traced (torch.compile, export, a dispatch mode), so ``torch.compile``
     keeps it in one graph; called eagerly on plain tensors, both styles run the same kernels with the same
-    arguments without the op's dispatch (host time, issue 13): an `autograd.Function` where an input needs a
+    arguments without the op's dispatch (less host time): an `autograd.Function` where an input needs a
     gradient, else the forward alone. Raises RuntimeError without a CUDA GPU (see the module docstring),
     ValueError for a mask, dropout, a head count, dtype, head dim, shape or policy the kernels cannot honour.
     """
@@ -860,7 +860,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
         # non-contiguous inputs (e.g. q, k, v split from a fused projection) a second time
         return torch.ops.lpfail.flash_attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), policy_text,
                                                     bool(causal), scale, str(tuning))[0]
-    # eager (host time, issue 13): the same kernels with the same arguments, without the custom op's dispatch;
+    # eager (less host time): the same kernels with the same arguments, without the custom op's dispatch;
     # without autograd where no input needs a gradient
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return FlashAttention.apply(q, k, v, (kp, bool(causal), scale, tuning))

@@ -25,7 +25,7 @@ MODES = ("fwd", "bwd", "fwd_bwd")
 class BenchKernelsConfig:
     seq_lens: tuple = (1024, 2048, 4096, 8192)
     head_dims: tuple = (64, 128)
-    tokens: int = 16384            # batch × N: the issue's 16k tokens per step
+    tokens: int = 16384            # batch × N: 16k tokens per step
     width: int = 2048              # heads × head_dim: 32 heads of 64 or 16 of 128
     causal: bool = True
     methods: tuple = ("sdpa_flash", "sdpa_cudnn", "triton", "triton_fix", "triton_fma", "triton_fma_fix",
@@ -149,7 +149,7 @@ def _time_interleaved(fns: dict, sets, mode, rounds, reps, warmup, runner=None, 
     """Every method of ``fns`` {name: fn} timed in ``rounds`` rounds that visit each in turn (the order reversed
     every other round), ``reps`` CUDA-event timings per visit. Clock and thermal drift over the minutes one shape
     takes then hit every method alike; timing each method once, one after the other, let two timings of one
-    forward kernel in one run differ by ≈ 10 % (H200, 2026-12-02). Returns {name: {"ms": the median of the round
+    forward kernel in one run differ by ≈ 10 % (on an H200). Returns {name: {"ms": the median of the round
     medians, "rounds": the round medians, "spread": (max − min) / median of the rounds}}.
     ``runner``/``sync``: `_runner` and a CUDA synchronize (replaced in CPU tests)."""
     runner, sync = runner or _runner, sync or _sync
@@ -292,13 +292,13 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
     }
 
 
-#: The issue's targets, at N ≥ 2048 (both head dims): (ratio name, bound, "min" = at least / "max" = at most)
+#: The kernels' speed targets, at N ≥ 2048 (both head dims): (ratio name, bound, "min" = at least / "max" = at most)
 TARGETS = (("fwd / SDPA flash", 1.2, "min"), ("fwd+bwd / SDPA flash", 1.0, "min"),
            ("fix cost, fwd+bwd", 0.03, "max"), ("PAPER_BF16 kernel / reference", 5.0, "min"))
 TARGET_MIN_N = 2048
 
 
-# -- the robust fix's cost (issue 13, item 6): alternating timings only -----------------------------------------
+# -- the robust fix's cost: alternating timings only -------------------------------------------------------------
 @dataclass(frozen=True)
 class RobustCostConfig:
     """The robust fix (`BoundedMax`) against the same kernel without a fix, in both modes, and against
@@ -315,7 +315,7 @@ class RobustCostConfig:
     time_budget_s: float = 420.0
 
 
-#: The issue's targets for the robust fix over the same kernel without a fix, at N ≥ 2048, both head dims and
+#: The targets for the robust fix over the same kernel without a fix, at N ≥ 2048, both head dims and
 #: both modes: (mode, bound on the cost as a fraction of time).
 ROBUST_TARGETS = (("fwd_bwd", 0.03), ("fwd", 0.08))
 
@@ -396,8 +396,9 @@ def import_robust_cost(raw: dict, git: str, created: str, versions: dict, wall_s
 
 
 def robust_summary(res) -> list[dict]:
-    """One row per (pair, mode): worst and best cost over the stored shapes, and the target where the issue
-    set one (robust over the same kernel without a fix): met or not, and by how much the worst misses it."""
+    """One row per (pair, mode): worst and best cost over the stored shapes, and the target where
+    `ROBUST_TARGETS` sets one (robust over the same kernel without a fix): met or not, and by how much the worst
+    misses it."""
     pairs, modes = [str(p) for p in res["pairs"]], [str(m) for m in res["modes"]]
     ratio = np.asarray(res["pair_ratio"], dtype=np.float64)
     bounds = dict(ROBUST_TARGETS)
@@ -470,7 +471,7 @@ def summary(res, method: str = "triton") -> list[dict]:
 
 
 def targets(res, method: str = "triton") -> list[dict]:
-    """The issue's targets against `summary`: for each, the worst measured value at N ≥ 2048 (over both head
+    """The speed targets (`TARGETS`) against `summary`: for each, the worst measured value at N ≥ 2048 (over both head
     dims; the PAPER_BF16 speed-up over every N where the reference was timed) and whether it is met."""
     rows = summary(res, method)
     big = [r for r in rows if r["n"] >= TARGET_MIN_N]
@@ -523,7 +524,7 @@ def targets_markdown(res, methods=("triton", "triton_fma")) -> str:
 
 
 def table(res) -> str:
-    """The benchmark as a text table: TFLOP/s per method and mode, and the ratios the issue's targets use."""
+    """The benchmark as a text table: TFLOP/s per method and mode, and the ratios `TARGETS` uses."""
     methods = [str(m) for m in res["methods"]]
     modes = [str(m) for m in res["modes"]]
     tf = res["tflops"]
@@ -566,7 +567,7 @@ if __name__ == "__main__":  # pragma: no cover
     print(table(results._read("bench_kernels", results.results_dir())) if len(sys.argv) < 2 else "")
 
 
-# -- host time per call of a tiny problem (tools/gpu_overhead.py; issue 13's third target) ---------------------------
+# -- host time per call of a tiny problem (tools/gpu_overhead.py; target HOST_TARGET_US) ----------------------------
 HOST_FILE = "kernels_gpu/overhead.json"   # beside the other GPU files (not an experiment of the cache)
 HOST_TARGET_US = 40.0
 _HOST_ROWS = (("dropin", "fwd", "drop-in, forward"), ("dropin", "robust_fwd", "drop-in + robust fix, forward"),
@@ -595,14 +596,14 @@ def load_host_time(directory=None) -> dict:
     return d
 
 
-#: issue 25's host target for forward + backward: the drop-in's at most this multiple of SDPA flash's
+#: The host-time target for forward + backward: the drop-in's at most this multiple of SDPA flash's
 HOST_FWD_BWD_TARGET = 1.5
 
 
 def host_fwd_bwd_facts(d: dict) -> dict[str, str]:
     """The forward + backward host time of a `load_host_time` record as phrases for the book: the drop-in's and SDPA
     flash's µs per call, their ratio against `HOST_FWD_BWD_TARGET` ("met"/"missed"), and — where the record has it
-    (tools/gpu_overhead.py since 2026-12-04) — the no-op Python autograd.Function's fwd+bwd, the floor of any
+    (older records of tools/gpu_overhead.py lack it) — the no-op Python autograd.Function's fwd+bwd, the floor of any
     drop-in whose backward is Python, and its share of the drop-in's time. ValueError if a needed value is missing
     or not positive."""
     def pos(grp, key):

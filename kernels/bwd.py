@@ -158,7 +158,7 @@ def _q_side_tiles(dq, dq_part, aux, q, do, lse, delta, K_src, V_src, stride_kn, 
 
 #: Autotune spaces of the two backward kernels (`lpfail.kernels.Tuning.space`),
 #: (BLOCK_M, BLOCK_N, warps, stages, maxnreg):
-#: "v1" is the space of 2026-11-29 (first entry: what LPFAIL_KERNELS_AUTOTUNE=0 runs); "sm90" adds deeper
+#: "v1" is the first space (first entry: what LPFAIL_KERNELS_AUTOTUNE=0 runs); "sm90" adds deeper
 #: pipelines and 8-warp tiles. Every reduction tile (dK/dV's BLOCK_M, dQ's BLOCK_N) divides GRAD_TILE.
 DQ_SPACES = {"v1": ((128, 64, 8, 2, None), (128, 32, 4, 3, None), (64, 64, 4, 3, None)),
              "sm90": ((128, 64, 8, 3, None), (64, 64, 4, 2, None), (128, 32, 8, 2, None), (64, 32, 4, 3, None))}
@@ -507,7 +507,7 @@ def _bwd_fused_kernel(Q, K, V, DO, LSE, DELTA, DQ, DK, DV,
 
 #: The fused backward's autotune spaces, (BLOCK_M1, BLOCK_N1, BLOCK_N2, warps, stages, maxnreg): BLOCK_N1 is both the
 #: key block of the dK/dV half and the query block of the dQ half. "v1" starts with the split kernels' first (and
-#: their d 128 picks of 2026-12-02: dK/dV 64×128, dQ 128×64, 8 warps, 2 stages), so LPFAIL_KERNELS_AUTOTUNE=0 runs the
+#: their d 128 picks on the H200: dK/dV 64×128, dQ 128×64, 8 warps, 2 stages), so LPFAIL_KERNELS_AUTOTUNE=0 runs the
 #: split's tiles; then d 64's picks (64×64, 4 warps, 3 stages) and the 32-row dK/dV tiles at 8 warps, the only ones
 #: that compile without spills at d 128 (sm_90 SASS, tools/sass_count.py's count: 0 and 2 STL/LDL against 64 for
 #: the first; all ≤ 253 registers). "sm90" adds deeper pipelines. BLOCK_M1 and BLOCK_N2 divide GRAD_TILE.

@@ -452,9 +452,9 @@ def _fwd_tiles(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, offs_m, off
                MASK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
                RAW: tl.constexpr, TMA: tl.constexpr, TIE: tl.constexpr, POW2: tl.constexpr,
                L_PBAR: tl.constexpr, D_VALID: tl.constexpr = 0):
-    """Fast path: the policy's key block is one tile, so each tile is read once. (A rotated loop that issued
-    the next tile's QKᵀ before this tile's softmax was tried on the H200 on 2026-11-30: the autotuner chose it
-    in 1 of 32 shapes, so it was removed.)"""
+    """Fast path: the policy's key block is one tile, so each tile is read once. (There is no rotated loop that
+    issues the next tile's QKᵀ before this tile's softmax: offered on the H200, the autotuner chose it in 1 of 32
+    shapes.)"""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         k = _load_tile(K_src, start_n, offs_n, N_CTX, stride_kn, MASK, TMA, D_VALID)  # (BLOCK_N, HEAD_DIM)
@@ -535,8 +535,8 @@ def _fwd_policy_blocks(acc, l_i, m_i, q, K_src, V_src, stride_kn, stride_vn, off
 
 
 # -- the forward kernel --------------------------------------------------------------------------------------
-#: Autotune spaces (`lpfail.kernels.Tuning.space`): (BLOCK_M, warps, stages, maxnreg). "v1" is the space of 2026-11-30
-#: (its first entry is what LPFAIL_KERNELS_AUTOTUNE=0, the GPU tests, runs; picks on the H200 then: 128/8/3
+#: Autotune spaces (`lpfail.kernels.Tuning.space`): (BLOCK_M, warps, stages, maxnreg). "v1" is the first space
+#: (its first entry is what LPFAIL_KERNELS_AUTOTUNE=0, the GPU tests, runs; its picks on the H200: 128/8/3
 #: without the fix, 64/4/3 with it (the tie test's registers), 128/8/4 once). "sm90" adds deeper pipelines,
 #: 256-row tiles at head dim ≤ 64 (half the K/V traffic per query), and 8-warp configs capped at 128 registers
 #: per thread (two CTAs per SM, at the risk of spills).

@@ -156,7 +156,7 @@ clamp is per key block (step 6), and it visits key tiles that are fully masked f
 scores (−max(BF16)) then count as tied maxima with r_m < 0, so the fix sets m' = 0 there
 (``masked_ties=True``). PAPER_BF16 with ``.with_fix()`` is our fix: no clamp, masked entries never tie.
 
-Checked (2026-11, scratch script, not part of the repo): on one H200 (torch 2.11, official code under CUDA
+Checked with a script that is not part of the repository: on one H200 (torch 2.11, official code under CUDA
 autocast in both passes) and on CPU (torch 2.13, with CUDA autocast's rules for einsum, exp, log and sum
 emulated), causal, BF16 inputs, 2 × 4 heads, T ∈ {512, 1024}, D ∈ {64, 128}, q scaled by 1 and 4:
 PAPER_BF16 against the official code and PAPER_BF16_OFFICIAL_FIX against it with STABLE=1 agree in 100% of

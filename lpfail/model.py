@@ -218,8 +218,8 @@ def _reference(q, k, v, policy, sr_key: RoundingKey | None = None):
 
 
 def _triton_function():
-    """(lpfail.kernels.flash_attention, whether Triton's CPU interpreter is on), or (None, the reason it cannot be
-    had)."""
+    """(lpfail.kernels.flash_attention, whether Triton's CPU interpreter is on, None), or (None, False, the reason
+    it cannot be had)."""
     try:
         kernels = importlib.import_module("lpfail.kernels")
         fn = getattr(kernels, "flash_attention", None)

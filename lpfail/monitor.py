@@ -75,7 +75,7 @@ matrices on the device (batched matmuls, no SVD; all layers in one batch), and t
 every `window` steps, from the eigenvalues of those Gram matrices taken on the host in float64. A sampled
 step costs a number of device operations that does not grow with the depth, beyond ≈ 20 per attention call
 in the forward, and one copy to the host (tools/monitor_op_count.py counts them; GPT-2 small: ≈ 350 ops and 1
-copy, against ≈ 2 400 and 36 before 2026-12-01 12:00, whose sampled steps cost ≈ 70-90 ms on an H200).
+copy, against ≈ 2 400 and 36 in an earlier version, whose sampled steps cost ≈ 70-90 ms on an H200).
 
 Thresholds (`Thresholds`) turn statistics into alerts, once when a statistic of a (layer, head) crosses its
 threshold (and again only after it went back). Each alert is one message: a ``logging`` record on the
@@ -284,7 +284,7 @@ _EIGVALSH_CHUNK = 16  # matrices per host thread in `_sq_singular_values`
 
 def _sq_singular_values(gram: torch.Tensor) -> torch.Tensor:
     """σ_i² (ascending, clipped at 0) from Gram matrices, on the host in float64 (LAPACK): the monitor's
-    linear algebra never runs a device SVD (on 2026-12-01 a CUDA SVD of 144 matrices of 768 × 768 per
+    linear algebra never runs a device SVD (a CUDA SVD of 144 matrices of 768 × 768 per
     sampled step made those steps about 14 s long on GPT-2 small)."""
     g = gram.detach()
     g = g if g.device.type == "cpu" and g.dtype == torch.float64 else g.to("cpu", torch.float64)
@@ -774,7 +774,7 @@ class Monitor:
 
     model         any nn.Module, also a compiled one (module docstring: compiled code on sampled steps)
     every         sample every `every`-th step (steps counted by `step()`, starting at 0). Default 100: on an
-                  H200 (2026-12-01, GPT-2 small, tools/gpu_monitor_overhead.py) a sampled step costs tens of
+                  H200 (GPT-2 small, tools/gpu_monitor_overhead.py) a sampled step costs tens of
                   milliseconds (the logit statistics in the forward, the norms, the update's eigenvalues on the
                   host every `window`), which at every=10 came to a mean overhead of several percent; the
                   logit alert was evaluated on chapter 1's runs at this resolution (their diagnostics every

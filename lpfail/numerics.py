@@ -37,7 +37,7 @@ THREADS = int(PINS["OMP_NUM_THREADS"])
 #: ATen's name for the pinned capability (`torch.backends.cpu.get_cpu_capability()`).
 CAPABILITY = "DEFAULT"
 NUDGE_VAR = "LPFAIL_NUDGE"
-#: ``LPFAIL_CPU_PINS=0`` leaves the CPU numerics to the machine. The GPU sessions set it (tools/gpu.sh,
+#: ``LPFAIL_CPU_PINS=0`` leaves the CPU numerics to the machine. The GPU scripts set it (tools/gpu.sh,
 #: tools/gpu_batch.sh): a training run draws its initial weights on the CPU, and ATen's portable normal sampler
 #: gives other values than its AVX2 / AVX-512 one (which agree), so pinned runs would not reproduce the stored GPU
 #: runs, all drawn with the machine's vector kernels. A pinned CPU run of the same TrainConfig starts from the

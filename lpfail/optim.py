@@ -1,9 +1,10 @@
 """Muon for the hidden matrices, AdamW for everything else: `torch.optim.Muon` and `torch.optim.AdamW` behind
 one optimizer-like object, `MuonAdamW`.
 
-Used by `lpfail.train` when ``TrainConfig.optimizer == "muon"`` (issue 3 sweeps the optimizer as one of the
-axes of the small-scale failure search). References: K. Jordan et al., "Muon: an optimizer for hidden layers
-in neural networks" (2024 blog post), and Loshchilov & Hutter, "Decoupled weight decay regularization" (AdamW).
+Used by `lpfail.train` when ``TrainConfig.optimizer == "muon"`` (chapter 1's symptom search sweeps the
+optimizer as one of the axes of the small-scale failure search). References: K. Jordan et al., "Muon: an
+optimizer for hidden layers in neural networks" (2024 blog post), and Loshchilov & Hutter, "Decoupled weight decay
+regularization" (AdamW).
 
 Which parameter gets which (`muon_param_groups`): Muon takes the 2-D weights inside the transformer blocks
 (attention and MLP projections); AdamW takes the embeddings (and so the tied head) and the LayerNorm gains.

@@ -126,15 +126,15 @@ stream of the first stored "sr" runs (torch's generators, whose draws differed b
 was ",rounding=sr" alone, which therefore no longer parses: a config that still names it fails instead of
 matching the runs stored under it.
 o_acc, l_div, l_store, m_acc, m_rescale and l_div_last (None by default, shown in the string only when set, like
-``rounding``) describe what the official code computes under torch.compile (preset PAPER_BF16_COMPILED, issue 16;
+``rounding``) describe what the official code computes under torch.compile (preset PAPER_BF16_COMPILED;
 see `lpfail.experiments.official_check` and notes/official_check.md). masked_carry (None by default, shown only
 when set) describes the compiled official *fixed* code (PAPER_BF16_COMPILED_OFFICIAL_FIX): under the fix a key
 tile fully masked for a row still moves that row's maximum (its masked scores tie, r_m < 0, so m' = 0), and
 inductor computes that update from the BF16 buffers the official code copies m and ℓ into (row_maxes.copy_,
 row_sums.copy_) and stores Ō·a in the BF16 output buffer before P̄V is added; unlike the other compiled knobs it
-does not fall back to `acc` (None: no extra rounding). l_from (default "p", shown only when set) is the second
-biased path of issue 25: with ℓ summed from the FP32 P while P̄V uses P̄ = bf16(P), O = ΣP̄V / ΣP is not a weighted
-mean of V (for V ≡ c it is c·ΣP̄/ΣP, not c); "pbar" sums the rounded P̄ instead, so O = ΣP̄V / ΣP̄.
+does not fall back to `acc` (None: no extra rounding). l_from (default "p", shown only when set) is a second
+biased path (flash-attention PR #2721): with ℓ summed from the FP32 P while P̄V uses P̄ = bf16(P), O = ΣP̄V / ΣP
+is not a weighted mean of V (for V ≡ c it is c·ΣP̄/ΣP, not c); "pbar" sums the rounded P̄ instead, so O = ΣP̄V / ΣP̄.
 v (default None, shown only when set) gives V a format of its own, for the precision dial's arms
 (`lpfail.experiments.dial`): V at K bits while Q and K, and with them the scores and their ties, stay BF16.
 """
@@ -339,7 +339,7 @@ class Precision:
     masked_ties: bool = False
     # added with stochastic rounding (lpfail.bf16.round_stochastic):
     rounding: str = "rne"
-    # added with the compiled official code (issue 16, lpfail.experiments.official_check):
+    # added with the compiled official code (lpfail.experiments.official_check):
     o_acc: str | None = None
     l_div: str | None = None
     l_store: str | None = None
@@ -349,9 +349,9 @@ class Precision:
     l_div_last: str | None = None
     # added with experiment `cures` (chapter 6):
     ds_rowsum: bool = False
-    # added after replaying the compiled official fixed code's first query tile (issue 16):
+    # added after replaying the compiled official fixed code's first query tile:
     masked_carry: str | None = None
-    # added with the normaliser's source (issue 25, flash-attention PR #2721):
+    # added with the normaliser's source (flash-attention PR #2721):
     l_from: str = "p"
     # added with the precision dial (lpfail.experiments.dial):
     v: str | None = None

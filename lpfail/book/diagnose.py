@@ -50,8 +50,8 @@ def monitor_figure(runs: dict):
 
 # -- the monitor's overhead, as measured on a GPU (tools/gpu_monitor_overhead.py) ----------------------------
 OVERHEAD_FILE = "kernels_gpu/monitor_overhead.json"  # beside the other GPU files: not an experiment of the cache
-#: When the measurement of 2026-12-01 was taken, and on what code (its json predates the tool's "when" and
-#: "git" fields; from results/gpu_calls/20261201T0749/README.md). A json that has "when" is described by it.
+#: When the stored measurement was taken, and on what code (its json has no "when" or "git" field, which the tool
+#: writes now; from results/gpu_calls/20261201T0749/README.md). A json that has "when" is described by it.
 OVERHEAD_PROVENANCE = {"when": "2026-12-01", "tree": "23f8cd9", "monitor": "before the hot-path fix"}
 
 
@@ -81,7 +81,7 @@ def overhead_lines(res: dict, provenance: dict | None = None) -> list[str]:
     return [wrap(x) for x in lines]
 
 
-#: The same measurement at the interval that was the default until 2026-12-01 (every=10, window=50).
+#: The same measurement at a shorter interval than the monitor's default (every=10, window=50).
 OVERHEAD_EVERY10_FILE = "kernels_gpu/monitor_overhead_every10.json"
 
 

@@ -325,7 +325,7 @@ def coherence_summary(acc: Mapping, reps: int = 2000) -> dict:
                      "exponent": list(d["exponent"]), "exponent_signs": list(d["exponent_signs"]),
                      "norm_k": [float(x) for x in np.asarray(d["norm"])[-1]],
                      "outside": [bool(r > h or r < l_) for r, l_, h in zip(rho[-1], lo[-1], hi[-1])]}
-        if "norm_signs_each" in d:  # recorded from 2026-12-01 11:30 on: the measured spread of the sign draws
+        if "norm_signs_each" in d:  # absent from the earliest records: the measured spread of the sign draws
             each = np.asarray(d["norm_signs_each"], dtype=np.float64)                 # (K, n_signs, H)
             r_each = each / np.asarray(d["norm_signs"], dtype=np.float64)[:, None, :]
             out[name]["signs_lo"], out[name]["signs_hi"] = r_each.min(axis=1), r_each.max(axis=1)

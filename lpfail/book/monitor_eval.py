@@ -1,4 +1,4 @@
-"""The monitor's thresholds evaluated on the `lr_sweep` runs (issue 14, item 6; chapter 7).
+"""The monitor's thresholds evaluated on the `lr_sweep` runs (chapter 7).
 
 The lr_sweep runs recorded, every `diag_every` steps, the largest attention logit per layer (the maximum over
 heads, in BF16 scores, `lpfail.model.logit_capture`), which is exactly what `lpfail.monitor` compares with

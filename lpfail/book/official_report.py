@@ -1,4 +1,4 @@
-"""Chapter 4's section "Which arithmetic each preset reproduces" (issue 16): the knobs in which the compiled
+"""Chapter 4's section "Which arithmetic each preset reproduces": the knobs in which the compiled
 preset differs, and the stored `official_check` table, or a plain statement that it is still pending."""
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ RUNS = (("eager", "eager, autocast around forward and backward"),
         ("compiled", "torch.compile (the paper's train.py)"),
         ("compiled_emulate", "torch.compile, emulate_precision_casts=True"))
 TENSORS = ("O", "dQ", "dK", "dV")
-CRITERION = CONFIRM_PCT   # % of elements bit-identical that issue 16 asks of a preset against the code it describes
+CRITERION = CONFIRM_PCT   # % of elements bit-identical a preset must reach against the code it describes
 
 
 def agreement_rows(res, extra: bool = False) -> list[list[str]]:

@@ -200,7 +200,7 @@ def load_replay(directory=None) -> dict | None:
 def replay_provenance(directory=None) -> dict | None:
     """Device, tree and date of the stored replay: its own "provenance" when it has one, else that of
     results/substitution_gpu/accumulation.json, which `tools/gpu_batch.sh ge-extras` writes in the same
-    call right after the replay (the call of 2026-12-01, 11:04 UTC, wrote replay.json without one); None
+    call right after the replay (the stored replay.json has none); None
     when neither says."""
     import json
 

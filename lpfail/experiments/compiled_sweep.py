@@ -1,4 +1,4 @@
-"""Does the arithmetic the paper's GPUs ran change the symptom? `PAPER_BF16_COMPILED` on lr_sweep's grid (issue 16).
+"""Does the arithmetic the paper's GPUs ran change the symptom? `PAPER_BF16_COMPILED` on lr_sweep's grid.
 
 The paper's `train.py` compiles its model (`compile = True`), and inductor fuses the official attention's
 elementwise chains, skipping some of the BF16 roundings that eager PyTorch performs (chapter 4, "What the paper's
@@ -20,7 +20,7 @@ only if the preset's string changed, so check `PAPER_BF16_COMPILED`'s string aga
 
 The rule (`COMPILED_RULE`, `judge_compiled`) was fixed in code on `PREREGISTERED_ON`, before any run of A_comp.
 What was known then: lr_sweep's S(A) − S(C) = +0.083 with a CI above 0 at the smaller size; the compiled
-arithmetic's tied-row output bias on chapter 4's rows equal to the eager one within its CI (issue 16's probe),
+arithmetic's tied-row output bias on chapter 4's rows equal to the eager one within its CI (a probe),
 no training run of it.
 
 ``python -m lpfail sweep compiled_sweep status | plan | checks | drive [--budget S] [--quick] | collect``; on a GPU

@@ -1,4 +1,4 @@
-"""The confirmation grid (issue 23): the training verdicts on ten paired seeds, judged by a rule whose error rates
+"""The confirmation grid: the training verdicts on ten paired seeds, judged by a rule whose error rates
 are measured, with a placebo, more seeds at the larger size, and GPT-2 small's shape (12 × 768) as a third size.
 
 Every run is an `lr_sweep` run (the same `train_config`, the same store ``results/lr_sweep_parts``, the same keys),
@@ -16,8 +16,8 @@ gpt2   12 × 768 (85 M)       5e-4 … 4e-3 (×2)          A C                  
 
 The pre-registration (`PREREGISTERED_ON`, `SEEN`, `HYPOTHESES`, `FAMILIES`, `RULE`, `HEALTHY`, `PREDICTIONS`) is
 code, committed before any run of seeds 3–9, of the placebo, of the larger size's seeds 3–4 and of the 12 × 768
-size. One amendment (`AMENDMENT`, 2026-12-02, before any 12 × 768 run of seeds 1–4): 12 × 768's rates were
-2.5e-4 … 8e-3 and its variants A C, then D; the GPU budget cut them to the table's.
+size. One amendment (`AMENDMENT`, `AMENDED_ON`, before any 12 × 768 run of seeds 1–4): 12 × 768's rates were
+2.5e-4 … 8e-3 and its variants A C, then D; the GPU time available cut them to the table's.
 ``python -m lpfail sweep confirmation status | plan | checks | drive | collect``.
 """
 from __future__ import annotations
@@ -149,13 +149,13 @@ def plan(c: ConfirmationConfig) -> list[L.Point]:
     hypotheses' variants and the placebo, the rest of the smaller size (D, B, S, R), the larger size's seeds,
     then 12 × 768's A and C (H5, H6; its D was dropped by the `AMENDMENT`). Within a group, seed by seed.
 
-    The order is not part of the pre-registered rule (which judges complete families only). Until 2026-12-02
-    12:10 UTC 12 × 768's A and C came before the smaller size's D, B, S and R; they were swapped before any run of
-    either group, because the smaller size's 168 runs fit in one session's device time and complete HD, HB, HR and
-    fix_lr, while 12 × 768's 60 runs need about three sessions. At 13:20 UTC the larger size's 24 runs (≈ 10
-    minutes at twelve under MPS) moved before 12 × 768's, before any run of either: a wave of twelve 12 × 768 runs
-    takes ≈ 16 minutes (2026-12-02, 12:43 UTC), so a session's ≈ 26 device-minutes hold the larger size and one
-    such wave, and a wave cut off by the end of a session stores nothing."""
+    The order is not part of the pre-registered rule (which judges complete families only); it was set before any
+    run of the groups it orders, for the GPU time, which comes in stretches of ≈ 26 device-minutes. The smaller
+    size's D, B, S and R come before 12 × 768's A and C because the smaller size's 168 runs fit in one stretch and
+    complete HD, HB, HR and fix_lr, while 12 × 768's 60 runs need about three. The larger size's 24 runs (≈ 10
+    minutes at twelve under MPS) come before 12 × 768's because a wave of twelve 12 × 768 runs takes ≈ 16 minutes:
+    one stretch holds the larger size and one such wave, and a wave cut off at the end of a stretch stores
+    nothing."""
     g = c.size_grid()
     groups = [("small", ("A", "C")), ("small", ("A_sr", "A_qk", "C_qk", PLACEBO)),
               ("small", ("D", "B", "S", "R")), ("large", ("A", "C")), ("gpt2", ("A", "C"))]

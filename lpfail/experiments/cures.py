@@ -1,4 +1,4 @@
-"""Every cure side by side on the learning-rate proxy. Chapter 6, "Beyond the paper" (issue 14, item 2).
+"""Every cure side by side on the learning-rate proxy. Chapter 6, "Beyond the paper".
 
 The `lr_sweep` experiment (chapter 1) measures the LR sensitivity S of each attention arithmetic on a grid of
 6 learning rates × 3 seeds at two sizes. This experiment runs the *cures* of the failing arithmetic A
@@ -30,7 +30,7 @@ cap    A_cap output soft-cap 30         model    new (non-precision control)
 Algorithm 3 without the clamp (B′, variant ``Bp``) and chapter 5's robust fix (``R``) are the variants of
 experiment `fix_training` (chapter 5, Fix-b): the same TrainConfigs, so whichever experiment runs first stores
 them for both. (A first draft named Algorithm 3 ``A_fix`` here; it was renamed to share those runs, and the
-robust fix added, on 2026-12-01, before any run of either.)
+robust fix added, before any run of either.)
 
 The rule and the hypotheses below are code, fixed on 2026-12-01 before any run of the new variants. What was
 known then: lr_sweep's results for the reused variants (S(A) − S(C) > 0 with a CI above 0, A_sr does not close

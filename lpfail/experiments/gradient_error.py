@@ -1,6 +1,6 @@
 """Chapter 3 ("The gradient error"): the paper's Eq. 1–3 checked line by line on captured tensors.
 
-Issue 12. `lpfail.gradient_error.derivation_check` computes, for one attention layer and batch, Δδ = δ_lp − δ_hp,
+`lpfail.gradient_error.derivation_check` computes, for one attention layer and batch, Δδ = δ_lp − δ_hp,
 the two sides of Eq. 1 (dQ) and Eq. 2 (dW_Q) — the formula, and autograd's gradients with the exact and with
 the low-precision δ — Eq. 3's approximation, and the δ channel's share of the policy's whole dW_Q error.
 This module runs it on
@@ -8,7 +8,7 @@ This module runs it on
 * ``cpu`` (the stored result, `GradientErrorConfig`): synthetic large-logit inputs (`synthetic_inputs`) and a
   small model trained here on the CPU under A's attention (``reference(PAPER_BF16)``), at several checkpoints,
   every layer, on the batch the run consumed at that step (its recorded batch order);
-* ``gpu`` (`check_run`, tools/gpu_gradient_error.sh, next session): lr_sweep's A at lr 3.2e-2, seed 0, retrained
+* ``gpu`` (`check_run`, tools/gpu_gradient_error.sh): lr_sweep's A at lr 3.2e-2, seed 0, retrained
   with a checkpoint every 100 steps, at ≥ 3 steps and every layer, the same function; a small JSON to $OUT.
 
 Checked: Eq. 1 and 2 must match autograd to `lpfail.gradient_error.TOL` (relative); that is the test of the
@@ -61,7 +61,7 @@ class GradientErrorConfig:
     # results directory; rerun `python -m lpfail run gradient_error` after copying it there
     gpu_file: str = "substitution_gpu/gradient_error_gpu.json"
     # chapter 3's item 3 (`accumulation_run`, the ``accumulate`` command of `tools/gpu_batch.sh ge-extras`):
-    # merged in as "accumulation" when the file exists (not recorded by the call of 2026-12-01)
+    # merged in as "accumulation" when the file exists
     acc_file: str = "substitution_gpu/accumulation.json"
 
 
@@ -197,8 +197,8 @@ def gradient_error(c: GradientErrorConfig) -> dict:
 
 
 def _call_provenance(results_dir: Path) -> dict | None:
-    """Where and when the GPU records were measured, for a record file written before it said so itself (the
-    call of 2026-12-01): the GPU script ran these extras beside the substitution grid in one call,
+    """Where and when the GPU records were measured, for a record file that does not say so itself: the GPU
+    script ran these extras beside the substitution grid in one call,
     so the grid's part file (results/substitution_parts/) carries that call's device, git and date."""
     parts = sorted((results_dir / "substitution_parts").glob("part-*.json"))
     if not parts:

@@ -1,8 +1,8 @@
 """When may a sweep run the Triton kernel instead of the reference? A check that is not chaotic.
 
-The symptom search (issue 3) trusted the kernel when 20 steps of training with it and with the reference gave
+The symptom search (chapter 1) trusted the kernel when 20 steps of training with it and with the reference gave
 losses within 0.02. At high learning rates that test says little: any change of summation order makes two
-loss trajectories part within a few steps (A's drifted 0.063 in 20 steps on 2026-11-29, and only C was
+loss trajectories part within a few steps (A's drifted 0.063 in 20 steps, and only C was
 trusted). What a sweep needs is that the kernel's *gradient errors* have the statistics of the reference's:
 the same bias along the true gradient and the same size. That is a one-step property, so it is measured on
 one step, many times:
@@ -193,7 +193,7 @@ def worst_rms(report: dict) -> dict:
     return {"tensor": name, "rms_ratio": st["rms_ratio"]}
 
 
-#: where the GPU check of 2026-12-01 is stored (written by `run`, copied from the device)
+#: where the GPU check is stored (written by `run`, copied from the device)
 STORED = "kernels_gpu/kernel_trust.json"
 
 

@@ -1,6 +1,6 @@
 """Chapter 1 ("Symptom"), rebuilt: learning-rate sensitivity as the small-scale proxy of the paper's failure.
 
-Issue 11. Wortsman et al., *Small-scale proxies for large-scale Transformer training instabilities* (arXiv
+Wortsman et al., *Small-scale proxies for large-scale Transformer training instabilities* (arXiv
 2309.14322), reproduce attention-logit growth in small models by training them at high learning rates, and
 summarise a curve of final loss against learning rate by its **LR sensitivity** (their Sec. 3):
 
@@ -77,7 +77,7 @@ class LRSweepConfig:
     lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2)  # 6 rates, factor 2, 32× span
     seeds: tuple[int, ...] = (0, 1, 2)  # each seed is both the init seed and the batch-order seed
     variants: tuple[str, ...] = ("A", "C", "A_sr", "A_qk", "C_qk", "D", "B", "S")  # at the smaller size
-    large_variants: tuple[str, ...] = ("A", "C", "A_sr")  # at the larger size (the issue's minimum)
+    large_variants: tuple[str, ...] = ("A", "C", "A_sr")  # at the larger size
     small: tuple[int, int, int] = (4, 4, 256)  # n_layer, n_head, n_embd: 3.2 M parameters
     large: tuple[int, int, int] = (8, 8, 512)  # 25 M parameters: ≈ 8× (head size 64 in both)
     # data and optimization

@@ -1,5 +1,5 @@
 """Which arithmetic each preset reproduces: our reference against the paper's official attention, run both ways
-(issue 16; chapter 4, "Rounding", section "Which arithmetic each preset reproduces").
+(chapter 4, "Rounding", section "Which arithmetic each preset reproduces").
 
 The official code (github.com/ucker/why-low-precision-training-fails, ``attention.py``) is public but not ours:
 it is never copied into this repository. This module loads it from the folder named by the environment
@@ -263,8 +263,8 @@ def tied_case(spec: RowSpec, n_rows: int, seed: int, device: str | torch.device 
     vv[:, 0, :, : spec.head_dim] = v
     truth = (torch.softmax(s.double(), dim=-1) @ v.double())[:, 0, :]  # (rows, d)
     q, k, vv = (t.bfloat16() for t in (q, k, vv))
-    # checked on the CPU, before the move: s (make_rows) lives there (the GPU call of 2026-12-01 compared a CUDA
-    # product with it and stopped)
+    # checked on the CPU, before the move: s (make_rows) lives there (a CUDA product compared with it would stop
+    # the check: the devices differ)
     assert torch.equal((q.double() @ k.double().transpose(-1, -2))[:, 0] / scale, s.double()), "scores not exact"
     return q.to(device), k.to(device), vv.to(device), truth
 
@@ -431,7 +431,7 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
-#: Issue 16's criterion for a compiled preset: bit agreement with the compiled official code in at least this
+#: The criterion for a compiled preset: bit agreement with the compiled official code in at least this
 #: many per cent of the elements of O, dQ, dK and dV, on every case.
 CONFIRM_PCT = 99.9
 

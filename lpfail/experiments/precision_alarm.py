@@ -1,4 +1,4 @@
-"""The precision alarm's pre-registered alert rule and its evaluation (issue 26, item 4; chapter 7).
+"""The precision alarm's pre-registered alert rule and its evaluation (chapter 7).
 
 `lpfail.monitor.Alarm` recomputes, on a sampled step, one batch's attention in high precision from the same
 inputs and records, per call (= layer) and head, the relative error of the model's own dQ and dK against the

@@ -76,7 +76,7 @@ METHODS: dict[str, tuple[str, object]] = {
     "mimic_exp2_fma_roundfirst": ("mimic", {"exp2": True, "fma": True, "round_first": True}),
     "math_mimic": ("math_mimic", None),
 }
-#: The normaliser's source (issue 25, flash-attention PR #2721): the Triton kernel, the reference and the
+#: The normaliser's source (flash-attention PR #2721): the Triton kernel, the reference and the
 #: FlashAttention-2 mimic with ℓ summed from P̄ (as rounded for P̄V) beside their twins in METHODS, which sum the FP32
 #: P. Kept out of METHODS so that `prod_kernels`' configuration (and its stored result) stays as it was.
 NORMALISER_METHODS: dict[str, tuple[str, object]] = {
@@ -386,7 +386,7 @@ def summary(res) -> list[dict]:
     return rows
 
 
-# -- the normaliser's source (issue 25): how much of the tied-row bias is ℓ summed from the unrounded P? -------------
+# -- the normaliser's source: how much of the tied-row bias is ℓ summed from the unrounded P? ----------------------
 @dataclass(frozen=True)
 class NormaliserConfig:
     """Rows of chapter 4's generator at (gap, n_ties) points: n_ties = 1 is a row without a tie (one maximum at

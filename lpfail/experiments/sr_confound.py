@@ -1,4 +1,4 @@
-"""The confound of the stochastic-rounding control (issue 23: C0-bias). Chapters 1 and 6, the verdict page.
+"""The confound of the stochastic-rounding control (claim C0-bias). Chapters 1 and 6, the verdict page.
 
 The paper's claim C0-bias says the rounding error harms *because it is biased*. Our control A_sr (the paper's
 arithmetic with stochastic rounding of the output path P̄V, Ō, O) removes the bias — but stochastic rounding

@@ -1,6 +1,6 @@
 """Chapter 2 ("Substitution"): which cast point carries the failure — one change at a time from A.
 
-Issue 12. The paper (Sec. 3) found its failing cast point by a chain of substitutions, each a training run on
+The paper (Sec. 3) found its failing cast point by a chain of substitutions, each a training run on
 the replayed batches of a failing run. Here each substitution is a *row*: A (``reference(PAPER_BF16)``) with
 one change, trained at the two learning rates where lr_sweep's stored result shows an A − C gap in held-out loss
 at the smaller size (1.6e-2: +0.10, 3.2e-2: +0.42), with the same three seeds — the same initialization and
@@ -477,7 +477,7 @@ def substitution_amendment(c: AmendmentConfig) -> dict:
     return run_experiment(SubstitutionGrid(c))
 
 
-#: The replay's branches (the ``replay`` command's default): the grid's seven rows of the call of 2026-12-01 with
+#: The replay's branches (the ``replay`` command's default): the seven rows of the grid's first GPU run, with
 #: the two broken FP32-score rows replaced by their amendments.
 REPLAY_ROWS = ("l", "scores_l", "score_path_l", "exp_in", "out", "delta_dPP", "obar")
 

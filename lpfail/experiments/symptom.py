@@ -1,6 +1,6 @@
 """Chapter 1 ("Symptom"): the search for a small-scale loss explosion caused by BF16 flash attention.
 
-Issue 3. Several variants of one run — same init, same batches, only the attention's arithmetic differs —
+Several variants of one run — same init, same batches, only the attention's arithmetic differs —
 trained side by side on one GPU, each in its own process (`python -m lpfail train`), and judged by a failure
 criterion fixed in code before any outcome was seen (`failed`).
 
@@ -29,8 +29,8 @@ The pieces, usable separately:
   neighbouring configurations (`SymptomSweepConfig`). Each run's summary (`summarize`: the outcome, the
   per-step loss and gradient norm, the diagnostics) goes into the run store ``results/symptom_parts/``;
   `collect` turns the summaries into the result's arrays and the per-seed outcome table.
-* `migrate` — the store built from the runs archive of the GPU call of 2026-11-29 (``results/symptom_runs.tgz``),
-  with that call's provenance.
+* `migrate` — the store built from the runs archive of the search's GPU run (``results/symptom_runs.tgz``),
+  with that run's provenance.
 
 ``python -m lpfail sweep symptom status | plan | checks | drive [--budget S] [--quick] | collect`` (and
 ``symptom_sweep``); ``python -m lpfail run symptom`` runs what is missing and stores the result. Plan and
@@ -699,7 +699,7 @@ def symptom_sweep(sc: SymptomSweepConfig) -> dict:
 
 def migrate(archive, gpu_results, directory=None, log=print) -> Path:
     """The run store from a runs archive of the driver's run directories (``symptom_runs.tgz``, as the GPU call
-    of 2026-11-29 brought it back) — one part holding every run's summary, with the provenance of the GPU call
+    brought it back) — one part holding every run's summary, with the provenance of the GPU call
     that made the runs (``gpu_results``: the folder of that call's own symptom.json / symptom_sweep.json) — and
     each configuration's checks, from those stored results. Writes nothing when a part of this archive exists.
     Returns the part's path."""

@@ -34,7 +34,7 @@ VARIANTS: dict[str, Variant] = {
                     words="the paper's arithmetic + stochastic rounding"),
     "A_qk": Variant("reference(PAPER_BF16)", True, "A + QK-norm", words="the paper's arithmetic + QK-norm"),
     "C_qk": Variant("reference(FP32)", True, "C + QK-norm", words="FP32 attention + QK-norm"),
-    # the placebo of experiment `confirmation` (issue 23): FP32 attention with FA2's tiles, another summation
+    # the placebo of experiment `confirmation`: FP32 attention with FA2's tiles, another summation
     # order in the online softmax where the precision is high enough not to matter
     "C_tile": Variant("reference(FP32,block=128x64)", False, "C_tile: FP32 attention, FA2's 128 × 64 tiles (placebo)",
                       words="FP32 attention with other tiles (placebo)"),
@@ -49,13 +49,13 @@ VARIANTS: dict[str, Variant] = {
                    words="the paper's arithmetic + z-loss"),
     "A_cap": Variant("reference(PAPER_BF16)", False, "A + output-logit soft-cap 30", (("logit_softcap", 30.0),),
                      words="the paper's arithmetic + a logit soft-cap"),
-    # added for lpfail.experiments.fix_training (issue 13); not in lr_sweep's grid
+    # the variants of experiment `fix_training` (lpfail.experiments.fix_training); not in lr_sweep's grid
     "Bp": Variant("reference(PAPER_BF16+fix)", False, "B′: Algorithm 3 without the official clamp",
                   words="Algorithm 3 without the clamp"),
     "R": Variant("reference(PAPER_BF16_ROBUST_FIX)", False, "R: the robust fix (BoundedMax)", words="the robust fix"),
-    # added for lpfail.experiments.compiled_sweep (issue 16); not in lr_sweep's grid. The preset's knobs are
-    # spelled out, so that the runs' TrainConfig hash changes whenever the preset is corrected (a run of an
-    # earlier definition is then not reused).
+    # the variant of experiment `compiled_sweep` (lpfail.experiments.compiled_sweep); not in lr_sweep's grid.
+    # The preset's knobs are spelled out, so that the runs' TrainConfig hash changes whenever the preset is
+    # corrected (a run of an earlier definition is then not reused).
     "A_comp": Variant(f"reference({_precision.PAPER_BF16_COMPILED})", False,
                       "A_comp: PAPER_BF16_COMPILED (the official code under torch.compile)",
                       words="the paper's arithmetic as compiled"),

@@ -91,8 +91,8 @@ class GridBase:
 
     def checks(self, root: Path, log=print) -> dict:
         """`graph_checks` of the `check_groups`; a grid that names none (its runs are never captured, e.g.
-        precision_alarm's) has nothing to compare, and says so instead of failing (2026-12-02: `start --checks`
-        stopped on precision_alarm before its driver began)."""
+        precision_alarm's) has nothing to compare, and says so instead of failing (a failure would stop
+        `start --checks` before the grid's driver begins)."""
         if not self.check_groups:
             why = f"{self.name}: no checks to run (the grid names no check groups: its runs are not captured)"
             log(why)

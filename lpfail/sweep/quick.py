@@ -72,7 +72,7 @@ def prediction(values: list[float]) -> dict:
 
 
 #: the summary fields that identify a run's trajectory, first present wins: the held-out curve (lr_sweep's
-#: store) or the training-loss curve (symptom's, which has no held-out loss; 2026-12-02: KeyError 'val_loss')
+#: store) or the training-loss curve (symptom's, which has no held-out loss)
 FINGERPRINT_FIELDS = ("val_loss", "loss")
 
 

@@ -1,7 +1,7 @@
-"""A GPU session for grids, across device calls: ``tools/gpu.sh start | wait | collect | quick NAME...``.
+"""Grids trained on a GPU machine across device calls: ``tools/gpu.sh start | wait | collect | quick NAME...``.
 
 A device call lasts at most 10 minutes, but the machine stays up (and keeps /tmp) while calls follow each other.
-So ``start`` launches one driver for the missing runs of every grid named, in its own session, and returns;
+So ``start`` launches one driver for the missing runs of every grid named, detached from the call, and returns;
 ``wait`` reports progress every 60 s until the driver ends or ``--wait`` seconds have passed; ``collect`` packs
 what came out (the new part files, the checks, the driver's log) into ``$OUT/grids.tgz`` for the results cache
 here. ``quick`` runs the grids' quick profiles one after another (on an idle GPU: their times are what a user
@@ -76,8 +76,8 @@ def start_mps():
     for d in MPS.values():
         Path(d).mkdir(parents=True, exist_ok=True)
     started = subprocess.run(["nvidia-cuda-mps-control", "-d"], start_new_session=True).returncode == 0
-    # a daemon left by an earlier call (`quick`, then `start`) answers on its pipe: keep it (2026-12-02 00:43:
-    # `-d` failed with "already running", the daemon was stopped, and the driver's runs time-sliced the GPU)
+    # a daemon left by an earlier call (`quick`, then `start`) answers on its pipe: keep it (`-d` then fails with
+    # "already running"; stopping the daemon made the driver's runs time-slice the GPU)
     running = started or subprocess.run(["nvidia-cuda-mps-control"], input="get_server_list\n", text=True,
                                         capture_output=True, timeout=30).returncode == 0
     probe = subprocess.run([sys.executable, "-c", "import torch; print(float(torch.ones(4, device='cuda').sum()))"],
@@ -194,7 +194,7 @@ def quick(names: list[str], out: Path, budget_s: float):
 
     seed_cache(results.REPO_ROOT / "results", _scratch())
     log(machine_info())
-    start_mps()  # as the grids' drivers run (2026-12-01 22:08: without it the 12-run profiles time-sliced)
+    start_mps()  # as the grids' drivers run (without it the 12-run profiles time-slice the GPU)
     recs = BASE / "quick"
     recs.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
     if args.command != "unpack":
-        _scratch()  # every command reads and writes the session's cache (2026-12-01: `wait` read the repository's)
+        _scratch()  # every command reads and writes the scratch cache, never the repository's
     if args.command == "unpack":
         for p in unpack(Path(args.names[0])):
             print(p)

@@ -4,16 +4,16 @@ Every grid in lpfail trains the same points (learning rate × seed) under severa
 arithmetics) with the same initialization and the same batches per seed: **the seed is the pairing unit**.
 Two rules live here.
 
-**The legacy seed-bootstrap rule** (`effective_loss` … `gap_word`). The rules pre-registered on
-2026-12-01 (lr_sweep's H1–H4, substitution's rows, Fix-b, the cures' K1/K2, compiled_sweep) use it, and
+**The legacy seed-bootstrap rule** (`effective_loss` … `gap_word`). The rules pre-registered
+before the paired rule (lr_sweep's H1–H4, substitution's rows, Fix-b, the cures' K1/K2, compiled_sweep) use it, and
 their verdicts must stay reproducible bit for bit: S is the LR sensitivity of the *seed-mean* curve, its
 "95 % interval" the percentile interval of 10,000 paired resamples of the seeds, and a hypothesis is
-'supported' when that interval lies on its side of 0. Issue 23 measured what it does on null data: with 3
+'supported' when that interval lies on its side of 0. What it does on null data: with 3
 seeds the resample has 27 equally likely patterns, so the interval's ends are the smallest and largest seed,
 and the rule calls about one null comparison in four (two-sided), still about one in ten with 10 seeds
 (tests/test_stats_null.py measures it; notes/statistics.md gives the numbers). Do not use it for new rules.
 
-**The paired rule** (issue 23; `paired`, `judge_family`):
+**The paired rule** (`paired`, `judge_family`):
 
 * *statistic* — per seed s, a difference d_s between variants: of final held-out losses at one learning
   rate (L_X − L_Y), of LR sensitivities S computed from *that seed's own curve* (`seed_sensitivity`; so the
@@ -66,7 +66,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-# == the legacy seed-bootstrap rule (pre-registered 2026-12-01; keep its numerics) ===================
+# == the legacy seed-bootstrap rule (pre-registered; keep its numerics) ===============================
 CONFIDENCE = 0.95  # two-sided percentile bootstrap interval
 N_BOOTSTRAP = 10_000  # resamples of the seeds (with replacement; the same resample for every variant and lr)
 BOOTSTRAP_SEED = 0
@@ -191,7 +191,7 @@ def gap_word(verdict: str, has_gap: bool) -> str:
     return verdict if has_gap else "no gap to close"
 
 
-# == the paired rule (issue 23) ===================================================================
+# == the paired rule ==============================================================================
 ALPHA = 0.05  # on the Holm-adjusted two-sided p
 T_CONFIDENCE = 0.95  # the Student t interval of the estimate
 EXACT_MAX = 20  # sign-flip test: exact enumeration of the 2^n patterns up to this n
@@ -601,7 +601,7 @@ def _resample_means(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 def legacy_rates(curves: np.ndarray, weights, truth, confidence: float = CONFIDENCE,
                  chunk: int = 50) -> dict[str, np.ndarray]:
-    """Today's bootstrap rule on simulated grids (n_sims, roles, lrs, seeds), statistics as in `contrast`: S of
+    """The legacy bootstrap rule on simulated grids (n_sims, roles, lrs, seeds), statistics as in `contrast`: S of
     each role's seed-mean curve under the shared resamples (`sensitivities`), per-lr seed means
     (`mean_draws`); per statistic, the share called (percentile interval excludes 0) and the share covering
     ``truth``."""
