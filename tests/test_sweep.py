@@ -103,6 +103,13 @@ def test_an_edited_part_is_refused(tmp_path):
     part.add({"key": "a", "run_hash": "h", "final_val": 3.25})
     d = json.loads(part.path.read_text())
     assert results.content_ok(d)
+    assert L.STORE.load(tmp_path)[0]["a"]["final_val"] == 3.25  # checked once and remembered ...
+    text = part.path.read_text()
+    edited = text.replace('"final_val": 3.25', '"final_val": 2.25')
+    assert len(edited) == len(text)  # ... an edit of the same size is still seen: the file was written again
+    part.path.write_text(edited)
+    with pytest.raises(results.ResultCorrupt, match=part.path.name):
+        L.STORE.load(tmp_path)
     part.path.write_text(json.dumps({**d, "runs": {"a": {**d["runs"]["a"], "final_val": 2.25}}}))
     with pytest.raises(results.ResultCorrupt, match=f"{part.path.name}.*{L.STORE.rerun}"):
         L.STORE.load(tmp_path)

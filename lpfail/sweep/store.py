@@ -72,47 +72,63 @@ class Store:
         """A new, empty part file of this store (written on the first `Part.add`)."""
         return Part(self, directory)
 
-    def load(self, directory: Path | None = None) -> tuple[dict[str, dict], list[dict]]:
-        """({point key: run summary}, [provenance of each part that holds at least one of them]) from every part
-        file of this store. A corrupt or foreign file is an error (named, with the rerun command), never
-        skipped."""
-        runs, metas = {}, []
+    def parts(self, directory: Path | None = None) -> list[tuple[Path, dict]]:
+        """Every part file of this store, parsed and checked, in name order (= the order they were written). A
+        corrupt or foreign file, or one whose content does not match the hash it records, is an error naming it
+        and the command that reruns its runs, never skipped. The hash check of a file is remembered for as long
+        as the file's size, inode and modification time are unchanged (`_VERIFIED`)."""
+        out = []
         d = self.path(directory)
         for path in sorted(d.glob("part-*.json")) if d.is_dir() else []:
             try:
+                st = path.stat()
+                stamp = (st.st_size, st.st_ino, st.st_mtime_ns)
                 part = json.loads(path.read_text())
                 if part.get("format") != self.fmt or not isinstance(part.get("runs"), dict):
                     raise ValueError(f"format {part.get('format')!r}")
-                if results.CONTENT_KEY in part and not results.content_ok(part):
-                    raise ValueError(f"its content does not match the hash it records ({results.CONTENT_KEY}): a "
-                                     "value in it was edited by hand")
+                if results.CONTENT_KEY in part and _VERIFIED.get(path.resolve()) != stamp:
+                    if not results.content_ok(part):
+                        raise ValueError(f"its content does not match the hash it records ({results.CONTENT_KEY}): "
+                                         "a value in it was edited by hand")
+                    _VERIFIED[path.resolve()] = stamp
             except (ValueError, UnicodeDecodeError) as e:
                 raise results.ResultCorrupt(
                     f"{self.folder.removesuffix('_parts')} part {path} is corrupt ({e}); delete it and rerun the "
                     f"runs it held with `{self.rerun or 'python -m lpfail sweep NAME drive'}`") from None
+            out.append((path, part))
+        return out
+
+    def load(self, directory: Path | None = None) -> tuple[dict[str, dict], list[dict]]:
+        """({point key: run summary}, [provenance of each part that holds at least one of them]) from every part
+        file of this store (`parts`: a corrupt or foreign file is an error, never skipped)."""
+        runs, metas = {}, []
+        for path, part in self.parts(directory):
             new = {k: r for k, r in part["runs"].items() if k not in runs}
             runs.update(new)
             if new:
-                metas.append({k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host", "uncaptured")}
-                             | {"file": path.name, "runs": len(new), "keys": sorted(new)})
+                meta = {k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host",
+                                                 "uncaptured")}
+                metas.append(meta | {"file": path.name, "runs": len(new), "keys": sorted(new)})
         return runs, metas
 
     def load_versions(self, directory: Path | None = None) -> tuple[dict[str, list[tuple[str, dict]]], list[dict]]:
         """Every stored summary of every key, in part order ({key: [(part file name, summary), ...]}: a point
         trained again under another TrainConfig hash keeps both), and each part's provenance (as `load` gives it).
         The same checks as `load`."""
-        self.load(directory)  # refuses a corrupt or foreign part, naming it
-        versions: dict[str, list[dict]] = {}
+        versions: dict[str, list[tuple[str, dict]]] = {}
         metas = []
-        d = self.path(directory)
-        for path in sorted(d.glob("part-*.json")) if d.is_dir() else []:
-            part = json.loads(path.read_text())
+        for path, part in self.parts(directory):
             new = sorted(k for k in part["runs"] if k not in versions)  # as `load` counts them
             for k, r in part["runs"].items():
                 versions.setdefault(k, []).append((path.name, r))
             meta = {k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host", "uncaptured")}
             metas.append(meta | {"file": path.name, "runs": len(new), "keys": new})
         return versions, metas
+
+
+#: Part files whose content hash was checked, by resolved path: (size, inode, modification time in ns) when it
+#: was. A file written since (a new part, a later state, an edit) is checked again.
+_VERIFIED: dict[Path, tuple[int, int, int]] = {}
 
 
 class Part:
