@@ -659,3 +659,24 @@ def test_ten_seed_gap_table_per_rate_with_the_placebo():
     assert all(r.count("|") == 10 for r in rows) and "| yes |" in rows[0] and "| no |" in rows[1]
     assert rows[2].endswith("| called |") and rows[0].endswith("|  |  |")  # a rate without a placebo test: empty
     assert "placebo" not in CR.ten_seed_gap_table({**a, "placebo": None})
+
+
+def test_c1a_is_judged_on_the_ten_seed_cells_where_they_exist():
+    """C1a rests on the confirmation grid's ten-seed A − C calls at the substitution rates, not on three seeds."""
+    import copy
+
+    from lpfail import results
+    from lpfail.book import substitution_report as SR
+
+    res, conf = results.load("substitution"), results.load("confirmation")
+    v = SR.judge_one_tile(res, conf)
+    assert v.seeds == 10 and "10 paired seeds" in v.evidence and "Holm p" in v.evidence
+    cells = conf["analysis"]["sizes"]["small"]["cells"]
+    expected = "reproduced" if any(cells[f"lr={lr}"]["verdict"] == "supported" for lr in ("0.016", "0.032")) \
+        else "not reproduced"
+    assert v.verdict == expected
+    flipped = copy.deepcopy(dict(conf))
+    for lr in ("0.016", "0.032"):
+        flipped["analysis"]["sizes"]["small"]["cells"][f"lr={lr}"]["verdict"] = "inconclusive"
+    assert SR.judge_one_tile(res, flipped).verdict == "not reproduced"
+    assert SR.judge_one_tile(res, None).seeds != 10  # without the grid, the three-seed rule

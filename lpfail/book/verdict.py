@@ -200,7 +200,7 @@ def short_claim(v: Verdict, words: int = 14) -> str:
     return " ".join(ws[:words]) + (" …" if len(ws) > words else "")
 
 
-def one_line(v: Verdict, chars: int = 150) -> str:
+def one_line(v: Verdict, chars: int = 180) -> str:
     """The evidence in one line: for a paired-seed rule its statistic with its interval, the seeds and Holm's p;
     otherwise the evidence's first sentence, cut at ``chars`` characters."""
     if v.p_adjusted is not None and (m := _STAT.search(v.evidence)):
