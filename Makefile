@@ -1,5 +1,6 @@
 # `make book`: create .venv from nothing, install, build the HTML book into _build/html from stored results.
-# `make test`: pytest over tests/ and nbval over every chapter (one run), then the book build with -W, then the
+# `make test`: pytest over tests/, every chapter and CPU headline under a second CPU setting (the two-settings
+#              check, nbval against the stored outputs), then the book build with -W, then the
 #              checks of the built text (tools/book_checks.py: words per main-path chapter, table shapes, generated
 #              garbage), then the browser check: every page opened in headless Chromium (apt-get install chromium
 #              chromium-driver), screenshots of every page at 1280 and 400 px in _build/screenshots/.
@@ -17,7 +18,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test pytest invariance build-strict book-checks browser-check notebooks clean
+.PHONY: book test pytest invariance nbval-pinned build-strict book-checks browser-check notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,17 +31,22 @@ book: $(STAMP)
 	@echo "the book is in _build/html/index.html"
 
 # pytest exits non-zero (5) when it collects no test, which fails make: an empty run is never a pass. Two workers
-# (pytest-xdist), each given whole files (--dist loadfile: a notebook's cells stay in order on one kernel); each
-# keeps the two threads set above, so every reduction splits as in a serial run; the 25 slowest tests are listed.
+# (pytest-xdist), each given whole files; each keeps the two threads set above, so every reduction splits as in a
+# serial run; the 25 slowest tests are listed.
 pytest: $(STAMP)
-	$(BIN)/python -m pytest tests book --nbval --nbval-current-env \
-		--nbval-sanitize-with book/nbval_sanitize.cfg -p no:cacheprovider -n 2 --dist loadfile --durations=25
+	$(BIN)/python -m pytest tests -p no:cacheprovider -n 2 --dist loadfile --durations=25
 
-# The two-settings check (tools/cpu_invariance.py): every chapter again under one thread, ATen's vectorised kernels,
-# oneDNN's and MKL's native paths and every random draw nudged by one ulp, and each CPU experiment's headline
-# under both settings; any output that differs depends on the machine (or is chaotic) and fails the check.
+# The two-settings check (tools/cpu_invariance.py): every chapter re-executed and compared with its stored outputs
+# (nbval) under one thread, ATen's vectorised kernels, oneDNN's and MKL's native paths and every random draw
+# nudged by one ulp, and each CPU experiment's headline under both settings. The stored outputs were computed under
+# the pins above (`make notebooks`), so an output that differs has changed with the code, or depends on the machine
+# (or is chaotic): either fails the check. `make nbval-pinned` compares the chapters under the pins alone.
 invariance: $(STAMP)
 	$(BIN)/python tools/cpu_invariance.py all
+
+nbval-pinned: $(STAMP)
+	$(BIN)/python -m pytest book --nbval --nbval-current-env --nbval-sanitize-with book/nbval_sanitize.cfg \
+		-p no:cacheprovider -n 2 --dist loadfile
 
 build-strict: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going

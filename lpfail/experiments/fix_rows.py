@@ -34,6 +34,8 @@ used. `thresholds` reads the thresholds off a result: the smallest m where B's m
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 
@@ -232,7 +234,13 @@ def headline(result) -> dict[str, str]:
             "b_clamp_m_theory": f"{float(result['b_clamp_m_theory']):.1f}"}
 
 
-@experiment("fix_rows", config=FixRowsConfig, gpu=False, headline=headline,
+def check(cfg: FixRowsConfig) -> FixRowsConfig:
+    """The two-settings check's config: a quarter of the rows and every other m (the same code path; the full
+    config's thresholds are checked against the stored ones by tests/test_cpu_invariance.py)."""
+    return dataclasses.replace(cfg, n_rows=16, m_step=1.0)
+
+
+@experiment("fix_rows", config=FixRowsConfig, gpu=False, headline=headline, check=check,
             description="rows with a tied maximum m: B's row suppression (clamp) and B′'s 0/0 NaN vs m (CPU)")
 def fix_rows_experiment(cfg: FixRowsConfig) -> dict:
     """Sweep the tied maximum m and measure every policy against float64 attention.
