@@ -95,3 +95,45 @@ def test_analyse_judges_every_family_on_an_assembled_grid():
     a = D.analyse(res)
     assert set(a["calls"]) == set(D.SIDES)
     assert len(a["calls"]["H8"]) >= 12 and len(a["calls"]["H10"]) >= 4
+
+
+def _partial_grid(seeds_at_8e3: int):
+    """An assembled grid with every arm at 8e-3 for the first `seeds_at_8e3` seeds, nothing at 4e-3; each arm i's
+    loss is C's + 0.01·i exactly (no noise)."""
+    n_v, n_l, n_s = len(D.ARMS), len(D.LRS), len(D.SEEDS)
+    rng = np.random.default_rng(1)
+    base = 1.5 + 0.01 * rng.standard_normal(n_s)
+    final = base[None, None, :] + 0.01 * np.arange(n_v)[:, None, None] + np.zeros((n_v, n_l, n_s))
+    stored = np.zeros((n_v, n_l, n_s), bool)
+    stored[:, list(D.LRS).index(8e-3), :seeds_at_8e3] = True
+    return {"small_variants": np.array(D.ARMS), "small_lrs": np.array(D.LRS), "small_seeds": np.array(D.SEEDS),
+            "small_val_final": np.where(stored, final, np.nan), "small_val_init": np.full((n_v, n_l, n_s), 5.5),
+            "small_stored": stored}
+
+
+def test_an_incomplete_grid_is_described_per_rate_and_never_judged():
+    a = D.analyse(_partial_grid(4))
+    assert "calls" not in a  # no family is judged before every arm has its ten seeds at both rates
+    rows = a["interim"]
+    assert set(rows) == {f"{v} − C @lr=0.008" for v in D.ARMS if v != "C"}  # nothing stored at 4e-3
+    for i, v in enumerate(D.ARMS[1:], start=1):
+        r = rows[f"{v} − C @lr=0.008"]
+        assert r["n"] == 4 and r["estimate"] == pytest.approx(0.01 * i)
+        assert r["ci"][0] <= r["estimate"] <= r["ci"][1]
+    one = D.analyse(_partial_grid(1))["interim"]["A_3 − C @lr=0.008"]
+    assert one["n"] == 1 and "ci" not in one  # one seed: an estimate, no interval
+
+
+def test_the_dial_figure_draws_each_stored_arm_with_its_interval_and_says_the_seed_count():
+    import matplotlib
+    matplotlib.use("Agg")
+    from lpfail.book import plots
+
+    res = _partial_grid(4)
+    res["analysis"] = D.analyse(res)
+    fig = plots.dial_figure(res)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["lr 0.008 (4 seeds)", "lr 0.004 (no paired seeds yet)"]
+    drawn = {tuple(np.round(line.get_ydata(), 6)) for line in fig.axes[0].lines if len(line.get_ydata()) > 1}
+    assert (0.01, 0.02, 0.03, 0.04) in drawn  # A_K at K = 7, 5, 4, 3: arms 1–4 of the grid, C + 0.01·i
+    matplotlib.pyplot.close(fig)

@@ -307,6 +307,33 @@ def describe(e: dict[str, np.ndarray], lrs, seeds) -> dict:
     return out
 
 
+def interim(res) -> dict:
+    """Descriptive, while the grid is incomplete: every arm − C at each learning rate over the seeds where both are
+    stored (mean, 95 % t interval where n ≥ 2, n). No call: the rule judges only whole families on ten seeds."""
+    if "small_val_final" not in res:
+        return {}
+    eff = stats.effective_loss(res["small_val_final"], res["small_val_init"])
+    stored = np.asarray(res["small_stored"], dtype=bool)
+    vs = [str(v) for v in np.asarray(res["small_variants"])]
+    if "C" not in vs:
+        return {}
+    c = vs.index("C")
+    out = {}
+    for i, v in enumerate(vs):
+        if v == "C":
+            continue
+        for j, lr in enumerate(float(x) for x in res["small_lrs"]):
+            both = stored[i, j] & stored[c, j]
+            d = (eff[i, j] - eff[c, j])[both]
+            if d.size == 0:
+                continue
+            row = {"n": int(d.size), "estimate": float(d.mean())}
+            if d.size >= 2:
+                row["ci"] = list(stats.t_interval(d)[1:])
+            out[f"{v} − C @lr={lr:g}"] = row
+    return out
+
+
 def long_summary(res) -> dict:
     """H11 (descriptive): per long arm, runs failed by the criterion, and the final held-out loss − C's."""
     if "long_variants" not in res:
@@ -334,6 +361,7 @@ def analyse(res) -> dict:
         seeds = [int(s) for s in res["small_seeds"]]
         out["calls"] = judge(rows(e, lrs), seeds)
         out["differences"] = describe(e, lrs, seeds)
+    out["interim"] = interim(res)
     out["H11"] = long_summary(res)
     return out
 
