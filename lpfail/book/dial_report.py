@@ -34,9 +34,23 @@ def sr_noise(sr: Mapping | None) -> str:
     return f"{100 * (float(sr['rows_A_sr_rms']) / float(sr['rows_A_rms']) - 1):.0f} %"
 
 
+def seed_runs(seeds) -> str:
+    """'seeds 20–27', 'seeds 20, 22 and 25', 'seed 20' (consecutive seeds as one range)."""
+    seeds = sorted(int(x) for x in seeds)
+    if not seeds:
+        return "no seed"
+    groups, start = [], seeds[0]
+    for a, b in zip(seeds, seeds[1:] + [None]):
+        if b != a + 1:
+            groups.append(str(a) if a == start else f"{start}, {a}" if a == start + 1 else f"{start}–{a}")
+            start = b
+    return ("seed " if len(seeds) == 1 else "seeds ") + listing(groups)
+
+
 def status(dial: Mapping | None) -> str:
-    """Where the dial's grid stands: nothing stored; the runs stored so far (by seed, rate and card), nothing judged
-    until every arm has its ten seeds; or, complete, its families' calls."""
+    """Where the dial's grid stands: nothing stored; per learning rate, the seeds with every arm and those with
+    some, the long runs, the cards and days; nothing judged until every arm has its ten seeds at both rates; or,
+    complete, its families' calls."""
     if dial is None:
         return "No run of the dial is stored yet."
     stored, planned = int(dial["runs_stored"]), int(dial["runs_planned"])
@@ -45,16 +59,44 @@ def status(dial: Mapping | None) -> str:
         words = {f: sorted({r["verdict"] for r in fam.values() if isinstance(r, dict) and "verdict" in r})
                  for f, fam in calls.items()}
         return "All its runs are stored: " + "; ".join(f"{f} {listing(w)}" for f, w in words.items()) + "."
-    vs = [str(v) for v in np.asarray(dial["small_variants"])]
     have = np.asarray(dial["small_stored"], dtype=bool)  # (variants, lrs, seeds)
     lrs, seeds = [float(x) for x in dial["small_lrs"]], [int(s) for s in dial["small_seeds"]]
-    cells = sorted({(lrs[j], seeds[k]) for i, j, k in zip(*np.nonzero(have))})
-    where = listing([f"seed {s} at {lr:g}" for lr, s in cells]) or "none of the 1,000-step points"
-    arms = listing([vs[i] for i in sorted(set(np.nonzero(have)[0]))]) or "no arm"
+    where = []
+    for j in sorted(range(len(lrs)), key=lambda j: -lrs[j]):
+        full = [s for k, s in enumerate(seeds) if have[:, j, k].all()]
+        some = [s for k, s in enumerate(seeds) if have[:, j, k].any() and not have[:, j, k].all()]
+        if not full and not some:
+            where.append(f"none at {lrs[j]:g}")
+            continue
+        parts = ([f"every arm on {seed_runs(full)}"] if full else []) + ([f"some arms on {seed_runs(some)}"]
+                                                                       if some else [])
+        where.append(f"{listing(parts)} at {lrs[j]:g}")
+    n_long = int(np.asarray(dial.get("long_stored", []), dtype=bool).sum())
+    n_long_planned = int(np.asarray(dial.get("long_stored", []), dtype=bool).size)
     devices = listing(sorted({str(p.get("device")) for p in dial.get("parts") or []})) or "no card"
     days = sorted({str(p.get("created"))[:10] for p in dial.get("parts") or []})
-    return (f"So far {stored} of its {planned} runs are stored ({arms}; {where}; {devices}, {listing(days)}): "
-            "nothing is judged until every arm has its ten seeds.")
+    return (f"So far {stored} of its {planned} runs are stored: {'; '.join(where)}; {n_long} of the "
+            f"{n_long_planned} long runs ({devices}, {listing(days)}). Nothing is judged until every arm has its ten "
+            "seeds at both rates.")
+
+
+def interim(dial: Mapping | None, arms=("A_3", "SR_3", "SR_4", "D_3", "R_3")) -> str:
+    """Descriptive, before the rule can judge: the named arms − FP32 attention's held-out loss at each learning
+    rate where every one of them has at least two seeds paired with C (mean and 95 % t interval, the seed count)."""
+    rows = ((dial or {}).get("analysis") or {}).get("interim") or {}
+    out = []
+    for lr in sorted({float(x) for x in (dial or {}).get("small_lrs", [])}, reverse=True):
+        got = [(a, rows.get(f"{a} − C @lr={lr:g}")) for a in arms]
+        if not all(r is not None and "ci" in r for _, r in got):
+            continue
+        ns = sorted({r["n"] for _, r in got})
+        n = f"{ns[0]} seeds" if len(ns) == 1 else f"{ns[0]}–{ns[-1]} seeds"
+        vals = listing([f"{a} {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" for a, r in got])
+        out.append(f"at {lr:g} on {n}, {vals} nats")
+    if not out:
+        return "No rate has two seeds of these arms yet."
+    return ("Held-out loss minus FP32 attention's, mean and 95 % interval over the seeds stored so far "
+            f"(descriptive, no call): {'; '.join(out)}.")
 
 
 def facts(load: Callable | None = None) -> dict[str, str]:
@@ -62,9 +104,10 @@ def facts(load: Callable | None = None) -> dict[str, str]:
     from lpfail import results
 
     load = load or results.load
+    dial = _load_or_none(load, "dial_training")
     return {"sr_ten": sr_ten_seeds(_load_or_none(load, "confirmation")),
             "sr_noise": sr_noise(_load_or_none(load, "sr_confound")),
-            "dial_status": status(_load_or_none(load, "dial_training"))}
+            "dial_status": status(dial), "dial_interim": interim(dial)}
 
 
 def preregistration_markdown() -> str:
