@@ -127,11 +127,11 @@ def test_an_incomplete_grid_is_described_per_rate_and_never_judged():
 def test_the_dial_figure_draws_each_stored_arm_with_its_interval_and_says_the_seed_count():
     import matplotlib
     matplotlib.use("Agg")
-    from lpfail.book import plots
+    from lpfail.book import dial_report
 
     res = _partial_grid(4)
     res["analysis"] = D.analyse(res)
-    fig = plots.dial_figure(res)
+    fig = dial_report.dial_figure(res)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["lr 0.008 (4 seeds)", "lr 0.004 (no paired seeds yet)"]
     drawn = {tuple(np.round(line.get_ydata(), 6)) for line in fig.axes[0].lines if len(line.get_ydata()) > 1}

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 
+from lpfail.book import plots
 from lpfail.book.text import listing
 from lpfail.book.verdict import _load_or_none
 
@@ -120,3 +123,64 @@ def preregistration_markdown() -> str:
     preds = "\n".join(f"- **{h}:** {text}" for h, text in D.PREDICTIONS.items())
     return (f"Fixed in code on {D.PREREGISTERED_ON}, before any run of the grid. *Seen then:* {D.SEEN}\n\n"
             f"{hyps}\n\n*The rule.* {D.RULE}\n\n*Predictions written with the rule (not part of it):*\n\n{preds}")
+
+
+#: The dial's families on its figure: (name in words, colour key of the family's line, arms by fraction bits K).
+DIAL_FAMILIES = (
+    ("the paper's arithmetic, to nearest (A_K)", "A", {7: "A", 5: "A_5", 4: "A_4", 3: "A_3"}),
+    ("stochastic rounding (SR_K)", "A_sr", {6: "SR_6", 5: "SR_5", 4: "SR_4", 3: "SR_3"}),
+    ("production arithmetic (D_K)", "D", {4: "D_4", 3: "D_3"}),
+    ("the robust fix (R_3)", "R", {3: "R_3"}),
+)
+
+
+def dial_figure(res) -> plt.Figure:
+    """The precision dial (stored `dial_training`): each arm's final held-out loss minus FP32 attention's, paired by
+    seed, against the fraction bits K its output path keeps (fewer bits to the right: the tied-row bias doubles per
+    bit lost), one panel per learning rate; the mean with its 95 % t interval over the seeds stored for both (the
+    number of seeds in each panel's title). A point stands only where at least two seeds are paired."""
+    rows = (res["analysis"].get("interim") or {})
+    lrs = [float(x) for x in res["small_lrs"]]
+    fig, axes = plt.subplots(1, len(lrs) + 1, figsize=(4.2 * len(lrs) + 3.0, 3.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [4.2] * len(lrs) + [3.0]})
+    legend_ax = axes[0][-1]
+    axes = axes[:, :-1]
+    offsets = np.linspace(-0.18, 0.18, len(DIAL_FAMILIES))
+    for ax, lr in zip(axes[0], sorted(lrs, reverse=True)):
+        ns = []
+        for (name, key, arms), dx in zip(DIAL_FAMILIES, offsets):
+            xs, ys, lo, hi = [], [], [], []
+            for k, arm in sorted(arms.items(), reverse=True):
+                r = rows.get(f"{arm} − C @lr={lr:g}")
+                if r is None or "ci" not in r:
+                    continue
+                ns.append(r["n"])
+                xs.append(k + dx)
+                ys.append(r["estimate"])
+                lo.append(r["estimate"] - r["ci"][0])
+                hi.append(r["ci"][1] - r["estimate"])
+                ax.errorbar([k + dx], [r["estimate"]], yerr=[[lo[-1]], [hi[-1]]], fmt="o", ms=5, capsize=2,
+                            color=plots.color(arm), lw=1.2)
+            if xs:
+                ax.plot(xs, ys, color=plots.color(key), lw=1.0, alpha=0.7, label=name)
+        ax.axhline(0.0, color=plots.color("C"), lw=0.8)
+        seeds = (f"{min(ns)} seeds" if ns and min(ns) == max(ns) else
+                 f"{min(ns)}–{max(ns)} seeds" if ns else "no paired seeds yet")
+        ax.set_title(f"lr {lr:g} ({seeds})")
+        ax.set_xlim(7.5, 2.5)
+        ax.set_xticks([7, 6, 5, 4, 3])
+        ax.set_xlabel("fraction bits K of the output path")
+        ax.grid(alpha=0.3)
+    for ax in axes[0]:
+        ax.set_ylabel("held-out loss − FP32's (nats)")
+    handles, labels = [], []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    handles.append(Line2D([], [], color=plots.color("C"), lw=0.8))
+    labels.append("FP32 attention (C), the zero line")
+    plots.legend_axes(legend_ax, handles, labels, fontsize=9)
+    fig.tight_layout()
+    return fig
