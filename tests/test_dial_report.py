@@ -44,3 +44,11 @@ def test_interim_gives_each_arm_minus_c_with_its_interval_only_from_two_seeds():
     r = res["analysis"]["interim"]["A_3 − C @lr=0.008"]
     assert f"A_3 {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" in text
     assert "at 0.008 on 4 seeds" in text and "0.004" not in text and "no call" in text
+
+
+def test_cards_name_every_card_and_the_days():
+    res = _grid(2, False)
+    res["parts"] = [{"device": "NVIDIA H100 80GB HBM3", "created": "2026-12-06T09:40:09"},
+                    {"device": "NVIDIA H200", "created": "2026-12-07T10:00:00"}]
+    assert DR.cards(res) == {"dial_card": "NVIDIA H100 80GB HBM3 and NVIDIA H200", "dial_when": "2026-12-06 – 2026-12-07"}
+    assert DR.cards(None) == {"dial_card": "no card yet", "dial_when": "no run yet"}

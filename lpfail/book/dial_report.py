@@ -110,7 +110,16 @@ def facts(load: Callable | None = None) -> dict[str, str]:
     dial = _load_or_none(load, "dial_training")
     return {"sr_ten": sr_ten_seeds(_load_or_none(load, "confirmation")),
             "sr_noise": sr_noise(_load_or_none(load, "sr_confound")),
-            "dial_status": status(dial), "dial_interim": interim(dial)}
+            "dial_status": status(dial), "dial_interim": interim(dial), **cards(dial)}
+
+
+def cards(dial: Mapping | None) -> dict[str, str]:
+    """The cards and days of the dial's stored runs: ``dial_card`` and ``dial_when`` for a figure's caption."""
+    parts = (dial or {}).get("parts") or []
+    devices = sorted({str(p.get("device")) for p in parts if p.get("device")})
+    days = sorted({str(p.get("created"))[:10] for p in parts if p.get("created")})
+    return {"dial_card": listing(devices, none="no card yet"),
+            "dial_when": (days[0] if len(days) == 1 else f"{days[0]} – {days[-1]}") if days else "no run yet"}
 
 
 def preregistration_markdown() -> str:
