@@ -403,3 +403,16 @@ def test_callable_ratio_falls_with_seeds_and_refuses_bad_input():
             stats.callable_ratio(*bad)
     with pytest.raises(ValueError, match="alpha"):
         stats.callable_ratio(5, 4, 1.5)
+
+
+def test_binomial_upper_is_the_exact_one_sided_bound():
+    """0 calls in 7 placebo tests bound the call rate below 1 − 0.05^(1/7) ≈ 35 %; at the bound, P(X ≤ k) = 5 %."""
+    from scipy.stats import binom
+
+    assert stats.binomial_upper(0, 7) == pytest.approx(1 - 0.05 ** (1 / 7), rel=1e-12)
+    assert round(100 * stats.binomial_upper(0, 7)) == 35
+    for k, n in ((1, 7), (2, 10), (5, 20)):
+        assert binom.cdf(k, n, stats.binomial_upper(k, n)) == pytest.approx(0.05, rel=1e-9)
+    assert stats.binomial_upper(3, 3) == 1.0
+    with pytest.raises(ValueError):
+        stats.binomial_upper(4, 3)

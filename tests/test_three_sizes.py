@@ -73,8 +73,9 @@ def test_size_estimates_need_both_sizes_complete():
     conf = _conf()
     large = {k.replace("small_", "large_"): v for k, v in conf.items() if k.startswith("small_")}
     t = TC.size_estimates({**conf, **large})
-    assert t.startswith("On the confirmation grid's seeds (estimates, not a call")
-    assert t.count("(3 seeds)") == 2 and "95 % Student t intervals" in t
+    assert t.startswith("S(A) − S(C) is") and t.count("(3 seeds)") == 2 and "95 % Student t intervals" in t
+    # the same gaps at both sizes: the paired difference is 0 on every seed, so C0-size is not shown
+    assert "paired by seed over the 3 seeds" in t and "C0-size reads not reproduced on 3 seeds, fewer than" in t
     assert TC.size_estimates(conf) is None and TC.size_estimates(None) is None  # no larger size stored
     stored = large["large_stored"].copy()
     stored[0, 0, 0] = False
@@ -138,3 +139,23 @@ def test_power_beside_the_calls_on_the_stored_grid():
     assert large.count("**no power**") == 6 and "**inconclusive**" not in large
     assert "**no power**" not in CR.ten_seed_gap_table(a) and CR.ten_seed_facts(conf)["ten_H5"] == "not distinguishable"
     assert "the robust fix +0.186 [+0.046, +0.325], p = 0.033, Holm-adjusted 0.3 — **no power**" in CR.fix_lr_text(a)
+
+
+def test_c0_size_is_judged_by_the_t_interval_of_the_paired_difference():
+    conf = _conf()
+    large = {k.replace("small_", "large_"): v for k, v in conf.items() if k.startswith("small_")}
+    final = large["large_val_final"].copy()
+    final[0, 2] += np.array([0.30, 0.35, 0.32])  # A worse at the top rate of the larger size, on every seed
+    j = TC.size_judgement({**conf, **large, "large_val_final": final})
+    assert j["n"] == 3 and j["verdict"] == "supported" and j["diff"]["ci"][0] > 0
+    assert j["large"]["point"] > j["small"]["point"] and j["small"]["n"] == 3
+
+
+def test_size_word_says_the_verdict_and_its_seeds():
+    from lpfail.book import symptom_summary
+
+    conf = _conf()
+    large = {k.replace("small_", "large_"): v for k, v in conf.items() if k.startswith("small_")}
+    assert symptom_summary.size_word({**conf, **large}) == ("not reproduced on 3 seeds, fewer than the 10 a training "
+                                                            "verdict needs")
+    assert symptom_summary.size_word(conf) == "not yet measured"

@@ -185,10 +185,11 @@ def cures_table(part: dict, variants) -> str:
 CURE_GROUPS = {"bias": ("B", "Bp", "R", "A_sr", "A_hp", "A_res", "A_ds"), "other": ("D", "A_qk", "A_z", "A_cap")}
 
 
-def cures_summary_table(res, group: str) -> str:
-    """Markdown: for the cures of one `CURE_GROUPS` group of a stored ``cures`` result, where each acts, the share
-    of the gap it closes [95 % CI] (descriptive; none for a cure with non-finite runs, which count at their initial
-    loss and make a share of thousands of per cent) and its pre-registered K2 word (closes at least half)."""
+def cures_summary_table(res, group: str, omit: tuple[str, ...] = ()) -> str:
+    """Markdown: for the cures of one `CURE_GROUPS` group of a stored ``cures`` result (less those in ``omit``,
+    judged elsewhere on more seeds), where each acts, the share of the gap it closes [95 % CI] (descriptive; none
+    for a cure with non-finite runs, which count at their initial loss and make a share of thousands of per cent)
+    and its pre-registered K2 word (closes at least half)."""
     from lpfail.book import plots
     from lpfail.book.text import md_table
 
@@ -196,7 +197,7 @@ def cures_summary_table(res, group: str) -> str:
     variants = [str(x) for x in np.asarray(res["small_variants"])]
     bad = {v: int((np.asarray(res["small_status"])[i] != 0).sum()) for i, v in enumerate(variants)}
     rows = []
-    for v in CURE_GROUPS[group]:
+    for v in (x for x in CURE_GROUPS[group] if x not in omit):
         y = analysis["cures"].get(v)
         if y is None:
             rows.append([plots.label(v), "—", "not stored", "not judged"])
@@ -209,6 +210,19 @@ def cures_summary_table(res, group: str) -> str:
             share = "—"
         rows.append([plots.label(v), y["where"], share, f"**{y['K2']['verdict']}**" if "K2" in y else "—"])
     return md_table(["cure", "acts in", "share of the gap closed [95 % CI]", "K2: closes half"], rows)
+
+
+def official_fix_sentence(conf: Mapping | None) -> str:
+    """Chapter 6's sentence on the official fix in training: Fix-b's word and per-rate numbers on the confirmation
+    grid's ten paired seeds (`confirmation_report.fix_rates`, the verdict page's and chapter 5's), or '' without
+    them."""
+    from lpfail.book import confirmation_report as CR
+
+    rates = CR.fix_rates(conf["analysis"]) if conf is not None else []
+    if not rates:
+        return ""
+    return (f"The official fix is judged on ten paired seeds per learning rate ({{doc}}`05_fix`, Fix-b): "
+            f"*{CR.fix_rates_word(rates)}*. It {CR.fix_rates_text(rates)}.")
 
 
 def cures_outcome(analysis: dict) -> dict:
@@ -336,11 +350,13 @@ def judge_cure(res: Mapping, variant: str) -> Verdict:
     v = (REPRODUCED if k2["verdict"] == "supported" else PARTLY if k1["verdict"] == "supported"
          else CONTRADICTED if k1["verdict"] == "refuted" else NOT_REPRODUCED)
     ci1, ci2 = k1["ci"], k2["ci"]
+    seeds = len(np.asarray(res["seeds"])) if "seeds" in res else None
     return Verdict(claim, statement, v,
                    f"S(cure) − S(A) = {k1['point']:+.3f} [{ci1[0]:+.3f}, {ci1[1]:+.3f}] ({k1['verdict']}); "
                    f"S(cure) − S(C) − ½(S(A) − S(C)) = {k2['point']:+.3f} [{ci2[0]:+.3f}, {ci2[1]:+.3f}] "
                    f"({k2['verdict']}); see {{doc}}`06_beyond`; {_prov(res)}.", rule,
-                   "A 3.2 M-parameter byte-level proxy trained 1,000 steps at 6 learning rates, not GPT-2 small.")
+                   "A 3.2 M-parameter byte-level proxy trained 1,000 steps at 6 learning rates, not GPT-2 small.",
+                   seeds=seeds)
 
 
 def claims(load=None, stored=None) -> list[Verdict]:

@@ -69,6 +69,8 @@ def ten_seed_facts(conf: Mapping) -> dict[str, str]:
     if pl is not None:
         out["ten_placebo"] = f"{sum(r['called_adjusted'] for r in pl['rows'].values())} of {pl['n']}"
         out["ten_placebo_raw"] = f"{sum(r['called_raw'] for r in pl['rows'].values())} of {pl['n']}"
+        called = sum(r["called_adjusted"] for r in pl["rows"].values())
+        out["ten_placebo_bound"] = f"{100 * stats.binomial_upper(called, pl['n']):.0f} %"
     s = a["claims"].get("S_minus_C")
     if s is not None:
         out["ten_S_minus_C"] = interval({"point": s["estimate"], "ci": s["ci"]}, "+.3f")
@@ -102,13 +104,17 @@ def ten_seed_found(a: Mapping) -> str:
     if less:
         parts.append(f"{listing(less)} {'closes' if len(less) == 1 else 'close'} less than half")
     out += " Of the remedies, " + "; ".join(parts) + "."
+    fix_word = fix_rates_word(fix_rates(a))
+    if word("HB") != "supported" and fix_word in ("partly", "reproduced"):
+        out += f" Per learning rate, the official fix reads *{fix_word}* ({{doc}}`05_fix`)."
     h5 = h5_word(a, "small")
+    size = SIZE_SHORT["small"]
     if h5 == "not distinguishable":
-        out += (" The gap opens only at learning rates where FP32 attention itself has degraded, unlike the paper's "
-                "healthy high-precision run beside a failing one.")
+        out += (f" At {size} the gap is called only at learning rates where FP32 attention itself has degraded, "
+                "unlike the paper's healthy high-precision run beside a failing one.")
     elif h5 == "no power":
-        out += (" Whether it also opens where FP32 attention is healthy, the fresh seeds cannot tell: they could not "
-                "have called a gap as large as the healthy margin there.")
+        out += (f" Whether at {size} it also opens where FP32 attention is healthy, the fresh seeds cannot tell: they "
+                "could not have called a gap as large as the healthy margin there.")
     return out
 
 
@@ -133,6 +139,42 @@ def ten_seed_gap_table(a: Mapping, size: str = "small") -> str:
     if placebo:
         head += ["placebo − C", "placebo"]
     return md_table(head, rows)
+
+
+def t_text(d, fmt: str = "+.3f") -> str:
+    """'+0.082 [+0.057, +0.107]': the mean of per-seed values ``d`` with its 95 % Student t interval."""
+    m, lo, hi = stats.t_interval(d)
+    return interval({"point": m, "ci": [lo, hi]}, fmt)
+
+
+#: The variants whose share of the gap chapter 1's "What does close the gap" quotes on ten seeds.
+CLOSING = ("D", "S", "B", "A_sr")
+
+
+def closing_facts(conf: Mapping, lrs: tuple[float, ...] = (0.016, 0.032)) -> dict[str, str]:
+    """What chapter 1's "What does close the gap" quotes, on every seed of the confirmation grid's smaller size:
+    S(A) − S(C) (``ten_gap_S``) and per variant of `CLOSING` its own gap S(X) − S(C) (``ten_own_X``), both with
+    95 % Student t intervals over the paired seeds, the share of S(A) − S(C) it closes from the two means
+    (``ten_share_X``, a point estimate) and X − C in final held-out loss at ``lrs`` (``ten_X_minus_C_LR``, t
+    intervals); ``ten_n_all``: the seed count. Empty without A and C."""
+    d = CF._size(conf, "small")
+    if d is None or not {"A", "C"} <= set(d["eff"]):
+        return {}
+    s = {v: stats.seed_sensitivity(e) for v, e in d["eff"].items()}
+    gap = s["A"] - s["C"]
+    out = {"ten_gap_S": t_text(gap), "ten_n_all": f"{gap.size}"}
+    for v in CLOSING:
+        if v not in s:
+            continue
+        left = s[v] - s["C"]
+        out[f"ten_own_{v}"] = t_text(left)
+        if gap.mean() > 0:
+            out[f"ten_share_{v}"] = f"{100 * (1 - left.mean() / gap.mean()):.0f} %"
+        for lr in lrs:
+            j = [i for i, x in enumerate(d["lrs"]) if np.isclose(x, lr)]
+            if j:
+                out[f"ten_{v}_minus_C_{lr:g}"] = t_text(d["eff"][v][j[0]] - d["eff"]["C"][j[0]])
+    return out
 
 
 # -- chapter 5 on ten paired seeds: the fixes per learning rate -----------------------------------------------------
@@ -173,6 +215,67 @@ def fix_lr_text(a: Mapping, with_hr: bool = True) -> str:
         out += (f" The robust fix in LR sensitivity (HR): {iv(hr)}, Holm-adjusted p {hr['p_adjusted']:.2g} — "
                 f"**{row_word(a, 'claims', 'HR')}**.")
     return out.replace(": . ", ". ").strip()
+
+
+#: A fix's outcome at one learning rate (`fix_rates`) in words.
+OUTCOME_WORDS = {"closes": "closes at least half of the gap", "less": "closes less than half of it",
+                 "unclear": "is not shown either way"}
+
+
+def fix_rates(a: Mapping, fix: str = "B") -> list[dict]:
+    """Per learning rate of the smaller size where the A − C gap is present, the fix's half-gap statistic
+    (L_X − L_C) − ½·(L_A − L_C) (family "fix_lr") and its outcome: where the gap is called on the fresh seeds, from
+    the cell's call (supported → "closes", refuted → "less", else "unclear"; basis "call"); at a rate where FP32
+    attention has degraded and the gap is not called but its 95 % t interval over all seeds lies above 0, from the
+    fix's t interval over all seeds (entirely below 0 → "closes", above → "less", else "unclear"; basis
+    "estimate"). Rates without a gap are left out. Each: {"lr", "row", "gap", "basis", "outcome"}."""
+    small = (a.get("sizes") or {}).get("small") or {}
+    fam, gaps, healthy = a.get("fix_lr") or {}, small.get("cells") or {}, small.get("healthy_lrs") or []
+    out = []
+    for lr in sorted({float(k.split("=", 1)[1]) for k in fam if k.startswith(f"{fix}@")}):
+        r, g = fam.get(f"{fix}@lr={lr:g}"), gaps.get(f"lr={lr:g}") or {}
+        if r is None:
+            continue
+        if g.get("verdict") == "supported":
+            basis, outcome = "call", {"supported": "closes", "refuted": "less"}.get(r["verdict"], "unclear")
+        elif lr not in healthy and g.get("ci") is not None and g["ci"][0] > 0:
+            basis = "estimate"
+            outcome = "closes" if r["ci"][1] < 0 else "less" if r["ci"][0] > 0 else "unclear"
+        else:
+            continue
+        out.append({"lr": lr, "row": r, "gap": g, "basis": basis, "outcome": outcome})
+    return out
+
+
+def fix_rates_word(rates: list[dict]) -> str:
+    """The verdict page's word for a fix from `fix_rates`: reproduced when it is called to close at least half of
+    the gap at every rate with one; partly when it closes at least half at some rate (by the call, or by the
+    estimate where the gap is not called) and not at another; contradicted when it is called to close less than
+    half at every such rate; not yet tested without a rate with a gap; else not reproduced."""
+    from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED
+
+    if not rates:
+        return NOT_TESTED
+    if all(x["outcome"] == "closes" and x["basis"] == "call" for x in rates):
+        return REPRODUCED
+    if any(x["outcome"] == "closes" for x in rates):
+        return PARTLY
+    if all(x["outcome"] == "less" and x["basis"] == "call" for x in rates):
+        return CONTRADICTED
+    return NOT_REPRODUCED
+
+
+def fix_rates_text(rates: list[dict]) -> str:
+    """`fix_rates` in one clause: per rate the outcome, the statistic with its 95 % t interval over all seeds, and
+    the call's Holm-adjusted p, or 'an estimate over N seeds, not a call' where the gap itself is not called."""
+    parts = []
+    for x in rates:
+        r = x["row"]
+        how = (f"Holm-adjusted p {r['p_adjusted']:.2g}" if x["basis"] == "call"
+               else f"an estimate over {r['n']} seeds, not a call: the gap itself is not called there")
+        parts.append(f"{OUTCOME_WORDS[x['outcome']]} at {x['lr']:g} "
+                     f"({interval({'point': r['estimate'], 'ci': r['ci']}, '+.3f')}; {how})")
+    return listing(parts, none="no rate has a gap to close")
 
 
 # -- the three sizes (chapter 1's regime figure, H5 and H6) --------------------------------------------------------

@@ -10,8 +10,8 @@ import numpy as np
 
 from lpfail.book import training_claims as TC
 from lpfail.book.confirmation_report import fix_lr_text
-from lpfail.book.verdict import (NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE, SWEEP_WORDS,
-                                Verdict, _load_or_none, _prov, _stat, pending)
+from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE,
+                                SWEEP_WORDS, Verdict, _load_or_none, _prov, _stat, pending)
 
 
 # -- the claims ------------------------------------------------------------------------------------------------
@@ -164,8 +164,8 @@ def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
                                         f"{o.evidence} Its rule: {o.rule}.")
     conf = _load_or_none(load, "confirmation")
     if TC.confirmed(conf, "Fix-b"):  # ten paired seeds decide it; fix_training's three-seed rule is reported beside
-        fix_b = TC.judge_confirmed(conf, fix_b, "Fix-b", fix_lr_text(conf["analysis"]) + (
-            " B's seeds 0–2 had been seen when HB was written (2026-12-01); its call rests on seeds 3–9, run after."))
+        fix_b = TC.judge_fix_rates(conf, TC.judge_confirmed(conf, fix_b, "Fix-b", fix_lr_text(conf["analysis"]) + (
+            " B's seeds 0–2 had been seen when HB was written (2026-12-01); its call rests on seeds 3–9, run after.")))
     out = [fix_b]
     bench = _load_or_none(load, "bench_kernels")
     out.append(fix_cost(bench) if bench is not None else
@@ -315,17 +315,22 @@ def ten_seed_fix_text(a: Mapping) -> str:
 
 
 def ten_seed_fix_found(a: Mapping) -> str:
-    """Chapter 5's finding on training, in one sentence, from HB and HR (each outcome has its wording)."""
+    """Chapter 5's finding on training: the official fix by Fix-b's per-rate rule (`training_claims.judge_fix_rates`:
+    the same word and numbers as the verdict page) and the robust fix by HR (each outcome has its wording)."""
+    from lpfail.book import confirmation_report as CR
+
     c = a.get("claims") or {}
-    words = {h: (c.get(h) or {}).get("verdict") for h in ("HB", "HR")}
-    if None in words.values():
+    hr = (c.get("HR") or {}).get("verdict")
+    rates = CR.fix_rates(a)
+    if hr is None or not rates:
         return "Whether the fixes cure training waits for their ten-seed runs."
-    if all(w == "supported" for w in words.values()):
-        return ("**In training both fixes close at least half of the gap** between the paper's arithmetic and FP32 "
-                "attention, on ten paired seeds of our proxy.")
-    if any(w == "supported" for w in words.values()):
-        which = "the official fix" if words["HB"] == "supported" else "the robust fix"
-        return (f"**In training only {which} closes at least half of the gap** between the paper's arithmetic and "
-                "FP32 attention, on ten paired seeds of our proxy.")
-    return ("**In training neither fix is shown to close the gap** between the paper's arithmetic and FP32 attention, "
-            "on ten paired seeds of our proxy: removing the tied-row bias is not shown to remove the harm.")
+    word = CR.fix_rates_word(rates)
+    lead = {REPRODUCED: "**In training the official fix closes at least half of the gap wherever there is one**",
+            PARTLY: "**In training the official fix closes the gap only partly**",
+            CONTRADICTED: "**In training the official fix closes less than half of the gap wherever there is one**",
+            }.get(word, "**In training the official fix is not shown to close the gap**")
+    robust = {"supported": "closes at least half of it", "refuted": "closes less than half of it"
+              }.get(hr, "is not shown to close half of it")
+    return (f"{lead} (Fix-b: *{word}*), on ten paired seeds of our proxy: it {CR.fix_rates_text(rates)}. "
+            f"In LR sensitivity, the robust fix {robust} (HR: {hr}).")
+

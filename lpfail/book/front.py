@@ -89,10 +89,12 @@ def _removing_bias(vs, cures: Mapping | None, ten: Mapping | None = None) -> str
             detail = []
             if unshown:
                 detail.append(f"{listing(unshown)} {'is' if len(unshown) == 1 else 'are'} not shown to close half "
-                              "of the gap")
+                              "of the gap in LR sensitivity")
             if short:
                 detail.append(f"{listing(short)} {'closes' if len(short) == 1 else 'close'} less than half")
             against = " — against the paper's account" if short and not unshown else ""
+            if _is(vs.get("Fix-b"), PARTLY, REPRODUCED):
+                detail.append(f"per learning rate the official fix reads *{vs['Fix-b'].verdict}*")
             return (f"**Removing the bias is not shown to remove the harm**{against}: on ten paired seeds, "
                     f"{'; '.join(detail)} ({{doc}}`01_symptom`, {{doc}}`05_fix`).")
         return (f"**Removing the bias:** on ten paired seeds, {listing(helps)} close at least half of the gap; "
@@ -253,8 +255,12 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
                + (f"; its alarm warned before {len(fired)} of {len(div)} divergences, so read it as a record"
                   if div else "") + " ({doc}`ch. 7 <07_diagnose>`).")
     qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else f"reads {_status(by, 'C0-qk')}"
-    fix = ("are not shown to help training" if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED)
-           else f"read {_status(by, 'Fix-b')} in training")
+    if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED):
+        fix = "are not shown to help training"
+    elif _is(by.get("Fix-b"), PARTLY) and ten.get("R") not in (None, "supported"):
+        fix = "in training the official fix closes the gap only partly and the robust fix is not shown to"
+    else:
+        fix = f"read {_status(by, 'Fix-b')} in training"
     out.append(f"**QK-norm** {qk}; both fixes remove the bias but {fix} "
                "({doc}`ch. 5 <05_fix>`).")
     return out

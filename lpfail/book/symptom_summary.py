@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lpfail.book.text import listing
-from lpfail.book.training_claims import size_estimates
+from lpfail.book.verdict import SWEEP_WORDS
+from lpfail.book.training_claims import TEN, size_estimates, size_judgement
 
 #: The paper's peak learning rate (GPT-2 small, its Sec. 2).
 PAPER_LR = 1e-3
@@ -41,8 +42,18 @@ def where_called(conf: Mapping | None) -> str:
 
 
 def larger_size(conf: Mapping | None) -> str:
-    """S(A) − S(C) at each size with its seeds (estimates with 95 % t intervals; no call: the size comparison is
-    not one of the grid's families)."""
+    """S(A) − S(C) at each size with its seeds, the paired difference and C0-size's word with its seed count
+    (`lpfail.book.training_claims.size_estimates`)."""
     if conf is None:
         return "not yet measured"
     return size_estimates(conf) or "not yet measured"
+
+
+def size_word(conf: Mapping | None) -> str:
+    """C0-size's word with its seed count ('reproduced on 5 seeds, fewer than the 10 a training verdict needs'),
+    from `lpfail.book.training_claims.size_judgement`; 'not yet measured' without the runs."""
+    j = size_judgement(conf)
+    if j is None:
+        return "not yet measured"
+    few = f", fewer than the {TEN} a training verdict needs" if j["n"] < TEN else ""
+    return f"{SWEEP_WORDS[j['verdict']]} on {j['n']} seeds{few}"

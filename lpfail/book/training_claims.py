@@ -14,6 +14,7 @@ import numpy as np
 
 from lpfail import sweep
 from lpfail.book import symptom_report
+from lpfail.book import confirmation_report as CR
 from lpfail.book.confirmation_report import h5_text, h5_word, h6_text
 from lpfail.book.text import interval
 from lpfail.book.verdict import SWEEP_RULE, SWEEP_WORDS, Verdict, _f, _hyp, _load_or_none, _prov, _stat, pending
@@ -248,24 +249,78 @@ def judge_size(res: Mapping) -> Verdict:
         note=_sweep_note(res))
 
 
-def size_estimates(conf: Mapping | None) -> str | None:
-    """C0-size's estimates from the confirmation grid's seeds, where both sizes' A and C are all stored: the gap in
-    LR sensitivity S(A) − S(C) per size with its 95 % Student t interval over that size's seeds. Estimates beside
-    the verdict, not a call (H4 is not one of the confirmation's families). None without those runs."""
+#: A training verdict rests on this many paired seeds; rows on fewer say so.
+TEN = 10
+
+
+def size_judgement(conf: Mapping | None) -> dict | None:
+    """C0-size on the confirmation grid's seeds, where both sizes' A and C are all stored: S(A) − S(C) per size
+    over that size's seeds, and H4's statistic (S(A) − S(C))_larger − (S(A) − S(C))_smaller per seed over the seeds
+    both sizes have (paired by seed, as H4 was written), each mean with its 95 % Student t interval; H4's word by
+    that interval (entirely above 0 → supported, entirely below → refuted, else inconclusive), the rule of
+    `lpfail.sweep.stats.judge`. None without those runs or with fewer than two common seeds."""
     if conf is None:
         return None
-    gaps = {}
+    per = {}
     for size in ("large", "small"):
         d = CF._size(conf, size)  # the size's complete variants only
         if d is None or not {"A", "C"} <= set(d["eff"]):
             return None
-        diff = stats.seed_sensitivity(d["eff"]["A"]) - stats.seed_sensitivity(d["eff"]["C"])
-        m, lo, hi = stats.t_interval(diff)
-        gaps[size] = (interval({"point": m, "ci": [lo, hi]}, "+.3f"), diff.size)
-    (gl, nl), (gs, ns) = gaps["large"], gaps["small"]
-    return (f"On the confirmation grid's seeds (estimates, not a call: H4 is not one of its families), "
-            f"S(A) − S(C) is {gl} at the larger size ({nl} seeds) and {gs} at the smaller ({ns} seeds), 95 % "
-            f"Student t intervals.")
+        gap = stats.seed_sensitivity(d["eff"]["A"]) - stats.seed_sensitivity(d["eff"]["C"])
+        per[size] = dict(zip(d["seeds"], gap.tolist()))
+    common = [s for s in per["large"] if s in per["small"]]
+    if len(common) < 2:
+        return None
+    diff = np.array([per["large"][s] - per["small"][s] for s in common])
+    m, lo, hi = stats.t_interval(diff)
+    out = {"diff": {"point": m, "ci": [lo, hi]}, "seeds": common, "n": len(common),
+           "verdict": stats.judge(lo, hi, "above")}
+    for size in ("large", "small"):
+        g, gm = np.array(list(per[size].values())), stats.t_interval(np.array(list(per[size].values())))
+        out[size] = {"point": gm[0], "ci": [gm[1], gm[2]], "n": g.size}
+    return out
+
+
+def size_estimates(conf: Mapping | None) -> str | None:
+    """C0-size's numbers from the confirmation grid (`size_judgement`) in one sentence: the gap per size with its
+    seeds, and the paired difference with its seeds and word. None without those runs."""
+    j = size_judgement(conf)
+    if j is None:
+        return None
+    iv = lambda d: interval(d, "+.3f")  # noqa: E731
+    few = f", fewer than the {TEN} a training verdict needs" if j["n"] < TEN else ""
+    return (f"S(A) − S(C) is {iv(j['large'])} at the larger size ({j['large']['n']} seeds) and {iv(j['small'])} "
+            f"at the smaller ({j['small']['n']} seeds); paired by seed over the {j['n']} seeds both sizes have, the "
+            f"larger size's gap minus the smaller's is {iv(j['diff'])} (95 % Student t intervals): C0-size reads "
+            f"{SWEEP_WORDS[j['verdict']]} on {j['n']} seeds{few}.")
+
+
+def judge_size_confirmed(conf: Mapping, old: Verdict) -> Verdict:
+    """C0-size on the confirmation grid's seeds (`size_judgement`): H4's statistic over the seeds both sizes have,
+    judged by its 95 % Student t interval, its word mapped by `SWEEP_WORDS`; ``old`` (lr_sweep's three-seed H4,
+    the legacy bootstrap rule) is reported beside it. The row says its seed count where it is under `TEN`."""
+    j = size_judgement(conf)
+    n = j["n"]
+    ev = (f"On our proxy, (S(A) − S(C))_larger − (S(A) − S(C))_smaller = {interval(j['diff'], '+.3f')} (mean over "
+          f"{n} seeds paired by seed, 95 % Student t interval) — **{j['verdict']}**. "
+          f"S(A) − S(C) is {interval(j['large'], '+.3f')} at the larger size ({j['large']['n']} seeds) and "
+          f"{interval(j['small'], '+.3f')} at the smaller ({j['small']['n']} seeds). Descriptive: not one of the "
+          f"confirmation grid's pre-registered families, so no Holm correction and no split into fresh seeds.")
+    if not (conf["analysis"].get("H6") or {}).get("verdict", "not measured").startswith("not measured"):
+        ev += f" On the confirmation grid: {h6_text(conf['analysis'])}"
+    ev += f" See {{doc}}`01_symptom`; {_prov(conf)}."
+    note = f"{n} seeds: fewer than the {TEN} a training verdict needs" if n < TEN else ""
+    return dataclasses.replace(
+        old, verdict=SWEEP_WORDS[j["verdict"]], evidence=ev,
+        rule=f"{L.HYPOTHESES['H4']}; per seed the statistic's value over the seeds both sizes have; supported (its 95 % Student t "
+               "interval entirely above 0) → reproduced, inconclusive (the interval contains 0) → not reproduced, "
+               "refuted (entirely below) → contradicted",
+        old=f"the same claim on lr_sweep's {old.seeds or 3} seeds (legacy bootstrap rule): **{old.verdict}**. "
+            f"{old.evidence}",
+        note=note, seeds=n,
+        test=f"95 % Student t interval of the mean over {n} seeds (a two-sided one-sample t test at 5 %); its "
+             "coverage on simulated null data: tests/test_stats_null.py",
+        p_adjusted=None, proxy=proxy(conf, ("small", "large")), family="")
 
 
 #: How lr_sweep's three-seed rows say what their rule is (issue of the legacy rule: its "interval" over three
@@ -383,6 +438,44 @@ def judge_confirmed(conf: Mapping, old: Verdict, claim: str = "C0", extra: str =
         p_adjusted=float(h["p_adjusted"]), proxy=proxy(conf), family=_family_text(a))
 
 
+#: The per-rate statistic of a fix (`confirmation.fix_lr`) in words.
+FIX_STAT = "(L_B − L_C) − ½·(L_A − L_C)"
+
+
+def fix_b_headline(a: Mapping) -> str:
+    """Fix-b's one line: its per-rate statistic at each rate with a gap (`confirmation_report.fix_rates`), with its
+    interval and, where it is a call, Holm's p; the same words on the verdict page and in chapters 1, 5 and 6."""
+    rates = CR.fix_rates(a)
+    return f"{FIX_STAT}: " + "; ".join(
+        f"{interval({'point': x['row']['estimate'], 'ci': x['row']['ci']}, '+.3f')} at {x['lr']:g} "
+        + (f"(Holm p {x['row']['p_adjusted']:.2g})" if x["basis"] == "call" else "(estimate, not a call)")
+        for x in rates)
+
+
+def judge_fix_rates(conf: Mapping, v: Verdict) -> Verdict:
+    """Fix-b per learning rate on the confirmation grid (`confirmation_report.fix_rates`, `fix_rates_word`): the
+    word from each rate where the A − C gap is present, the per-rate statistics as the headline, and ``v``'s
+    evidence (HB in LR sensitivity, each rate's cell) after the per-rate sentence."""
+    a = conf["analysis"]
+    rates = CR.fix_rates(a)
+    word = CR.fix_rates_word(rates)
+    lead = (f"Per learning rate where the A − C gap is present, the official fix {CR.fix_rates_text(rates)}: "
+            f"**{word}**. Over all rates at once, in LR sensitivity (HB): ")
+    ev = lead + v.evidence[0].lower() + v.evidence[1:] if v.evidence.startswith("On our proxy") else lead + v.evidence
+    return dataclasses.replace(
+        v, statement="With the fix, training is stable: it closes A's gap to C at the learning rates where there is "
+                     "one.", verdict=word, evidence=ev, headline=fix_b_headline(a), p_adjusted=None,
+        rule=(f"at each learning rate of the smaller size where the A − C gap is present (called on the fresh "
+              f"seeds, or, where FP32 attention has degraded, its 95 % Student t interval over all seeds above 0), "
+              f"{FIX_STAT} < 0: the fix closes at least half of the gap there. Where the gap is called, by the "
+              f"pre-registered call (family fix_lr: paired t test on the fresh seeds, Holm within the family); "
+              f"elsewhere by its 95 % Student t interval over all seeds (an estimate, not a call). reproduced: "
+              f"called to close at least half at every such rate; partly: closes at least half at one and not at "
+              f"another; contradicted: called to close less than half at every such rate; else not reproduced. "
+              f"HB, the same in LR sensitivity: {a['hypotheses'].get('HB', 'HB')}"),
+        family="fix_lr: B and R at each of the smaller size's learning rates (12 cells)")
+
+
 def _family_text(a: Mapping) -> str:
     """The family of claims in words, naming the hypotheses not yet stored (they count as p = 1)."""
     missing = [k for k in CF.SIDES if (a.get("claims") or {}).get(k) is None]
@@ -416,12 +509,8 @@ def claims(load, stored) -> list[Verdict]:
         if confirmed(conf, "C0-qk"):
             qk = judge_confirmed(conf, qk, "C0-qk")
         size = few_seeds(judge_size(lr), lr, ("small", "large"))
-        if (more := size_estimates(conf)) is not None:
-            size = dataclasses.replace(size, evidence=f"{size.evidence} {more}")
-        if conf is not None and not (conf["analysis"].get("H6") or {}).get("verdict", "not measured").startswith(
-                "not measured"):
-            size = dataclasses.replace(size, evidence=f"{size.evidence} On the confirmation grid: "
-                                                      f"{h6_text(conf['analysis'])}")
+        if size_judgement(conf) is not None:
+            size = judge_size_confirmed(conf, size)
         return [c0, bias, qk, size]
     c0 = pending("C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than "
                        "with high-precision attention.", "lr_sweep", "01_symptom", stored)

@@ -71,6 +71,7 @@ class Verdict:
     proxy: Mapping | None = None
     family: str = ""
     chapter: str = ""  # the page that shows the evidence ("01_symptom", ...), set by `verdicts`
+    headline: str = ""  # the evidence in one line where the statistic is not the evidence's first (`one_line`)
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -200,16 +201,33 @@ def short_claim(v: Verdict, words: int = 14) -> str:
     return " ".join(ws[:words]) + (" …" if len(ws) > words else "")
 
 
+#: A training verdict rests on this many paired seeds; a row on fewer says so in its one line.
+TEN_SEEDS = 10
+
+
+def seeds_words(v: Verdict) -> str:
+    """'10 seeds', '5 seeds, fewer than ten', '1 run, fewer than ten' ('' where the rule has no seeds)."""
+    if v.seeds is None:
+        return ""
+    n = f"{v.seeds} seeds" if v.seeds != 1 else "1 run"
+    return n + (", fewer than ten" if v.seeds < TEN_SEEDS else "")
+
+
 def one_line(v: Verdict, chars: int = 180) -> str:
-    """The evidence in one line: for a paired-seed rule its statistic with its interval, the seeds and Holm's p;
-    otherwise the evidence's first sentence, cut at ``chars`` characters."""
-    if v.p_adjusted is not None and (m := _STAT.search(v.evidence)):
-        return f"{m.group(1)}; {v.seeds} seeds, Holm p {v.p_adjusted:.2g}"
+    """The evidence in one line: the verdict's ``headline`` where it has one; for a paired-seed rule (a Holm p, or
+    evidence that opens with its statistic) the statistic with its interval and Holm's p; otherwise the evidence's
+    first sentence, cut at ``chars`` characters. Each followed by its seeds (`seeds_words`) where the rule has
+    seeds."""
+    seeds = seeds_words(v)
+    if v.headline:
+        return v.headline + (f"; {seeds}" if seeds else "")
+    if (v.p_adjusted is not None or v.evidence.startswith("On our proxy, (")) and (m := _STAT.search(v.evidence)):
+        return (f"{m.group(1)}; {seeds}" + (f", Holm p {v.p_adjusted:.2g}" if v.p_adjusted is not None else ""))
     first = re.split(r"(?<=[.;])\s", re.sub(r"^On our proxy, ", "", v.evidence), maxsplit=1)[0]
     first = re.sub(r"\{doc\}`[^`]*`|\{numref\}`[^`]*`", "", first).strip(" ;,.")
     if len(first) > chars:
         first = first[:chars].rsplit(" ", 1)[0].rstrip(" ,;(") + " …"
-    return first
+    return first + (f" ({seeds})" if seeds else "")
 
 
 def claims_table(vs: list[Verdict]) -> str:

@@ -525,6 +525,20 @@ def placebo(rows: Mapping[str, dict], family: Mapping[str, dict | None] | None =
             "unreachable": sum(rows[k]["p_floor"] > alpha for k in rows)}
 
 
+def binomial_upper(k: int, n: int, confidence: float = T_CONFIDENCE) -> float:
+    """The exact (Clopper–Pearson) one-sided upper confidence bound of a rate from ``k`` events in ``n``
+    independent trials: the rate p at which P(X ≤ k) = 1 − ``confidence`` (1 when k = n). For k = 0 it is
+    1 − (1 − confidence)^(1/n)."""
+    k, n = int(k), int(n)
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"binomial_upper: need 0 ≤ k ≤ n and n ≥ 1 (got k={k}, n={n})")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"binomial_upper: confidence must lie in (0, 1) (got {confidence})")
+    if k == n:
+        return 1.0
+    return float(_special().betaincinv(k + 1, n - k, confidence))
+
+
 # -- calibration: null data at the stored noise level (tests/test_stats_null.py, notes/statistics.md) --------
 def seed_residuals(eff: np.ndarray) -> np.ndarray:
     """The seed noise of a grid: ``eff`` (variants, lrs, seeds) effective losses → each run's deviation from its
