@@ -156,10 +156,10 @@ def test_report_tables_from_parts_and_their_metadata(tmp_path):
     (tmp_path / "lr_sweep_gpu" / "drive-x.log").write_text(f"lr_sweep: 3 runs, 7 at a time, part {part.path.name}\n")
     assert LR.calls_rows(tmp_path) == []  # none of these keys is in lr_sweep's grid
     rows = {r["file"]: r for r in LR.calls_rows(tmp_path, grid=False)}
-    row = rows[part.path.name]
+    row = rows[part.name]
     assert row["runs"] == 3 and row["parallel"] == 5 and row["uncaptured"] == "A_sr" and row["budget_s"] == 9.0
     assert row["median_wall_s"] == {"small": (20.0, 2), "large": (99.0, 1)}
-    assert rows[old.path.name]["parallel"] is None and rows[old.path.name]["uncaptured"] is None
+    assert rows[old.name]["parallel"] is None and rows[old.name]["uncaptured"] is None
     table = LR.calls_table(tmp_path, grid=False)
     assert "A_sr" in table and "not recorded" in table and ">7<" not in table
     t = LR.closure_table(_fake({"A": 0.6, "C": 0.0, "D": 0.0}, noise=0.002), "small", ("D", "S"))

@@ -256,28 +256,32 @@ def _tool(name: str):
 
 
 def test_the_migration_adds_the_content_hash_and_changes_nothing_else(cache):
-    """tools/content_hash.py: a result, a quick record and a part written without a content hash get one, added
-    last, every other byte kept; a file whose hash does not match is left as it is and named."""
+    """tools/content_hash.py: a result, a quick record and a part (plain or compressed) written without a content
+    hash get one, added last, every other byte kept; a file whose hash does not match is left as it is and named."""
+    from lpfail.sweep.store import encode_part
+
     tool = _tool("content_hash")
     results.run("_toy")
     old = {k: v for k, v in json.loads((cache / "_toy.json").read_text()).items() if k != results.CONTENT_KEY}
     texts = {"_toy.json": json.dumps(old, indent=1) + "\n",
              "quick_lr_sweep.json": json.dumps({"name": "lr_sweep", "value": 0.5}, indent=1) + "\n",
-             "lr_sweep_parts/part-1.json": json.dumps({"format": "f", "runs": {"a": {"v": float("nan")}}}) + "\n"}
+             "lr_sweep_parts/part-1.json": json.dumps({"format": "f", "runs": {"a": {"v": float("nan")}}}) + "\n",
+             "lr_sweep_parts/part-2.json.gz": json.dumps({"format": "f", "runs": {"b": {"v": 1.0}}}) + "\n"}
     (cache / "lr_sweep_parts").mkdir()
     for name, text in texts.items():
-        (cache / name).write_text(text)
+        (cache / name).write_bytes(encode_part(text.encode(), name))
     with pytest.raises(results.ResultCorrupt, match="missing key 'content_sha256'"):
         results.load("_toy")
     assert tool.main(["--check", str(cache)]) == 1
     done, refused = tool.migrate(cache)
     assert sorted(p.relative_to(cache).as_posix() for p in done) == sorted(texts) and refused == []
     for name, text in texts.items():
-        new = (cache / name).read_text()
+        new = tool.read(cache / name)
         record = json.loads(new)
         assert list(record)[-1] == results.CONTENT_KEY and results.content_ok(record)
         added = f'"{results.CONTENT_KEY}": "{record[results.CONTENT_KEY]}"'
         assert new.replace(f",\n {added}", "").replace(f", {added}", "") == text, name
+    assert (cache / "lr_sweep_parts/part-2.json.gz").read_bytes()[:2] == b"\x1f\x8b"  # still compressed
     assert results.load("_toy")["total"] == 10.0
     assert tool.main(["--check", str(cache)]) == 0
     edited = (cache / "_toy.json").read_text().replace('"total": 10.0', '"total": 11.0')

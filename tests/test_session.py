@@ -123,3 +123,60 @@ def test_unpack_takes_a_later_state_of_a_growing_part(tmp_path):
     assert session.unpack(_tgz(tmp_path / "4.tgz", name, changed), repo) == []  # a run changed: kept
     assert session.unpack(_tgz(tmp_path / "5.tgz", name, other), repo) == []  # another header: kept
     assert json.loads((repo / name).read_text()) == later
+
+
+def test_unpack_takes_either_form_of_a_part_and_keeps_one_file(tmp_path):
+    """An archive may hold a part as plain JSON (a tree that wrote ``.json``) or compressed (``.json.gz``): each is
+    written in its own form; the same content already stored in the other form is not written again, and a later
+    state replaces the stored one, whatever its form, leaving one file."""
+    import gzip
+
+    repo = tmp_path / "results"
+    plain = "lr_sweep_parts/part-20261202T122554-487.json"
+    head = {"format": "lpfail-sweep-part", "git": "abc", "created": "2026-12-02T12:25"}
+    first = {**head, "wall_s": 10.0, "runs": {"a": {"val_loss": 1.0}}}
+    later = {**head, "wall_s": 20.0, "runs": {"a": {"val_loss": 1.0}, "b": {"val_loss": 2.0}}}
+    changed = {**head, "wall_s": 30.0, "runs": {"a": {"val_loss": 9.0}, "b": {"val_loss": 2.0}, "c": {}}}
+
+    def gz_tgz(path, obj):
+        import io
+        data = gzip.compress(json.dumps(obj).encode(), mtime=0)
+        with tarfile.open(path, "w:gz") as tf:
+            info = tarfile.TarInfo(plain + ".gz")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        return path
+
+    assert session.unpack(gz_tgz(tmp_path / "1.tgz", first), repo) == [str(repo / plain) + ".gz"]
+    assert sweep.read_part(repo / (plain + ".gz")) == first
+    assert session.unpack(_tgz(tmp_path / "2.tgz", plain, first), repo) == []  # the same content, plain
+    assert not (repo / plain).exists()
+    assert session.unpack(_tgz(tmp_path / "3.tgz", plain, later), repo) == [str(repo / plain)]
+    assert json.loads((repo / plain).read_text()) == later and not (repo / (plain + ".gz")).exists()
+    assert session.unpack(gz_tgz(tmp_path / "4.tgz", changed), repo) == []  # a run changed: kept
+    assert session.unpack(gz_tgz(tmp_path / "5.tgz", first), repo) == []  # an earlier state: kept
+    assert sorted(p.name for p in (repo / "lr_sweep_parts").iterdir()) == [plain.split("/")[-1]]
+
+
+def test_collect_packs_only_parts_whose_content_is_not_stored(tiny, tmp_path):
+    """The scratch cache holds the repository's parts as seeded (either form) and the parts written on the
+    machine: a part whose content the repository holds, in either form, is not packed again."""
+    import gzip
+
+    repo, scratch = tiny
+    one = {"format": L.STORE.fmt, "runs": {"a": {"v": 1.0}}}
+    two = {"format": L.STORE.fmt, "runs": {"b": {"v": 2.0}}}
+    (repo / "lr_sweep_parts" / "part-1.json.gz").write_bytes(gzip.compress(json.dumps(one).encode(), mtime=0))
+    (repo / "lr_sweep_parts" / "part-2.json").write_text(json.dumps(two))
+    session.seed_cache(repo, scratch)
+    assert (scratch / "lr_sweep_parts" / "part-1.json.gz").is_file()
+    (scratch / "lr_sweep_parts" / "part-2.json").rename(scratch / "lr_sweep_parts" / "part-2.json.gz")
+    (scratch / "lr_sweep_parts" / "part-2.json.gz").write_bytes(gzip.compress(json.dumps(two).encode()))
+    part = L.STORE.part(scratch)
+    part.add({"key": "c", "run_hash": "h"})
+    session.collect(tmp_path / "out")
+    with tarfile.open(tmp_path / "out" / "grids.tgz") as tf:
+        assert [n for n in tf.getnames() if n.startswith("lr_sweep_parts/")] == [f"lr_sweep_parts/{part.path.name}"]
+    assert part.path.name.endswith(".json.gz")
+    assert session.unpack(tmp_path / "out" / "grids.tgz", repo) == [str(repo / "lr_sweep_parts" / part.path.name)]
+    assert set(L.STORE.load(repo)[0]) == {"a", "b", "c"}

@@ -1,7 +1,6 @@
 """lpfail.sweep.stats: the legacy rule reproduces every stored verdict bit for bit; the paired rule's pieces
 (t distribution, sign-flip test, Holm, the judge, the confirm/estimate split, the placebo) against hand-worked
 cases and closed forms. The null simulation is tests/test_stats_null.py."""
-import glob
 import itertools
 import json
 import math
@@ -14,6 +13,7 @@ import pytest
 from lpfail import results
 from lpfail.experiments import confirmation
 from lpfail.sweep import stats
+from lpfail.sweep.store import part_files, read_part
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -92,8 +92,8 @@ def _substitution_losses():
     """{(row, lr, seed): effective final loss} from the stored substitution parts (the runs of its rows)."""
     steps = json.loads((REPO / "results" / "lr_sweep.json").read_text())["config"]["max_steps"]
     out = {}
-    for f in sorted(glob.glob(str(REPO / "results" / "substitution_parts" / "*.json"))):
-        for key, r in json.loads(Path(f).read_text())["runs"].items():
+    for f in part_files(REPO / "results" / "substitution_parts"):
+        for key, r in read_part(f)["runs"].items():
             vs, vl = np.asarray(r["val_step"]), np.asarray(r["val_loss"], dtype=np.float64)
             init = vl[vs == 0][0]
             fin = vl[vs == steps][0] if r["status"] == "completed" and (vs == steps).any() else np.nan

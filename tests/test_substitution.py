@@ -262,7 +262,7 @@ def test_store_from_parts_needs_every_point_and_stores_the_verdicts(tmp_path, mo
     res = sweep.collect(grid, tmp_path)
     assert res["analysis"]["rows"]["l"]["by_lr"]["0.032"]["verdict"] == "closes the gap"
     assert results.load("substitution", grid.config, directory=tmp_path)["complete"] is True
-    assert {m["file"] for m in res["parts"]} == {"part-1.json", part.path.name}  # the baselines' part too
+    assert {m["file"] for m in res["parts"]} == {"part-1.json", part.name}  # the baselines' part too
 
 
 @pytest.mark.gpu
@@ -467,14 +467,14 @@ def _copy_results(tmp_path):
     from lpfail import results
 
     src = results.REPO_ROOT / "results"
-    if not list((src / "substitution_parts").glob("part-*.json")):
+    if not sweep.part_files(src / "substitution_parts"):
         pytest.skip("no substitution parts in results/")
     # the grid's parts only: a part holding only amended rows (the amendment's own call) is left out, so that
     # the scratch folder is the state before the amendment ran
     amended = {r.name for r in sub.AMENDED_ROWS}
     (tmp_path / "substitution_parts").mkdir()
-    for f in (src / "substitution_parts").glob("part-*.json"):
-        if not {k.split("/")[0] for k in json.loads(f.read_text())["runs"]} <= amended:
+    for f in sweep.part_files(src / "substitution_parts"):
+        if not {k.split("/")[0] for k in sweep.read_part(f)["runs"]} <= amended:
             shutil.copy(f, tmp_path / "substitution_parts" / f.name)
     (tmp_path / "lr_sweep_parts").symlink_to(src / "lr_sweep_parts")
     for f in ("substitution.json", "substitution.npz", "lr_sweep.json", "lr_sweep.npz"):

@@ -2,6 +2,7 @@
 named), a tiny grid driven end to end on the CPU (stored, refused while incomplete, partial, orphaned by a
 changed setting, left alone when unchanged), the quick profile's comparison, the command line, and every stored
 grid result re-collected from its parts to the very data that is stored."""
+import gzip
 import json
 import subprocess
 import sys
@@ -77,8 +78,63 @@ def test_run_hash_ignores_where_not_what():
 def test_part_file_is_json_with_provenance(tmp_path):
     part = L.STORE.part(tmp_path)
     part.add({"key": "k", "run_hash": "h", "x": float("nan")})
-    d = json.loads(part.path.read_text())
+    d = sweep.read_part(part.path)
     assert d["format"] == L.STORE.fmt and {"git", "device", "created", "versions"} <= set(d)
+
+
+def test_a_part_is_written_compressed_deterministically_and_named_without_gz(tmp_path):
+    """A part is stored as gzip-compressed JSON (``.json.gz``): no time and no file name in its header, so the same
+    content gives the same bytes; it is named, loaded and listed as ``part-….json`` whatever its form, and a part
+    stored as plain JSON (``.json``) is still read, in name order among the compressed ones."""
+    from lpfail.sweep.store import encode_part
+
+    part = L.STORE.part(tmp_path)
+    part.path = part.path.with_name("part-20260102T000000-0.json.gz")
+    part.runs["q"] = {"key": "q", "run_hash": "h", "x": 1.5}
+    part.add({"key": "k", "run_hash": "h", "x": 1.5})
+    data = part.path.read_bytes()
+    assert data[:4] == b"\x1f\x8b\x08\x00" and data[4:8] == b"\0\0\0\0"  # no flags (no file name), time 0
+    text = gzip.decompress(data)
+    assert json.loads(text) == sweep.read_part(part.path) and results.content_ok(json.loads(text))
+    assert encode_part(text, part.path.name) == data  # the same content again: the same bytes
+    assert part.name == "part-20260102T000000-0.json"
+    plain = L.STORE.part(tmp_path)
+    plain.path = plain.path.with_name("part-20260101T000000-0.json")
+    plain.add({"key": "k", "run_hash": "h", "x": 0.5})
+    plain.add({"key": "p", "run_hash": "h", "x": 0.5})
+    assert json.loads(plain.path.read_text())["runs"]["p"]["x"] == 0.5
+    runs, metas = L.STORE.load(tmp_path)
+    assert runs["k"]["x"] == 0.5 and [m["file"] for m in metas] == [plain.name, part.name]
+    versions, _ = L.STORE.load_versions(tmp_path)
+    assert [(f, r["x"]) for f, r in versions["k"]] == [(plain.name, 0.5), (part.name, 1.5)]
+    assert L.STORE.file(part.name, tmp_path) == part.path and L.STORE.file(plain.name, tmp_path) == plain.path
+    (L.STORE.path(tmp_path) / "part-0-bad.json.gz").write_bytes(data[:-9])  # a truncated compressed part
+    with pytest.raises(results.ResultCorrupt, match="part-0-bad"):
+        L.STORE.load(tmp_path)
+
+
+def test_compress_parts_checks_each_part_and_keeps_its_bytes(tmp_path):
+    """`compress_parts` stores every plain part compressed, byte for byte, after checking its content hash; a
+    part whose hash does not match is left as it is, and the store reads the same runs before and after."""
+    from lpfail.sweep.store import compress_parts
+
+    for v in (1.0, 2.0):
+        part = L.STORE.part(tmp_path)
+        part.path = part.path.with_name(f"part-2026010{int(v)}T000000-0.json")
+        part.add({"key": "a", "run_hash": "h", "v": v})
+        part.add({"key": f"b{v:g}", "run_hash": "h", "v": v})
+    folder = L.STORE.path(tmp_path)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    loaded = L.STORE.load(tmp_path)
+    edited = folder / "part-20260103T000000-0.json"
+    edited.write_text(json.dumps({**json.loads(before["part-20260102T000000-0.json"]), "git": "edited"}))
+    done, left = compress_parts(tmp_path, log=lambda m: None)
+    assert [p.name for p in done] == sorted(before) and left == [edited]
+    assert sorted(p.name for p in folder.iterdir()) == [*(n + ".gz" for n in sorted(before)), edited.name]
+    assert all(gzip.decompress((folder / (n + ".gz")).read_bytes()) == b for n, b in before.items())
+    edited.unlink()
+    assert L.STORE.load(tmp_path) == loaded
+    assert compress_parts(tmp_path) == ([], [])
 
 
 def test_parts_merge_first_wins_and_a_corrupt_part_is_named(tmp_path):
@@ -96,24 +152,33 @@ def test_parts_merge_first_wins_and_a_corrupt_part_is_named(tmp_path):
 
 
 
-def test_an_edited_part_is_refused(tmp_path):
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_an_edited_part_is_refused(tmp_path, suffix):
     """A part records the hash of its content (`results.CONTENT_KEY`): a number edited in it is refused, named,
-    with the command that reruns its runs; a part written without a hash (before there was one) still loads."""
+    with the command that reruns its runs; a part written without a hash (before there was one) still loads.
+    The same in either form of the file."""
+    from lpfail.sweep.store import encode_part
+
     part = L.STORE.part(tmp_path)
+    part.path = part.path.with_name("part-20260101T000000-0" + suffix)
+
+    def write_text(text):
+        part.path.write_bytes(encode_part(text.encode(), part.path.name))
+
     part.add({"key": "a", "run_hash": "h", "final_val": 3.25})
-    d = json.loads(part.path.read_text())
+    d = sweep.read_part(part.path)
     assert results.content_ok(d)
     assert L.STORE.load(tmp_path)[0]["a"]["final_val"] == 3.25  # checked once and remembered ...
-    text = part.path.read_text()
+    text = json.dumps(d, allow_nan=True) + "\n"
     edited = text.replace('"final_val": 3.25', '"final_val": 2.25')
-    assert len(edited) == len(text)  # ... an edit of the same size is still seen: the file was written again
-    part.path.write_text(edited)
+    assert len(edited) == len(text) != 0 and edited != text  # ... an edit of the same size is still seen
+    write_text(edited)
     with pytest.raises(results.ResultCorrupt, match=part.path.name):
         L.STORE.load(tmp_path)
-    part.path.write_text(json.dumps({**d, "runs": {"a": {**d["runs"]["a"], "final_val": 2.25}}}))
+    write_text(json.dumps({**d, "runs": {"a": {**d["runs"]["a"], "final_val": 2.25}}}))
     with pytest.raises(results.ResultCorrupt, match=f"{part.path.name}.*{L.STORE.rerun}"):
         L.STORE.load(tmp_path)
-    part.path.write_text(json.dumps({k: v for k, v in d.items() if k != results.CONTENT_KEY}))
+    write_text(json.dumps({k: v for k, v in d.items() if k != results.CONTENT_KEY}))
     assert L.STORE.load(tmp_path)[0]["a"]["final_val"] == 3.25
 
 

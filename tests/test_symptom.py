@@ -12,6 +12,7 @@ import pytest
 
 from lpfail import data, results
 from lpfail.experiments import symptom as S
+from lpfail.sweep.store import part_files, read_part
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -275,8 +276,8 @@ def test_stored_symptom_results_match_their_archive():
         meta = json.loads((REPO / "results" / f"{name}.json").read_text())
         arc = REPO / "results" / meta["runs_archive"]["path"]
         assert hashlib.sha256(arc.read_bytes()).hexdigest() == meta["runs_archive"]["sha256"]
-    (part,) = sorted((REPO / "results" / "symptom_parts").glob("part-*.json"))
-    assert json.loads(part.read_text())["migrated_from"]["sha256"] == meta["runs_archive"]["sha256"]
+    (part,) = part_files(REPO / "results" / "symptom_parts")
+    assert read_part(part)["migrated_from"]["sha256"] == meta["runs_archive"]["sha256"]
     res = results.load("symptom")
     with tarfile.open(REPO / "results" / "symptom_runs.tgz") as tf:
         root = results.config_hash(S.SymptomConfig())

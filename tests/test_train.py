@@ -531,7 +531,7 @@ def test_set_lr_writes_tensors_in_place():
 def test_captured_steps_equal_uncaptured(tmp_path, attention, monkeypatch):
     """On CUDA a captured run and the same config with LPFAIL_NO_CAPTURE=1 give the same losses bit for bit
     (same kernels, same order), and a run continued from a checkpoint (3 eager steps, then capture again)
-    gives the uninterrupted run's. Checked on the H200 by lr_sweep.graph_checks (results/lr_sweep_gpu)."""
+    gives the uninterrupted run's. Checked on the H200 by lr_sweep.graph_checks (notes/gpu_calls/lr_sweep_gpu)."""
     cfg = TrainConfig(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=8, data="pydocs", max_steps=16,
                       warmup=4, lr=1e-2, attention=attention, cuda_graph=True, diag_every=8, device="cuda",
                       checkpoint_every=8, out_dir=str(tmp_path / "a"))

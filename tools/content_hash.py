@@ -4,12 +4,12 @@
     python tools/content_hash.py --check [DIR]  # list the files without it or with one that does not match
 
 The files are a result's ``NAME.json`` (beside its ``NAME.npz``), a quick profile's ``quick_NAME.json`` and a run
-store's ``*_parts/part-*.json``. Each is rewritten in the layout it was written in (``NAME.json`` and quick
-records indented by one space, parts on one line) with `CONTENT_KEY` added last, and only where reading it back
-and writing it out again gives its bytes unchanged: then the added key is the only difference, and no value is
-recomputed. A file whose hash is present but does not match is never rewritten: it was edited by hand, and the
-command that regenerates it is the remedy. Exit status 1 when such a file (or one that cannot be rewritten
-faithfully) is found.
+store's ``*_parts/part-*.json`` or ``part-*.json.gz``. Each is rewritten in the layout and the form it was written
+in (``NAME.json`` and quick records indented by one space, parts on one line, a compressed part compressed) with
+`CONTENT_KEY` added last, and only where reading it back and writing it out again gives its (decompressed) bytes
+unchanged: then the added key is the only difference, and no value is recomputed. A file whose hash is present but
+does not match is never rewritten: it was edited by hand, and the command that regenerates it is the remedy. Exit
+status 1 when such a file (or one that cannot be rewritten faithfully) is found.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lpfail import results  # noqa: E402
+from lpfail.sweep.store import decode_part, encode_part, part_files  # noqa: E402
 
 
 def stored_files(directory: Path) -> list[tuple[Path, int | None]]:
@@ -29,8 +30,13 @@ def stored_files(directory: Path) -> list[tuple[Path, int | None]]:
     for p in sorted(directory.glob("*.json")):
         if p.name.startswith("quick_") or p.with_suffix(".npz").is_file():
             out.append((p, 1))
-    out += [(p, None) for p in sorted(directory.glob("*_parts/part-*.json"))]
+    out += [(p, None) for folder in sorted(directory.glob("*_parts")) for p in part_files(folder)]
     return out
+
+
+def read(path: Path) -> str:
+    """A stored JSON's text (a compressed part decompressed)."""
+    return decode_part(path.read_bytes(), path.name).decode()
 
 
 def dump(record: dict, indent: int | None) -> str:
@@ -41,7 +47,7 @@ def dump(record: dict, indent: int | None) -> str:
 def state(path: Path, indent: int | None) -> str:
     """"ok" (the hash matches), "missing" (none, and the file can be rewritten with one faithfully), "edited"
     (a hash that does not match) or "unfaithful" (none, and writing it out again would change more than the key)."""
-    text = path.read_text()
+    text = read(path)
     record = json.loads(text)
     if results.CONTENT_KEY in record:
         return "ok" if results.content_ok(record) else "edited"
@@ -55,8 +61,8 @@ def migrate(directory: Path, log=print) -> tuple[list[Path], list[Path]]:
     for path, indent in stored_files(directory):
         st = state(path, indent)
         if st == "missing":
-            record = results.with_content_hash(json.loads(path.read_text()))
-            results.atomic_write(path, dump(record, indent).encode())
+            record = results.with_content_hash(json.loads(read(path)))
+            results.atomic_write(path, encode_part(dump(record, indent).encode(), path.name))
             done.append(path)
         elif st != "ok":
             refused.append(path)

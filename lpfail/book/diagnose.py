@@ -51,7 +51,7 @@ def monitor_figure(runs: dict):
 # -- the monitor's overhead, as measured on a GPU (tools/gpu_monitor_overhead.py) ----------------------------
 OVERHEAD_FILE = "kernels_gpu/monitor_overhead.json"  # beside the other GPU files: not an experiment of the cache
 #: When the stored measurement was taken, and on what code (its json has no "when" or "git" field, which the tool
-#: writes now; from results/gpu_calls/20261201T0749/README.md). A json that has "when" is described by it.
+#: writes now; from notes/gpu_calls/20261201T0749/README.md). A json that has "when" is described by it.
 OVERHEAD_PROVENANCE = {"when": "2026-12-01", "tree": "23f8cd9", "monitor": "before the hot-path fix"}
 
 

@@ -10,7 +10,6 @@ grid's ten-seed report is `lpfail.book.confirmation_report`; chapter 1's claims 
 from __future__ import annotations
 
 import html
-import json
 
 import numpy as np
 
@@ -335,10 +334,9 @@ def calls_rows(directory=None, grid: bool = True) -> list[dict]:
     runs, metas = L.STORE.load(directory)
     if grid:  # only the parts that hold runs of lr_sweep's own grid (cures and fix_training share the folder)
         metas = sweep.lookup(L.lr_sweep_grid(), directory).parts
-    folder = L.STORE.path(directory)
     out = []
     for m in metas:
-        part = json.loads((folder / m["file"]).read_text())
+        part = sweep.read_part(L.STORE.file(m["file"], directory))
         med = {}
         for size in ("small", "large"):
             w = [runs[k]["wall_s"] for k in m["keys"] if k.startswith(size + "/")]

@@ -31,6 +31,7 @@ from lpfail import results
 from lpfail.gradient_error import TOL, capture_layer, delta_terms, derivation_check, synthetic_inputs, \
     tail_slopes
 from lpfail.precision import Precision
+from lpfail.sweep.store import part_files, part_name, read_part
 
 _SCALARS = ("eq1_rel_err", "eq2_rel_err", "eq3_rel_err", "eq3_cos_mean", "share_cos", "share_norm", "sum_dd",
             "frac_dd_pos", "dd_abs_mean", "dw_err_norm", "sum_dd_tied", "sum_dd_untied", "frac_tied")
@@ -200,11 +201,12 @@ def _call_provenance(results_dir: Path) -> dict | None:
     """Where and when the GPU records were measured, for a record file that does not say so itself: the GPU
     script ran these extras beside the substitution grid in one call,
     so the grid's part file (results/substitution_parts/) carries that call's device, git and date."""
-    parts = sorted((results_dir / "substitution_parts").glob("part-*.json"))
+    parts = part_files(results_dir / "substitution_parts")
     if not parts:
         return None
-    meta = json.loads(parts[0].read_text())
-    return {k: meta.get(k) for k in ("device", "git", "created")} | {"source": f"substitution_parts/{parts[0].name}"}
+    meta = read_part(parts[0])
+    return {k: meta.get(k) for k in ("device", "git", "created")} | {
+        "source": f"substitution_parts/{part_name(parts[0])}"}
 
 
 def _provenance() -> dict:

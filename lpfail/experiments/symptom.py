@@ -52,6 +52,7 @@ import numpy as np
 
 from lpfail import results
 from lpfail.sweep import GridBase, Run, Store, register, run_experiment
+from lpfail.sweep.store import encode_part, part_files, read_part
 # the driver's names stay available here (S.sweep, S.RunSpec ...)
 from lpfail.sweep.driver import (  # noqa: F401
     bins as _bins,
@@ -712,8 +713,8 @@ def migrate(archive, gpu_results, directory=None, log=print) -> Path:
 
     archive, gpu_results = Path(archive), Path(gpu_results)
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    for old in sorted(STORE.path(directory).glob("part-*.json")):
-        if json.loads(old.read_text()).get("migrated_from", {}).get("sha256") == digest:
+    for old in part_files(STORE.path(directory)):
+        if read_part(old).get("migrated_from", {}).get("sha256") == digest:
             log(f"symptom migrate: {old.name} already holds {archive.name}")
             return old
     gmeta = json.loads((gpu_results / "symptom.json").read_text())
@@ -726,7 +727,7 @@ def migrate(archive, gpu_results, directory=None, log=print) -> Path:
                          created=gmeta["created"], host="the GPU call of 2026-11-29 (migrated)",
                          migrated_from={"archive": archive.name, "sha256": digest, "git": results._git(),
                                         "runs_gpus": drive_rec.get("gpus"), "runs_ended": drive_rec.get("ended")})
-        part.path = part.path.with_name(f"part-{gmeta['created'][:19].replace('-', '').replace(':', '')}-0.json")
+        part.path = part.path.with_name(f"part-{gmeta['created'][:19].replace('-', '').replace(':', '')}-0.json.gz")
         for conf_path in sorted(Path(tmp).glob("*/symptom_config.json")):
             c = results.typed_config(results.get("symptom"), {k: (",".join(map(str, v)) if isinstance(v, list)
                                                                    else str(v))
@@ -737,7 +738,8 @@ def migrate(archive, gpu_results, directory=None, log=print) -> Path:
                 tc = TrainConfig.from_dict(json.loads((run_dir / "train_config.json").read_text()))
                 part.runs[run_key(c, v, int(seed))] = summarize(run_dir, tc, run_key(c, v, int(seed)))
         part.meta["wall_s"] = float(drive_rec.get("wall_s") or 0.0)  # the GPU call's (Part.write would put ours)
-        results._atomic_write(part.path, (json.dumps({**part.meta, "runs": part.runs}, allow_nan=True) + "\n").encode())
+        results._atomic_write(part.path, encode_part((json.dumps({**part.meta, "runs": part.runs}, allow_nan=True)
+                                                      + "\n").encode(), part.path.name))
     _migrate_checks(gpu_results, directory)
     log(f"symptom migrate: {len(part.runs)} runs from {archive.name} into {part.path}")
     return part.path

@@ -28,8 +28,10 @@ grids.
 from lpfail.sweep import stats
 from lpfail.sweep.grid import GRIDS, Grid, GridBase, Lookup, Run, SweepIncomplete, get, lookup, names, register
 from lpfail.sweep.run import collect, drive, graph_checks, run_experiment, status, status_text
-from lpfail.sweep.store import Part, Store, parts_provenance, run_hash, summarize_run, used_parts
+from lpfail.sweep.store import (Part, Store, part_files, part_name, parts_provenance, read_part, run_hash,
+                                 summarize_run, used_parts)
 
 __all__ = ["GRIDS", "Grid", "GridBase", "Lookup", "Part", "Run", "Store", "SweepIncomplete", "collect", "drive",
-           "get", "graph_checks", "lookup", "names", "parts_provenance", "register", "run_experiment", "run_hash",
-           "stats", "status", "status_text", "summarize_run", "used_parts"]
+           "get", "graph_checks", "lookup", "names", "part_files", "part_name", "parts_provenance", "read_part",
+           "register", "run_experiment", "run_hash", "stats", "status", "status_text", "summarize_run",
+           "used_parts"]

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from lpfail import results
+from lpfail.sweep import store
 
 BASE = Path(os.environ.get("LPFAIL_SESSION_ROOT", "/tmp/lpfail_session"))
 MPS = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/lpfail_mps", "CUDA_MPS_LOG_DIRECTORY": "/tmp/lpfail_mps_log"}
@@ -43,10 +44,10 @@ def _scratch() -> Path:
 
 
 def seed_cache(repo_results: Path, scratch: Path):
-    """Copy the repository's results cache into the scratch cache (part files and results, not archives); a file
-    already there is kept (another driver of this machine may have written it)."""
+    """Copy the repository's results cache into the scratch cache (part files in either form and results, not
+    archives); a file already there is kept (another driver of this machine may have written it)."""
     for src in repo_results.rglob("*"):
-        if src.is_file() and src.suffix in (".json", ".npz") and "gpu_calls" not in src.parts:
+        if src.is_file() and src.name.endswith((".json", ".npz", ".json.gz")) and "gpu_calls" not in src.parts:
             dst = scratch / src.relative_to(repo_results)
             if not dst.exists():
                 dst.parent.mkdir(parents=True, exist_ok=True)
@@ -171,14 +172,16 @@ def wait(names: list[str], wait_s: float):
 
 
 def collect(out: Path):
-    """Pack the new part files (those not in the repository's cache), the checks and the log into grids.tgz."""
+    """Pack the new part files (those whose content the repository's cache does not hold, in either form), the
+    checks and the log into grids.tgz."""
     scratch, repo = _scratch(), results.REPO_ROOT / "results"
     out.mkdir(parents=True, exist_ok=True)
     with tarfile.open(out / "grids.tgz", "w:gz") as tf:
         n = 0
-        for f in sorted(scratch.glob("*_parts/*.json")):
+        for f in sorted([*scratch.glob("*_parts/*.json"), *scratch.glob("*_parts/*.json.gz")]):
             rel = f.relative_to(scratch)
-            if not (repo / rel).is_file() or (repo / rel).read_bytes() != f.read_bytes():
+            stored = _stored_content(repo / rel)
+            if stored is None or stored != _content(f.read_bytes(), f.name):
                 tf.add(f, arcname=str(rel))
                 n += 1
         for f in [*sorted(BASE.glob("checks-*.json")), BASE / "drive.log"]:
@@ -216,9 +219,11 @@ def unpack(archive: Path, repo_results: Path | None = None) -> list[str]:
     """Here, after a call: the new part and checks files of grids.tgz into the results cache, quick records as
     results/quick_NAME.json. Returns the paths written.
 
-    A part already stored is overwritten only by a later state of the same part: a driver that ran across several
-    calls writes one part file that grows, so the archive of a later call holds every run of an earlier one,
-    unchanged, and more. Any other difference leaves the stored part as it is (and says so on stderr)."""
+    A part is written in the form the archive holds it (``.json`` or ``.json.gz``), and a part already stored, in
+    either form, is replaced only by a later state of the same part: a driver that ran across several calls writes
+    one part file that grows, so the archive of a later call holds every run of an earlier one, unchanged, and
+    more. The same content is not written again; any other difference leaves the stored part as it is (and says so
+    on stderr)."""
     repo_results = repo_results or results.REPO_ROOT / "results"
     written = []
     with tarfile.open(archive) as tf:
@@ -227,23 +232,54 @@ def unpack(archive: Path, repo_results: Path | None = None) -> list[str]:
                 continue
             dst = repo_results / m.name
             data = tf.extractfile(m).read()
-            if dst.exists() and Path(m.name).name.startswith("part-"):
-                if not _grows(dst.read_bytes(), data):
-                    if dst.read_bytes() != data:
-                        print(f"unpack: {dst} kept: the archive's {m.name} is not a later state of it",
-                              file=sys.stderr)
+            stored = []
+            if Path(m.name).name.startswith("part-"):
+                stored = [f for f in _forms(dst) if f.exists()]
+                new = _content(data, dst.name)
+                olds = [_content(f.read_bytes(), f.name) for f in stored]
+                if any(old == new for old in olds):
+                    continue
+                if not all(old is not None and new is not None and _grows(old, new) for old in olds):
+                    print(f"unpack: {stored[0]} kept: the archive's {m.name} is not a later state of it",
+                          file=sys.stderr)
                     continue
             dst.parent.mkdir(parents=True, exist_ok=True)
             tmp = dst.with_name(dst.name + ".tmp")
             tmp.write_bytes(data)
             tmp.replace(dst)
+            for f in stored:
+                if f != dst:
+                    f.unlink()  # the earlier state, in the other form
             written.append(str(dst))
     return written
 
 
+def _forms(path: Path) -> list[Path]:
+    """A part file's path in both forms (plain, then compressed)."""
+    name = store.part_name(path)
+    return [path.with_name(name), path.with_name(name + store.GZ)]
+
+
+def _content(data: bytes, name: str) -> bytes | None:
+    """A part file's JSON bytes (decompressed where ``name`` ends in ``.gz``); None when it does not decompress."""
+    try:
+        return store.decode_part(data, name)
+    except ValueError:
+        return None
+
+
+def _stored_content(path: Path) -> bytes | None:
+    """The JSON bytes of the part at ``path`` as the repository's cache holds it, in either form; None when it
+    holds none."""
+    for f in _forms(path):
+        if f.is_file():
+            return _content(f.read_bytes(), f.name)
+    return None
+
+
 def _grows(old: bytes, new: bytes) -> bool:
-    """Whether part ``new`` is a later state of part ``old``: the same header (but its wall time and its content
-    hash), every run of ``old`` in ``new`` unchanged, and at least one run more."""
+    """Whether part ``new`` is a later state of part ``old`` (their JSON bytes): the same header (but its wall time
+    and its content hash), every run of ``old`` in ``new`` unchanged, and at least one run more."""
     try:
         a, b = json.loads(old), json.loads(new)
     except ValueError:

@@ -1,13 +1,17 @@
 """The run store: every finished run of a grid, summarised into *part* files that merge across machines.
 
-A part file (``results/<folder>/part-<UTC time>-<pid>.json``) holds the runs one call of the driver finished,
+A part file (``results/<folder>/part-<UTC time>-<pid>.json.gz``) holds the runs one call of the driver finished,
 keyed by the run's point key, with the provenance of that call (git commit, device, versions, host, date, wall
 time) and last the hash of all that (`lpfail.results.CONTENT_KEY`: a part whose content does not match the hash
-it holds was edited, and is refused; a part written before parts held one is read as it is). A call writes a new part and never touches another, so parts copied back from several GPU calls simply
-sit side by side; `Store.load` merges them (the first part that holds a key wins), `Store.load_versions` keeps every
-version of a key. A run is *stored* for a grid when a part holds its key **and** the hash of its TrainConfig
-(`run_hash`): a changed setting orphans the old runs instead of silently reusing them. A run of a retired random
-stream (`retired_hashes`) is read for the record, never counted as stored.
+it holds was edited, and is refused; a part written before parts held one is read as it is). A part is stored
+gzip-compressed (``.json.gz``, written deterministically: the same content gives the same bytes) or as plain JSON
+(``.json``); both are read, and a part is named by its file name without the ``.gz`` (`part_name`), so the
+hash, the name a result lists and the order of the parts do not depend on the form. A call writes a new part
+and never touches another, so parts copied back from several GPU calls simply sit side by side; `Store.load`
+merges them (the first part that holds a key wins), `Store.load_versions` keeps every version of a key. A run
+is *stored* for a grid when a part holds its key **and** the hash of its TrainConfig (`run_hash`): a changed
+setting orphans the old runs instead of silently reusing them. A run of a retired random stream
+(`retired_hashes`) is read for the record, never counted as stored.
 
 `summarize_run` is what a part keeps of one run (≈ 5 kB as JSON): held-out losses, the curves binned to
 ``curve_points``, the diagnostics, status and speed.
@@ -15,11 +19,13 @@ stream (`retired_hashes`) is read for the record, never counted as stored.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import hashlib
 import json
 import os
 import platform
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +63,47 @@ def retired_hashes(tc) -> set[str]:
     return {_sha16(text.replace(new, old)) for new, old in RETIRED_SPELLINGS if new in text}
 
 
+# -- the two forms of a part file ------------------------------------------------------------------------------
+GZ = ".gz"
+
+
+def part_name(path) -> str:
+    """A part's name: its file name without the ``.gz`` of the compressed form (``part-<time>-<pid>.json``)."""
+    return Path(path).name.removesuffix(GZ)
+
+
+def part_files(folder: Path) -> list[Path]:
+    """The part files of a folder, both forms, in name order (`part_name`; the plain form first where a part is
+    stored in both)."""
+    if not Path(folder).is_dir():
+        return []
+    found = [*Path(folder).glob("part-*.json"), *Path(folder).glob("part-*.json" + GZ)]
+    return sorted(found, key=lambda p: (part_name(p), p.name))
+
+
+def decode_part(data: bytes, name: str) -> bytes:
+    """The JSON bytes of a part file's ``data`` (decompressed when ``name`` ends in ``.gz``). A damaged
+    compressed file raises ValueError."""
+    if not name.endswith(GZ):
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:
+        raise ValueError(f"not a readable gzip file ({e})") from None
+
+
+def encode_part(text: bytes, name: str) -> bytes:
+    """A part file's bytes for its JSON ``text``: gzip-compressed when ``name`` ends in ``.gz``, deterministically
+    (no time and no file name in the header), else ``text`` itself."""
+    return gzip.compress(text, compresslevel=9, mtime=0) if name.endswith(GZ) else text
+
+
+def read_part(path) -> dict:
+    """A part file, parsed (either form; no checks: `Store.parts` checks)."""
+    path = Path(path)
+    return json.loads(decode_part(path.read_bytes(), path.name))
+
+
 @dataclass(frozen=True)
 class Store:
     """A folder of part files under the results cache, and the tag its parts carry (``format``)."""
@@ -72,18 +119,26 @@ class Store:
         """A new, empty part file of this store (written on the first `Part.add`)."""
         return Part(self, directory)
 
+    def file(self, name: str, directory: Path | None = None) -> Path:
+        """The file of the part named ``name`` (`part_name`): the compressed form where it exists, else the plain
+        one."""
+        d = self.path(directory)
+        gz = d / (name + GZ)
+        return gz if gz.is_file() else d / name
+
     def parts(self, directory: Path | None = None) -> list[tuple[Path, dict]]:
-        """Every part file of this store, parsed and checked, in name order (= the order they were written). A
-        corrupt or foreign file, or one whose content does not match the hash it records, is an error naming it
-        and the command that reruns its runs, never skipped. The hash check of a file is remembered for as long
-        as the file's size, inode and modification time are unchanged (`_VERIFIED`)."""
+        """Every part file of this store (``.json`` or ``.json.gz``), parsed and checked, in name order (= the
+        order they were written). A corrupt or foreign file, or one whose content does not match the hash it
+        records, is an error naming it and the command that reruns its runs, never skipped. The hash check of a
+        file is remembered for as long as the file's size, inode and modification time are unchanged
+        (`_VERIFIED`)."""
         out = []
         d = self.path(directory)
-        for path in sorted(d.glob("part-*.json")) if d.is_dir() else []:
+        for path in part_files(d):
             try:
                 st = path.stat()
                 stamp = (st.st_size, st.st_ino, st.st_mtime_ns)
-                part = json.loads(path.read_text())
+                part = json.loads(decode_part(path.read_bytes(), path.name).decode())
                 if part.get("format") != self.fmt or not isinstance(part.get("runs"), dict):
                     raise ValueError(f"format {part.get('format')!r}")
                 if results.CONTENT_KEY in part and _VERIFIED.get(path.resolve()) != stamp:
@@ -108,11 +163,11 @@ class Store:
             if new:
                 meta = {k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host",
                                                  "uncaptured")}
-                metas.append(meta | {"file": path.name, "runs": len(new), "keys": sorted(new)})
+                metas.append(meta | {"file": part_name(path), "runs": len(new), "keys": sorted(new)})
         return runs, metas
 
     def load_versions(self, directory: Path | None = None) -> tuple[dict[str, list[tuple[str, dict]]], list[dict]]:
-        """Every stored summary of every key, in part order ({key: [(part file name, summary), ...]}: a point
+        """Every stored summary of every key, in part order ({key: [(part name, summary), ...]}: a point
         trained again under another TrainConfig hash keeps both), and each part's provenance (as `load` gives it).
         The same checks as `load`."""
         versions: dict[str, list[tuple[str, dict]]] = {}
@@ -120,9 +175,9 @@ class Store:
         for path, part in self.parts(directory):
             new = sorted(k for k in part["runs"] if k not in versions)  # as `load` counts them
             for k, r in part["runs"].items():
-                versions.setdefault(k, []).append((path.name, r))
+                versions.setdefault(k, []).append((part_name(path), r))
             meta = {k: part.get(k) for k in ("git", "device", "versions", "created", "wall_s", "host", "uncaptured")}
-            metas.append(meta | {"file": path.name, "runs": len(new), "keys": new})
+            metas.append(meta | {"file": part_name(path), "runs": len(new), "keys": new})
         return versions, metas
 
 
@@ -132,7 +187,8 @@ _VERIFIED: dict[Path, tuple[int, int, int]] = {}
 
 
 class Part:
-    """One part file: the runs one call of the driver finished, with the provenance of that call."""
+    """One part file: the runs one call of the driver finished, with the provenance of that call. It is written
+    compressed (``.json.gz``); a ``path`` set to a plain ``.json`` name is written as plain JSON."""
 
     def __init__(self, store: Store, directory: Path | None = None):
         created = _dt.datetime.now(_dt.timezone.utc)
@@ -142,8 +198,13 @@ class Part:
         self.runs: dict[str, dict] = {}
         d = store.path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self.path = d / f"part-{created.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json"
+        self.path = d / f"part-{created.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.json{GZ}"
         self._t0 = time.perf_counter()
+
+    @property
+    def name(self) -> str:
+        """The part's name (`part_name`), as `Store.load` and a result's list of parts give it."""
+        return part_name(self.path)
 
     def add(self, summary: dict):
         self.runs[summary["key"]] = summary
@@ -152,7 +213,7 @@ class Part:
     def write(self):
         self.meta["wall_s"] = round(time.perf_counter() - self._t0, 1)
         payload = json.dumps(results.with_content_hash({**self.meta, "runs": self.runs}), allow_nan=True) + "\n"
-        results.atomic_write(self.path, payload.encode())
+        results.atomic_write(self.path, encode_part(payload.encode(), self.path.name))
 
     def close(self):
         """Write what it holds, or remove the file when it holds nothing."""
@@ -160,6 +221,43 @@ class Part:
             self.write()
         else:
             self.path.unlink(missing_ok=True)
+
+
+def compress_parts(directory: Path | None = None, log=print) -> tuple[list[Path], list[Path]]:
+    """Store every plain part file (``*_parts/part-*.json``) under ``directory`` (default: the results cache) in
+    the compressed form. Each is checked first (it parses, and it holds a content hash that matches its content),
+    its bytes are compressed as they are into ``part-….json.gz`` (atomically), and the ``.json`` is removed only
+    once the ``.gz`` reads back to the same bytes. A part that fails the check, or whose ``.gz`` already exists
+    with other content, is left as it is and named. Returns (the plain files replaced, the files left)."""
+    root = Path(directory) if directory is not None else results.results_dir()
+    done, left = [], []
+    for path in sorted(root.glob("*_parts/part-*.json")):
+        data = path.read_bytes()
+        try:
+            record = json.loads(data)
+            why = ("" if isinstance(record, dict) and results.content_ok(record) else
+                   f"no {results.CONTENT_KEY} matching its content (tools/content_hash.py --check)")
+        except (ValueError, UnicodeDecodeError) as e:
+            why = f"not JSON ({e})"
+        gz = path.with_name(path.name + GZ)
+        if not why and gz.exists():
+            try:
+                same = decode_part(gz.read_bytes(), gz.name) == data
+            except ValueError:
+                same = False
+            why = "" if same else f"{gz.name} exists with other content"
+        elif not why:
+            results.atomic_write(gz, encode_part(data, gz.name))
+            if decode_part(gz.read_bytes(), gz.name) != data:
+                gz.unlink()
+                why = "its compressed copy did not read back to the same bytes"
+        if why:
+            log(f"{path}: left as it is: {why}")
+            left.append(path)
+            continue
+        path.unlink()
+        done.append(path)
+    return done, left
 
 
 def used_parts(metas: list[dict], have) -> list[dict]:
