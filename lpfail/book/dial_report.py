@@ -83,7 +83,7 @@ def status(dial: Mapping | None) -> str:
             "seeds at both rates.")
 
 
-def interim(dial: Mapping | None, arms=("A_3", "SR_3", "SR_4", "D_3", "R_3")) -> str:
+def interim(dial: Mapping | None, arms=("A_3", "SR_3", "SR_4")) -> str:
     """Descriptive, before the rule can judge: the named arms − FP32 attention's held-out loss at each learning
     rate where every one of them has at least two seeds paired with C (mean and 95 % t interval, the seed count)."""
     rows = ((dial or {}).get("analysis") or {}).get("interim") or {}
