@@ -173,6 +173,8 @@ def dial_figure(res) -> plt.Figure:
             if xs:
                 ax.plot(xs, ys, color=plots.color(key), lw=1.0, alpha=0.7, label=name)
         ax.axhline(0.0, color=plots.color("C"), lw=0.8)
+        if not ns:
+            ax.text(0.5, 0.5, "no seed stored yet", ha="center", va="center", transform=ax.transAxes)
         seeds = (f"{min(ns)} seeds" if ns and min(ns) == max(ns) else
                  f"{min(ns)}–{max(ns)} seeds" if ns else "no paired seeds yet")
         ax.set_title(f"lr {lr:g} ({seeds})")
@@ -180,7 +182,10 @@ def dial_figure(res) -> plt.Figure:
         ax.set_xticks([7, 6, 5, 4, 3])
         ax.set_xlabel("fraction bits K of the output path")
         ax.grid(alpha=0.3)
+    lims = [ax.get_ylim() for ax in axes[0] if ax.lines[1:]]
     for ax in axes[0]:
+        if lims:
+            ax.set_ylim(min(lo for lo, _ in lims), max(hi for _, hi in lims))
         ax.set_ylabel("held-out loss − FP32's (nats)")
     handles, labels = [], []
     for ax in axes[0]:
