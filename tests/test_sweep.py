@@ -469,3 +469,32 @@ def test_the_stored_a_sr_runs_are_read_as_retired():
     lk = sweep.lookup(sweep.get("lr_sweep"))
     assert len(lk.retired) == 36 and all("/A_sr/" in i for i in lk.retired)
     assert {r.id for r in lk.missing} == lk.retired
+
+
+class _Ended:
+    """A run process that has already exited with `rc`."""
+
+    def __init__(self, rc):
+        self.returncode = rc
+
+    def poll(self):
+        return self.returncode
+
+
+def test_a_run_that_ends_unfinished_after_the_deadline_is_stopped_not_failed(tmp_path):
+    import io
+    import time
+
+    from lpfail.sweep import driver
+    from lpfail.train import TrainConfig
+
+    def sweep_with(deadline_passed: bool):
+        spec = driver.RunSpec("r", TrainConfig.preset("tiny", max_steps=50, out_dir=str(tmp_path / "r")))
+        sw = driver._Sweep([spec], 1, 0.0 if deadline_passed else 1e6, True, None, 0.0, lambda m: None, [], None, None)
+        sw.queue.clear()
+        sw.running["r"] = (_Ended(1), spec, time.monotonic(), io.StringIO(), "")
+        sw.reap()
+        return sw.status["r"]["state"]
+
+    assert sweep_with(deadline_passed=True) == "stopped"   # ended with rc 1 while the driver stopped the others
+    assert sweep_with(deadline_passed=False) == "failed"   # a crash before the deadline stays a failure

@@ -257,20 +257,25 @@ class _Sweep:
                      + (f" (from step {self.status[spec.name]['resumed_from']})" if ck else ""))
 
     def reap(self):
-        """Stop the runs past their interrupt step or the deadline; record every run that has ended."""
+        """Stop the runs past their interrupt step or the deadline; record every run that has ended. A run that
+        ends unfinished once the deadline has passed is "stopped", however it ended: stopping one process under
+        MPS can end others sharing the card before their own stop, and each continues from its checkpoint."""
         now = time.monotonic()
+        past = now >= self.deadline
         for name in list(self.running):
             proc, spec, started, out, _g = self.running[name]
             rc = proc.poll()
-            stop = rc is None and (now >= self.deadline or (spec.interrupt_at_step is not None
-                                                            and _last_step(spec.dir) >= spec.interrupt_at_step))
+            stop = rc is None and (past or (spec.interrupt_at_step is not None
+                                            and _last_step(spec.dir) >= spec.interrupt_at_step))
             if stop:
                 _stop(proc)
                 rc, state = proc.returncode, "stopped"
             elif rc is None:
                 continue
+            elif rc == 0 and run_state(spec) == "done":
+                state = "done"
             else:
-                state = "done" if rc == 0 and run_state(spec) == "done" else "failed"
+                state = "stopped" if past else "failed"
             out.close()
             self.status[name].update(state=state, returncode=rc, wall_s=round(time.monotonic() - started, 2))
             del self.running[name]
