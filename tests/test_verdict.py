@@ -750,3 +750,30 @@ def test_c1a_is_judged_on_the_ten_seed_cells_where_they_exist():
         flipped["analysis"]["sizes"]["small"]["cells"][f"lr={lr}"]["verdict"] = "inconclusive"
     assert SR.judge_one_tile(res, flipped).verdict == "not reproduced"
     assert SR.judge_one_tile(res, None).seeds != 10  # without the grid, the three-seed rule
+
+
+def test_the_dial_claim_waits_for_every_h8_row_then_maps_the_family_by_its_rule():
+    from lpfail.book import training_claims as TC
+    from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED
+    from lpfail.experiments import dial_training as D
+
+    assert TC.dial_verdict(["supported"] * 12) == REPRODUCED
+    assert TC.dial_verdict(["supported"] + ["inconclusive"] * 11) == PARTLY
+    assert TC.dial_verdict(["supported", "refuted"] + ["inconclusive"] * 10) == PARTLY
+    assert TC.dial_verdict(["refuted"] + ["inconclusive"] * 11) == CONTRADICTED
+    assert TC.dial_verdict(["inconclusive"] * 12) == NOT_REPRODUCED
+    assert TC.judge_dial(None).verdict == NOT_TESTED
+    rng = np.random.default_rng(3)
+    n_v, n_l, n_s = len(D.ARMS), len(D.LRS), len(D.SEEDS)
+    final = 1.5 + 0.01 * rng.standard_normal((n_v, n_l, n_s))
+    final[[D.ARMS.index(f"A_{k}") for k in (5, 4, 3)]] += 0.2   # A_K far above every SR arm
+    res = {"small_variants": np.array(D.ARMS), "small_lrs": np.array(D.LRS), "small_seeds": np.array(D.SEEDS),
+           "small_val_final": final, "small_val_init": np.full((n_v, n_l, n_s), 5.5),
+           "small_stored": np.ones((n_v, n_l, n_s), bool), "runs_stored": 240, "runs_planned": 265}
+    res["analysis"] = D.analyse(res)
+    v = TC.judge_dial(res)
+    assert v.verdict == REPRODUCED and v.seeds == 10 and "Holm p" in v.evidence
+    res["small_stored"][D.ARMS.index("SR_3"), 0, 0] = False   # one run short: the family is not judged
+    res["small_val_final"][D.ARMS.index("SR_3"), 0, 0] = np.nan
+    res["analysis"] = D.analyse(res)
+    assert TC.judge_dial(res).verdict == NOT_TESTED
