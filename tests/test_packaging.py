@@ -107,12 +107,38 @@ def _requirements(metadata: str) -> dict[str, str]:
     return out
 
 
+def _users_torch(site: Path) -> list[str]:
+    """Link the torch this test runs under, and every distribution it requires (recursively, markers evaluated
+    here), into the folder `site`, as an environment outside the venv that already holds torch; the names linked."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    site.mkdir(parents=True)
+    todo, seen = ["torch"], set()
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        dist = metadata.distribution(name)
+        todo += [r.name for r in map(Requirement, dist.requires or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+        for top in {f.parts[0] for f in dist.files or []} - {"..", "__pycache__"}:
+            if not (site / top).is_symlink():
+                (site / top).symlink_to(Path(dist.locate_file(top)))
+    return sorted(seen)
+
+
 @pytest.mark.slow
 def test_wheel_installs_beside_the_users_torch_and_runs_outside_a_checkout(tmp_path):
-    """Build the wheel (from the tracked files); in a fresh venv holding torch (the version requirements.txt pins, a local CPU wheel here
-    and in CI), install it without dependencies and then its declared non-torch dependencies at their floors. Then:
-    pip finds every requirement met and would change nothing of torch, numpy or tqdm to install the wheel; torch
-    is the same version at the same place; the wheel holds lpfail.kernels and no top-level `kernels`;
+    """Build the wheel (from the tracked files); in a fresh venv that sees the user's torch in a site folder
+    outside it (the torch this test runs under, at the version requirements.txt pins, with the distributions it
+    requires; as a venv made with --system-site-packages sees the system's), install the wheel without
+    dependencies and then its declared non-torch dependencies at their floors. Then: pip finds every requirement
+    met and would change nothing of torch, numpy or tqdm to install the wheel; torch is the same version at the
+    same place, the outside folder; the wheel holds lpfail.kernels and no top-level `kernels`;
     `from lpfail import flash_attention` imports; `lpfail list` has the kernels' experiments; and `lpfail run` of a
     CPU experiment (fix_rows, a few rows) stores its result in the user's folder ($HOME/.local/share/lpfail/results,
     or $LPFAIL_HOME/results), not in site-packages."""
@@ -138,9 +164,16 @@ def test_wheel_installs_beside_the_users_torch_and_runs_outside_a_checkout(tmp_p
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "TRITON_INTERPRET")
            and not k.startswith("LPFAIL_")}
     torch_pin = re.search(r"^torch==(\S+)", (ROOT / "requirements.txt").read_text(), re.MULTILINE).group(1)
-    _run([*pip, "install", "-q", f"torch=={torch_pin}"], env=env)
+    outside = tmp_path / "users_site"
+    assert "torch" in _users_torch(outside)
+    venv_site = Path(_run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=env).strip())
+    (venv_site / "users_site.pth").write_text(f"{outside}\n")
+    if (venv_site / "setuptools").is_dir():  # ensurepip's own (Python < 3.12) would shadow the one torch requires
+        _run([*pip, "uninstall", "-q", "-y", "setuptools"], env=env)
     where = "import torch; print(torch.__version__, torch.__file__)"
     torch_before = _run([py, "-c", where], env=env, cwd=tmp_path).split()
+    assert torch_before[0].split("+")[0] == torch_pin.split("+")[0]
+    assert torch_before[1] == str(outside / "torch" / "__init__.py")
 
     _run([*pip, "install", "-q", "--no-deps", wheel], env=env)
     floors = [f"{name}=={spec[2:]}" for name, spec in reqs.items() if name != "torch"]

@@ -32,7 +32,10 @@ def tiny(tmp_path, monkeypatch):
     return repo, scratch
 
 
-def test_drive_collect_unpack(tiny, tmp_path):
+def test_drive_collect_unpack_and_quick_records(tiny, tmp_path):
+    """One drive of the tiny grid's missing runs, then: its new part packed and unpacked into the results (a stored
+    part is never overwritten), and the quick profile rerun beside the stored runs, its record packed and
+    unpacked."""
     repo, scratch = tiny
     session.seed_cache(repo, scratch)
     assert (scratch / "lr_sweep.json").is_file() and not (scratch / "runs.tgz").exists()
@@ -50,18 +53,14 @@ def test_drive_collect_unpack(tiny, tmp_path):
     (repo / parts[0]).write_text(json.dumps({"format": "changed here"}))
     assert session.unpack(tmp_path / "out" / "grids.tgz", repo) == []  # a stored part is never overwritten
     assert (repo / parts[0]).read_bytes() != before
+    (repo / parts[0]).write_bytes(before)
 
-
-def test_quick_records(tiny, tmp_path):
-    repo, scratch = tiny
-    session.seed_cache(repo, scratch)
-    session._drive(["tiny_lr"], budget_s=600)
-    session.quick(["tiny_lr"], tmp_path / "out", budget_s=600)
-    with tarfile.open(tmp_path / "out" / "quick.tgz") as tf:
+    session.quick(["tiny_lr"], tmp_path / "quick_out", budget_s=600)
+    with tarfile.open(tmp_path / "quick_out" / "quick.tgz") as tf:
         rec = json.loads(tf.extractfile("quick_tiny_lr.json").read())
     assert rec["name"] == "lr_sweep" and rec["complete"] and rec["bit_identical_runs"] == 4 and rec["wall_s"] > 0
     assert rec["config_hash"] and rec["device"]
-    assert session.unpack(tmp_path / "out" / "quick.tgz", repo) == [str(repo / "quick_tiny_lr.json")]
+    assert session.unpack(tmp_path / "quick_out" / "quick.tgz", repo) == [str(repo / "quick_tiny_lr.json")]
 
 
 def test_mps_daemon_left_running_is_kept(monkeypatch, tmp_path):

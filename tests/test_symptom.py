@@ -115,14 +115,20 @@ def _specs(grid, root, **kw):
 
 
 def test_driver_budget_stop_continue_and_collect(tmp_path):
+    """The checks' stop-and-continue run equals its uninterrupted twin; 2 variants x 2 seeds run as concurrent
+    subprocesses, are stopped past step 12 of 30, continued from their checkpoints by the framework's driver and
+    collected, and their continued losses equal the uninterrupted check run's bit for bit; a finished grid is never
+    rerun; the wall-clock budget stops a run and never starts the rest; a control file brings the deadline
+    forward and widens the parallelism of a running sweep."""
     from lpfail import sweep
 
-    c = tiny()
+    c = tiny(max_steps=30, diag_every=10, check_steps=6, curve_points=10)
     chk = S.checks(c, tmp_path / "checks", log=lambda *a: None)
     assert chk["cuda"] is False and chk["kernel"] == {}
     assert chk["continue"]["exercised"] and chk["continue"]["equal"], chk["continue"]
+    assert chk["continue"]["steps"] == 24
     grid = S.SymptomGrid(c, chk)
-    specs = _specs(grid, tmp_path / "runs", interrupt_at_step=25)
+    specs = _specs(grid, tmp_path / "runs", interrupt_at_step=12)
     assert [r.group + str(r.seed) for r in grid.runs()] == ["A0", "C0", "A1", "C1"]
     assert specs[0].cfg.attention == "reference(PAPER_BF16)" and specs[1].cfg.attention == "reference(FP32)"
     finished = []  # on_finish: once per run that leaves the running set, with its status
@@ -138,12 +144,12 @@ def test_driver_budget_stop_continue_and_collect(tmp_path):
     lk = sweep.lookup(grid, tmp_path)
     assert lk.complete
     out = grid.result(lk.have, lk.parts)
-    assert out["complete"] and out["steps"].tolist() == [[60, 60], [60, 60]]
-    # continued runs equal an uninterrupted process over the check's 40 steps (A, seed 0, same settings): bit
+    assert out["complete"] and out["steps"].tolist() == [[30, 30], [30, 30]]
+    # continued runs equal an uninterrupted process over the check's 24 steps (A, seed 0, same settings): bit
     # equality is right, every run is a subprocess of this machine with the same config and OMP_NUM_THREADS
-    np.testing.assert_array_equal(out["loss"][0, 0, :40], np.float32(chk["continue"]["loss_whole"]))
+    np.testing.assert_array_equal(out["loss"][0, 0, :24], np.float32(chk["continue"]["loss_whole"]))
     assert not np.array_equal(out["loss"][0, 0], out["loss"][0, 1])  # seeds differ
-    assert out["loss_curve"].shape == (2, 2, 20) and np.all(np.isfinite(out["loss_curve"]))
+    assert out["loss_curve"].shape == (2, 2, 10) and np.all(np.isfinite(out["loss_curve"]))
     assert out["max_logit"].shape == (2, 2, 3, 2) and np.all(np.isfinite(out["tied_frac"]))
     assert out["spectral"].shape[:3] == (2, 2, 3) and len(out["spectral_names"]) == out["spectral"].shape[3]
     assert out["failed"].shape == (2, 2) and "| variant | seed 0 | seed 1 |" in out["outcome_table"]
@@ -195,7 +201,7 @@ def test_sweep_points_validate_and_share_the_default_checks(tmp_path, monkeypatc
     assert S.default_parallel(["0", "1"]) == 16 and S.default_parallel([]) == 2
 
     # the checks are shared between configurations of one model shape, not across shapes
-    c0 = tiny(max_steps=12, seeds=(0,))
+    c0 = tiny(max_steps=12, seeds=(0,), variants=("A",))
     c1 = dataclasses.replace(c0, lr=6e-3)
     c2 = dataclasses.replace(c0, n_embd=16)
     chk = {"cuda": True, "kernel": {"A": {"trusted": True}, "C": {"trusted": False}}}
