@@ -3,7 +3,8 @@
 #              check, nbval against the stored outputs), then the book build with -W, then the
 #              checks of the built text (tools/book_checks.py: words per main-path chapter, table shapes, generated
 #              garbage), then the browser check: every page opened in headless Chromium (apt-get install chromium
-#              chromium-driver), screenshots of every page at 1280 and 400 px in _build/screenshots/.
+#              chromium-driver), its checks only: `make browser-check` alone also writes screenshots of every page
+#              at 1280 and 400 px into _build/screenshots/.
 PYTHON ?= python3
 # CPU numerics independent of the machine (the chapters' stored outputs are compared by nbval on whatever CPU runs
 # the tests): ATen's portable kernels instead of its AVX2/AVX-512 ones, MKL's and oneDNN's CPU-independent code
@@ -59,10 +60,13 @@ book-checks: $(STAMP)
 # Every page in headless Chromium: console errors, off-site resources, broken internal links and anchors,
 # images that did not load, untypeset math, widgets without a static twin, output boxes wider than the text
 # column at 1280 px, words broken inside table cells at 1280 px, pages that scroll sideways and figure text under
-# 9 px at 400 px; whole-page screenshots at both widths (tools/browser_check.py).
+# 9 px at 400 px; whole-page screenshots at both widths (tools/browser_check.py) unless SHOTS is empty, as under
+# `make test`, which runs the checks alone (the screenshots are three quarters of the check's time).
+SHOTS ?= _build/screenshots
 browser-check: $(STAMP)
-	$(BIN)/python tools/browser_check.py _build/html --screenshots _build/screenshots
+	$(BIN)/python tools/browser_check.py _build/html --screenshots _build/screenshots $(if $(SHOTS),,--no-screenshots)
 
+test: SHOTS :=
 test: pytest invariance build-strict book-checks browser-check
 
 # Re-execute every chapter in place (on a GPU machine, LPFAIL_RECOMPUTE=1 recomputes stored results).

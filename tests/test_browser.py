@@ -149,3 +149,9 @@ def test_the_first_page_answers_on_its_first_screen():
     text = "\n".join(bad.errors)
     assert "below the first 800 px at 1280 px" in text
     assert "at 400 px, before the answer: H2 What the paper claims" in text
+
+
+def test_without_screenshots_the_checks_still_fail_a_broken_site(tmp_path):
+    assert browser_check.main([str(FIXTURES / "broken_site"), "--screenshots", str(tmp_path), "--no-screenshots"]) == 1
+    assert browser_check.main([str(FIXTURES / "good_site"), "--screenshots", str(tmp_path), "--no-screenshots"]) == 0
+    assert not list(tmp_path.glob("*.png")) and (tmp_path / "report.json").is_file()

@@ -1,6 +1,6 @@
 """Open every page of the built book in headless Chromium and check what a reader would see.
 
-    python tools/browser_check.py [_build/html] [--screenshots _build/screenshots] [--source .]
+    python tools/browser_check.py [_build/html] [--screenshots DIR] [--no-screenshots] [--source .]
 
 For each HTML page (served from a local HTTP server on 127.0.0.1, so the pages are same-origin) it fails on:
 
@@ -31,7 +31,8 @@ For each HTML page (served from a local HTTP server on 127.0.0.1, so the pages a
   without them is an error too (its text size cannot be known). Hidden states of a static twin count, at the
   width they would be shown at.
 
-It writes a screenshot of every page whole, top to bottom, at both widths (``X.png`` at 1280 px, ``X.w400.png``
+Unless told not to (``--no-screenshots``: the checks alone, as `make test` runs them), it writes a screenshot of
+every page whole, top to bottom, at both widths (``X.png`` at 1280 px, ``X.w400.png``
 at 400 px), and report.json to the screenshots folder, prints one line per page, and exits 1 when any page has
 an error. A screenshot is stitched from one capture per viewport height, each scrolled as a reader scrolls
 (so the page keeps the layout it has in a 900 px tall window); the strip hidden under a sticky top bar is
@@ -565,10 +566,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("html", nargs="?", default="_build/html")
     ap.add_argument("--screenshots", default="_build/screenshots")
+    ap.add_argument("--no-screenshots", action="store_true",
+                    help="check every page without taking its screenshots (report.json is still written there)")
     ap.add_argument("--source", default=".", help="where book/X.ipynb sources live (for widget outputs)")
     a = ap.parse_args(argv)
     t0 = time.time()
-    results = check_site(a.html, a.screenshots, a.source)
+    results = check_site(a.html, None if a.no_screenshots else a.screenshots, a.source)
     for r in results:
         print(r.line())
     Path(a.screenshots).mkdir(parents=True, exist_ok=True)
@@ -576,7 +579,8 @@ def main(argv=None) -> int:
         json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     bad = [r for r in results if not r.ok]
     print(f"browser check: {len(results) - len(bad)} pages passed, {len(bad)} failed "
-          f"({time.time() - t0:.0f} s; screenshots in {a.screenshots}/)")
+          f"({time.time() - t0:.0f} s; {'no screenshots' if a.no_screenshots else 'screenshots'} in "
+          f"{a.screenshots}/)")
     return 1 if bad else 0
 
 
