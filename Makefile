@@ -66,8 +66,8 @@ SHOTS ?= _build/screenshots
 browser-check: $(STAMP)
 	$(BIN)/python tools/browser_check.py _build/html --screenshots _build/screenshots $(if $(SHOTS),,--no-screenshots)
 
-test: SHOTS :=
 test: pytest invariance build-strict book-checks browser-check
+test: SHOTS :=
 
 # Re-execute every chapter in place (on a GPU machine, LPFAIL_RECOMPUTE=1 recomputes stored results).
 notebooks: $(STAMP)
