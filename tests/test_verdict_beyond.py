@@ -94,3 +94,51 @@ def test_normaliser_facts_from_the_stored_measurement():
     assert f["norm_part"] == f"{part * 1e4:.2f}" and f["norm_pairs"] == str(len(pairs)) == "4"
     assert f["norm_share"] == f"{100 * share:.0f} %" and math.isfinite(share)
     assert f["norm_card"] == "NVIDIA H200"
+
+
+def _cures_grid():
+    """A stored-like ``cures`` result: three seeds, R, A_sr and A_hp judged by K2, R with one non-finite run."""
+    k2 = lambda p, v: {"point": p, "ci": [p - 0.02, p + 0.02], "verdict": v}  # noqa: E731
+    cures = {v: {"where": "forward", "K1": k2(0.01, "inconclusive"), "K2": k2(0.05, "refuted")}
+             for v in ("R", "A_sr", "A_hp")}
+    status = np.zeros((3, 6, 3), dtype=int)
+    status[0, 5, 2] = 1
+    return {"cures_analysis": {"cures": cures}, "small_variants": np.array(["R", "A_sr", "A_hp"]),
+            "small_status": status, "seeds": np.array([0, 1, 2])}
+
+
+def _conf(**words):
+    claims = {h: {"estimate": 0.04, "ci": [0.015, 0.064], "n": 10, "p_adjusted": 0.095, "verdict": w}
+              for h, w in words.items()}
+    return {"analysis": {"claims": claims}}
+
+
+def test_cures_table_shows_the_ten_seed_test_where_there_is_one_and_says_three_seeds_elsewhere():
+    """Chapter 6's cures table: the robust fix's and stochastic rounding's rows carry the confirmation grid's
+    ten-seed HR and H2 (statistic, word, Holm p) instead of the three-seed K2; rows without a ten-seed test keep K2
+    and say on how many seeds; without the confirmation grid every row is K2 on three seeds."""
+    table = BR.cures_summary_table(_cures_grid(), "bias", conf=_conf(HR="inconclusive", H2="inconclusive"))
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+    r = next(v for k, v in rows.items() if "(R)" in k)
+    sr = next(v for k, v in rows.items() if "(A_sr)" in k)
+    hp = next(v for k, v in rows.items() if "(A_hp)" in k)
+    for row, hyp in ((r, "HR"), (sr, "H2")):
+        assert f"10 seeds, {hyp}" in row and "**inconclusive** (Holm p 0.095)" in row and "refuted" not in row
+        assert "0.040" in row and "0.015" in row
+    assert "3 seeds, K2" in hp and "**refuted**" in hp
+    assert "not stored" in next(v for k, v in rows.items() if "(B′)" in k)
+    bare = BR.cures_summary_table(_cures_grid(), "bias")
+    assert "10 seeds" not in bare and bare.count("3 seeds, K2") == 3 and "3 seeds, K2; 1 run non-finite" in bare
+    only_hr = BR.cures_summary_table(_cures_grid(), "bias", conf=_conf(HR="inconclusive"))
+    assert only_hr.count("10 seeds") == 1 and only_hr.count("3 seeds, K2") == 2
+
+
+def test_hp_sentence_scopes_the_paper_comparison_to_its_seeds():
+    """δ from an FP32 output against the paper's Sec. 3: the K2 number and word on three seeds, said to be fewer
+    than ten, with the verdict page's word; on ten seeds the scope clause goes."""
+    s = BR.hp_sentence(_cures_grid())
+    assert s.startswith("On 3 seeds, fewer than the ten a verdict on training rests on,")
+    assert "+0.050 [+0.030, +0.070], **refuted**" in s and "against the paper's Sec. 3" in s
+    assert f"*{BR.judge_cure(_cures_grid(), 'A_hp').verdict}*" in s and "disagrees" not in s
+    ten = {**_cures_grid(), "seeds": np.arange(10)}
+    assert "fewer than" not in BR.hp_sentence(ten) and "not yet tested" not in BR.hp_sentence(ten)

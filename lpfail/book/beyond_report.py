@@ -185,31 +185,86 @@ def cures_table(part: dict, variants) -> str:
 CURE_GROUPS = {"bias": ("B", "Bp", "R", "A_sr", "A_hp", "A_res", "A_ds"), "other": ("D", "A_qk", "A_z", "A_cap")}
 
 
-def cures_summary_table(res, group: str, omit: tuple[str, ...] = ()) -> str:
+#: Per cure, the confirmation grid's ten-seed hypothesis that it closes at least half of the gap
+#: (`lpfail.experiments.confirmation.HYPOTHESES`; QK-norm's is measured against FP32 attention with QK-norm).
+TEN_SEED_TEST = {"A_sr": "H2", "A_qk": "H3", "D": "HD", "B": "HB", "R": "HR"}
+
+
+def ten_seed_row(conf: Mapping | None, variant: str) -> dict | None:
+    """A cure's half-gap test on the confirmation grid's ten paired seeds: {"hyp", "n", "stat" (the estimate with
+    its 95 % t interval over all seeds), "p_adjusted" (Holm, the call on the fresh seeds), "word"
+    (`confirmation_report.row_word`)}; None where the grid has no such test or has not made it."""
+    from lpfail.book import confirmation_report as CR
+
+    hyp = TEN_SEED_TEST.get(variant)
+    if conf is None or hyp is None:
+        return None
+    a = conf["analysis"] if "analysis" in conf else conf
+    h = (a.get("claims") or {}).get(hyp)
+    if h is None or h.get("estimate") is None or h.get("ci") is None:
+        return None
+    return {"hyp": hyp, "n": int(h["n"]), "stat": {"point": h["estimate"], "ci": h["ci"]},
+            "p_adjusted": h.get("p_adjusted"), "word": CR.row_word(a, "claims", hyp)}
+
+
+def cures_summary_table(res, group: str, omit: tuple[str, ...] = (), conf: Mapping | None = None) -> str:
     """Markdown: for the cures of one `CURE_GROUPS` group of a stored ``cures`` result (less those in ``omit``,
-    judged elsewhere on more seeds), where each acts, the share of the gap it closes [95 % CI] (descriptive; none
-    for a cure with non-finite runs, which count at their initial loss and make a share of thousands of per cent)
-    and its pre-registered K2 word (closes at least half)."""
+    judged elsewhere), where each acts, the seeds its row stands on, the half-gap statistic [95 % CI] and its word
+    for "closes at least half of the gap". Where the stored ``confirmation`` grid (``conf``) tests that on ten
+    paired seeds (`ten_seed_row`), the row is that test's (its hypothesis, its Holm-adjusted p); else it is the
+    ``cures`` grid's pre-registered K2 on its seeds (a bootstrap interval over them), and the seeds cell says how
+    many, with the runs that were non-finite (they count at their initial loss)."""
     from lpfail.book import plots
     from lpfail.book.text import md_table
+    from lpfail.experiments import cures as cu
 
     analysis = res["cures_analysis"]
     variants = [str(x) for x in np.asarray(res["small_variants"])]
     bad = {v: int((np.asarray(res["small_status"])[i] != 0).sum()) for i, v in enumerate(variants)}
+    n_seeds = len(np.asarray(res["seeds"])) if "seeds" in res else None
     rows = []
     for v in (x for x in CURE_GROUPS[group] if x not in omit):
+        ten = ten_seed_row(conf, v)
+        if ten is not None:
+            p = f" (Holm p {ten['p_adjusted']:.2g})" if ten["p_adjusted"] is not None else ""
+            where = (analysis["cures"].get(v) or {}).get("where") or cu.WHERE.get(v, "—")
+            rows.append([plots.label(v), where, f"{ten['n']} seeds, {ten['hyp']}",
+                         interval(ten["stat"], "+.3f"), f"**{ten['word']}**{p}"])
+            continue
         y = analysis["cures"].get(v)
         if y is None:
-            rows.append([plots.label(v), "—", "not stored", "not judged"])
+            rows.append([plots.label(v), "—", "not stored", "—", "not judged"])
             continue
+        seeds = f"{n_seeds} seed{'s' if n_seeds != 1 else ''}, K2" if n_seeds is not None else "K2"
         if bad.get(v):
-            share = f"none: {bad[v]} runs non-finite"
-        elif y.get("gap_closed") is not None and y.get("gap_closed_ci") is not None:
-            share = interval({"point": y["gap_closed"], "ci": y["gap_closed_ci"]}, ".0f", scale=100) + " %"
-        else:
-            share = "—"
-        rows.append([plots.label(v), y["where"], share, f"**{y['K2']['verdict']}**" if "K2" in y else "—"])
-    return md_table(["cure", "acts in", "share of the gap closed [95 % CI]", "K2: closes half"], rows)
+            seeds += f"; {bad[v]} run{'s' if bad[v] != 1 else ''} non-finite"
+        k2 = y.get("K2")
+        rows.append([plots.label(v), y["where"], seeds, interval(k2, "+.3f") if k2 else "—",
+                     f"**{k2['verdict']}**" if k2 else "—"])
+    return md_table(["cure", "acts in", "seeds (test)", "half-gap statistic [interval]", "closes half"], rows)
+
+
+def hp_sentence(cures: Mapping, load=None) -> str:
+    """Chapter 6's sentence on δ from an FP32 output (A_hp) against the paper's Sec. 3: its K2 statistic and word
+    on the ``cures`` grid's seeds, that count against the ten a verdict on training rests on, and the verdict
+    page's word for K-cure:hp (`judge_cure`)."""
+    y = cures["cures_analysis"]["cures"].get("A_hp")
+    if y is None or "K2" not in y:
+        return ("The paper's Sec. 3 finds that recomputing O in FP32 for δ removes the failure; δ from an FP32 "
+                "output has no stored runs here.")
+    k2 = y["K2"]
+    n = len(np.asarray(cures["seeds"])) if "seeds" in cures else None
+    seeds = f"{n} seed{'s' if n != 1 else ''}" if n is not None else "the seeds stored"
+    few = n is None or n < 10
+    does = {"supported": "closes at least half of the gap", "refuted": "closes less than half of the gap"}.get(
+        k2["verdict"], "is not shown to close half of the gap or less")
+    paper = {"supported": "as the paper's Sec. 3 finds", "refuted": "against the paper's Sec. 3"}.get(
+        k2["verdict"], "beside the paper's Sec. 3")
+    word = judge_cure(cures, "A_hp").verdict
+    return (f"On {seeds}{', fewer than the ten a verdict on training rests on,' if few else ''} δ from an FP32 "
+            f"output {does} (K2: {interval(k2, '+.3f')}, **{k2['verdict']}**; K-cure:hp on {{doc}}`verdict`: "
+            f"*{word}*), {paper}, which finds that recomputing O in FP32 for δ removes the failure"
+            + ("; on ten seeds it is not yet tested." if few else "."))
 
 
 def official_fix_sentence(conf: Mapping | None) -> str:
