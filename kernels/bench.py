@@ -390,8 +390,8 @@ def import_robust_cost(raw: dict, git: str, created: str, versions: dict, wall_s
         raise ValueError("import_robust_cost: the file's device/torch do not match the versions given")
     data = _robust_arrays(cfg, ratio, ms, [])
     prov = {"device": raw["device"], "git": git, "created": created, "versions": dict(versions),
-            "imported_from": "tools/gpu_robust_cost.py JSON", "collected_on": results._device(),
-            "collected_git": results._git(), "runs_wall_s": float(wall_s), "runs_gpus": [raw["device"]]}
+            "imported_from": "tools/gpu_robust_cost.py JSON", "collected_on": results.device_name(),
+            "collected_git": results.git_commit(), "runs_wall_s": float(wall_s), "runs_gpus": [raw["device"]]}
     return results.save("robust_cost", cfg, data, 0.0, directory=directory, provenance=prov)
 
 
@@ -564,7 +564,7 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     from lpfail import results
-    print(table(results._read("bench_kernels", results.results_dir())) if len(sys.argv) < 2 else "")
+    print(table(results.read_result("bench_kernels", results.results_dir())) if len(sys.argv) < 2 else "")
 
 
 # -- host time per call of a tiny problem (tools/gpu_overhead.py; target HOST_TARGET_US) ----------------------------

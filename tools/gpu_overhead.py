@@ -97,7 +97,7 @@ def main(path):
     res = {"what": "host time per call of a tiny problem (issue 13, target <= 40 us): wall time per call of "
                    f"{CALLS} back-to-back calls, median of {REPEATS}",
            "device": torch.cuda.get_device_name(), "when_utc": datetime.datetime.now(datetime.timezone.utc)
-           .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": results._git(), "torch": torch.__version__,
+           .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": results.git_commit(), "torch": torch.__version__,
            "triton": triton.__version__, "shape": list(SHAPE), "dtype": "bf16", "causal": True, "calls": CALLS,
            "repeats": REPEATS, "unit": "us"}
     os.environ[kernels.DIRECT_ENV] = "1"        # the direct launch (the default)

@@ -213,7 +213,7 @@ def _provenance() -> dict:
     """Device, tree and date of a GPU record file, written into it (`main`'s gpu command)."""
     import datetime
 
-    return {"device": results._device(), "git": results._git(),
+    return {"device": results.device_name(), "git": results.git_commit(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -17,7 +17,7 @@ from lpfail.train.config import TrainConfig
 
 def atomic_write_text(path: Path, text: str):
     """Write `text` to `path` atomically (a temporary file renamed over it)."""
-    lpdata._atomic_write(Path(path), lambda f: f.write(text.encode()))
+    lpdata.write_atomically(Path(path), lambda f: f.write(text.encode()))
 
 
 def save_checkpoint(path, model, optimizer, step: int, cfg: TrainConfig, world: int, extra: dict | None = None):
@@ -28,7 +28,7 @@ def save_checkpoint(path, model, optimizer, step: int, cfg: TrainConfig, world: 
              "rng_cpu": torch.get_rng_state(),
              "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
              **(extra or {})}
-    lpdata._atomic_write(Path(path), lambda f: torch.save(state, f))
+    lpdata.write_atomically(Path(path), lambda f: torch.save(state, f))
     return Path(path)
 
 
