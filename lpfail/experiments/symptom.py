@@ -739,7 +739,7 @@ def migrate(archive, gpu_results, directory=None, log=print) -> Path:
                 part.runs[run_key(c, v, int(seed))] = summarize(run_dir, tc, run_key(c, v, int(seed)))
         part.meta["wall_s"] = float(drive_rec.get("wall_s") or 0.0)  # the GPU call's (Part.write would put ours)
         results.atomic_write(part.path, encode_part((json.dumps({**part.meta, "runs": part.runs}, allow_nan=True)
-                                                      + "\n").encode(), part.path.name))
+                                                     + "\n").encode(), part.path.name))
     _migrate_checks(gpu_results, directory)
     log(f"symptom migrate: {len(part.runs)} runs from {archive.name} into {part.path}")
     return part.path

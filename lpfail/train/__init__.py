@@ -42,8 +42,8 @@ torchrun the error is recorded, then raised, so the job stops rather than hangs)
 `read_log(out_dir)` / `read_diag(out_dir)` return numpy arrays for the plotting code.
 
 Where what is (a reader's order: the loop first, then what it calls): ``loop.py`` holds `train` and the loop
-itself, `train_loop`, with its parts — the set-up (the batch shape, the data, the model and optimizer, a resume from a
-checkpoint), the validation, the step's forward and backward, the stop on a non-finite value, the checkpoint;
+itself, `train_loop`, with its parts — the set-up (the batch shape, the data, the model and optimizer, a resume
+from a checkpoint), the validation, the step's forward and backward, the stop on a non-finite value, the checkpoint;
 ``step.py`` what one step computes and the settings it runs under — deterministic numerics, the process group
 (DDP), the optimizer and the lr schedule, the loss and the z-loss, the eager step and the same step captured as a
 CUDA graph, the diagnostics and the held-out loss, which errors count as non-finite; ``config.py`` `TrainConfig`,

@@ -21,9 +21,9 @@ from lpfail.train.batches import BatchRecord, batch_order, step_rows, load_token
 from lpfail.train.config import TrainConfig, check_resume
 from lpfail.train.log import (RunFiles, TrainResult, check_out_dir, checkpoint_path, load_checkpoint,
                               save_checkpoint)
-from lpfail.train.step import (GRAPH_WARMUP, apply_hparams, build_optimizer, capture_logits, CapturedStep,
-                               device_lr, diagnostics, Dist, EagerStep, is_finite, nonfinite_error, deterministic_numerics,
-                               set_lr, lr_factor, validation_loss)
+from lpfail.train.step import (GRAPH_WARMUP, CapturedStep, Dist, EagerStep, apply_hparams, build_optimizer,
+                               capture_logits, deterministic_numerics, device_lr, diagnostics, is_finite, lr_factor,
+                               nonfinite_error, set_lr, validation_loss)
 from lpfail.train.watch import open_monitor
 
 
@@ -329,7 +329,7 @@ def _capture_if_due(run: _Run, step: int):
     try:
         if run.captured is None and run.use_graph and step - run.start >= GRAPH_WARMUP:
             run.captured = CapturedStep(run.model, run.optimizer, run.eager.params, run.cfg, run.eager.n_micro,
-                                         run.micro, run.device, run.amp)
+                                        run.micro, run.device, run.amp)
     except RuntimeError as e:
         raise RuntimeError(f"capturing the training step as a CUDA graph failed ({e}); "
                            "LPFAIL_NO_CAPTURE=1 runs the same arithmetic uncaptured") from e

@@ -1,8 +1,9 @@
 """What one step computes, and the settings it runs under: deterministic numerics without TF32
 (`deterministic_numerics`), the process group (`Dist`), the optimizer and its learning-rate schedule
-(`build_optimizer`, `lr_factor`), the loss (`_loss`, `cross_entropy`, `z_loss_term`), the step itself in its two forms (`EagerStep`, and
-`CapturedStep`: the same kernels replayed from one CUDA graph), the diagnostics and the held-out loss, and which
-errors count as non-finite values met in a step (`nonfinite_error`). Part of `lpfail.train`.
+(`build_optimizer`, `lr_factor`), the loss (`_loss`, `cross_entropy`, `z_loss_term`), the step itself in its two
+forms (`EagerStep`, and `CapturedStep`: the same kernels replayed from one CUDA graph), the diagnostics and the
+held-out loss, and which errors count as non-finite values met in a step (`nonfinite_error`). Part of
+`lpfail.train`.
 
 Both forms of the step drive the model's stochastic-rounding stream (`lpfail.sr_stream.SRStream`, the GPT's
 ``sr_stream``) the same way: before each micro-batch's forward its global index (rank · micro-batches + i) is set
