@@ -67,9 +67,10 @@ except ImportError as e:  # pragma: no cover - triton is in requirements.txt
 __all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar",
            "policy_for", "Tuning", "DEFAULT_TUNING", "ALL_LEVERS", "HEAD_DIMS"]
 
-_TL = {}
+#: The Triton dtypes the kernels' constexprs name: "bf16", "fp16", "fp32" (empty without Triton).
+TL = {}
 if _IMPORT_ERROR is None:
-    _TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
+    TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
 CHUNK = 64  # key chunk of the two-pass emulation path
 #: The head dims the kernels take: the multiples of 16 up to 128. A tile's width along the head dim is a power of
 #: two, so 48, 80, 96 and 112 run in the next power of two's tile with the padding read as 0 and never written
@@ -341,10 +342,10 @@ def kernel_policy(policy: Precision) -> KernelPolicy:
                                  f"{_bwd.GRAD_TILE} (whole hardware tiles) or None; grad_acc='fp32' takes any")
     pv_dt, ds_dt = _wider(policy.pbar, policy.matmul), _wider(g("ds"), policy.matmul)
     return KernelPolicy(
-        matmul=_TL[policy.matmul], qk_out=_TL[g("qk_out")], scores=_TL[policy.scores], exp_in=_TL[g("exp_in")],
-        pbar=_TL[policy.pbar], pv_dt=_TL[pv_dt], pv_out=_TL[policy.pv_out], acc=_TL[policy.acc],
-        out_dtype=policy.dtype("out"), dp=_TL[g("dp")], ds=_TL[g("ds")], ds_dt=_TL[ds_dt],
-        grad_acc=_TL[g("grad_acc")], delta_prod=g("delta_prod"), sub_fma=policy.sub == "fma",
+        matmul=TL[policy.matmul], qk_out=TL[g("qk_out")], scores=TL[policy.scores], exp_in=TL[g("exp_in")],
+        pbar=TL[policy.pbar], pv_dt=TL[pv_dt], pv_out=TL[policy.pv_out], acc=TL[policy.acc],
+        out_dtype=policy.dtype("out"), dp=TL[g("dp")], ds=TL[g("ds")], ds_dt=TL[ds_dt],
+        grad_acc=TL[g("grad_acc")], delta_prod=g("delta_prod"), sub_fma=policy.sub == "fma",
         beta=float(fix.beta) if fix else 2.0, eps=float(fix.eps) if fix else 0.0,
         clamp=policy.l_clamp is not None, l_clamp=float(policy.l_clamp or 0.0), delta=policy.delta,
         block_n=block_n, key_block=key_block, query_block=policy.block_q or 0, two_pass=two_pass,
@@ -373,7 +374,7 @@ def _reference_call(call) -> str:
     return text
 
 
-def _check_inputs(q, k, v, call=None):
+def check_inputs(q, k, v, call=None):
     """Refuse what the kernels cannot run. `call` (see `_reference_call`) words the reference call that the
     errors for a missing Triton or GPU offer instead."""
     if _IMPORT_ERROR is not None:
@@ -415,8 +416,8 @@ def _shift_args(kp: KernelPolicy, unit: float) -> tuple[float, float, float]:
     return kp.shift_lo / unit, kp.shift_hi / unit, SAFE_SHIFT / unit
 
 
-_PICKS: dict = {}
-_DIRECT: dict = {}
+PICKS: dict = {}
+DIRECT: dict = {}
 #: "0" turns the direct launch of a compiled kernel off (on by default). It calls Triton 3.6's launcher with that
 #: version's argument layout, which no CPU test can run; measured on an NVIDIA H200 (torch 2.11, triton 3.6,
 #: results/kernels_gpu/overhead.json), it gave the same O, dQ, dK, dV bit for bit as the JIT path and cut the
@@ -424,7 +425,7 @@ _DIRECT: dict = {}
 DIRECT_ENV = "LPFAIL_KERNELS_DIRECT"
 
 
-def _launch(kernel, grid, key, args, consts, stream=None):
+def launch(kernel, grid, key, args, consts, stream=None):
     """Launch an autotuned kernel (or a plain JIT one) on `args` with the constexpr keywords `consts`. Once the
     autotuner has picked a config for `key`, launch that config directly: Triton's autotuner rebuilds its own key
     from every argument on each call, ≈ 25 µs of Python per launch, which adds straight to a short kernel's time.
@@ -437,7 +438,7 @@ def _launch(kernel, grid, key, args, consts, stream=None):
     `stream` (the current stream when None). `key` must then also fix every
     integer argument's value (the callers put the batch and head counts and the strides in it) and the tensors'
     16-byte alignment, which Triton specialises on."""
-    d = _DIRECT.get((kernel, key))
+    d = DIRECT.get((kernel, key))
     if d is not None:
         compiled, tail, meta, drv, hooks = d
         g = grid(meta) if callable(grid) else grid
@@ -449,17 +450,17 @@ def _launch(kernel, grid, key, args, consts, stream=None):
                      hooks.launch_exit_hook, *args, *tail)
         return compiled
     tuned = hasattr(kernel, "configs")  # an autotuner, not a plain JIT function
-    cfg = _PICKS.get((kernel, key), _PICKS)   # (_PICKS itself: no launch yet)
-    if cfg is _PICKS or (not tuned and _fwd.INTERPRET):
+    cfg = PICKS.get((kernel, key), PICKS)   # (PICKS itself: no launch yet)
+    if cfg is PICKS or (not tuned and _fwd.INTERPRET):
         out = kernel[grid](*args, **consts)
-        _PICKS[(kernel, key)] = kernel.best_config if tuned else None
+        PICKS[(kernel, key)] = kernel.best_config if tuned else None
         return out
     meta = cfg.all_kwargs() if tuned else {}
     jit = kernel.fn if tuned else kernel
     out = jit.run(*args, grid=grid, warmup=False, **consts, **meta)
     entry = _direct_entry(jit, out, args, {**consts, **meta}, key)
     if entry is not None:
-        _DIRECT[(kernel, key)] = entry[:2] + (meta,) + entry[2:]    # (compiled, tail, meta, driver, hooks)
+        DIRECT[(kernel, key)] = entry[:2] + (meta,) + entry[2:]    # (compiled, tail, meta, driver, hooks)
     return out
 
 
@@ -472,7 +473,7 @@ def _current_stream():
 
 
 def _direct_entry(jit, compiled, args, kwargs, key):
-    """What `_launch` needs to call `compiled` (the kernel `jit.run` just launched) without the JIT: the
+    """What `launch` needs to call `compiled` (the kernel `jit.run` just launched) without the JIT: the
     constexpr values in signature order after the positional `args`, checked against Triton's own binder
     (its bound arguments, in the launcher's order, must be `args` then those values). None where the direct
     call is not possible or not wanted: the interpreter, a hook on the JIT, LPFAIL_KERNELS_DIRECT=0, a
@@ -539,8 +540,8 @@ _GRIDS = (_grid(0), _grid(1))
 
 
 @functools.lru_cache(maxsize=1024)
-def _fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, tune, interp: bool,
-              tuning: Tuning = DEFAULT_TUNING):
+def fwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, tune, interp: bool,
+             tuning: Tuning = DEFAULT_TUNING):
     """The forward launch's per-(shape, policy, tuning) constants: the key-block argument, the scalars after it and
     the constexpr keywords (computed once instead of on every call)."""
     raw = _raw_units(kp, scale)
@@ -576,7 +577,7 @@ def _aligned(*tensors) -> bool:
     return not (ptrs & 15)
 
 
-def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuning = DEFAULT_TUNING):
+def launch_forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuning = DEFAULT_TUNING):
     """Launch the forward kernel; returns O (in the policy's `out` dtype) and L = m + log ℓ (FP32). (The grids
     divide with -(-a // b), not triton.cdiv, which is a JIT function: ≈ 5 µs per call on the host.)"""
     B, H, N, D = q.shape
@@ -585,27 +586,28 @@ def _forward(q, k, v, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuni
     aligned = _aligned(q, k, v, o)                                      # Triton specialises on it
     if tuning.tma and (not aligned or D & (D - 1)):   # a descriptor needs 16-byte alignment; D_VALID, pointers
         tuning = dataclasses.replace(tuning, tma=False)
-    key, scalars, consts = _fwd_plan(N, D, causal, kp, scale, q.dtype, _tune_env(), _fwd.INTERPRET, tuning)
+    key, scalars, consts = fwd_plan(N, D, causal, kp, scale, q.dtype, _tune_env(), _fwd.INTERPRET, tuning)
     if consts["TMA"] and not _fwd.INTERPRET:
         _ensure_tma_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride())
-    _launch(_fwd._attn_fwd if tuning.space == "v1" else _fwd.FWD_TUNERS[tuning.space],
-            _GRIDS[consts["ORDER"]](N, B * H, "BLOCK_M"),
-            (key, B, H, strides, aligned, _device_index(q)),
-            (q, k, v, o, lse, *strides, *o.stride(), H, N, *scalars), consts)
+    launch(_fwd._attn_fwd if tuning.space == "v1" else _fwd.FWD_TUNERS[tuning.space],
+           _GRIDS[consts["ORDER"]](N, B * H, "BLOCK_M"),
+           (key, B, H, strides, aligned, _device_index(q)),
+           (q, k, v, o, lse, *strides, *o.stride(), H, N, *scalars), consts)
     return o, lse
 
 
-def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float, tuning: Tuning = DEFAULT_TUNING):
+def launch_backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
+                    tuning: Tuning = DEFAULT_TUNING):
     """Launch the backward: δ (its own pass, or a pass over K, V for "dP.P" / "dO.O_hp"), then the split dK/dV
     and dQ kernels, or the atomic kernel (dK, dV and dQ in one; dQ summed in FP32 and cast after)."""
     B, H, N, D = q.shape
     do = do.contiguous()
     aligned = _aligned(q, k, v, do, o, lse)
-    if tuning.tma and (not aligned or D & (D - 1)):   # as in `_forward`
+    if tuning.tma and (not aligned or D & (D - 1)):   # as in `launch_forward`
         tuning = dataclasses.replace(tuning, tma=False)
-    key, consts, key_block, query_block = _bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype, _tune_env(),
-                                                    _fwd.INTERPRET, tuning)
+    key, consts, key_block, query_block = bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype, _tune_env(),
+                                                   _fwd.INTERPRET, tuning)
     if tuning.tma and not _fwd.INTERPRET:
         _ensure_tma_allocator()
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
@@ -620,35 +622,35 @@ def _backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: float,
     dq = torch.empty(q.shape, device=q.device, dtype=torch.float32) if atomic else torch.empty_like(q)
     if kp.delta in ("dP.P", "dO.O_hp"):   # a pass over K, V per query block: δ from dP ∘ P or dO ∘ O_hp
         mode = 1 if kp.delta == "dP.P" else 2
-        _launch(dq_kernel, grids(N, bh, "BLOCK_M"), (key, mode), (q, k, v, do, lse, delta, q, *strides, H, N,
-                key_block, scale), consts["dpp" if mode == 1 else "o_hp"], stream)
+        launch(dq_kernel, grids(N, bh, "BLOCK_M"), (key, mode), (q, k, v, do, lse, delta, q, *strides, H, N,
+               key_block, scale), consts["dpp" if mode == 1 else "o_hp"], stream)
         if atomic:
             dq.zero_()
     else:
         wide = "fp32" if torch.float32 in (o.dtype, do.dtype) else kp.delta_prod
-        _launch(_bwd._bwd_delta_dot, (-(-N // 64), bh), (key, o.dtype, atomic),
-                (o, do, delta, dq, *o.stride(), *do.stride(), H, N),
-                dict(HEAD_DIM=consts["kv"]["HEAD_DIM"], D_VALID=consts["kv"]["D_VALID"], BLOCK_M=64,
-                     PROD=_TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
+        launch(_bwd._bwd_delta_dot, (-(-N // 64), bh), (key, o.dtype, atomic),
+               (o, do, delta, dq, *o.stride(), *do.stride(), H, N),
+               dict(HEAD_DIM=consts["kv"]["HEAD_DIM"], D_VALID=consts["kv"]["D_VALID"], BLOCK_M=64,
+                    PROD=TL[_wider(kp.delta_prod, wide)], ZERO_DQ=atomic), stream)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if tuning.bwd == "fused":
-        _launch(_bwd.FUSED_TUNERS[tuning.space], _GRIDS[0](N, bh, "BLOCK_N1"), key, (q, k, v, do, lse, delta, dq, dk, dv,
-                *strides, H, N, query_block, key_block, scale), consts["fused"], stream)
+        launch(_bwd.FUSED_TUNERS[tuning.space], _GRIDS[0](N, bh, "BLOCK_N1"), key, (q, k, v, do, lse, delta, dq, dk, dv,
+               *strides, H, N, query_block, key_block, scale), consts["fused"], stream)
         return dq, dk, dv
     args = (q, k, v, do, lse, delta, dk, dv, dq if atomic else dk, *strides, H, N, query_block, scale)
     kv_kernel = _bwd.DKDV_TUNERS[(tuning.space, atomic)] if tuning.space != "v1" or atomic else _bwd._bwd_dkdv
-    _launch(kv_kernel, grids(N, bh, "BLOCK_N"), key, args, consts["kv"], stream)
+    launch(kv_kernel, grids(N, bh, "BLOCK_N"), key, args, consts["kv"], stream)
     if atomic:
         return dq.to(q.dtype), dk, dv
-    _launch(dq_kernel, grids(N, bh, "BLOCK_M"), (key, 0), (q, k, v, do, lse, delta, dq, *strides, H, N, key_block,
-            scale), consts["dq"], stream)
+    launch(dq_kernel, grids(N, bh, "BLOCK_M"), (key, 0), (q, k, v, do, lse, delta, dq, *strides, H, N, key_block,
+           scale), consts["dq"], stream)
     return dq, dk, dv
 
 
 @functools.lru_cache(maxsize=1024)
-def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, do_dtype, tune, interp: bool,
-              tuning: Tuning = DEFAULT_TUNING):
+def bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtype, do_dtype, tune, interp: bool,
+             tuning: Tuning = DEFAULT_TUNING):
     """The backward launches' per-(shape, policy, tuning) constants (computed once instead of on every call)."""
     width, d_valid = _head_tile(D)
     common = dict(HEAD_DIM=width, D_VALID=d_valid, MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores,
@@ -667,7 +669,7 @@ def _bwd_plan(N: int, D: int, causal: bool, kp: KernelPolicy, scale: float, dtyp
 
 
 @functools.lru_cache(maxsize=256)
-def _policy_for_launch(policy: Precision) -> KernelPolicy:
+def policy_for_launch(policy: Precision) -> KernelPolicy:
     """`kernel_policy`, memoised: a launch must not pay to re-check and translate the policy every call
     (Python overhead adds straight to a short kernel's time). Refusals raise anew each time (not cached)."""
     return kernel_policy(policy)
@@ -682,9 +684,9 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, *meta):
         policy, causal, scale, tuning = meta[0] if len(meta) == 1 else (*meta, DEFAULT_TUNING)[:4]
-        kp = policy if isinstance(policy, KernelPolicy) else _policy_for_launch(policy)
+        kp = policy if isinstance(policy, KernelPolicy) else policy_for_launch(policy)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, lse = _forward(q, k, v, kp, causal, scale, tuning)
+        o, lse = launch_forward(q, k, v, kp, causal, scale, tuning)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.kp, ctx.causal, ctx.scale, ctx.tuning = kp, causal, scale, tuning
         ctx.n_meta = len(meta)
@@ -693,7 +695,7 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(do, q, k, v, o, lse, ctx.kp, ctx.causal, ctx.scale, ctx.tuning)
+        dq, dk, dv = launch_backward(do, q, k, v, o, lse, ctx.kp, ctx.causal, ctx.scale, ctx.tuning)
         return (dq, dk, dv) + (None,) * ctx.n_meta
 
 
@@ -727,7 +729,8 @@ def policy_for(dtype: torch.dtype, fix=None) -> Precision:
 
 # -- the drop-in as a PyTorch custom op: torch.compile traces through it (one opaque node, no graph break) ---------
 @functools.lru_cache(maxsize=64)
-def _parse_policy(text: str) -> Precision:
+def parse_policy(text: str) -> Precision:
+    """`Precision.parse(text)`, memoised."""
     return Precision.parse(text)
 
 
@@ -745,13 +748,13 @@ if not _ops_registered():
     def _op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: str, causal: bool,
                 scale: float, tuning: str = _DEFAULT_TEXT) -> tuple[torch.Tensor, torch.Tensor]:
         """O and L = m + log ℓ (FP32) under the policy named by its string (`Precision.parse`)."""
-        kp = _policy_for_launch(_parse_policy(policy))
-        return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, causal, scale, _parse_tuning(tuning))
+        kp = policy_for_launch(parse_policy(policy))
+        return launch_forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, causal, scale, _parse_tuning(tuning))
 
 
     @_op_fwd.register_fake
     def _(q, k, v, policy, causal, scale, tuning=_DEFAULT_TEXT):
-        out = _parse_policy(policy).dtype("out")
+        out = parse_policy(policy).dtype("out")
         return q.new_empty(q.shape, dtype=out), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -759,9 +762,9 @@ if not _ops_registered():
     def _op_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                 lse: torch.Tensor, policy: str, causal: bool, scale: float,
                 tuning: str = _DEFAULT_TEXT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        kp = _policy_for_launch(_parse_policy(policy))
-        return _backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, kp, causal, scale,
-                         _parse_tuning(tuning))
+        kp = policy_for_launch(parse_policy(policy))
+        return launch_backward(do, q.contiguous(), k.contiguous(), v.contiguous(), o, lse, kp, causal, scale,
+                               _parse_tuning(tuning))
 
 
     @_op_bwd.register_fake
@@ -790,8 +793,8 @@ def _parse_tuning(text: str) -> Tuning:
 
 
 #: (dtype, fix name) → (policy, its string) of the SDPA-style call, built once (see `flash_attention`)
-_SDPA_POLICIES = {(dt, fx): (policy_for(dt, fx), str(policy_for(dt, fx)))
-                  for dt in (torch.bfloat16, torch.float16, torch.float32) for fx in (None, *_FIXES)}
+SDPA_POLICIES = {(dt, fx): (policy_for(dt, fx), str(policy_for(dt, fx)))
+                 for dt in (torch.bfloat16, torch.float16, torch.float32) for fx in (None, *_FIXES)}
 
 _SUPPORTED = ("what the kernels support: attn_mask=None with is_causal=False (full attention) or is_causal=True (the "
               "causal mask, bottom-right = top-left for these self-attention shapes), dropout_p=0, any scale, "
@@ -848,10 +851,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
         causal = True if causal is None else causal
     k_in = k
     k, v = _expand_kv_heads(q, k, v, enable_gqa)
-    _check_inputs(q, k, v, (sdpa_style, fix, causal, scale, enable_gqa and k is not k_in))
+    check_inputs(q, k, v, (sdpa_style, fix, causal, scale, enable_gqa and k is not k_in))
     if not sdpa_style:  # (the SDPA style's policies are valid by construction; the op checks them again)
         _require_precision(policy)  # before the memo, which would only say "unhashable" of a non-policy
-    kp = _policy_for_launch(policy)  # validate before anything is launched (memoised)
+    kp = policy_for_launch(policy)  # validate before anything is launched (memoised)
     tuning = DEFAULT_TUNING if tuning is None else tuning
     _check_tuning(tuning, kp)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -864,7 +867,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     # without autograd where no input needs a gradient
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return FlashAttention.apply(q, k, v, (kp, bool(causal), scale, tuning))
-    return _forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, bool(causal), scale, tuning)[0]
+    return launch_forward(q.contiguous(), k.contiguous(), v.contiguous(), kp, bool(causal), scale, tuning)[0]
 
 
 def _sdpa_policy(q, fix):
@@ -872,8 +875,8 @@ def _sdpa_policy(q, fix):
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor (got {type(q).__name__})")
     named = (q.dtype, fix) if fix is None or isinstance(fix, str) else None
-    if named in _SDPA_POLICIES:  # a dict lookup: nothing for torch.compile to trace through
-        return _SDPA_POLICIES[named]
+    if named in SDPA_POLICIES:  # a dict lookup: nothing for torch.compile to trace through
+        return SDPA_POLICIES[named]
     policy = policy_for(q.dtype, fix)
     return policy, str(policy)
 
@@ -905,7 +908,7 @@ def probe_pbar(q: torch.Tensor, k: torch.Tensor, policy: Precision = FA2_BF16,
     """P̄ = exp(S − m) of one key block, rounded to the policy's `pbar`, as the forward kernel forms it
     (same device functions, same compile flags). q: (M, D) with M ≤ 64, k: (N, D) with N ≤ 128, one head;
     m is the block's own maximum (with the fix when the policy has it). Returns (M, N) FP32."""
-    _check_inputs(k[None, None], k[None, None], k[None, None])
+    check_inputs(k[None, None], k[None, None], k[None, None])
     if q.dim() != 2 or q.shape[1] != k.shape[1] or q.dtype != k.dtype or q.device != k.device:
         raise ValueError(f"probe_pbar takes q (M, D) and k (N, D) of one dtype and device (got {tuple(q.shape)} "
                          f"{q.dtype}, {tuple(k.shape)} {k.dtype})")

@@ -42,7 +42,8 @@ class BenchKernelsConfig:
     time_budget_s: float = 300.0   # stop measuring (leaving NaN) after this long, so a device call ends in time
 
 
-def _flops(b, h, n, d, causal, mode):
+def flops(b, h, n, d, causal, mode):
+    """The attention FLOPs of one call (4·b·h·n²·d forward, halved when causal; ×2.5 backward, ×3.5 both)."""
     fwd = 4.0 * b * h * n * n * d / (2 if causal else 1)
     return fwd * {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}[mode]
 
@@ -118,7 +119,7 @@ def _time(fn, sets, mode, reps, warmup):
     return statistics.median(timed(i) for i in range(reps))
 
 
-def _time_paired(fn_a, fn_b, sets, mode, reps, warmup):
+def time_paired(fn_a, fn_b, sets, mode, reps, warmup):
     """Two methods timed in alternation (A B, then B A, ...) on the same inputs, so that clock and thermal drift
     hit both alike: (median ms of A, median ms of B, median of the per-pair ratios B/A)."""
     import torch
@@ -145,7 +146,7 @@ def _sync():
     torch.cuda.synchronize()
 
 
-def _time_interleaved(fns: dict, sets, mode, rounds, reps, warmup, runner=None, sync=None) -> dict:
+def time_interleaved(fns: dict, sets, mode, rounds, reps, warmup, runner=None, sync=None) -> dict:
     """Every method of ``fns`` {name: fn} timed in ``rounds`` rounds that visit each in turn (the order reversed
     every other round), ``reps`` CUDA-event timings per visit. Clock and thermal drift over the minutes one shape
     takes then hit every method alike; timing each method once, one after the other, let two timings of one
@@ -154,7 +155,7 @@ def _time_interleaved(fns: dict, sets, mode, rounds, reps, warmup, runner=None, 
     ``runner``/``sync``: `_runner` and a CUDA synchronize (replaced in CPU tests)."""
     runner, sync = runner or _runner, sync or _sync
     if rounds < 1 or reps < 1:
-        raise ValueError(f"_time_interleaved: rounds and reps must be ≥ 1 (got {rounds}, {reps})")
+        raise ValueError(f"time_interleaved: rounds and reps must be ≥ 1 (got {rounds}, {reps})")
     made = {name: runner(fn, sets, mode) for name, fn in fns.items()}
     for call, _ in made.values():
         for i in range(warmup):
@@ -259,7 +260,7 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
                         errors.append(f"{method} d={d} n={n} {mode}: {type(e).__name__}: {str(e)[:200]}")
                         continue
                     ms[i, j, m, a] = t
-                    tflops[i, j, m, a] = _flops(b, h, n, d, cfg.causal, mode) / (t * 1e-3) / 1e12
+                    tflops[i, j, m, a] = flops(b, h, n, d, cfg.causal, mode) / (t * 1e-3) / 1e12
                 if method.startswith("triton"):
                     chosen[f"{method} d={d} n={n}"] = _chosen_configs()
                 print(f"[{time.time() - t0:6.1f}s] d={d:3d} N={n:5d} {method:16s} "
@@ -271,7 +272,7 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
                     continue
                 fa, fb = _method_fn(base, cfg.causal), _method_fn(fix, cfg.causal)
                 for a, mode in enumerate(cfg.pair_modes):
-                    ta, tb, r = _time_paired(fa, fb, sets, mode, cfg.pair_reps, cfg.warmup)
+                    ta, tb, r = time_paired(fa, fb, sets, mode, cfg.pair_reps, cfg.warmup)
                     pair_ms[i, j, p, a] = ta, tb
                     pair_ratio[i, j, p, a] = r
                 print(f"[{time.time() - t0:6.1f}s] d={d:3d} N={n:5d} {fix}/{base} alternating: "
@@ -340,8 +341,8 @@ def robust_cost(cfg: RobustCostConfig) -> dict:
                     if time.time() - t0 > cfg.time_budget_s:
                         errors.append(f"time budget: {a}/{bb} d={d} n={n} {mode} not measured")
                         continue
-                    ta, tb, r = _time_paired(_method_fn(a, True), _method_fn(bb, True), sets, mode, cfg.reps,
-                                             cfg.warmup)
+                    ta, tb, r = time_paired(_method_fn(a, True), _method_fn(bb, True), sets, mode, cfg.reps,
+                                            cfg.warmup)
                     ms[i, j, p, m], ratio[i, j, p, m] = (ta, tb), r
                     print(f"[{time.time() - t0:6.1f}s] d={d} N={n} {bb}/{a} {mode}: {100 * (r - 1):+.1f} %", flush=True)
             del sets
@@ -390,8 +391,8 @@ def import_robust_cost(raw: dict, git: str, created: str, versions: dict, wall_s
         raise ValueError("import_robust_cost: the file's device/torch do not match the versions given")
     data = _robust_arrays(cfg, ratio, ms, [])
     prov = {"device": raw["device"], "git": git, "created": created, "versions": dict(versions),
-            "imported_from": "tools/gpu_robust_cost.py JSON", "collected_on": results._device(),
-            "collected_git": results._git(), "runs_wall_s": float(wall_s), "runs_gpus": [raw["device"]]}
+            "imported_from": "tools/gpu_robust_cost.py JSON", "collected_on": results.device_name(),
+            "collected_git": results.git_commit(), "runs_wall_s": float(wall_s), "runs_gpus": [raw["device"]]}
     return results.save("robust_cost", cfg, data, 0.0, directory=directory, provenance=prov)
 
 
@@ -564,7 +565,7 @@ if __name__ == "__main__":  # pragma: no cover
     import sys
 
     from lpfail import results
-    print(table(results._read("bench_kernels", results.results_dir())) if len(sys.argv) < 2 else "")
+    print(table(results.read_result("bench_kernels", results.results_dir())) if len(sys.argv) < 2 else "")
 
 
 # -- host time per call of a tiny problem (tools/gpu_overhead.py; target HOST_TARGET_US) ----------------------------

@@ -53,7 +53,7 @@ def _cmd_run(args) -> int:
 def _cmd_show(args) -> int:
     state, res = results.inspect(args.name)
     if res is None:  # missing or corrupt: reading it again raises the error that says why and what to run
-        results._read(args.name, results.results_dir())
+        results.read_result(args.name, results.results_dir())
     print(res.provenance)
     for key in sorted(res):
         v = res[key]

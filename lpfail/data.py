@@ -284,12 +284,12 @@ class BatchOrder:
         if path.suffix == ".json":
             if self._offsets is not None:
                 raise ValueError("an explicit order holds an offsets array: save it to a .npz file")
-            _atomic_write(path, lambda f: f.write((json.dumps(meta, indent=1) + "\n").encode()))
+            write_atomically(path, lambda f: f.write((json.dumps(meta, indent=1) + "\n").encode()))
         else:
             arrays = {"meta": np.array(json.dumps(meta))}
             if self._offsets is not None:
                 arrays["offsets"] = self._offsets
-            _atomic_write(path, lambda f: np.savez(f, **arrays))
+            write_atomically(path, lambda f: np.savez(f, **arrays))
         return path
 
     @classmethod
@@ -330,7 +330,7 @@ class BatchOrder:
                 f"batch_size={self.batch_size}, {kind})")
 
 
-def _atomic_write(path: Path, write) -> None:
+def write_atomically(path: Path, write) -> None:
     """Write via a temporary file in the same directory and rename it over `path`; the file gets the mode open()
     would give it (`lpfail.results.file_mode`)."""
     from lpfail.results import file_mode
@@ -368,7 +368,7 @@ def write_bin(path, chunks) -> int:
             f.write(arr.astype(BIN_DTYPE).tobytes())
             count += arr.size
 
-    _atomic_write(Path(path), write)
+    write_atomically(Path(path), write)
     return count
 
 

@@ -211,7 +211,7 @@ def results_dir() -> Path:
     return REPO_ROOT / "results" if checkout() else user_dir() / "results"
 
 
-def _git() -> str:
+def git_commit() -> str:
     """The commit of the checkout that computes (``-dirty`` with uncommitted changes to lpfail/ or kernels/), or
     ``lpfail-VERSION`` for an installed lpfail (no repository of its own); ``$LPFAIL_GIT`` wins."""
     if os.environ.get("LPFAIL_GIT"):
@@ -231,7 +231,8 @@ def _git() -> str:
         return "unknown"
 
 
-def _device() -> str:
+def device_name() -> str:
+    """The name of the GPU results are computed on, or ``cpu (PROCESSOR)`` without one."""
     try:
         import torch
         if torch.cuda.is_available():
@@ -241,7 +242,8 @@ def _device() -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
-def _versions() -> dict:
+def library_versions() -> dict:
+    """The versions of Python, numpy, lpfail, torch, Triton and CUDA (None where one is missing)."""
     out = {"python": platform.python_version(), "numpy": np.__version__, "lpfail": lpfail.__version__}
     for mod in ("torch", "triton"):
         try:
@@ -371,9 +373,6 @@ def atomic_write(path: Path, payload: bytes) -> None:
         raise
 
 
-_atomic_write = atomic_write  # the name the experiment modules call it by
-
-
 def require_storable(name: str) -> None:
     """Raise `lpfail.numerics.NumericsError` where ``name``'s result would depend on this machine: a CPU
     experiment (or an unregistered name) computed under other CPU numerics than the pinned ones. A GPU
@@ -402,9 +401,9 @@ def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = Non
         "name": name,
         "config": config_dict(cfg),
         "config_hash": config_hash(cfg),
-        "git": _git(),
-        "device": _device(),
-        "versions": _versions(),
+        "git": git_commit(),
+        "device": device_name(),
+        "versions": library_versions(),
         "numerics": numerics.provenance(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": round(float(wall_s), 3),
@@ -426,7 +425,8 @@ def _command(name: str) -> str:
     return f"python -m lpfail run {name}"
 
 
-def _read(name: str, directory: Path) -> Result:
+def read_result(name: str, directory: Path) -> Result:
+    """The stored result `name` in `directory`, its files checked (a ResultError when missing or corrupt)."""
     jpath, npath = directory / f"{name}.json", directory / f"{name}.npz"
     if not jpath.exists():
         raise ResultMissing(f"no stored result {name!r} in {directory}: run `{_command(name)}`"
@@ -504,7 +504,7 @@ def load(name: str, config=None, directory: Path | None = None) -> Result:
     directory = Path(directory) if directory is not None else results_dir()
     if _want_recompute():
         return run(name, cfg, directory=directory)
-    return _require_fresh(exp, cfg, _read(name, directory))
+    return _require_fresh(exp, cfg, read_result(name, directory))
 
 
 def inspect(name: str, directory: Path | None = None) -> tuple[str, Result | None]:
@@ -512,7 +512,7 @@ def inspect(name: str, directory: Path | None = None) -> tuple[str, Result | Non
     'corrupt' — and the result itself when it could be read (fresh or stale). Reads the files once."""
     exp = get(name)
     try:
-        res = _read(name, Path(directory) if directory is not None else results_dir())
+        res = read_result(name, Path(directory) if directory is not None else results_dir())
     except ResultMissing:
         return "missing", None
     except ResultCorrupt:

@@ -196,10 +196,10 @@ def test_sdpa_host_spread_reads_every_record_and_needs_two(tmp_path):
 
 
 def test_interleaved_timing_visits_every_method_each_round_and_takes_the_median_of_rounds():
-    """`_time_interleaved` (issue 25: two timings of one kernel in one run differed by ≈ 10 %): warm-up for every
+    """`time_interleaved` (issue 25: two timings of one kernel in one run differed by ≈ 10 %): warm-up for every
     method first, then rounds that visit each method in turn, reversed every other round; per method the median
     of its round medians and their spread. A drift that grows with time then biases no method."""
-    from lpfail.kernels.bench import _time_interleaved
+    from lpfail.kernels.bench import time_interleaved
 
     clock, visits, warm = [0.0], [], []
 
@@ -216,8 +216,8 @@ def test_interleaved_timing_visits_every_method_each_round_and_takes_the_median_
         return call, timed
 
     synced = []
-    out = _time_interleaved({"a": "a", "b": "b"}, [None], "fwd", rounds=4, reps=3, warmup=2, runner=runner,
-                            sync=lambda: synced.append(True))
+    out = time_interleaved({"a": "a", "b": "b"}, [None], "fwd", rounds=4, reps=3, warmup=2, runner=runner,
+                           sync=lambda: synced.append(True))
     assert warm == ["a", "a", "b", "b"] and synced == [True]
     assert visits == ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3 + ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3
     assert len(out["a"]["rounds"]) == len(out["b"]["rounds"]) == 4
@@ -228,4 +228,4 @@ def test_interleaved_timing_visits_every_method_each_round_and_takes_the_median_
     assert out["b"]["ms"] - out["a"]["ms"] == pytest.approx(1.0, abs=0.01)
     assert out["a"]["spread"] == pytest.approx((1.23 - 1.02) / out["a"]["ms"])
     with pytest.raises(ValueError, match="rounds and reps"):
-        _time_interleaved({"a": "a"}, [None], "fwd", rounds=0, reps=3, warmup=0, runner=runner, sync=lambda: None)
+        time_interleaved({"a": "a"}, [None], "fwd", rounds=0, reps=3, warmup=0, runner=runner, sync=lambda: None)

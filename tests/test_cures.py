@@ -8,7 +8,8 @@ import torch
 from lpfail.attention import (attention, flash_backward, flash_forward, naive_attention, output_residual)
 from lpfail.model import GPT, GPTConfig
 from lpfail.precision import FA2_BF16, FP32, PAPER_BF16, PRESETS, Precision
-from lpfail.train import TrainConfig, _loss, z_loss_term
+from lpfail.train import TrainConfig, z_loss_term
+from lpfail.train.step import _loss
 
 
 def _qkv(seed, shift=0.0, T=128, D=32, dtype=torch.float32):

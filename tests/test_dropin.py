@@ -209,7 +209,7 @@ def test_eager_call_equals_the_custom_op_bit_for_bit():
 
     q, k, v, do = qkv(n=70, d=32)
     for fix in (None, "robust"):
-        text = kernels._SDPA_POLICIES[(torch.float32, fix)][1]
+        text = kernels.SDPA_POLICIES[(torch.float32, fix)][1]
         eager = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix=fix), q, k, v, do)
         op = grads(lambda a, b, c: torch.ops.lpfail.flash_attention_fwd(a, b, c, text, True, 1 / math.sqrt(32))[0],
                    q, k, v, do)
@@ -239,7 +239,7 @@ def test_tuning_travels_through_the_custom_op():
 
     q, k, v, do = qkv(n=70, d=32)
     t = kernels.Tuning(order="lpt", tie="count")   # deterministic levers (the atomic dQ is not, on a GPU)
-    text = kernels._SDPA_POLICIES[(torch.float32, "robust")][1]
+    text = kernels.SDPA_POLICIES[(torch.float32, "robust")][1]
     eager = grads(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True, fix="robust", tuning=t), q, k, v, do)
     op = grads(lambda a, b, c: torch.ops.lpfail.flash_attention_fwd(a, b, c, text, True, 1 / math.sqrt(32), str(t))[0],
                q, k, v, do)

@@ -108,10 +108,10 @@ def test_scores_in_units_of_alpha_change_no_bit(policy, monkeypatch):
     runs = []
     for raw in (True, False):
         monkeypatch.setattr(kernels, "_raw_units", lambda kp, scale, raw=raw: raw)
-        o, lse = kernels._forward(q, k, v, kp, True, 0.125)
+        o, lse = kernels.launch_forward(q, k, v, kp, True, 0.125)
         runs.append((o.cpu(), lse.cpu()))
         # the backward's P = exp(S − L) as one FMA on round(QKᵀ), from the same O and L for both
-        grads = kernels._backward(do, q, k, v, runs[0][0].to(DEVICE), runs[0][1].to(DEVICE), kp, True, 0.125)
+        grads = kernels.launch_backward(do, q, k, v, runs[0][0].to(DEVICE), runs[0][1].to(DEVICE), kp, True, 0.125)
         runs[-1] += tuple(g.cpu() for g in grads)
     for a, b in zip(*runs):
         assert torch.equal(a, b)
@@ -154,19 +154,19 @@ def test_fix_leaves_fp32_output_unchanged(block_k, causal):
 @pytest.mark.parametrize("policy", [FP32.replace(block_k=64).with_fix(), PAPER_BF16.replace(matmul="fp32"),
                                     FP32.replace(block_k=64, delta="dP.P")], ids=str)
 def test_second_launch_skips_the_autotuner_and_changes_no_bit(policy, monkeypatch):
-    """After the first launch for a shape and policy, `kernels._launch` runs the autotuner's pick directly;
+    """After the first launch for a shape and policy, `kernels.launch` runs the autotuner's pick directly;
     the forward and all three gradients must come out bit for bit as from the first (autotuned) launch."""
     q, k, v, do = inputs(1, 2, 150, 64, seed=21)
-    kernels._PICKS.clear()
-    kernels._DIRECT.clear()
+    kernels.PICKS.clear()
+    kernels.DIRECT.clear()
     monkeypatch.setenv(kernels.DIRECT_ENV, "1")   # the direct launch (the default since the GPU check)
     first = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
-    n_picks = len(kernels._PICKS)
+    n_picks = len(kernels.PICKS)
     second = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
-    assert n_picks >= 3 and len(kernels._PICKS) == n_picks          # fwd, dK/dV, dQ (+ δ pass): no new picks
+    assert n_picks >= 3 and len(kernels.PICKS) == n_picks          # fwd, dK/dV, dQ (+ δ pass): no new picks
     # the third launch calls the compiled kernels directly (on CUDA; the interpreter has none: the JIT path again)
     third = run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=True), q, k, v, do)
-    assert len(kernels._DIRECT) == (n_picks if CUDA else 0)
+    assert len(kernels.DIRECT) == (n_picks if CUDA else 0)
     for a, b, c in zip(first, second, third):
         assert torch.equal(a, b) and torch.equal(a, c)
 
@@ -438,10 +438,10 @@ class _FakeDriver:
 
 
 def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
-    """The direct launch of a compiled kernel (`kernels._launch` from the third launch on, CUDA only) must hand
+    """The direct launch of a compiled kernel (`kernels.launch` from the third launch on, CUDA only) must hand
     the launcher what Triton's JIT would: its binder's bound arguments in signature order (built here for an
     sm_90 target from the forward kernel's source), the grid and the current stream. Checked on the CPU with the
-    arguments `_forward` really passes; refused for a misaligned tensor, LPFAIL_KERNELS_DIRECT=0 or a binding
+    arguments `launch_forward` really passes; refused for a misaligned tensor, LPFAIL_KERNELS_DIRECT=0 or a binding
     whose order differs. (On the GPU, the second-launch test and tools/gpu_overhead.py check the bits.)"""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -450,10 +450,10 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
     captured = []
-    monkeypatch.setattr(kernels, "_launch", lambda kernel, grid, key, a, kw, stream=None: captured.append(
+    monkeypatch.setattr(kernels, "launch", lambda kernel, grid, key, a, kw, stream=None: captured.append(
         (grid, key, a, kw)))
     q, k, v, _ = inputs(2, 3, 100, 64, seed=5)
-    kernels._forward(q, k, v, kernels.kernel_policy(FP32.with_fix()), True, 0.125)
+    kernels.launch_forward(q, k, v, kernels.kernel_policy(FP32.with_fix()), True, 0.125)
     grid, key, args, kwargs = captured[0]
     jit = JITFunction(getattr(kernels._fwd._attn_fwd.fn, "fn", kernels._fwd._attn_fwd.fn))
     backend = make_backend(GPUTarget("cuda", 90, 32))
@@ -469,11 +469,11 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     monkeypatch.delenv(kernels.DIRECT_ENV, raising=False)
     entry = kernels._direct_entry(jit, compiled, args, kwargs, key)             # on by default (GPU-checked)
     assert entry is not None
-    monkeypatch.undo()   # the real _launch again (and the driver, the interpreter flag, the switch)
+    monkeypatch.undo()   # the real launch again (and the driver, the interpreter flag, the switch)
     monkeypatch.setattr(driver, "_active", _FakeDriver())
-    monkeypatch.setitem(kernels._DIRECT, ("kernel", key), (entry[0], entry[1], meta, *entry[2:]))
-    kernels._launch("kernel", grid, key, args, kwargs)
-    kernels._launch("kernel", grid, key, args, kwargs, stream=77)                # a stream given: that one
+    monkeypatch.setitem(kernels.DIRECT, ("kernel", key), (entry[0], entry[1], meta, *entry[2:]))
+    kernels.launch("kernel", grid, key, args, kwargs)
+    kernels.launch("kernel", grid, key, args, kwargs, stream=77)                # a stream given: that one
     (call, call77) = compiled.calls
     bound = list(binder(*args, **kwargs)[0].values())
     assert call[:9] == (2, 6, 1, 1234, "fn", ("meta",), None, triton.knobs.runtime.launch_enter_hook,
@@ -613,7 +613,7 @@ def test_autotune_spaces_prune_to_their_configs(monkeypatch):
     tables = {"fwd": (fwd.FWD_SPACES, fwd._fwd_configs, fwd._fwd_prune),
               "dq": (bwd.DQ_SPACES, bwd._q_side_configs, bwd._fp32_prune(bwd._DQ_SMALL)),
               "dkdv": (bwd.DKDV_SPACES, bwd._kv_side_configs, bwd._fp32_prune(bwd._DKDV_SMALL))}
-    bf16 = dict(BLOCK_N=64, MATMUL=kernels._TL["bf16"], PV_DT=kernels._TL["bf16"], DS_DT=kernels._TL["bf16"])
+    bf16 = dict(BLOCK_N=64, MATMUL=kernels.TL["bf16"], PV_DT=kernels.TL["bf16"], DS_DT=kernels.TL["bf16"])
     for kern, (table, configs, prune) in tables.items():
         v1, sm90 = configs("v1"), configs("sm90")
         assert [fwd._config_key(c) for c in v1] == [fwd._config_key(fwd._config(*t)) for t in table["v1"]]
@@ -621,7 +621,7 @@ def test_autotune_spaces_prune_to_their_configs(monkeypatch):
         assert prune(sm90, {}, HEAD_DIM=64, **bf16) == sm90
     wide = fwd._fwd_prune(fwd._fwd_configs("sm90"), {}, HEAD_DIM=128, **bf16)
     assert all(c.kwargs["BLOCK_M"] <= 128 for c in wide) and len(wide) == len(fwd._fwd_configs("sm90")) - 2
-    fp32 = fwd._fwd_prune(fwd._fwd_configs("sm90"), {}, HEAD_DIM=128, **{**bf16, "MATMUL": kernels._TL["fp32"]})
+    fp32 = fwd._fwd_prune(fwd._fwd_configs("sm90"), {}, HEAD_DIM=128, **{**bf16, "MATMUL": kernels.TL["fp32"]})
     assert len(fp32) == 1 and fp32[0].num_stages == 1
     monkeypatch.setenv(fwd.TUNE_ENV, "0")
     for kern, (table, configs, prune) in tables.items():
@@ -644,11 +644,11 @@ def test_tie_auto_and_tma_bwd_pick_the_code_they_say():
     assert kernels._fwd_levers(kernels.kernel_policy(fa2), 0.125, True, auto, 64)["TIE"] == 0
     t = kernels.Tuning(tma="bwd")
     assert kernels._fwd_levers(fix, 0.125, True, t, 64)["TMA"] is False
-    _, consts, _, _ = kernels._bwd_plan(256, 64, True, fix, 0.125, torch.bfloat16, torch.bfloat16, None, True, t)
+    _, consts, _, _ = kernels.bwd_plan(256, 64, True, fix, 0.125, torch.bfloat16, torch.bfloat16, None, True, t)
     assert consts["kv"]["TMA"] is True and consts["dq"]["TMA"] is True
     assert kernels.Tuning.parse(str(t)) == t and kernels.Tuning.parse(str(kernels.NEXT_LEVERS)) == kernels.NEXT_LEVERS
-    _, consts, _, _ = kernels._bwd_plan(256, 64, True, fix, 0.125, torch.bfloat16, torch.bfloat16, None, True,
-                                        kernels.Tuning(bwd="fused", order="lpt"))
+    _, consts, _, _ = kernels.bwd_plan(256, 64, True, fix, 0.125, torch.bfloat16, torch.bfloat16, None, True,
+                                       kernels.Tuning(bwd="fused", order="lpt"))
     assert "ORDER" not in consts["fused"] and "DQ_ATOMIC" not in consts["fused"] and "MODE" not in consts["fused"]
 
 
@@ -670,8 +670,8 @@ def test_fused_backward_spaces(monkeypatch):
     assert (small["BLOCK_M1"], small["BLOCK_N1"]) == (bwd._DKDV_SMALL.kwargs["BLOCK_M"], bwd._DKDV_SMALL.kwargs["BLOCK_N"])
     assert (small["BLOCK_N1"], small["BLOCK_N2"]) == (bwd._DQ_SMALL.kwargs["BLOCK_M"], bwd._DQ_SMALL.kwargs["BLOCK_N"])
     prune = bwd._fp32_prune(bwd._FUSED_SMALL)
-    bf16 = dict(MATMUL=kernels._TL["bf16"], PV_DT=kernels._TL["bf16"], DS_DT=kernels._TL["bf16"])
-    assert prune(sm90, {}, **bf16) == sm90 and prune(sm90, {}, **{**bf16, "MATMUL": kernels._TL["fp32"]}) == [
+    bf16 = dict(MATMUL=kernels.TL["bf16"], PV_DT=kernels.TL["bf16"], DS_DT=kernels.TL["bf16"])
+    assert prune(sm90, {}, **bf16) == sm90 and prune(sm90, {}, **{**bf16, "MATMUL": kernels.TL["fp32"]}) == [
         bwd._FUSED_SMALL]
     assert bwd.FUSED_TUNERS["v1"].fn is bwd.FUSED_TUNERS["sm90"].fn
 

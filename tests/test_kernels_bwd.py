@@ -3,7 +3,7 @@
 The reference (`lpfail.attention`) rounds the gradient accumulators once per *policy* tile: dK_j and dV_j get
 one rounded product per query tile of `block_q` rows, dQ one per key tile of `block_k` keys. The kernels
 walk smaller hardware tiles and must round at the same places, not after every hardware tile. Each test feeds
-the kernels' backward (`kernels._backward`, what the autograd function calls) the reference's own O and L, so
+the kernels' backward (`kernels.launch_backward`, what the autograd function calls) the reference's own O and L, so
 only the backward is compared, and counts the elements of dQ, dK and dV whose bits differ.
 
 Without CUDA the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set here before `kernels` is
@@ -48,8 +48,8 @@ def backward_pair(policy, n, causal, **shape):
     (q, k, v, do), o, lse = reference_forward(policy, n, causal, **shape)
     scale = q.shape[-1] ** -0.5
     ref = flash_backward(q, k, v, o, lse, do, policy, causal=causal, scale=scale)
-    got = kernels._backward(do, q, k, v, o, lse.squeeze(-1).contiguous(), kernels.kernel_policy(policy), causal,
-                            scale)
+    got = kernels.launch_backward(do, q, k, v, o, lse.squeeze(-1).contiguous(), kernels.kernel_policy(policy), causal,
+                                  scale)
     return got, ref
 
 
@@ -128,7 +128,7 @@ def test_fp32_grad_acc_ignores_the_policy_tiles(causal):
     lse = lse.squeeze(-1).contiguous()
 
     def grads(policy):
-        return kernels._backward(do, q, k, v, o, lse, kernels.kernel_policy(policy), causal, SCALE)
+        return kernels.launch_backward(do, q, k, v, o, lse, kernels.kernel_policy(policy), causal, SCALE)
 
     tiles = dict(block_q=64, block_k=None)
     assert all(bit_mismatch(x, y) == 0 for x, y in zip(grads(FP32), grads(FP32.replace(**tiles))))
@@ -197,13 +197,13 @@ def test_fused_backward_gives_the_split_bits(policy, n, causal):
     rounded once per policy tile, a partial last tile, causal and full, δ from dP ∘ P), and one launch fewer."""
     (q, k, v, do), o, lse = reference_forward(policy, n, causal)
     kp, lse = kernels.kernel_policy(policy), lse.squeeze(-1).contiguous()
-    split = kernels._backward(do, q, k, v, o, lse, kp, causal, 0.125, kernels.Tuning())
-    launches, real = [], kernels._launch
-    kernels._launch = lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw))[1]
+    split = kernels.launch_backward(do, q, k, v, o, lse, kp, causal, 0.125, kernels.Tuning())
+    launches, real = [], kernels.launch
+    kernels.launch = lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw))[1]
     try:
-        fused = kernels._backward(do, q, k, v, o, lse, kp, causal, 0.125, kernels.Tuning(bwd="fused"))
+        fused = kernels.launch_backward(do, q, k, v, o, lse, kp, causal, 0.125, kernels.Tuning(bwd="fused"))
     finally:
-        kernels._launch = real
+        kernels.launch = real
     for name, x, y in zip(("dQ", "dK", "dV"), fused, split):
         assert x.dtype == y.dtype and bit_mismatch(x, y) == 0, name
     assert launches[-1] is bwd.FUSED_TUNERS["v1"] and len(launches) == 2

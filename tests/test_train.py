@@ -14,7 +14,7 @@ import torch
 
 from lpfail import cli
 from lpfail.model import AttentionSpec
-from lpfail.train import (TrainConfig, _Dist, _train, config_from_sets, load_batch_record, lr_factor, read_diag,
+from lpfail.train import (TrainConfig, Dist, train_loop, config_from_sets, load_batch_record, lr_factor, read_diag,
                           read_log, read_status, train)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,20 +154,19 @@ def test_interrupted_runs_repeat_every_record(tmp_path):
 
 
 def test_the_package_keeps_every_name_of_the_former_module():
-    """`lpfail.train` was one module: every name it defined still imports from it, as the one definition in its
-    new file."""
+    """`lpfail.train` was one module: its public names, and the parts its files share, import from it, each as
+    the one definition in its file (the files' other private helpers stay in their files)."""
     import importlib
 
     import lpfail.train as T
-    names = ("AUTOCASTS BatchRecord DEVICES GRAPH_WARMUP OPTIMIZERS PRESETS SCHEDULES STRUCTURAL TrainConfig "
-             "TrainResult _CapturedStep _Dist _NONFINITE_MESSAGE _apply_hparams _atomic_write_text _build_optimizer "
-             "_capture_logits _check_resume _choice _clip _device_lr _diag_arrays _diagnostics _finite _index_list "
-             "_log_arrays _loss _nonfinite_error _numerics _read_jsonl _rows _set_lr _split_overrides _train "
-             "_val_arrays _write_status checkpoint_path config_from_sets cross_entropy is_nonfinite_message "
-             "load_batch_record load_checkpoint load_config load_tokens lr_factor parse_override parse_spec "
-             "read_diag read_log read_status read_val save_checkpoint split_validation train validation_loss "
+    names = ("AUTOCASTS BatchRecord CapturedStep DEVICES Dist EagerStep GRAPH_WARMUP OPTIMIZERS PRESETS SCHEDULES "
+             "STRUCTURAL TrainConfig TrainResult apply_hparams atomic_write_text batch_order build_optimizer "
+             "capture_logits check_resume checkpoint_path config_from_sets cross_entropy deterministic_numerics "
+             "device_lr diagnostics is_finite is_nonfinite_message load_batch_record load_checkpoint load_config "
+             "load_tokens lr_factor nonfinite_error parse_override parse_spec read_diag read_log read_status "
+             "read_val save_checkpoint set_lr split_validation step_rows train train_loop validation_loss "
              "validation_offsets window_config z_loss_term").split()
-    assert len(names) == 58 and [n for n in names if not hasattr(T, n)] == []
+    assert len(names) == 49 and [n for n in names if not hasattr(T, n)] == []
     homes = {}
     for part in ("config", "batches", "step", "log", "loop"):
         mod = importlib.import_module(f"lpfail.train.{part}")
@@ -243,9 +242,9 @@ def test_bad_configs_name_the_field(change, field):
 
 def test_bad_configs_at_run_time(tmp_path):
     with pytest.raises(ValueError, match=r"batch_size \(8\) must be divisible by the number of processes \(3\)"):
-        _train(tiny(), _Dist(rank=0, world=3), torch.device("cpu"), None, None, None, False, None)
+        train_loop(tiny(), Dist(rank=0, world=3), torch.device("cpu"), None, None, None, False, None)
     with pytest.raises(ValueError, match="micro_batch"):
-        _train(tiny(micro_batch=8), _Dist(rank=0, world=2), torch.device("cpu"), None, None, None, False, None)
+        train_loop(tiny(micro_batch=8), Dist(rank=0, world=2), torch.device("cpu"), None, None, None, False, None)
     with pytest.raises(ValueError, match="TrainConfig.data"):
         run(tiny(data="wikitext"))
     with pytest.raises(FileNotFoundError, match="openwebtext_bins"):
@@ -321,11 +320,11 @@ def test_presets_and_schedule():
 def test_muon_trains_with_torch_muon_on_the_hidden_matrices():
     from lpfail.model import GPT
     from lpfail.optim import MuonAdamW
-    from lpfail.train import _apply_hparams, _build_optimizer
+    from lpfail.train import apply_hparams, build_optimizer
 
     cfg = tiny(optimizer="muon", weight_decay=0.1)
     model = GPT(cfg.gpt_config(256))
-    opt = _build_optimizer(cfg, model)
+    opt = build_optimizer(cfg, model)
     assert isinstance(opt, MuonAdamW) and isinstance(opt.muon, torch.optim.Muon)
     assert isinstance(opt.adamw, torch.optim.AdamW)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -343,7 +342,7 @@ def test_muon_trains_with_torch_muon_on_the_hidden_matrices():
     for g in opt.param_groups:  # the loop's schedule writes through param_groups into both optimizers
         g["lr"] = g["base_lr"] * 0.5
     assert opt.muon.param_groups[0]["lr"] == cfg.muon_lr / 2 and opt.adamw.param_groups[0]["lr"] == cfg.lr / 2
-    _apply_hparams(tiny(optimizer="muon", muon_momentum=0.9, ns_steps=3), opt)
+    apply_hparams(tiny(optimizer="muon", muon_momentum=0.9, ns_steps=3), opt)
     assert (opt.muon.param_groups[0]["momentum"], opt.muon.param_groups[0]["ns_steps"]) == (0.9, 3)
     with pytest.raises(ValueError, match="hand-written Muon"):  # a checkpoint of the former single optimizer
         opt.load_state_dict({"state": {}, "param_groups": []})
@@ -489,15 +488,15 @@ def test_unrelated_errors_in_a_step_still_raise(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="head_dim"):
         run(tiny())
 
-    from lpfail.train import _nonfinite_error
-    assert _nonfinite_error(ValueError("TrainConfig.lr must be positive (got nan)")) is None
-    assert _nonfinite_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 31x32)")) is None
-    assert _nonfinite_error(KeyError("non-finite")) is None
+    from lpfail.train import nonfinite_error
+    assert nonfinite_error(ValueError("TrainConfig.lr must be positive (got nan)")) is None
+    assert nonfinite_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 31x32)")) is None
+    assert nonfinite_error(KeyError("non-finite")) is None
     cause = ValueError("k contains non-finite values (inf or NaN)")
     try:
         raise RuntimeError("backend failed") from cause
     except RuntimeError as e:
-        assert _nonfinite_error(e) == "ValueError: k contains non-finite values (inf or NaN)"
+        assert nonfinite_error(e) == "ValueError: k contains non-finite values (inf or NaN)"
 
 
 # -- CUDA-graph steps (issue 11) ---------------------------------------------------------------------------
@@ -514,14 +513,14 @@ def test_cuda_graph_on_the_cpu_is_the_plain_loop():
 
 
 def test_set_lr_writes_tensors_in_place():
-    from lpfail.train import _set_lr
+    from lpfail.train import set_lr
 
     t = torch.tensor(1.0)
     g = {"lr": t}
-    _set_lr(g, 0.25)
+    set_lr(g, 0.25)
     assert g["lr"] is t and float(t) == 0.25
     g = {"lr": 1.0}
-    _set_lr(g, 0.5)
+    set_lr(g, 0.5)
     assert g["lr"] == 0.5
 
 

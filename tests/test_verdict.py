@@ -154,7 +154,7 @@ def test_symptom_verdicts_from_the_stored_results():
     # Fix-b is decided by HB on ten seeds where the confirmation grid has it, else by fix_training (pending until
     # its GPU runs); the explosion search is reported beside it either way
     assert "Fix-b" in vs and "NaN in" in vs["Fix-b"].old and "explosion search" in vs["Fix-b"].old
-    if TC.confirmed(V._load_or_none(__import__("lpfail").results.load, "confirmation"), "Fix-b"):
+    if TC.confirmed(V.load_or_none(__import__("lpfail").results.load, "confirmation"), "Fix-b"):
         assert vs["Fix-b"].seeds == 10 and "fix_training's rule" in vs["Fix-b"].old and "HB" in vs["Fix-b"].evidence
     else:
         assert "explosion search" in vs["Fix-b"].note
@@ -380,7 +380,7 @@ def test_provenance_names_every_commit_of_a_merged_result():
     class R(dict):
         meta = {"name": "lr_sweep", "device": "NVIDIA H200", "created": "2026-12-01T05:46:59",
                 "git": "048e3378a0dc 20ba632fbc85", "config_hash": "df6a81086db16d93"}
-    assert "git 048e337, 20ba632, config df6a8108" in V._prov(R())
+    assert "git 048e337, 20ba632, config df6a8108" in V.provenance_line(R())
 
 
 # -- chapter 2 and 3 rules (issue 12), on fabricated results --------------------------------------------------

@@ -1,8 +1,8 @@
 """Compile the Triton kernels for an H100/H200 (sm_90) on a machine without a GPU, and report each variant's
 shared memory. Catches what Triton's CPU interpreter lets through (e.g. a jitted
 function reading a non-constexpr global, a tensor descriptor the GPU compiler refuses) before a device call is
-spent on it. The constexprs and compile options come from the launcher's own plans (`kernels._fwd_plan`,
-`kernels._bwd_plan`), so what compiles here is what a launch compiles.
+spent on it. The constexprs and compile options come from the launcher's own plans (`kernels.fwd_plan`,
+`kernels.bwd_plan`), so what compiles here is what a launch compiles.
 
     python tools/compile_check.py            # the benchmark's policies × every tuning lever, head dims 64 and 128,
                                              # causal, every config of each kernel's autotune space
@@ -114,13 +114,13 @@ def variants(policies=POLICIES, tunings=("default",), every=False, n=4096):
             if tuning.bwd == "atomic" and kp.grad_acc != triton.language.float32:
                 continue
             for d in (64, 128):
-                _, _, consts = kernels._fwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, None, False, tuning)
+                _, _, consts = kernels.fwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, None, False, tuning)
                 fusion = consts.pop("enable_fp_fusion")
                 kernel = fwd.FWD_TUNERS[tuning.space]
                 for cfg in _configs(kernel, consts, every):
                     yield (name, tname, d, "fwd", cfg), kernel, {**consts, **cfg.kwargs}, _options(cfg, fusion)
-                _, bconsts, _, _ = kernels._bwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, torch.bfloat16, None,
-                                                     False, tuning)
+                _, bconsts, _, _ = kernels.bwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, torch.bfloat16, None,
+                                                    False, tuning)
                 kv, dq = dict(bconsts["kv"]), dict(bconsts["dq"])
                 fusion = kv.pop("enable_fp_fusion")
                 dq.pop("enable_fp_fusion")
@@ -168,14 +168,14 @@ def padded_variants(dims=(48, 96), n=4096):
         kp = kernels.kernel_policy(policy)
         tuning = dataclasses.replace(tunings[tname], tma=False)
         for d in dims:
-            _, _, consts = kernels._fwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, None, False, tuning)
+            _, _, consts = kernels.fwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, None, False, tuning)
             assert consts["D_VALID"] == d and consts["HEAD_DIM"] > d
             fusion = consts.pop("enable_fp_fusion")
             kernel = fwd.FWD_TUNERS[tuning.space]
             cfg = _configs(kernel, consts, False)[0]
             yield (name, tname, d, "fwd", cfg), kernel, {**consts, **cfg.kwargs}, _options(cfg, fusion)
-            _, bconsts, _, _ = kernels._bwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, torch.bfloat16, None,
-                                                 False, tuning)
+            _, bconsts, _, _ = kernels.bwd_plan(n, d, True, kp, d ** -0.5, torch.bfloat16, torch.bfloat16, None,
+                                                False, tuning)
             bconsts = {key: dict(c) for key, c in bconsts.items()}
             fusion = bconsts["kv"]["enable_fp_fusion"]
             for c in bconsts.values():
@@ -190,7 +190,7 @@ def padded_variants(dims=(48, 96), n=4096):
             for kern, kernel, c in kinds:
                 cfg = _configs(kernel, c, False)[0]
                 yield (name, tname, d, kern, cfg), kernel, {**c, **cfg.kwargs}, _options(cfg, fusion)
-            delta = dict(HEAD_DIM=consts["HEAD_DIM"], D_VALID=d, BLOCK_M=64, PROD=kernels._TL["fp32"],
+            delta = dict(HEAD_DIM=consts["HEAD_DIM"], D_VALID=d, BLOCK_M=64, PROD=kernels.TL["fp32"],
                          ZERO_DQ=tuning.bwd == "atomic")
             cfg = triton.Config({}, num_warps=4, num_stages=1)
             yield (name, tname, d, "delta", cfg), bwd._bwd_delta_dot, delta, _options(cfg, fusion)

@@ -50,7 +50,7 @@ step_bench() {
     LPFAIL_RESULTS_DIR=$OUT timeout "$1" python3 -m lpfail run bench_kernels ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt" | tail -5
     LPFAIL_RESULTS_DIR=$OUT python3 -c "
 from lpfail import results; from lpfail.kernels.bench import table
-print(table(results._read('bench_kernels', results.results_dir())))" 2>&1 | tee "$OUT/table.txt"
+print(table(results.read_result('bench_kernels', results.results_dir())))" 2>&1 | tee "$OUT/table.txt"
 }
 step_official() {
     export LPFAIL_OFFICIAL_DIR=${LPFAIL_OFFICIAL_DIR:-$PWD/.official}

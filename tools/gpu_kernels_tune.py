@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from lpfail import kernels  # noqa: E402
 from lpfail.kernels import NEXT_LEVERS, Tuning  # noqa: E402
-from lpfail.kernels.bench import _flops, _time_interleaved, _time_paired  # noqa: E402
+from lpfail.kernels.bench import flops, time_interleaved, time_paired  # noqa: E402
 from lpfail.precision import FA2_BF16  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
@@ -144,18 +144,18 @@ def _record_launches(policy, tuning, d, heads=16, causal=True, scale=None, devic
     """The launches (kernel, args, constexprs) of one forward and one backward, recorded instead of made (on CPU
     tensors for a dry run: nothing is launched)."""
     rec = []
-    real = kernels._launch
-    kernels._launch = lambda kernel, grid, key, args, consts, stream=None: rec.append((kernel, args, consts))
+    real = kernels.launch
+    kernels.launch = lambda kernel, grid, key, args, consts, stream=None: rec.append((kernel, args, consts))
     scale = d ** -0.5 if scale is None else scale
     try:
         q, k, v = (torch.empty(1, heads, 1024, d, device=device, dtype=torch.bfloat16) for _ in range(3))
         kp = kernels.kernel_policy(policy)
-        kernels._forward(q, k, v, kp, causal, scale, tuning)
+        kernels.launch_forward(q, k, v, kp, causal, scale, tuning)
         o = torch.empty(q.shape, device=device, dtype=kp.out_dtype)
         lse = torch.empty(q.shape[:-1], device=device, dtype=torch.float32)
-        kernels._backward(q, q, k, v, o, lse, kp, causal, scale, tuning)
+        kernels.launch_backward(q, q, k, v, o, lse, kp, causal, scale, tuning)
     finally:
-        kernels._launch = real
+        kernels.launch = real
     return rec
 
 
@@ -201,7 +201,7 @@ def _decode(x):
     if kind == "tensor":
         return getattr(torch, value)
     if kind == "tl":
-        return kernels._TL[value]
+        return kernels.TL[value]
     return value
 
 
@@ -341,7 +341,7 @@ def check_dropin(out):
 
 def run_checks(dl: Deadline, record: dict) -> set:
     """Every check; returns the failed levers' names (their methods are not timed)."""
-    os.environ[kernels._fwd.TUNE_ENV] = "0"          # the first config: the checks compare code, not picks
+    os.environ[kernels.fwd.TUNE_ENV] = "0"          # the first config: the checks compare code, not picks
     out, fails = {}, []
     checks = [(f"levers d={d}", check_levers, (d, out)) for d in HEAD_DIMS]
     checks += [(f"reference d={d}", check_reference, (d, out)) for d in HEAD_DIMS] + [("dropin", check_dropin, (out,))]
@@ -353,7 +353,7 @@ def run_checks(dl: Deadline, record: dict) -> set:
                 out[f"{name} (crashed)"] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500]}
                 fails.append(f"{name.split()[0]}-crash ({name})")
     finally:
-        os.environ[kernels._fwd.TUNE_ENV] = "1"
+        os.environ[kernels.fwd.TUNE_ENV] = "1"
     record["checks"], record["check_failures"] = out, fails
     for name, r in out.items():
         if not r["ok"]:
@@ -384,7 +384,7 @@ def _sets(d, n, count=3):
 def _new_picks(seen: set) -> list:
     """The autotuner picks made since the last call (kernel name and config)."""
     out = []
-    for (kernel, key), cfg in list(kernels._PICKS.items()):
+    for (kernel, key), cfg in list(kernels.PICKS.items()):
         if (id(kernel), repr(key)) not in seen and cfg is not None:
             seen.add((id(kernel), repr(key)))
             name = getattr(getattr(kernel, "base_fn", None), "__name__", str(kernel))
@@ -408,7 +408,7 @@ def _guard(name, sets, base_out):
     return got, g
 
 
-#: Timing rounds per shape: every method is timed `ROUNDS` times, interleaved (`kernels.bench._time_interleaved`),
+#: Timing rounds per shape: every method is timed `ROUNDS` times, interleaved (`kernels.bench.time_interleaved`),
 #: `reps // ROUNDS` timings each; the cell keeps the rounds and their spread.
 ROUNDS = 5
 
@@ -437,19 +437,19 @@ def time_shape(d, n, names, reps, record, dl, seen):
         if not cells or dl.left() < 15:
             break
         try:
-            got = _time_interleaved({name: method_fn(name) for name in cells}, sets, mode, ROUNDS,
-                                    max(1, reps // ROUNDS), 3)
+            got = time_interleaved({name: method_fn(name) for name in cells}, sets, mode, ROUNDS,
+                                   max(1, reps // ROUNDS), 3)
         except Exception as e:  # noqa: BLE001 - one method failing its timing: time the others one by one
             record["errors"].append(f"interleaved d={d} N={n} {mode}: {type(e).__name__}: {str(e)[:200]}")
             got = {}
             for name in cells:
                 try:
-                    got.update(_time_interleaved({name: method_fn(name)}, sets, mode, ROUNDS, max(1, reps // ROUNDS), 3))
+                    got.update(time_interleaved({name: method_fn(name)}, sets, mode, ROUNDS, max(1, reps // ROUNDS), 3))
                 except Exception as e2:  # noqa: BLE001
                     cells[name]["error"] = f"{type(e2).__name__}: {str(e2)[:300]}"
         for name, t in got.items():
             cells[name][mode] = {"ms": t["ms"], "rounds_ms": t["rounds"], "spread": t["spread"],
-                                 "tflops": _flops(b, h, n, d, True, mode) / (t["ms"] * 1e-3) / 1e12}
+                                 "tflops": flops(b, h, n, d, True, mode) / (t["ms"] * 1e-3) / 1e12}
     for name, cell in cells.items():
         record["cells"][f"{name} d={d} N={n}"] = cell
         log(dl, f"d={d} N={n} {name:14s} " + "  ".join(
@@ -471,7 +471,7 @@ def time_pairs(d, n, sets, pairs, reps, record, dl):
                 outs[fix] = method_fn(fix)(*sets[0][:3])
                 cell = {"O_mismatch_vs_" + twin: _mismatch(outs[fix], outs[twin])} if twin in outs else {}
             for mode in MODES:
-                ta, tb, r = _time_paired(method_fn(base), method_fn(fix), sets, mode, reps, 3)
+                ta, tb, r = time_paired(method_fn(base), method_fn(fix), sets, mode, reps, 3)
                 cell[mode] = {"ms_base": ta, "ms_fix": tb, "cost": r - 1}
         except Exception as e:  # noqa: BLE001 - recorded, the other pairs go on
             cell = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -616,7 +616,7 @@ def run_pytest(dl: Deadline, record: dict) -> None:
         run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                               "tests/test_kernels.py", "tests/test_kernels_bwd.py", "tests/test_robust_fix.py",
                               "tests/test_dropin.py"], cwd=ROOT, capture_output=True, text=True, timeout=150,
-                             env={**os.environ, kernels._fwd.TUNE_ENV: "0"})
+                             env={**os.environ, kernels.fwd.TUNE_ENV: "0"})
         text, record["pytest_rc"] = run.stdout[-20000:] + run.stderr[-5000:], run.returncode
     except subprocess.TimeoutExpired as e:
         text, record["pytest_rc"] = f"timed out after 150 s\n{(e.stdout or b'')[-20000:]!r}", "timeout"

@@ -97,17 +97,17 @@ def main(path):
     res = {"what": "host time per call of a tiny problem (issue 13, target <= 40 us): wall time per call of "
                    f"{CALLS} back-to-back calls, median of {REPEATS}",
            "device": torch.cuda.get_device_name(), "when_utc": datetime.datetime.now(datetime.timezone.utc)
-           .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": results._git(), "torch": torch.__version__,
+           .strftime("%Y-%m-%dT%H:%M:%SZ"), "commit": results.git_commit(), "torch": torch.__version__,
            "triton": triton.__version__, "shape": list(SHAPE), "dtype": "bf16", "causal": True, "calls": CALLS,
            "repeats": REPEATS, "unit": "us"}
     os.environ[kernels.DIRECT_ENV] = "1"        # the direct launch (the default)
     ref = _fwd_bwd(lambda a, b, c: kernels.flash_attention(a, b, c, is_causal=True), qg, kg, vg, do)
     res["dropin"] = _measure_dropin(q, k, v, do, qg, kg, vg)
-    res["direct_launches"] = len(kernels._DIRECT)
+    res["direct_launches"] = len(kernels.DIRECT)
     first = [t.clone() for t in ref()]           # direct path (after the warm-up above)
     os.environ[kernels.DIRECT_ENV] = "0"        # the JIT path for every launch, as before
-    kernels._DIRECT.clear()
-    kernels._PICKS.clear()
+    kernels.DIRECT.clear()
+    kernels.PICKS.clear()
     res["dropin_jit_path"] = _measure_dropin(q, k, v, do, qg, kg, vg)
     second = ref()
     res["direct_equals_jit_bits"] = all(torch.equal(a, b) for a, b in zip(first, second))

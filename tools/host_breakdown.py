@@ -6,7 +6,7 @@ argument checks, the policy lookups, the custom op's dispatch and autograd, the 
 launch bookkeeping), and (b) by an emulation of `triton.runtime.jit.JITFunction.run`'s Python up to the C
 launcher — its argument binder (built for an sm_90 target), the cache key, the kernel-cache lookup, the used
 globals' check and the grid — which is what each launch adds on the GPU before the driver call itself, and
-(c) by `kernels._launch`'s direct path (since 2026-12-01) into a stand-in compiled kernel whose launcher does
+(c) by `kernels.launch`'s direct path (since 2026-12-01) into a stand-in compiled kernel whose launcher does
 nothing (the C launcher and CUDA's allocations are in none of these numbers). Run it with
 ``PYTHONPATH=<a checkout>`` to time that checkout's `kernels` (notes/fix.md compares main and a branch). Tensors
 are CPU tensors (the device check is let through by patching `kernels.interpreted`); the policies are the
@@ -74,7 +74,7 @@ class _Stub:
         self.fn, self.best_config = self, best
         self.run = run
         if best is not None:
-            self.configs = [best]   # an autotuner (kernels._launch tells them apart by this)
+            self.configs = [best]   # an autotuner (kernels.launch tells them apart by this)
 
     def __getitem__(self, grid):
         cfg = self.best_config.all_kwargs() if self.best_config is not None else {}  # as the autotuner does
@@ -82,7 +82,7 @@ class _Stub:
 
 
 class _Compiled:
-    """Stands for a compiled kernel in `kernels._DIRECT`: its launcher does nothing (the C launch is not timed)."""
+    """Stands for a compiled kernel in `kernels.DIRECT`: its launcher does nothing (the C launch is not timed)."""
     function, packed_metadata = 0, ()
 
     def run(self, *args):
@@ -100,7 +100,7 @@ class _Driver:
 
 def measure(mode: str) -> dict:
     """mode "none": launches do nothing; "jit": launches run the emulated JIT binding; "direct": from the
-    second call on, `kernels._launch` takes its direct path to a stand-in compiled kernel (if this code has it)."""
+    second call on, `kernels.launch` takes its direct path to a stand-in compiled kernel (if this code has it)."""
     import triton
     orig = {name: getattr(mod, name) for mod, name in ((_fwd, "_attn_fwd"), (_bwd, "_bwd_dkdv"), (_bwd, "_bwd_dq"),
                                                        (_bwd, "_bwd_delta_dot"))}
@@ -124,16 +124,16 @@ def measure(mode: str) -> dict:
         for key, tuner in d.items():
             d[key] = stub(tuner, tuner.configs[0])
     for fx in (None, "robust"):   # the policy memo, filled while the device check still sees no interpreter
-        pol, txt = kernels._SDPA_POLICIES[(torch.bfloat16, fx)]
-        kernels._policy_for_launch(pol), kernels._policy_for_launch(kernels._parse_policy(txt))
+        pol, txt = kernels.SDPA_POLICIES[(torch.bfloat16, fx)]
+        kernels.policy_for_launch(pol), kernels.policy_for_launch(kernels.parse_policy(txt))
     interpreted = kernels.interpreted
     kernels.interpreted = lambda: True          # let CPU tensors through the device check (after the policy memo)
-    kernels._PICKS.clear()
+    kernels.PICKS.clear()
     try:
         q, k, v, do = (torch.randn(1, 1, 128, 64, dtype=torch.bfloat16) for _ in range(4))
-        text = kernels._SDPA_POLICIES[(torch.bfloat16, None)][1]
-        policy = kernels._SDPA_POLICIES[(torch.bfloat16, None)][0]
-        kp = kernels._policy_for_launch(policy)
+        text = kernels.SDPA_POLICIES[(torch.bfloat16, None)][1]
+        policy = kernels.SDPA_POLICIES[(torch.bfloat16, None)][0]
+        kp = kernels.policy_for_launch(policy)
         scale = 0.125
         r = {}
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -143,13 +143,13 @@ def measure(mode: str) -> dict:
                 with torch.no_grad():
                     kernels.flash_attention(q, k, v, is_causal=True, fix=fx)
                     kernels.flash_attention(q, k, v, policy, causal=True)
-            kernels._backward(do, q, k, v, q, q[..., 0].float(), kp, True, scale)
-        direct = getattr(kernels, "_DIRECT", None)
+            kernels.launch_backward(do, q, k, v, q, q[..., 0].float(), kp, True, scale)
+        direct = getattr(kernels, "DIRECT", None)
         if mode == "direct":
             if direct is None:
                 return {}
             from triton import knobs
-            for (kern, key), cfg in kernels._PICKS.items():
+            for (kern, key), cfg in kernels.PICKS.items():
                 direct[(kern, key)] = (_Compiled(), (), cfg.all_kwargs() if cfg is not None else {}, _Driver,
                                        knobs.runtime)
         with torch.no_grad():
@@ -157,19 +157,20 @@ def measure(mode: str) -> dict:
             r["dropin_robust_fwd"] = per_call_us(lambda: kernels.flash_attention(q, k, v, is_causal=True,
                                                                                  fix="robust"))
             r["custom_op_call"] = per_call_us(lambda: torch.ops.lpfail.flash_attention_fwd(q, k, v, text, True, scale))
-            r["op_body"] = per_call_us(lambda: kernels._forward(q.contiguous(), k.contiguous(), v.contiguous(),
-                                                                kernels._policy_for_launch(kernels._parse_policy(text)),
-                                                                True, scale))
-            r["policy_lookups"] = per_call_us(lambda: kernels._policy_for_launch(kernels._parse_policy(text)))
-            r["forward_fn"] = per_call_us(lambda: kernels._forward(q, k, v, kp, True, scale))
+            r["op_body"] = per_call_us(lambda: kernels.launch_forward(
+                q.contiguous(), k.contiguous(), v.contiguous(), kernels.policy_for_launch(kernels.parse_policy(text)),
+                True, scale))
+            r["policy_lookups"] = per_call_us(lambda: kernels.policy_for_launch(kernels.parse_policy(text)))
+            r["forward_fn"] = per_call_us(lambda: kernels.launch_forward(q, k, v, kp, True, scale))
             r["two_empty"] = per_call_us(lambda: (torch.empty((1, 1, 128, 64), dtype=torch.bfloat16),
                                                   torch.empty((1, 1, 128), dtype=torch.float32)))
-            r["check_inputs"] = per_call_us(lambda: kernels._check_inputs(q, k, v))
+            r["check_inputs"] = per_call_us(lambda: kernels.check_inputs(q, k, v))
             r["policy_style_fwd"] = per_call_us(lambda: kernels.flash_attention(q, k, v, policy, causal=True))
         def fwd_bwd():
             kernels.flash_attention(qg, kg, vg, is_causal=True).backward(do)
         r["dropin_fwd_bwd"] = per_call_us(fwd_bwd, calls=CALLS // 4)
-        r["backward_fn"] = per_call_us(lambda: kernels._backward(do, q, k, v, q, q[..., 0].float(), kp, True, scale))
+        r["backward_fn"] = per_call_us(
+            lambda: kernels.launch_backward(do, q, k, v, q, q[..., 0].float(), kp, True, scale))
         from gpu_overhead import noop_attention   # (tools/ is on sys.path when this script runs)
         r["noop_function_fwd_bwd"] = per_call_us(lambda: noop_attention(qg, kg, vg).backward(do), calls=CALLS // 4)
         return {key: round(val, 2) for key, val in r.items()}
@@ -179,9 +180,9 @@ def measure(mode: str) -> dict:
         for d, o in zip(tuner_dicts, orig_tuners):
             d.update(o)
         kernels.interpreted = interpreted
-        kernels._PICKS.clear()
-        if hasattr(kernels, "_DIRECT"):
-            kernels._DIRECT.clear()
+        kernels.PICKS.clear()
+        if hasattr(kernels, "DIRECT"):
+            kernels.DIRECT.clear()
 
 
 def main(path=None):

@@ -15,8 +15,8 @@ import numpy as np
 from lpfail.book.text import interval
 from lpfail.experiments import prod_kernels as pk
 from lpfail.experiments.rounding import RowSpec
-from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _e4 as _e4_ci,
-                                _load_or_none, _prov, sig_neg, sig_pos)
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
+                                e4_text as _e4_ci, load_or_none, provenance_line, sig_neg, sig_pos)
 
 #: The production implementations: PyTorch SDPA's CUDA back ends and lpfail's Triton kernel.
 PRODUCTION = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "triton_sub", "triton_fma")
@@ -336,8 +336,8 @@ def judge_backend_bias(res: Mapping, method: str, name: str = "prod_kernels") ->
             "contradicted, else not reproduced; not run on the machine → not yet tested")
     if not bool(res.get(f"available_{method}", False)):
         why = res.get(f"unavailable_{method}", "not in this result")
-        return Verdict(f"K-bias:{method}", statement, NOT_TESTED, f"`{method}` did not run: {why}. {_prov(res)}.",
-                       rule)
+        return Verdict(f"K-bias:{method}", statement, NOT_TESTED,
+                       f"`{method}` did not run: {why}. {provenance_line(res)}.", rule)
     gi, ti = _base_index(res)
     m = np.asarray(res[f"grid_{method}_away"])[gi, ti]
     ci = np.asarray(res[f"grid_{method}_away_ci"])[gi, ti]
@@ -345,7 +345,7 @@ def judge_backend_bias(res: Mapping, method: str, name: str = "prod_kernels") ->
     dev = str(res.get("device_used", "?"))
     return Verdict(f"K-bias:{method}", statement, v,
                    f"Error toward larger |O| {_e4_ci(m, ci)} (experiment `{name}`, device {dev}); see {{doc}}`06_beyond`; "
-                   f"{_prov(res)}.", rule,
+                   f"{provenance_line(res)}.", rule,
                    "Synthetic rows fed to the kernel through q = e₀, k_j = s_j·e₀ with scale 1 (exact scores), "
                    "not a trained model's attention." + (" Measured on a CPU: PyTorch's CPU kernel, not the CUDA "
                                                          "one." if dev == "cpu" else ""),
@@ -374,7 +374,7 @@ def judge_fma_pbar(res: Mapping) -> Verdict:
         "K-fma", "In a production kernel the max subtraction is fused into an FMA, so P̄ = 1 may never occur at "
                  "a tied maximum (arXiv 2609.34272).", v,
         f"FA2's order with exp2 and a fused S·c − m·c: p = 1 exactly for {p1:.0%} of the tied keys in FP32, "
-        f"P̄ = bf16(p) = 1 for {pb1:.0%}; see {{doc}}`06_beyond`; {_prov(res)}.",
+        f"P̄ = bf16(p) = 1 for {pb1:.0%}; see {{doc}}`06_beyond`; {provenance_line(res)}.",
         "P̄ = 1 for ≤ 50 % of ties → reproduced; p ≠ 1 for most but P̄ = 1 for ≥ 99 % → contradicted (for the "
         "P̄ the P̄V product uses); else partly",
         "Our emulation of the FMA (float64, one rounding) and of FA2's order, not a CUDA kernel's output.",
@@ -409,7 +409,7 @@ def judge_cure(res: Mapping, variant: str) -> Verdict:
     return Verdict(claim, statement, v,
                    f"S(cure) − S(A) = {k1['point']:+.3f} [{ci1[0]:+.3f}, {ci1[1]:+.3f}] ({k1['verdict']}); "
                    f"S(cure) − S(C) − ½(S(A) − S(C)) = {k2['point']:+.3f} [{ci2[0]:+.3f}, {ci2[1]:+.3f}] "
-                   f"({k2['verdict']}); see {{doc}}`06_beyond`; {_prov(res)}.", rule,
+                   f"({k2['verdict']}); see {{doc}}`06_beyond`; {provenance_line(res)}.", rule,
                    "A 3.2 M-parameter byte-level proxy trained 1,000 steps at 6 learning rates, not GPT-2 small.",
                    seeds=seeds)
 
@@ -421,15 +421,15 @@ def claims(load=None, stored=None) -> list[Verdict]:
     from lpfail import results
     load = load or results.load
     out = []
-    name, res = "prod_kernels", _load_or_none(load, "prod_kernels")
+    name, res = "prod_kernels", load_or_none(load, "prod_kernels")
     if res is None:
-        name, res = "prod_kernels_cpu", _load_or_none(load, "prod_kernels_cpu")
+        name, res = "prod_kernels_cpu", load_or_none(load, "prod_kernels_cpu")
     if res is not None:
         out += [judge_backend_bias(res, PROD_BACKEND[name], name), judge_fma_pbar(res)]
     else:
         out.append(Verdict("K-bias", "Production kernels have the bias.", NOT_TESTED,
                            "No stored `prod_kernels` result yet; see {doc}`06_beyond`.", "no evidence yet"))
-    cures = _load_or_none(load, "cures")
+    cures = load_or_none(load, "cures")
     for variant in CURE_CLAIMS:
         if cures is not None:
             out.append(judge_cure(cures, variant))

@@ -15,7 +15,7 @@ from matplotlib.lines import Line2D
 
 from lpfail.book import plots
 from lpfail.book.text import listing
-from lpfail.book.verdict import _load_or_none
+from lpfail.book.verdict import load_or_none
 
 
 def sr_ten_seeds(conf: Mapping | None) -> str:
@@ -107,9 +107,9 @@ def facts(load: Callable | None = None) -> dict[str, str]:
     from lpfail import results
 
     load = load or results.load
-    dial = _load_or_none(load, "dial_training")
-    return {"sr_ten": sr_ten_seeds(_load_or_none(load, "confirmation")),
-            "sr_noise": sr_noise(_load_or_none(load, "sr_confound")),
+    dial = load_or_none(load, "dial_training")
+    return {"sr_ten": sr_ten_seeds(load_or_none(load, "confirmation")),
+            "sr_noise": sr_noise(load_or_none(load, "sr_confound")),
             "dial_status": status(dial), "dial_interim": interim(dial), **cards(dial)}
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from lpfail.book import training_claims as TC
 from lpfail.book.confirmation_report import fix_lr_text
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE,
-                                SWEEP_WORDS, Verdict, _load_or_none, _prov, _stat, pending)
+                                SWEEP_WORDS, Verdict, load_or_none, provenance_line, stat_text, pending)
 
 
 # -- the claims ------------------------------------------------------------------------------------------------
@@ -38,7 +38,7 @@ def fix_cost(bench: Mapping) -> Verdict:
         f"backward time, {fw.min():+.1f} % to {fw.max():+.1f} % of the forward alone, over head dims "
         f"{', '.join(str(int(d)) for d in bench['head_dims'])} and N = "
         f"{', '.join(str(int(n)) for n in bench['seq_lens'])} ({how}). See {{numref}}`fig-kernel-bench`; "
-        + _prov(bench) + ".",
+        + provenance_line(bench) + ".",
         "a measurement, not a verdict",
         "Our Triton kernel on one H200, not the authors' pure-PyTorch attention.")
 
@@ -60,7 +60,7 @@ def judge_fix_training_sweep(a: Mapping | None) -> Verdict:
             continue
         h = f["closes_half"]
         nf = sum(e["nonfinite"] for e in f["finite"])
-        parts.append(f"{label}: {_stat(h)} → {h['verdict']}, "
+        parts.append(f"{label}: {stat_text(h)} → {h['verdict']}, "
                      f"{nf} non-finite runs")
     return Verdict("Fix-b", "With the fix, training is stable (closes A's gap to C in LR sensitivity).",
                    SWEEP_WORDS[word],
@@ -115,7 +115,7 @@ def robust_cost_evidence(cost: Mapping) -> tuple[str, str]:
     missed = sum(not r["met"] for r in rows)
     note = f"cost targets missed ({missed} of {len(rows)})" if missed else "cost targets met"
     return (f" Its cost in our Triton kernel over the same kernel without a fix: {'; '.join(parts)} "
-            f"({_prov(cost)}).", note)
+            f"({provenance_line(cost)}).", note)
 
 def judge_robust_fix(r: Mapping, cost: Mapping | None = None) -> Verdict:
     """Robust: our fix (`BoundedMax`) is finite everywhere and removes the bias wherever Algorithm 3 does.
@@ -154,7 +154,7 @@ def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
 
     from lpfail.book import symptom_report
 
-    ft = _load_or_none(load, "fix_training")
+    ft = load_or_none(load, "fix_training")
     fix_b = judge_fix_training_sweep(ft["fix_analysis"] if ft is not None else None)
     search = symptom_report.search_evidence(load)
     if search is not None:  # the explosion search's verdict, reported beside the sweep's rule, not deciding it
@@ -162,17 +162,17 @@ def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
         fix_b = dataclasses.replace(fix_b, note=f"old criterion, explosion search: {o.verdict}",
                                     old=f"explosion search (`symptom`), by its own rule: **{o.verdict}**. "
                                         f"{o.evidence} Its rule: {o.rule}.")
-    conf = _load_or_none(load, "confirmation")
+    conf = load_or_none(load, "confirmation")
     if TC.confirmed(conf, "Fix-b"):  # ten paired seeds decide it; fix_training's three-seed rule is reported beside
         fix_b = TC.judge_fix_rates(conf, TC.judge_confirmed(conf, fix_b, "Fix-b", fix_lr_text(conf["analysis"]) + (
             " B's seeds 0–2 had been seen when HB was written (2026-12-01); its call rests on seeds 3–9, run after.")))
     out = [fix_b]
-    bench = _load_or_none(load, "bench_kernels")
+    bench = load_or_none(load, "bench_kernels")
     out.append(fix_cost(bench) if bench is not None else
                pending("Fix-c", "The fix's cost.", "bench_kernels", "05_fix", stored))
-    fsweep = _load_or_none(load, "fix_sweep")
+    fsweep = load_or_none(load, "fix_sweep")
     if fsweep is not None:
-        out += [judge_fix_beta(fsweep), judge_robust_fix(fsweep, _load_or_none(load, "robust_cost"))]
+        out += [judge_fix_beta(fsweep), judge_robust_fix(fsweep, load_or_none(load, "robust_cost"))]
     else:
         out.append(pending("β", "β ∈ [2, 8]: β near 1 rounds back to exactly 1 (the bias returns), a large β "
                                 "underflows the row sum (ℓ = 0 → NaN).", "beta_sweep", "05_fix", stored))
@@ -286,7 +286,7 @@ def facts(load=None) -> dict[str, str]:
     out = {}
     for name, fn in (("fix_sweep", sweep_facts), ("fix_training", training_facts), ("bench_kernels", kernel_facts),
                      ("robust_cost", robust_cost_facts)):
-        res = _load_or_none(load, name)
+        res = load_or_none(load, name)
         if res is not None:
             out.update(fn(res))
     return out

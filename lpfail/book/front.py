@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lpfail.book.text import listing
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
-                                 _load_or_none)
+                                 load_or_none)
 
 #: Words a minute (the same as tools/book_checks.py's WPM).
 WPM = 200
@@ -157,14 +157,14 @@ def findings(vs: list[Verdict], load: Callable | None = None) -> list[str]:
 
     load = load or results.load
     by = by_claim(vs)
-    cures = _load_or_none(load, "cures")
+    cures = load_or_none(load, "cures")
     cures = cures["cures_analysis"] if cures is not None else None
-    prod = _load_or_none(load, "prod_kernels")
+    prod = load_or_none(load, "prod_kernels")
     if prod is not None:
         from lpfail.book import beyond_report
 
         prod = beyond_report.facts(prod)
-    ten = ten_seed_words(_load_or_none(load, "confirmation"))
+    ten = ten_seed_words(load_or_none(load, "confirmation"))
     return [_bias(by), _harm(by), _removing_bias(by, cures, ten), _what_works(by, cures, ten), _production(by, prod),
             _chain(by)]
 
@@ -182,7 +182,7 @@ def proxy_words(conf: Mapping | None) -> str:
 
 def dial_words(load: Callable) -> str:
     """Where the precision dial stands (`lpfail.experiments.dial_training`), in a clause."""
-    dial = _load_or_none(load, "dial_training")
+    dial = load_or_none(load, "dial_training")
     if dial is None:
         return "its test, the precision dial, has no stored run yet"
     if not dial.get("complete", False):
@@ -202,7 +202,7 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
 
     load = load or results.load
     by = by_claim(vs)
-    conf = _load_or_none(load, "confirmation")
+    conf = load_or_none(load, "confirmation")
     ten = ten_seed_words(conf)
     h5 = ((conf["analysis"].get("sizes") or {}).get("small") or {}).get("H5") if conf is not None else None
     if _is(by.get("C3a"), REPRODUCED) and _is(by.get("C3b"), REPRODUCED):
@@ -233,7 +233,7 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
 
     load = load or results.load
     by = by_claim(vs)
-    ten = ten_seed_words(_load_or_none(load, "confirmation")) or {}
+    ten = ten_seed_words(load_or_none(load, "confirmation")) or {}
     out = []
     if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
         out.append("**GPU with SDPA, FlashAttention or cuDNN:** nothing to change; they round tied rows toward "
@@ -247,7 +247,7 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; if O "
                "must stay BF16, use the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else
                                                   f" ({_status(by, 'Robust')})") + " ({doc}`ch. 5 <05_fix>`).")
-    alarm = _load_or_none(load, "precision_alarm")
+    alarm = load_or_none(load, "precision_alarm")
     lead = ((alarm["analysis"].get("lead") or {}) if alarm is not None and "analysis" in alarm else {})
     div = [d for d in lead.values() if d.get("divergence_step") == d.get("divergence_step")]  # not NaN
     fired = [d for d in div if d.get("alarm_step") is not None]

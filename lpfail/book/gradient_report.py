@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 import numpy as np
 from lpfail.book import training_claims
-from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _f,
-                                _load_or_none, _prov, pending)
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, as_float,
+                                load_or_none, provenance_line, pending)
 
 
 def check_rows(res: Mapping) -> list[list[str]]:
@@ -408,11 +408,11 @@ def judge_gradient_error(res: Mapping) -> Verdict:
     rank-one terms is ≥ 0.5 and Σ Δδ is positive at every checked step in the layer with the largest dW_Q
     error; partly when one of the two holds; not reproduced when neither. Without them: not yet tested (the CPU
     tensors check the algebra only, not the claims about real runs)."""
-    tol = _f(res["tol"])
+    tol = as_float(res["tol"])
     cpu_ok = bool(res["passed"])
     cpu = (f"On CPU tensors ({len(res['synthetic'])} synthetic large-logit cases and "
            f"{len(res['model'])} (checkpoint, layer) pairs of a small model trained under A on the CPU), Eq. 1 and "
-           f"Eq. 2 match autograd to a relative {_f(res['max_rel_err']):.1e} (tolerance {tol:g}).")
+           f"Eq. 2 match autograd to a relative {as_float(res['max_rel_err']):.1e} (tolerance {tol:g}).")
     gpu = res.get("gpu")
     if not cpu_ok:
         v, plain = CONTRADICTED, "The formula does not match autograd: the derivation fails on our tensors."
@@ -431,7 +431,7 @@ def judge_gradient_error(res: Mapping) -> Verdict:
             v = REPRODUCED if (cos >= 0.5 and pos) else PARTLY if (cos >= 0.5 or pos) else NOT_REPRODUCED
         where = res.get("gpu_provenance") or {}
         on = (f" ({where.get('device')}, {str(where.get('created', ''))[:10]})" if where.get("device") else "")
-        err = f" (worst relative error {_f(gpu['max_rel_err']):.1e})" if "max_rel_err" in gpu else ""
+        err = f" (worst relative error {as_float(gpu['max_rel_err']):.1e})" if "max_rel_err" in gpu else ""
         plain = (f"On A's GPU checkpoints{on}: checks {'pass' if ok else 'FAIL'}{err}; median cosine of the "
                  f"rank-one terms {cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked "
                  f"step: {pos}.")
@@ -439,7 +439,7 @@ def judge_gradient_error(res: Mapping) -> Verdict:
     scope = _one_run_scope(res)
     return Verdict("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
                          "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",
-                   v, f"{cpu} {plain} See {{doc}}`03_gradient_error`; {_prov(res)}.",
+                   v, f"{cpu} {plain} See {{doc}}`03_gradient_error`; {provenance_line(res)}.",
                    "contradicted if Eq. 1–2 miss autograd; with GPU records: reproduced when the median rank-one "
                    "cosine ≥ 0.5 and Σ Δδ > 0 at every checked step of the layer with the largest dW_Q error, partly "
                    "when one holds; without them not yet tested",
@@ -472,7 +472,7 @@ def _one_run_scope(res: Mapping) -> dict:
 
 def claims(load, stored) -> list[Verdict]:
     """C2 from the stored ``gradient_error`` result, or pending without it."""
-    res = _load_or_none(load, "gradient_error")
+    res = load_or_none(load, "gradient_error")
     if res is None:
         return [pending("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "
                               "weighted by δ_lp − δ_hp, whose sum is biased (positive), so the error accumulates.",

@@ -17,7 +17,7 @@ from lpfail import results, sweep
 from lpfail.book import plots, twin
 from lpfail.book.costs import html_table
 from lpfail.book.text import interval, listing, md_table, span
-from lpfail.book.verdict import _stat
+from lpfail.book.verdict import stat_text
 from lpfail.experiments import compiled_sweep as CS
 from lpfail.experiments import lr_sweep as L
 
@@ -505,7 +505,7 @@ def facts(res) -> dict[str, str]:
                    gap_small=_iv(h4["gap_small"]))
     for name, h in a["verdicts"].items():
         out[f"{name}_word"] = h["verdict"]
-        out[f"{name}_stat"] = _stat(h)
+        out[f"{name}_stat"] = stat_text(h)
     if "A" in large:
         out["large_turn"] = _fmt_lr(large["A"]["lr_10pct"])
     out["small_turn"] = _fmt_lr(small["A"]["lr_10pct"])

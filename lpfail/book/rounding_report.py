@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _e4, _f,
-                                _load_or_none, _prov, pending, sig_neg, sig_pos)
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, as_float,
+                                e4_text, load_or_none, pending, provenance_line, sig_neg, sig_pos)
 
 
 #: The paper's worked addition (its §4): the BF16 result and the error of that one addition.
@@ -66,7 +66,7 @@ def judge_rounding_bias(r: Mapping) -> Verdict:
     if 1 in ties and 2 in ties:
         i1, i2 = ties.index(1), ties.index(2)
         c = tb[i2] - tb[i1] > tci[i2] + tci[i1]
-        ties_txt = f"{_e4(tb[i1], tci[i1])} with one maximum, {_e4(tb[i2], tci[i2])} with two"
+        ties_txt = f"{e4_text(tb[i1], tci[i1])} with one maximum, {e4_text(tb[i2], tci[i2])} with two"
     else:
         c, ties_txt = False, "the stored sweep has no 1-vs-2 ties comparison"
     if sig_neg(m, ci):
@@ -81,7 +81,7 @@ def judge_rounding_bias(r: Mapping) -> Verdict:
     strong = ""
     if len(gaps):
         g, gci = np.asarray(r["gap_nofix_acc_away"]), np.asarray(r["gap_nofix_acc_away_ci"])
-        where = gaps[(g - gci) > 0.5 * _f(m)]
+        where = gaps[(g - gci) > 0.5 * as_float(m)]
         if len(where):
             strong = (f" The bias is at least half its default size only for tied scores "
                       f"{where.min():g}–{where.max():g} above the row's background ({len(gaps)} gaps tried).")
@@ -90,10 +90,10 @@ def judge_rounding_bias(r: Mapping) -> Verdict:
         "is biased away from zero (Ō too negative where V is mostly negative), because the tiny terms of the "
         "other keys act as sticky bits.",
         v,
-        f"Default rows: accumulation error toward larger magnitude {_e4(m, ci)} (A: "
-        f"{'yes' if a else 'no'}); signed error of the stored output {_e4(s, sci)} (B: "
+        f"Default rows: accumulation error toward larger magnitude {e4_text(m, ci)} (A: "
+        f"{'yes' if a else 'no'}); signed error of the stored output {e4_text(s, sci)} (B: "
         f"{'yes' if b else 'no'}); needs ties — {ties_txt} (C: {'yes' if c else 'no'}). See "
-        "{numref}`fig-rounding-sweep` and {numref}`fig-running-error`; " + _prov(r) + "." + strong,
+        "{numref}`fig-rounding-sweep` and {numref}`fig-running-error`; " + provenance_line(r) + "." + strong,
         "A: accumulation bias significantly > 0; B: signed output error significantly < 0; C: bias(2 ties) − "
         "bias(1 tie) > sum of CIs. A∧B∧C → reproduced; A∧(B∨C) → partly; bias significantly < 0 → "
         "contradicted; else not reproduced",
@@ -104,10 +104,10 @@ def _removal(nofix, nofix_ci, fix, fix_ci) -> str:
     """The fix's verdict on one statistic (see `judge_fix_bias`)."""
     if not sig_pos(nofix, nofix_ci):
         return NOT_TESTED  # nothing to remove
-    if abs(_f(fix)) - _f(fix_ci) > abs(_f(nofix)) + _f(nofix_ci):
+    if abs(as_float(fix)) - as_float(fix_ci) > abs(as_float(nofix)) + as_float(nofix_ci):
         return CONTRADICTED
-    ratio = abs(_f(fix)) / abs(_f(nofix))
-    if abs(_f(fix)) <= _f(fix_ci) or ratio <= REMOVED_RATIO:
+    ratio = abs(as_float(fix)) / abs(as_float(nofix))
+    if abs(as_float(fix)) <= as_float(fix_ci) or ratio <= REMOVED_RATIO:
         return REPRODUCED
     if ratio <= PARTLY_RATIO:
         return PARTLY
@@ -136,13 +136,13 @@ def judge_fix_bias(r: Mapping) -> Verdict:
         if sig.any():
             resid = (" A small residual accumulation error stays significant with the fix at gaps "
                      + ", ".join(f"{g:g}" for g in gaps[sig]) + f" (of {len(gaps)}).")
-    ev = "; ".join(f"{name}: {_e4(r[f'default_nofix_{st}'], r[f'default_nofix_{st}_ci'])} without the fix, "
-                   f"{_e4(r[f'default_fix_{st}'], r[f'default_fix_{st}_ci'])} with it ({parts[st]})"
+    ev = "; ".join(f"{name}: {e4_text(r[f'default_nofix_{st}'], r[f'default_nofix_{st}_ci'])} without the fix, "
+                   f"{e4_text(r[f'default_fix_{st}'], r[f'default_fix_{st}_ci'])} with it ({parts[st]})"
                    for st, name in (("acc_away", "accumulation error"), ("out_away", "stored output error")))
     return Verdict(
         "Fix-a", "The dynamic maximum (Algorithm 3: shift the maximum to β·r_m when a block has tied maxima) "
         "removes the rounding bias.",
-        v, f"Default rows, β = 2 — {ev}. See {{numref}}`fig-rounding-sweep`; {_prov(r)}.{resid}",
+        v, f"Default rows, β = 2 — {ev}. See {{numref}}`fig-rounding-sweep`; {provenance_line(r)}.{resid}",
         f"per statistic: fix's |bias| not significant or ≤ {REMOVED_RATIO:g}× the bias without it → "
         f"reproduced; ≤ {PARTLY_RATIO:g}× → partly; significantly larger → contradicted; else not reproduced; "
         "no bias without the fix → not yet tested. The verdict is the worse of the two statistics",
@@ -159,7 +159,7 @@ def claims(load: Callable, stored: Callable[[str], bool], worked_addition: tuple
         t = bf16.paper_example()
         worked_addition = (float(t.result), float(t.error), t.fp32_bits)
     out = [judge_worked_addition(*worked_addition)]
-    rounding = _load_or_none(load, "rounding")
+    rounding = load_or_none(load, "rounding")
     if rounding is not None:
         out += [judge_rounding_bias(rounding), judge_fix_bias(rounding)]
     else:

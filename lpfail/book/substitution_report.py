@@ -9,9 +9,9 @@ import numpy as np
 from lpfail.book import training_claims
 from lpfail.book.text import interval
 from lpfail.experiments import substitution as sub
-from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _f,
-                                _load_or_none, _prov, pending)
-from lpfail.book.verdict import _stat as _stat_text
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, as_float,
+                                load_or_none, provenance_line, pending)
+from lpfail.book.verdict import stat_text as _stat_text
 
 ROWS_HEADER = ["row", "change from A", "group", "learning rates", "the paper's finding"]
 
@@ -440,7 +440,7 @@ def _gaps(a: Mapping) -> dict[str, bool]:
     for r in a.get("rows", {}).values():
         for lr, d in r["by_lr"].items():
             if d.get("gap") is not None:
-                out[lr] = _f(d["gap"]["ci"][0]) > 0
+                out[lr] = as_float(d["gap"]["ci"][0]) > 0
     return out
 
 def _ten_seed_gaps(conf: Mapping | None, lrs) -> dict[str, Mapping]:
@@ -476,7 +476,7 @@ def judge_one_tile(res: Mapping, conf: Mapping | None = None) -> Verdict:
             v = NOT_REPRODUCED
         plain = (f"One tile per row is A itself here, and on {n} paired seeds the A − C gap in final held-out loss "
                  f"is {cells}.")
-        ev = f"{plain} Beside it: {_row_text(a, 'tiles_fa2')}. See {{doc}}`02_substitution`; {_prov(conf)}."
+        ev = f"{plain} Beside it: {_row_text(a, 'tiles_fa2')}. See {{doc}}`02_substitution`; {provenance_line(conf)}."
         return Verdict("C1a", "Tiling is not the cause: one tile per row (block = sequence length) still fails.", v,
                        ev, "one tile per row = A at T = 256 (bit for bit): reproduced when the A − C gap is called "
                        "(supported) at a substitution learning rate on the confirmation grid's ten paired seeds "
@@ -490,7 +490,7 @@ def judge_one_tile(res: Mapping, conf: Mapping | None = None) -> Verdict:
                                 + ", ".join(lr for lr, g in gaps.items() if g) + ".")
     else:
         v, plain = NOT_REPRODUCED, "A − C is not significantly positive at any substitution learning rate."
-    ev = f"{plain} Beside it: {_row_text(a, 'tiles_fa2')}. See {{doc}}`02_substitution`; {_prov(res)}."
+    ev = f"{plain} Beside it: {_row_text(a, 'tiles_fa2')}. See {{doc}}`02_substitution`; {provenance_line(res)}."
     return Verdict("C1a", "Tiling is not the cause: one tile per row (block = sequence length) still fails.", v, ev,
                    "one tile per row = A at T = 256 (bit for bit): reproduced when the A − C interval lies above 0 "
                    "at some learning rate; " + SUB_RULE,
@@ -520,7 +520,7 @@ def judge_one_layer(res: Mapping) -> Verdict:
         else:
             v = NOT_REPRODUCED
     ev = ("; ".join(_row_text(a, f"layer{l_}_{k}") for k in ("a", "c") for l_ in layers)
-          + f". See {{doc}}`02_substitution`; {_prov(res)}.")
+          + f". See {{doc}}`02_substitution`; {provenance_line(res)}.")
     return Verdict("C1b", "One layer causes it: flash attention in the second attention layer alone fails; standard "
                           "attention in that layer alone is stable.", v, ev,
                    "reproduced: some layer ℓ where PAPER_BF16 in ℓ alone does not close the gap and FP32 in ℓ alone "
@@ -548,7 +548,7 @@ def judge_through_delta(res: Mapping) -> Verdict:
         v = CONTRADICTED
     else:
         v = NOT_REPRODUCED
-    ev = "; ".join(_row_text(a, n) for n in C1C_ROWS) + f". See {{doc}}`02_substitution`; {_prov(res)}."
+    ev = "; ".join(_row_text(a, n) for n in C1C_ROWS) + f". See {{doc}}`02_substitution`; {provenance_line(res)}."
     return Verdict("C1c", "It runs through δ: δ = rowsum(dP ∘ P), or O in FP32 (forward, or recomputed for δ, or "
                           "only Ō = P̄V), is stable.", v, ev,
                    "reproduced: all four rows close the gap wherever there is one; partly: at least one does "
@@ -568,10 +568,10 @@ PENDING = [
 
 def claims(load, stored) -> list[Verdict]:
     """C1a, C1b and C1c from the stored ``substitution`` result, or pending without it."""
-    res = _load_or_none(load, "substitution")
+    res = load_or_none(load, "substitution")
     if res is None:
         return [pending(c, s, "substitution", "02_substitution", stored) for c, s in PENDING]
-    conf = _load_or_none(load, "confirmation")
+    conf = load_or_none(load, "confirmation")
     return [judge_one_tile(res, conf)] + [on_three_seeds(v, res) for v in (judge_one_layer(res),
                                                                            judge_through_delta(res))]
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lpfail.experiments import symptom as S
-from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, _load_or_none,
-                                _prov)
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, load_or_none,
+                                provenance_line)
 
 TOKENS_PER_STEP_KEY = ("batch_size", "block_size")
 
@@ -469,7 +469,7 @@ def per_with(ev: Mapping, *variants) -> list:
 
 def search_evidence(load) -> tuple[dict, str] | None:
     """(`evidence`, provenance) of the stored explosion search (``symptom`` with ``symptom_sweep``), or None."""
-    symptom = _load_or_none(load, "symptom")
+    symptom = load_or_none(load, "symptom")
     if symptom is None:
         return None
-    return evidence(configurations(symptom, _load_or_none(load, "symptom_sweep"))), _prov(symptom)
+    return evidence(configurations(symptom, load_or_none(load, "symptom_sweep"))), provenance_line(symptom)

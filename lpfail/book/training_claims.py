@@ -17,7 +17,8 @@ from lpfail.book import symptom_report
 from lpfail.book import confirmation_report as CR
 from lpfail.book.confirmation_report import h5_text, h5_word, h6_text
 from lpfail.book.text import interval
-from lpfail.book.verdict import SWEEP_RULE, SWEEP_WORDS, Verdict, _f, _hyp, _load_or_none, _prov, _stat, pending
+from lpfail.book.verdict import (SWEEP_RULE, SWEEP_WORDS, Verdict, as_float, load_or_none, pending, provenance_line,
+                                 stat_text, sweep_hypothesis)
 from lpfail.experiments import confirmation as CF
 from lpfail.experiments import lr_sweep as L
 from lpfail.sweep import stats
@@ -30,14 +31,15 @@ def _s(a: Mapping, variant: str, size: str = "small") -> str:
     d = a.get("sizes", {}).get(size, {}).get(variant)
     if d is None:
         return f"S({variant}) not measured"
-    return f"S({variant}) = {_f(d['S']):.3f} [{_f(d['ci'][0]):.3f}, {_f(d['ci'][1]):.3f}]"
+    return f"S({variant}) = {as_float(d['S']):.3f} [{as_float(d['ci'][0]):.3f}, {as_float(d['ci'][1]):.3f}]"
 
 def _closed(a: Mapping, treated: str, control: str) -> str:
     """How much of the smaller size's A − C gap the pair (treated, control) closes, from the point estimates."""
     sz = a.get("sizes", {}).get("small", {})
     if not all(k in sz for k in ("A", "C", treated, control)):
         return ""
-    gap, left = _f(sz["A"]["S"]) - _f(sz["C"]["S"]), _f(sz[treated]["S"]) - _f(sz[control]["S"])
+    gap = as_float(sz["A"]["S"]) - as_float(sz["C"]["S"])
+    left = as_float(sz[treated]["S"]) - as_float(sz[control]["S"])
     if gap <= 0:
         return ""
     frac = 1 - left / gap
@@ -98,13 +100,13 @@ def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
     the smaller size. Its word maps by `SWEEP_WORDS`. ``old`` — the explosion search's verdict
     (`judge_symptom`) — is reported beside it and does not decide it."""
     a = res["analysis"]
-    v, h = _hyp(a, "H1")
+    v, h = sweep_hypothesis(a, "H1")
     per_lr = a.get("a_minus_c_per_lr", {}).get("small", [])
-    where = [f"{_f(d['lr']):g}" for d in per_lr if d.get("ci") is not None and _f(d["ci"][0]) > 0]
+    where = [f"{as_float(d['lr']):g}" for d in per_lr if d.get("ci") is not None and as_float(d["ci"][0]) > 0]
     small = a.get("sizes", {}).get("small", {})
     nonfinite = sum(int(small[k].get("nonfinite", 0)) for k in ("A", "C") if k in small)
     ev = (f"Pre-registered ({a.get('preregistered_on', '?')}) H1, S(A) − S(C) at the smaller size: "
-          f"{_stat(h)} — **{h['verdict']}**. {_s(a, 'A')}, {_s(a, 'C')} (LR sensitivity of the held-out loss, "
+          f"{stat_text(h)} — **{h['verdict']}**. {_s(a, 'A')}, {_s(a, 'C')} (LR sensitivity of the held-out loss, "
           "bootstrap intervals over the seeds: with 3 seeds, the seed range).")
     if per_lr:
         ev += (" Per learning rate, A's final loss is significantly above C's at "
@@ -112,7 +114,7 @@ def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
                + f" of {len(per_lr)}; {nonfinite} runs of A and C turned non-finite.")
     if prod := _production_text(res):
         ev += " " + prod
-    ev += f" See {{numref}}`fig-lr-curves`; {_prov(res)}."
+    ev += f" See {{numref}}`fig-lr-curves`; {provenance_line(res)}."
     if scope := sweep_scope(res):
         ev += " " + scope
     oldtxt, note = "", _sweep_note(res)
@@ -167,7 +169,7 @@ def judge_bias_not_noise(res: Mapping, sr: Mapping | None = None) -> Verdict:
     bias) closes at least half of the A − C gap. Needs H1 supported ("no gap to close" → not yet tested).
     ``sr``: the stored ``sr_confound``, whose measurement of what stochastic rounding adds is shown beside it."""
     a = res["analysis"]
-    v, h = _hyp(a, "H2")
+    v, h = sweep_hypothesis(a, "H2")
     closed = _closed(a, "A_sr", "C")
     word = h["verdict"]
     if word == "refuted":
@@ -182,8 +184,8 @@ def judge_bias_not_noise(res: Mapping, sr: Mapping | None = None) -> Verdict:
         plain = "H1 is not supported, so there is no A − C gap for stochastic rounding to close."
     else:
         plain = "The runs it needs (A, C and A_sr at the smaller size) are not all stored."
-    ev = (f"{plain} Pre-registered H2, S(A_sr) − S(C) − ½·(S(A) − S(C)): {_stat(h)} — **{word}**"
-          + (f"; {closed}" if closed else "") + f". {_s(a, 'A_sr')}. See {{doc}}`01_symptom`; {_prov(res)}.")
+    ev = (f"{plain} Pre-registered H2, S(A_sr) − S(C) − ½·(S(A) − S(C)): {stat_text(h)} — **{word}**"
+          + (f"; {closed}" if closed else "") + f". {_s(a, 'A_sr')}. See {{doc}}`01_symptom`; {provenance_line(res)}.")
     if conf := confound_text(sr):
         ev += " " + conf
     if scope := sweep_scope(res):
@@ -201,7 +203,7 @@ def judge_qk_norm(res: Mapping) -> Verdict:
     """C0-qk, by H3: QK-norm closes at least half of the A − C gap (S(A_qk) − S(C_qk) against S(A) − S(C)).
     Not a claim of the paper: a remedy from the follow-up literature, tested with the same rule."""
     a = res["analysis"]
-    v, h = _hyp(a, "H3")
+    v, h = sweep_hypothesis(a, "H3")
     closed = _closed(a, "A_qk", "C_qk")
     word = h["verdict"]
     plain = {"supported": "QK-norm closes at least half of the A − C gap.",
@@ -209,9 +211,9 @@ def judge_qk_norm(res: Mapping) -> Verdict:
              "inconclusive": "The interval cannot tell whether QK-norm closes half of the A − C gap.",
              "no gap to close": "H1 is not supported, so there is no A − C gap for QK-norm to close."
              }.get(word, "The runs it needs (A, C, A_qk and C_qk at the smaller size) are not all stored.")
-    ev = (f"{plain} Pre-registered H3, S(A_qk) − S(C_qk) − ½·(S(A) − S(C)): {_stat(h)} — **{word}**"
+    ev = (f"{plain} Pre-registered H3, S(A_qk) − S(C_qk) − ½·(S(A) − S(C)): {stat_text(h)} — **{word}**"
           + (f"; {closed}" if closed else "") + f". {_s(a, 'A_qk')}, {_s(a, 'C_qk')}. See {{doc}}`01_symptom`; "
-          f"{_prov(res)}.")
+          f"{provenance_line(res)}.")
     if scope := sweep_scope(res):
         ev += " " + scope
     return Verdict(
@@ -226,7 +228,7 @@ def judge_qk_norm(res: Mapping) -> Verdict:
 def judge_size(res: Mapping) -> Verdict:
     """C0-size, by the descriptive H4: the A − C gap at the larger size is at least the gap at the smaller."""
     a = res["analysis"]
-    v, h = _hyp(a, "H4")
+    v, h = sweep_hypothesis(a, "H4")
     word = h["verdict"]
     if word == "not measured (runs missing)":
         inc = a.get("incomplete", {}).get("large", {})
@@ -235,10 +237,10 @@ def judge_size(res: Mapping) -> Verdict:
               + ".")
     else:
         gl, gs = h.get("gap_large"), h.get("gap_small")
-        ev = (f"Pre-registered H4 (descriptive), (S(A) − S(C))_larger − (S(A) − S(C))_smaller: {_stat(h)} — "
-              f"**{word}**" + (f"; the gap is {_stat(gl)} at the larger size, {_stat(gs)} at the smaller"
-                               if gl and gs else "") + ".")
-    ev += f" See {{doc}}`01_symptom`; {_prov(res)}."
+        ev = (f"Pre-registered H4 (descriptive), (S(A) − S(C))_larger − (S(A) − S(C))_smaller: "
+              f"{stat_text(h)} — **{word}**" + (f"; the gap is {stat_text(gl)} at the larger size, "
+                                                 f"{stat_text(gs)} at the smaller" if gl and gs else "") + ".")
+    ev += f" See {{doc}}`01_symptom`; {provenance_line(res)}."
     if scope := sweep_scope(res):
         ev += " " + scope
     return Verdict(
@@ -308,7 +310,7 @@ def judge_size_confirmed(conf: Mapping, old: Verdict) -> Verdict:
           f"confirmation grid's pre-registered families, so no Holm correction and no split into fresh seeds.")
     if not (conf["analysis"].get("H6") or {}).get("verdict", "not measured").startswith("not measured"):
         ev += f" On the confirmation grid: {h6_text(conf['analysis'])}"
-    ev += f" See {{doc}}`01_symptom`; {_prov(conf)}."
+    ev += f" See {{doc}}`01_symptom`; {provenance_line(conf)}."
     note = f"{n} seeds: fewer than the {TEN} a training verdict needs" if n < TEN else ""
     return dataclasses.replace(
         old, verdict=SWEEP_WORDS[j["verdict"]], evidence=ev,
@@ -423,7 +425,7 @@ def judge_confirmed(conf: Mapping, old: Verdict, claim: str = "C0", extra: str =
         ev += f" The A − C gap is called at a learning rate where FP32 attention is healthy ({called})."
     if extra:
         ev += " " + extra
-    ev += f" See {{doc}}`{CONFIRMED_PAGE.get(claim, '01_symptom')}`; {_prov(conf)}."
+    ev += f" See {{doc}}`{CONFIRMED_PAGE.get(claim, '01_symptom')}`; {provenance_line(conf)}."
     if not conf.get("complete", True):
         ev += (f" The grid is incomplete ({int(conf['runs_stored'])} of {int(conf['runs_planned'])} runs stored); "
                f"this verdict's runs ({needs}) are all stored.")
@@ -493,13 +495,13 @@ def claims(load, stored) -> list[Verdict]:
 
     search = symptom_report.search_evidence(load)
     old = symptom_report.judge_symptom(*search) if search is not None else None
-    lr = _load_or_none(load, "lr_sweep")
+    lr = load_or_none(load, "lr_sweep")
     if lr is not None:
         c0 = few_seeds(judge_lr_symptom(lr, old), lr)
-        conf = _load_or_none(load, "confirmation")
+        conf = load_or_none(load, "confirmation")
         if confirmed(conf, "C0"):
             c0 = judge_confirmed(conf, c0)
-        sr = _load_or_none(load, "sr_confound")
+        sr = load_or_none(load, "sr_confound")
         bias = few_seeds(judge_bias_not_noise(lr, sr), lr)
         if confirmed(conf, "C0-bias"):
             bias = judge_confirmed(conf, bias, "C0-bias", " ".join(filter(None, (confound_text(sr), retired_text()))))

@@ -80,24 +80,27 @@ class Verdict:
 
 # -- small helpers, shared by the chapters' rules -------------------------------------------------------------
 
-def _f(x) -> float:
+def as_float(x) -> float:
+    """`x` (a number or a 0-d array) as a Python float."""
     return float(np.asarray(x))
 
 
 def sig_pos(mean, ci) -> bool:
     """Mean significantly above zero (its 95 % CI excludes zero)."""
-    return _f(mean) - _f(ci) > 0
+    return as_float(mean) - as_float(ci) > 0
 
 
 def sig_neg(mean, ci) -> bool:
-    return _f(mean) + _f(ci) < 0
+    return as_float(mean) + as_float(ci) < 0
 
 
-def _e4(mean, ci) -> str:
-    return f"{_f(mean) * 1e4:+.2f} ± {_f(ci) * 1e4:.2f} ×10⁻⁴"
+def e4_text(mean, ci) -> str:
+    """'+1.23 ± 0.45 ×10⁻⁴': a mean and its 95 % half-width in units of 10⁻⁴."""
+    return f"{as_float(mean) * 1e4:+.2f} ± {as_float(ci) * 1e4:.2f} ×10⁻⁴"
 
 
-def _prov(res) -> str:
+def provenance_line(res) -> str:
+    """Where a stored result comes from: its name, device, date, commit and config hash."""
     meta = getattr(res, "meta", None)
     if not meta:
         return "stored result (no provenance: fabricated for a test)"
@@ -118,7 +121,7 @@ SWEEP_RULE = ("pre-registered word → verdict: supported (the paired bootstrap 
               "on the other side) → contradicted; not measured (runs missing) → not yet tested")
 
 
-def _hyp(a: Mapping, name: str) -> tuple[str, Mapping]:
+def sweep_hypothesis(a: Mapping, name: str) -> tuple[str, Mapping]:
     """(this page's verdict, the stored statistic) of hypothesis ``name`` of an lr_sweep analysis."""
     h = a.get("verdicts", {}).get(name) or {"point": None, "ci": None, "verdict": "not measured (runs missing)"}
     if h["verdict"] not in SWEEP_WORDS:
@@ -126,7 +129,7 @@ def _hyp(a: Mapping, name: str) -> tuple[str, Mapping]:
     return SWEEP_WORDS[h["verdict"]], h
 
 
-def _stat(h: Mapping) -> str:
+def stat_text(h: Mapping) -> str:
     """'+0.083 [+0.057, +0.139]' (point, 95 % interval) or 'not measured'."""
     from lpfail.book.text import interval
 
@@ -143,7 +146,8 @@ def pending(claim, statement, experiment, page, stored: Callable[[str], bool]) -
                    "no rule and no evidence yet: never counted as reproduced", "")
 
 
-def _load_or_none(load, name):
+def load_or_none(load, name):
+    """`load(name)`, or None when the result is missing or unreadable (a ResultError)."""
     from lpfail.results import ResultError
     try:
         return load(name)

@@ -75,7 +75,7 @@ def check_run(run_dir, steps, layers=None, rows: int | None = None, policy: Prec
     """`derivation_check` at each checkpoint ``step`` of a run, for each layer, on the batch the run consumed
     at that step (its recorded order; the first `rows` sequences). Returns one record per (step, layer)."""
     from lpfail.model import GPT
-    from lpfail.train import (_rows, checkpoint_path, load_batch_record, load_checkpoint, load_config,
+    from lpfail.train import (step_rows, checkpoint_path, load_batch_record, load_checkpoint, load_config,
                               load_tokens, split_validation)
 
     policy = Precision.parse(policy) if isinstance(policy, str) else policy
@@ -101,7 +101,7 @@ def check_run(run_dir, steps, layers=None, rows: int | None = None, policy: Prec
             model.set_attention(spec, layers=layers_, heads=heads_)
         model.to(device)
         offs = order.offsets(step)[: rows or None]
-        x, y = _rows(tokens, offs, cfg.block_size)
+        x, y = step_rows(tokens, offs, cfg.block_size)
         x, y = x.to(device), y.to(device)
         amp = (torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
                if cfg.autocast == "bf16" else torch.autocast(device_type="cpu", enabled=False))
@@ -213,7 +213,7 @@ def _provenance() -> dict:
     """Device, tree and date of a GPU record file, written into it (`main`'s gpu command)."""
     import datetime
 
-    return {"device": results._device(), "git": results._git(),
+    return {"device": results.device_name(), "git": results.git_commit(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -246,7 +246,7 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
     K, the sign-randomized RMS norms (and each sign draw's norm, "norm_signs_each": K × n_signs × H), Σ Δδ per
     step and head, and the fitted exponents (log‖E‖ vs log K after
     the first tenth): ≈ 1 when biased, ≈ ½ when not."""
-    from lpfail.train import _rows, checkpoint_path, load_batch_record, load_config, load_tokens, read_log, \
+    from lpfail.train import step_rows, checkpoint_path, load_batch_record, load_config, load_tokens, read_log, \
         split_validation, train, window_config
 
     policies = {n: Precision.parse(p) for n, p in (policies or ACC_POLICIES).items()}
@@ -274,7 +274,7 @@ def accumulation_run(run_dir, step: int, k: int, layer: int, policies: dict | No
 
     def hook(s: int, model):
         nxt = s + 1  # the weights after step s (= step .. step + k − 1) are the ones step s + 1 uses
-        x, y = _rows(tokens, order.offsets(nxt)[:rows], cfg.block_size)
+        x, y = step_rows(tokens, order.offsets(nxt)[:rows], cfg.block_size)
         with amp:
             cap = capture_layer(model, x.to(device), y.to(device), layer)
         signs = torch.randint(0, 2, (n_signs,), generator=g).double() * 2 - 1

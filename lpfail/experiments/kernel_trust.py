@@ -260,9 +260,9 @@ def run(policies: list[str], c: TrustConfig, device: str, out, batches=None, log
         log(f"kernel_trust {pol}: trusted {r['trusted']}; {len(r['disagreeing'])} of {len(r['tensors'])} tensors "
             f"disagree; worst RMS ratio {worst_rms(r)['rms_ratio']:.3f}; {r['wall_s']} s")
         reports.append(r)
-    payload = {"device": results._device(), "versions": results._versions(), "git": results._git(),
+    payload = {"device": results.device_name(), "versions": results.library_versions(), "git": results.git_commit(),
                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "reports": reports}
-    results._atomic_write(Path(out), (json.dumps(payload, indent=1) + "\n").encode())
+    results.atomic_write(Path(out), (json.dumps(payload, indent=1) + "\n").encode())
     return 0 if all(r["trusted"] for r in reports) else 1
 
 

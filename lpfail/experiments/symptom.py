@@ -56,7 +56,7 @@ from lpfail.sweep.store import encode_part, part_files, read_part
 # the driver's names stay available here (S.sweep, S.RunSpec ...)
 from lpfail.sweep.driver import (  # noqa: F401
     bins as _bins,
-    RunSpec, _last_record, _last_step, _stop, _terminated, default_parallel, gpu_ids, latest_checkpoint,
+    RunSpec, _last_step, default_parallel, gpu_ids, latest_checkpoint,
     run_state, sweep)
 
 # -- the failure criterion (pre-registered) --------------------------------------------------------------
@@ -561,7 +561,7 @@ class SymptomGrid(GridBase):
         chk = checks(self.config, root, log=log)
         path = checks_path(self.config)
         path.parent.mkdir(parents=True, exist_ok=True)
-        results._atomic_write(path, (json.dumps(chk, indent=1) + "\n").encode())
+        results.atomic_write(path, (json.dumps(chk, indent=1) + "\n").encode())
         return {**chk, "ok": bool(chk["continue"]["equal"]), "resume_equal": bool(chk["continue"]["equal"])}
 
     def quick(self):
@@ -725,7 +725,7 @@ def migrate(archive, gpu_results, directory=None, log=print) -> Path:
         part = Part(STORE, directory)
         part.meta.update(device=gmeta["device"], git=gmeta["git"], versions=gmeta["versions"],
                          created=gmeta["created"], host="the GPU call of 2026-11-29 (migrated)",
-                         migrated_from={"archive": archive.name, "sha256": digest, "git": results._git(),
+                         migrated_from={"archive": archive.name, "sha256": digest, "git": results.git_commit(),
                                         "runs_gpus": drive_rec.get("gpus"), "runs_ended": drive_rec.get("ended")})
         part.path = part.path.with_name(f"part-{gmeta['created'][:19].replace('-', '').replace(':', '')}-0.json.gz")
         for conf_path in sorted(Path(tmp).glob("*/symptom_config.json")):
@@ -738,8 +738,8 @@ def migrate(archive, gpu_results, directory=None, log=print) -> Path:
                 tc = TrainConfig.from_dict(json.loads((run_dir / "train_config.json").read_text()))
                 part.runs[run_key(c, v, int(seed))] = summarize(run_dir, tc, run_key(c, v, int(seed)))
         part.meta["wall_s"] = float(drive_rec.get("wall_s") or 0.0)  # the GPU call's (Part.write would put ours)
-        results._atomic_write(part.path, encode_part((json.dumps({**part.meta, "runs": part.runs}, allow_nan=True)
-                                                      + "\n").encode(), part.path.name))
+        results.atomic_write(part.path, encode_part((json.dumps({**part.meta, "runs": part.runs}, allow_nan=True)
+                                                     + "\n").encode(), part.path.name))
     _migrate_checks(gpu_results, directory)
     log(f"symptom migrate: {len(part.runs)} runs from {archive.name} into {part.path}")
     return part.path
@@ -754,7 +754,7 @@ def _migrate_checks(gpu_results: Path, directory=None):
     for c, text in pairs:
         path = checks_path(c, directory)
         path.parent.mkdir(parents=True, exist_ok=True)
-        results._atomic_write(path, (json.dumps(json.loads(text), indent=1) + "\n").encode())
+        results.atomic_write(path, (json.dumps(json.loads(text), indent=1) + "\n").encode())
 
 
 def main(argv=None) -> int:

@@ -124,8 +124,8 @@ def run_quick(grid: Grid, root: Path, budget_s: float = 600.0, directory: Path |
                    unfinished=[unfinished(r, Path(root) / "quick_runs") for r in missing])
     else:
         out.update(compare(grid, q, have, directory))
-    out.update(config_hash=results.config_hash(grid.config), device=results._device(), git=results._git(),
-               versions=results._versions(),
+    out.update(config_hash=results.config_hash(grid.config), device=results.device_name(), git=results.git_commit(),
+               versions=results.library_versions(),
                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     return out
 

@@ -192,8 +192,8 @@ class Part:
 
     def __init__(self, store: Store, directory: Path | None = None):
         created = _dt.datetime.now(_dt.timezone.utc)
-        self.meta = {"format": store.fmt, "version": 1, "git": results._git(), "device": results._device(),
-                     "versions": results._versions(), "host": platform.node(),
+        self.meta = {"format": store.fmt, "version": 1, "git": results.git_commit(), "device": results.device_name(),
+                     "versions": results.library_versions(), "host": platform.node(),
                      "created": created.isoformat(timespec="seconds"), "wall_s": 0.0}
         self.runs: dict[str, dict] = {}
         d = store.path(directory)
@@ -273,9 +273,9 @@ def parts_provenance(used: list[dict], none: str = "") -> dict:
     return {"device": " + ".join(devices), "created": max((str(m.get("created") or "") for m in used), default=""),
             "git": " ".join(sorted({str(m.get("git"))[:12] for m in used})),
             "runs_wall_s": float(sum(m.get("wall_s") or 0.0 for m in used)), "runs_gpus": devices,
-            "collected_on": results._device(),
+            "collected_on": results.device_name(),
             "collected_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "collected_git": results._git()}
+            "collected_git": results.git_commit()}
 
 
 # -- one run's summary -----------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ so 1 GPU and N GPUs see the same global batch and differ only in the order of th
 ‖W_Q^h W_K^hᵀ‖, and per layer the largest attention logit and the fraction of rows with tied maxima (from the
 step's first micro-batch). A non-finite loss or gradient norm stops the run with ``status="nonfinite"``
 (recorded, never raised): the model lets inf/NaN flow through every attention backend to the loss, and an
-error raised in a step because of non-finite values (``_nonfinite_error``) is recorded the same way, its
+error raised in a step because of non-finite values (``nonfinite_error``) is recorded the same way, its
 message in the log record (``"nonfinite": "error", "error": ...``); other errors still raise (and under
 torchrun the error is recorded, then raised, so the job stops rather than hangs). Files in ``out_dir``
 (nothing is written without one)::
@@ -42,8 +42,8 @@ torchrun the error is recorded, then raised, so the job stops rather than hangs)
 `read_log(out_dir)` / `read_diag(out_dir)` return numpy arrays for the plotting code.
 
 Where what is (a reader's order: the loop first, then what it calls): ``loop.py`` holds `train` and the loop
-itself, `_train`, with its parts — the set-up (the batch shape, the data, the model and optimizer, a resume from a
-checkpoint), the validation, the step's forward and backward, the stop on a non-finite value, the checkpoint;
+itself, `train_loop`, with its parts — the set-up (the batch shape, the data, the model and optimizer, a resume
+from a checkpoint), the validation, the step's forward and backward, the stop on a non-finite value, the checkpoint;
 ``step.py`` what one step computes and the settings it runs under — deterministic numerics, the process group
 (DDP), the optimizer and the lr schedule, the loss and the z-loss, the eager step and the same step captured as a
 CUDA graph, the diagnostics and the held-out loss, which errors count as non-finite; ``config.py`` `TrainConfig`,
@@ -56,18 +56,18 @@ one module.
 from __future__ import annotations
 
 from lpfail.train.config import (AUTOCASTS, DEVICES, OPTIMIZERS, PRESETS, SCHEDULES, STRUCTURAL, TrainConfig,
-                                 _check_resume, _choice, _index_list, _split_overrides, config_from_sets, load_config,
-                                 parse_override, parse_spec, window_config)
-from lpfail.train.batches import (BatchRecord, _batch_order, _rows, load_batch_record, load_tokens, split_validation,
-                                  validation_offsets)
-from lpfail.train.log import (FINISHED, RunExists, RunFiles, TrainResult, _atomic_write_text, _diag_arrays,
-                              _log_arrays, _read_jsonl, _val_arrays, _write_status, check_out_dir, checkpoint_path,
-                              load_checkpoint, read_diag, read_log, read_status, read_val, save_checkpoint)
-from lpfail.train.step import (GRAPH_WARMUP, _NONFINITE_MESSAGE, _apply_hparams, _build_optimizer, _capture_logits,
-                               _CapturedStep, _clip, _device_lr, _diagnostics, _Dist, _EagerStep, _finite, _loss,
-                               _nonfinite_error, _numerics, _set_lr, cross_entropy, is_nonfinite_message, lr_factor,
-                               validation_loss, z_loss_term)
-from lpfail.train.loop import _train, train
+                                 check_resume, config_from_sets, load_config, parse_override, parse_spec,
+                                 window_config)
+from lpfail.train.batches import (BatchRecord, batch_order, load_batch_record, load_tokens, split_validation,
+                                  step_rows, validation_offsets)
+from lpfail.train.log import (FINISHED, RunExists, RunFiles, TrainResult, atomic_write_text, check_out_dir,
+                              checkpoint_path, load_checkpoint, read_diag, read_log, read_status, read_val,
+                              save_checkpoint)
+from lpfail.train.step import (GRAPH_WARMUP, CapturedStep, Dist, EagerStep, apply_hparams, build_optimizer,
+                               capture_logits, cross_entropy, deterministic_numerics, device_lr, diagnostics,
+                               is_finite, is_nonfinite_message, lr_factor, nonfinite_error, set_lr, validation_loss,
+                               z_loss_term)
+from lpfail.train.loop import train, train_loop
 
 __all__ = ["AUTOCASTS", "DEVICES", "FINISHED", "GRAPH_WARMUP", "OPTIMIZERS", "PRESETS", "SCHEDULES", "STRUCTURAL",
            "BatchRecord", "RunExists", "RunFiles", "TrainConfig", "TrainResult", "check_out_dir", "checkpoint_path",

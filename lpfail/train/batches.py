@@ -1,5 +1,5 @@
 """What a run reads: the corpus' tokens (`load_tokens`), the held-out part and its windows (`split_validation`,
-`validation_offsets`), a step's rows (`_rows`), the batch order a run follows (`_batch_order`: drawn from the
+`validation_offsets`), a step's rows (`step_rows`), the batch order a run follows (`batch_order`: drawn from the
 data seed, or a recorded one replayed), and the record of the order each rank consumed (`BatchRecord`, read back
 by `load_batch_record`). Part of `lpfail.train`."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from lpfail import data as lpdata
 from lpfail.train.config import TrainConfig
-from lpfail.train.log import _atomic_write_text
+from lpfail.train.log import atomic_write_text
 
 
 def load_tokens(cfg: TrainConfig) -> tuple[np.ndarray, str, int]:
@@ -54,7 +54,8 @@ def validation_offsets(n_val: int, cfg: TrainConfig) -> np.ndarray:
     return np.linspace(0, n_val - cfg.block_size - 1, cfg.val_rows).round().astype(np.int64)
 
 
-def _rows(tokens, offsets, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+def step_rows(tokens, offsets, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs and targets, (b, T) int64 each, of the windows of T + 1 tokens starting at `offsets`."""
     rows = np.stack([np.asarray(tokens[o:o + T + 1], dtype=np.int64) for o in offsets])  # (b, T+1)
     xy = torch.from_numpy(rows)
     return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()  # (b, T) each
@@ -75,7 +76,7 @@ class BatchRecord:
     def open(self, start: int, order: lpdata.BatchOrder, local: slice):
         """Keep steps [0, start) (rewritten from `order` if the file does not already hold them)."""
         if self.rank == 0:
-            _atomic_write_text(self.path.parent / "batches.json", json.dumps(self.meta, indent=1) + "\n")
+            atomic_write_text(self.path.parent / "batches.json", json.dumps(self.meta, indent=1) + "\n")
         have = -1
         if self.path.is_file() and self.path.stat().st_size % (8 * self.width) == 0:
             old = np.fromfile(self.path, dtype=np.int64).reshape(-1, self.width)
@@ -132,7 +133,7 @@ def load_batch_record(path) -> lpdata.BatchOrder:
     return order
 
 
-def _batch_order(cfg: TrainConfig, replay, n_tokens: int) -> tuple[lpdata.BatchOrder, str]:
+def batch_order(cfg: TrainConfig, replay, n_tokens: int) -> tuple[lpdata.BatchOrder, str]:
     """(the global batch order of the run, where it comes from): `replay`'s recorded order, checked against the
     data and the batch shape, or the order drawn from ``cfg.data_seed`` over the `n_tokens` training tokens."""
     if replay is not None:

@@ -329,7 +329,8 @@ def window_config(cfg: TrainConfig, last: int, **changes) -> TrainConfig:
     return dataclasses.replace(cfg, **{**base, **changes})
 
 
-def _check_resume(cfg: TrainConfig, saved: dict, path):
+def check_resume(cfg: TrainConfig, saved: dict, path):
+    """Raise a ValueError when `cfg` changes a STRUCTURAL field of the checkpoint's config `saved`."""
     for name in STRUCTURAL:
         if saved.get(name) != getattr(cfg, name):
             raise ValueError(f"cannot resume from {path}: TrainConfig.{name} is {getattr(cfg, name)!r} here but "

@@ -15,8 +15,9 @@ from lpfail import data as lpdata
 from lpfail.train.config import TrainConfig
 
 
-def _atomic_write_text(path: Path, text: str):
-    lpdata._atomic_write(Path(path), lambda f: f.write(text.encode()))
+def atomic_write_text(path: Path, text: str):
+    """Write `text` to `path` atomically (a temporary file renamed over it)."""
+    lpdata.write_atomically(Path(path), lambda f: f.write(text.encode()))
 
 
 def save_checkpoint(path, model, optimizer, step: int, cfg: TrainConfig, world: int, extra: dict | None = None):
@@ -27,7 +28,7 @@ def save_checkpoint(path, model, optimizer, step: int, cfg: TrainConfig, world: 
              "rng_cpu": torch.get_rng_state(),
              "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
              **(extra or {})}
-    lpdata._atomic_write(Path(path), lambda f: torch.save(state, f))
+    lpdata.write_atomically(Path(path), lambda f: torch.save(state, f))
     return Path(path)
 
 
@@ -144,7 +145,7 @@ def _write_status(out: Path, status, steps, cfg, nonfinite_step, wall_s, world, 
            "wall_s": round(wall_s, 3), "world_size": world}
     if error is not None:
         rec["error"] = error
-    _atomic_write_text(out / "run.json", json.dumps(rec, indent=1) + "\n")
+    atomic_write_text(out / "run.json", json.dumps(rec, indent=1) + "\n")
 
 
 def read_status(out_dir) -> dict:
@@ -217,9 +218,9 @@ class RunFiles:
                     prefix_log = [r for r in _read_jsonl(src / "log.jsonl") if r["step"] < start]
                     prefix_diag = [r for r in _read_jsonl(src / "diag.jsonl") if r["step"] < start]
                     prefix_val = [r for r in _read_jsonl(src / "val.jsonl") if r["step"] <= start]
-                _atomic_write_text(out / "config.json", json.dumps(header, indent=1) + "\n")
+                atomic_write_text(out / "config.json", json.dumps(header, indent=1) + "\n")
                 for name, prefix in (("log", prefix_log), ("diag", prefix_diag), ("val", prefix_val)):
-                    _atomic_write_text(out / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in prefix))
+                    atomic_write_text(out / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in prefix))
                 files._files = {name: open(out / f"{name}.jsonl", "a") for name in ("log", "diag", "val")}
                 files.status("running", start, None, 0.0)
         return files, (prefix_log, prefix_diag, prefix_val)

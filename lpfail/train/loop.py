@@ -1,7 +1,7 @@
 """The loop: `train(cfg)` and its parts, in the order a run meets them — the set-up (`_setup`: the batch
 shape, the data and batch order, the model and optimizer, a resume from a checkpoint, the run's files), then per
 step the validation when due, the step (`_forward_backward`), its records, the stop on a non-finite value, the
-update, the checkpoint when due (`_checkpoint_if_due`); `_train` is the loop itself. Part of `lpfail.train`."""
+update, the checkpoint when due (`_checkpoint_if_due`); `train_loop` is the loop itself. Part of `lpfail.train`."""
 from __future__ import annotations
 
 import contextlib
@@ -17,13 +17,13 @@ import torch
 
 from lpfail import data as lpdata
 from lpfail.model import GPT, unavailable
-from lpfail.train.batches import BatchRecord, _batch_order, _rows, load_tokens, split_validation, validation_offsets
-from lpfail.train.config import TrainConfig, _check_resume
+from lpfail.train.batches import BatchRecord, batch_order, step_rows, load_tokens, split_validation, validation_offsets
+from lpfail.train.config import TrainConfig, check_resume
 from lpfail.train.log import (RunFiles, TrainResult, check_out_dir, checkpoint_path, load_checkpoint,
                               save_checkpoint)
-from lpfail.train.step import (GRAPH_WARMUP, _apply_hparams, _build_optimizer, _capture_logits, _CapturedStep,
-                               _device_lr, _diagnostics, _Dist, _EagerStep, _finite, _nonfinite_error, _numerics,
-                               _set_lr, lr_factor, validation_loss)
+from lpfail.train.step import (GRAPH_WARMUP, CapturedStep, Dist, EagerStep, apply_hparams, build_optimizer,
+                               capture_logits, deterministic_numerics, device_lr, diagnostics, is_finite, lr_factor,
+                               nonfinite_error, set_lr, validation_loss)
 from lpfail.train.watch import open_monitor
 
 
@@ -63,11 +63,11 @@ def train(cfg: TrainConfig, resume_from=None, replay=None, replay_from: int | No
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("TrainConfig.device is 'cuda' but no CUDA GPU is available")
     _check_attention(cfg, "cuda" if use_cuda else "cpu")
-    dist = _Dist.from_env(use_cuda)
+    dist = Dist.from_env(use_cuda)
     try:
         device = torch.device("cuda", dist.local_rank) if use_cuda else torch.device("cpu")
-        with _numerics(cfg, device):
-            return _train(cfg, dist, device, resume_from, replay, replay_from, progress, hook)
+        with deterministic_numerics(cfg, device):
+            return train_loop(cfg, dist, device, resume_from, replay, replay_from, progress, hook)
     finally:
         if dist.created:
             import torch.distributed as tdist
@@ -85,7 +85,7 @@ def _check_attention(cfg: TrainConfig, device: str):
                              "policy")
 
 
-def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress, hook) -> TrainResult:
+def train_loop(cfg, dist: Dist, device, resume_from, replay, replay_from, progress, hook) -> TrainResult:
     """The loop (`train`'s `replay_from` has become `resume_from` by now): set up, then per step the validation
     when due, the step, its records, the stop on a non-finite value, the update, the checkpoint when due; at
     the end the last validation, and the status."""
@@ -106,7 +106,7 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
                 t_prev = time.perf_counter()  # the evaluation is not part of the step's time
             factor = lr_factor(cfg, step)
             for g in optimizer.param_groups:
-                _set_lr(g, g["base_lr"] * factor)
+                set_lr(g, g["base_lr"] * factor)
             offsets = run.order.offsets(step)[run.rows]
             if run.record is not None:
                 run.record.write(step, offsets)
@@ -115,7 +115,7 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
             try:
                 loss_v, gn_v, drec_pre, cap_rec = _forward_backward(run, offsets, diag_now and run.lead)
             except (ValueError, RuntimeError) as e:
-                reason = _nonfinite_error(e)
+                reason = nonfinite_error(e)
                 if reason is None:
                     raise  # bad config, shapes, a backend that cannot run: not ours to swallow
                 _stop_on_error(run, step, factor, reason, time.perf_counter() - t_prev)
@@ -127,11 +127,11 @@ def _train(cfg, dist: _Dist, device, resume_from, replay, replay_from, progress,
             rec = {"step": step, "loss": loss_v, "grad_norm": gn_v, "lr": cfg.lr * factor,
                    "tokens_per_s": cfg.tokens_per_step / dt if dt > 0 else None, "time_s": dt}
             if diag_now and run.lead:
-                drec = {"step": step, **(drec_pre if drec_pre is not None else _diagnostics(run.raw, cap_rec))}
+                drec = {"step": step, **(drec_pre if drec_pre is not None else diagnostics(run.raw, cap_rec))}
                 result.diag.append(drec)
                 run.files.write("diag", drec)
-            if not (_finite(loss_v) and _finite(gn_v)):
-                rec["nonfinite"] = "loss" if not _finite(loss_v) else "grad_norm"
+            if not (is_finite(loss_v) and is_finite(gn_v)):
+                rec["nonfinite"] = "loss" if not is_finite(loss_v) else "grad_norm"
                 _stop_nonfinite(run, step, rec)
                 break
             if run.captured is None:  # the captured step has already updated the weights
@@ -171,7 +171,7 @@ class _Run:
     """What the loop's parts share: made once by `_setup`; `captured` and `saved_ckpts` change as it runs."""
 
     cfg: TrainConfig
-    dist: _Dist
+    dist: Dist
     device: torch.device
     t_start: float  # time.perf_counter() when the run began (the status' wall time)
     start: int  # the first step (a resumed run's checkpoint step)
@@ -186,13 +186,13 @@ class _Run:
     optimizer: torch.optim.Optimizer
     amp: torch.autocast
     use_graph: bool  # steps are captured as a CUDA graph after GRAPH_WARMUP eager ones
-    eager: _EagerStep
+    eager: EagerStep
     files: RunFiles
     record: BatchRecord | None  # this rank's batch record (with an out_dir)
     result: TrainResult
     bar: object | None  # the tqdm progress bar (rank 0)
     saved_ckpts: list[Path]  # the checkpoints in out_dir, oldest first (rank 0)
-    captured: _CapturedStep | None = None
+    captured: CapturedStep | None = None
 
     @property
     def lead(self) -> bool:
@@ -206,7 +206,7 @@ class _Run:
             self.record.close()
 
 
-def _setup(cfg: TrainConfig, dist: _Dist, device, resume_from, replay, progress) -> _Run:
+def _setup(cfg: TrainConfig, dist: Dist, device, resume_from, replay, progress) -> _Run:
     """Everything the loop reads: the batch shape, the tokens and the batch order, the model and optimizer (from
     the checkpoint when resuming), the run's files and the result so far (a resumed run's earlier records),
     autocast, whether steps are captured, the progress bar."""
@@ -214,7 +214,7 @@ def _setup(cfg: TrainConfig, dist: _Dist, device, resume_from, replay, progress)
     world, rank = dist.world, dist.rank
     local_rows, micro, n_micro = _batch_shape(cfg, world)
     tokens, val_tokens, data_desc, vocab = _load_data(cfg)
-    order, source = _batch_order(cfg, replay, len(tokens))
+    order, source = batch_order(cfg, replay, len(tokens))
     model, optimizer = _build_model(cfg, vocab, device)
     start, parent_log = 0, None
     if resume_from is not None:
@@ -249,7 +249,7 @@ def _setup(cfg: TrainConfig, dist: _Dist, device, resume_from, replay, progress)
         bar = tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
     saved_ckpts = sorted(files.out.glob("ckpt_*.pt")) if (files.out is not None and rank == 0) else []
     val_offsets = validation_offsets(len(val_tokens), cfg) if val_tokens is not None else None
-    eager = _EagerStep(model, raw, params, cfg, n_micro, micro, dist, device, amp)
+    eager = EagerStep(model, raw, params, cfg, n_micro, micro, dist, device, amp)
     return _Run(cfg, dist, device, t_start, start, rows, micro, tokens, val_tokens, val_offsets, order, model, raw,
                 optimizer, amp, use_graph, eager, files, record, result, bar, saved_ckpts)
 
@@ -286,24 +286,24 @@ def _build_model(cfg: TrainConfig, vocab: int, device):
     for layers, heads, spec in cfg.attention_table():
         model.set_attention(spec, layers=layers, heads=heads)
     model.to(device)
-    optimizer = _build_optimizer(cfg, model)
+    optimizer = build_optimizer(cfg, model)
     return model, optimizer
 
 
-def _resume(cfg: TrainConfig, resume_from, model, optimizer, device, dist: _Dist) -> tuple[int, str | None]:
+def _resume(cfg: TrainConfig, resume_from, model, optimizer, device, dist: Dist) -> tuple[int, str | None]:
     """Load the checkpoint `resume_from` into `model` and `optimizer` (the config's hyper-parameters on top) and
     restore the RNG states: (its step, the directory of the run that wrote it, or None)."""
     ck = load_checkpoint(resume_from)
     saved = TrainConfig.from_dict(ck["config"])  # validates it too
-    _check_resume(cfg, saved.to_dict(), resume_from)
+    check_resume(cfg, saved.to_dict(), resume_from)
     if ck["step"] > cfg.max_steps:
         raise ValueError(f"the checkpoint {resume_from} is at step {ck['step']}, beyond max_steps "
                          f"({cfg.max_steps})")
     model.load_state_dict(ck["model"])
     optimizer.load_state_dict(ck["optimizer"])
     if any(isinstance(g["lr"], torch.Tensor) for g in optimizer.param_groups):
-        _device_lr(optimizer)  # the checkpoint's lr tensors were loaded onto the CPU
-    _apply_hparams(cfg, optimizer)
+        device_lr(optimizer)  # the checkpoint's lr tensors were loaded onto the CPU
+    apply_hparams(cfg, optimizer)
     torch.set_rng_state(ck["rng_cpu"])
     if device.type == "cuda" and ck["rng_cuda"]:
         torch.cuda.set_rng_state(ck["rng_cuda"][min(dist.local_rank, len(ck["rng_cuda"]) - 1)], device)
@@ -319,7 +319,7 @@ def _validate(run: _Run, done: int):
     if run.val_offsets is None or not run.lead or any(r["step"] == done for r in run.result.val):
         return
     v = validation_loss(run.raw, run.val_tokens, run.val_offsets, run.cfg, run.micro, run.device, run.amp)
-    vrec = {"step": done, "val_loss": v if _finite(v) else None}
+    vrec = {"step": done, "val_loss": v if is_finite(v) else None}
     run.result.val.append(vrec)
     run.files.write("val", vrec)
 
@@ -328,8 +328,8 @@ def _capture_if_due(run: _Run, step: int):
     """Capture the step as a CUDA graph once this process has run GRAPH_WARMUP eager steps (when it captures)."""
     try:
         if run.captured is None and run.use_graph and step - run.start >= GRAPH_WARMUP:
-            run.captured = _CapturedStep(run.model, run.optimizer, run.eager.params, run.cfg, run.eager.n_micro,
-                                         run.micro, run.device, run.amp)
+            run.captured = CapturedStep(run.model, run.optimizer, run.eager.params, run.cfg, run.eager.n_micro,
+                                        run.micro, run.device, run.amp)
     except RuntimeError as e:
         raise RuntimeError(f"capturing the training step as a CUDA graph failed ({e}); "
                            "LPFAIL_NO_CAPTURE=1 runs the same arithmetic uncaptured") from e
@@ -345,8 +345,8 @@ def _forward_backward(run: _Run, offsets: np.ndarray, diag: bool):
         return loss_v, gn_v, None, cap_rec
     drec_pre = None
     if diag:  # before the replay, which updates the weights
-        x0, _ = _rows(run.tokens, offsets[:run.micro], cfg.block_size)
-        drec_pre = _diagnostics(raw, _capture_logits(raw, x0.to(run.device), cfg, run.amp))
+        x0, _ = step_rows(run.tokens, offsets[:run.micro], cfg.block_size)
+        drec_pre = diagnostics(raw, capture_logits(raw, x0.to(run.device), cfg, run.amp))
     loss_v, gn_v = captured.run(run.tokens, offsets)
     return loss_v, gn_v, drec_pre, None
 

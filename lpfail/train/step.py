@@ -1,8 +1,9 @@
-"""What one step computes, and the settings it runs under: deterministic numerics without TF32 (`_numerics`),
-the process group (`_Dist`), the optimizer and its learning-rate schedule (`_build_optimizer`, `lr_factor`), the
-loss (`_loss`, `cross_entropy`, `z_loss_term`), the step itself in its two forms (`_EagerStep`, and
-`_CapturedStep`: the same kernels replayed from one CUDA graph), the diagnostics and the held-out loss, and which
-errors count as non-finite values met in a step (`_nonfinite_error`). Part of `lpfail.train`.
+"""What one step computes, and the settings it runs under: deterministic numerics without TF32
+(`deterministic_numerics`), the process group (`Dist`), the optimizer and its learning-rate schedule
+(`build_optimizer`, `lr_factor`), the loss (`_loss`, `cross_entropy`, `z_loss_term`), the step itself in its two
+forms (`EagerStep`, and `CapturedStep`: the same kernels replayed from one CUDA graph), the diagnostics and the
+held-out loss, and which errors count as non-finite values met in a step (`nonfinite_error`). Part of
+`lpfail.train`.
 
 Both forms of the step drive the model's stochastic-rounding stream (`lpfail.sr_stream.SRStream`, the GPT's
 ``sr_stream``) the same way: before each micro-batch's forward its global index (rank · micro-batches + i) is set
@@ -23,19 +24,20 @@ import torch
 
 from lpfail.attention import NonFiniteInputError
 from lpfail.model import GPT, head_query_norms, logit_capture, weight_spectral_norms
-from lpfail.train.batches import _rows
+from lpfail.train.batches import step_rows
 from lpfail.train.config import TrainConfig
 
 
 @dataclass
-class _Dist:
+class Dist:
+    """The process group a run is in: its rank, world size and local rank (1 process without torchrun)."""
     rank: int = 0
     world: int = 1
     local_rank: int = 0
     created: bool = False  # whether train() initialized the process group (and so destroys it)
 
     @classmethod
-    def from_env(cls, use_cuda: bool) -> "_Dist":
+    def from_env(cls, use_cuda: bool) -> "Dist":
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -63,7 +65,7 @@ class _Dist:
 
 
 @contextlib.contextmanager
-def _numerics(cfg: TrainConfig, device: torch.device):
+def deterministic_numerics(cfg: TrainConfig, device: torch.device):
     """Deterministic algorithms (restored afterwards) and no TF32 for FP32 matmuls."""
     was_det = torch.are_deterministic_algorithms_enabled()
     was_prec = torch.get_float32_matmul_precision()
@@ -93,7 +95,8 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return floor + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - floor)
 
 
-def _build_optimizer(cfg: TrainConfig, model: torch.nn.Module):
+def build_optimizer(cfg: TrainConfig, model: torch.nn.Module):
+    """The optimizer `cfg` names (AdamW, or Muon on the hidden matrices with AdamW on the rest) over `model`."""
     if cfg.optimizer == "muon":
         from lpfail.optim import muon_param_groups
 
@@ -113,24 +116,25 @@ def _build_optimizer(cfg: TrainConfig, model: torch.nn.Module):
     capturable = cfg.cuda_graph and any(p.is_cuda for p in model.parameters())
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, capturable=capturable)
     if capturable:
-        _device_lr(opt)
+        device_lr(opt)
     return opt
 
 
-def _device_lr(optimizer):
+def device_lr(optimizer):
     """Each group's lr as a 0-d FP32 tensor on the parameters' device (what a captured step reads)."""
     for g in optimizer.param_groups:
         g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=g["params"][0].device)
 
 
-def _set_lr(group: dict, value: float):
+def set_lr(group: dict, value: float):
+    """Set a parameter group's learning rate (a tensor lr in place)."""
     if isinstance(group["lr"], torch.Tensor):
         group["lr"].fill_(value)  # in place: a captured graph reads this memory
     else:
         group["lr"] = value
 
 
-def _apply_hparams(cfg: TrainConfig, optimizer):
+def apply_hparams(cfg: TrainConfig, optimizer):
     """The config's hyper-parameters in every group (after loading a checkpoint made under another config)."""
     for g in optimizer.param_groups:
         g["base_lr"] = cfg.muon_lr if g.get("muon") else cfg.lr
@@ -186,12 +190,12 @@ def _advance(stream) -> None:
         stream.advance()
 
 
-class _EagerStep:
+class EagerStep:
     """One training step as plain PyTorch runs it: forward and backward over this rank's micro-batches (DDP
     all-reduces the gradients after the last one only), the loss averaged over micro-batches and ranks, the
     gradient norm before clipping, the clip. The update is the loop's (after its non-finite check)."""
 
-    def __init__(self, model, raw: GPT, params, cfg: TrainConfig, n_micro: int, micro: int, dist: _Dist, device,
+    def __init__(self, model, raw: GPT, params, cfg: TrainConfig, n_micro: int, micro: int, dist: Dist, device,
                  amp):
         self.model, self.raw, self.params, self.cfg = model, raw, params, cfg
         self.n_micro, self.micro, self.dist, self.device, self.amp = n_micro, micro, dist, device, amp
@@ -205,7 +209,7 @@ class _EagerStep:
         stream = _sr_stream(self.raw)
         for i in range(n_micro):
             _set_micro(stream, self.dist.rank * n_micro + i)
-            x, y = _rows(tokens, offsets[i * micro:(i + 1) * micro], cfg.block_size)
+            x, y = step_rows(tokens, offsets[i * micro:(i + 1) * micro], cfg.block_size)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             sync = model.no_sync() if (world > 1 and i < n_micro - 1) else contextlib.nullcontext()
             with sync:
@@ -215,7 +219,7 @@ class _EagerStep:
                 (loss / n_micro).backward()
             loss_sum += loss.detach().double()
             if capture and i == 0:
-                cap_rec = _capture_logits(self.raw, x, cfg, amp)
+                cap_rec = capture_logits(self.raw, x, cfg, amp)
         loss_t = self.dist.all_sum(loss_sum) / (n_micro * world)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, _clip(cfg), foreach=True)
         _advance(stream)
@@ -226,14 +230,14 @@ class _EagerStep:
 GRAPH_WARMUP = 3
 
 
-def _capture_logits(raw: GPT, x: torch.Tensor, cfg: TrainConfig, amp):
+def capture_logits(raw: GPT, x: torch.Tensor, cfg: TrainConfig, amp):
     """The diagnostic forward pass of a step: logit statistics of its first `diag_rows` sequences."""
     with torch.no_grad(), amp, logit_capture(raw) as cap:
         raw(x[:cfg.diag_rows])
     return cap
 
 
-class _CapturedStep:
+class CapturedStep:
     """One training step — forward and backward over the micro-batches, the loss, the clip, the AdamW update —
     captured once as a CUDA graph and replayed for every later step, with the batch copied into static
     inputs first. Same kernels in the same order as the eager step, so the same bits."""
@@ -260,7 +264,7 @@ class _CapturedStep:
 
     def run(self, tokens, offsets) -> tuple[float, float]:
         for i in range(self.n_micro):
-            x, y = _rows(tokens, offsets[i * self.micro:(i + 1) * self.micro], self.T)
+            x, y = step_rows(tokens, offsets[i * self.micro:(i + 1) * self.micro], self.T)
             self.x[i].copy_(x)
             self.y[i].copy_(y)
         self.graph.replay()
@@ -268,7 +272,8 @@ class _CapturedStep:
         return self.loss.item(), self.grad_norm.item()
 
 
-def _diagnostics(model: GPT, cap) -> dict:
+def diagnostics(model: GPT, cap) -> dict:
+    """One diagnostic record: weight spectral norms, per-head query norms and, from `cap`, the logit statistics."""
     hq = head_query_norms(model)
     rec = {"spectral": weight_spectral_norms(model), "wq": hq["wq"].tolist(), "wqk": hq["wqk"].tolist()}
     if cap is not None:
@@ -286,7 +291,7 @@ def validation_loss(model, val_tokens: np.ndarray, offsets: np.ndarray, cfg: Tra
     validation windows, `rows` windows per forward pass. NaN or inf when the model produces them."""
     total = torch.zeros((), dtype=torch.float64, device=device)
     for i in range(0, len(offsets), rows):
-        x, y = _rows(val_tokens, offsets[i:i + rows], cfg.block_size)
+        x, y = step_rows(val_tokens, offsets[i:i + rows], cfg.block_size)
         x, y = x.to(device), y.to(device)
         with amp:
             logits, _ = model(x)  # (b, T, vocab)
@@ -295,7 +300,8 @@ def validation_loss(model, val_tokens: np.ndarray, offsets: np.ndarray, cfg: Tra
     return total.item() / (len(offsets) * cfg.block_size)
 
 
-def _finite(x: float) -> bool:
+def is_finite(x: float) -> bool:
+    """Whether `x` is neither infinite nor NaN."""
     return math.isfinite(x)
 
 
@@ -308,7 +314,7 @@ def is_nonfinite_message(text: str) -> bool:
     return bool(_NONFINITE_MESSAGE.search(text))
 
 
-def _nonfinite_error(e: BaseException) -> str | None:
+def nonfinite_error(e: BaseException) -> str | None:
     """"Type: message" when `e` (or an exception it was raised from) reports non-finite values met in the step:
     lpfail.attention's `NonFiniteInputError`, or a ValueError / RuntimeError saying "non-finite" (torch.linalg,
     the kernels) or autograd's anomaly mode's "returned nan values"; else None (the error is re-raised)."""
