@@ -513,13 +513,13 @@ def claims(load, stored) -> list[Verdict]:
         size = few_seeds(judge_size(lr), lr, ("small", "large"))
         if size_judgement(conf) is not None:
             size = judge_size_confirmed(conf, size)
-        return [c0, bias, qk, size, judge_dial(_load_or_none(load, "dial_training"))]
+        return [c0, bias, qk, size, judge_dial(load_or_none(load, "dial_training"))]
     c0 = pending("C0", "The small-scale symptom: training with the paper's BF16 flash attention is worse than "
                        "with high-precision attention.", "lr_sweep", "01_symptom", stored)
     if old is not None:
         c0 = dataclasses.replace(c0, note=f"old criterion, explosion search: {old.verdict}",
                                  old=f"explosion search (`symptom`): **{old.verdict}**. {old.evidence}")
-    dial = judge_dial(_load_or_none(load, "dial_training"))
+    dial = judge_dial(load_or_none(load, "dial_training"))
     return [c0] + [pending(c, s, "lr_sweep", "01_symptom", stored) for c, s in (
         ("C0-bias", "The harm comes from the bias of the rounding, not from the low precision itself."),
         ("C0-qk", "QK-norm blocks it."),
@@ -569,7 +569,7 @@ def judge_dial(dial: Mapping | None) -> Verdict:
     if dial is None or not h8 or not judged:
         ev = f"{dial_report.status(dial)} {dial_report.interim(dial)} See {{doc}}`01_symptom`."
         if dial is not None:
-            ev += f" {_prov(dial)}."
+            ev += f" {provenance_line(dial)}."
         return Verdict("C0-dial", DIAL_STATEMENT, NOT_TESTED, ev, DIAL_RULE, DIAL_DIFFERS,
                        note=f"{int((dial or {}).get('runs_stored', 0))} of "
                             f"{int((dial or {}).get('runs_planned', 265))} runs stored",
@@ -578,7 +578,7 @@ def judge_dial(dial: Mapping | None) -> Verdict:
     rows = "; ".join(f"{k}: {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}], Holm p "
                      f"{r['p_adjusted']:.2g} — {r['verdict']}" for k, r in h8.items())
     return Verdict("C0-dial", DIAL_STATEMENT, dial_verdict(words),
-                   f"H8 on ten paired seeds: {rows}. See {{doc}}`01_symptom`; {_prov(dial)}.", DIAL_RULE,
+                   f"H8 on ten paired seeds: {rows}. See {{doc}}`01_symptom`; {provenance_line(dial)}.", DIAL_RULE,
                    DIAL_DIFFERS, seeds=len(D.SEEDS), test=DIAL_TEST, proxy=prox, family=D.FAMILIES["H8"])
 
 
