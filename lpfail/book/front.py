@@ -186,7 +186,7 @@ def dial_words(load: Callable) -> str:
     if dial is None:
         return "its test, the precision dial, has no stored run yet"
     if not dial.get("complete", False):
-        return (f"its test, the precision dial, has {int(dial['runs_stored'])} of its {int(dial['runs_planned'])} "
+        return (f"its test, the precision dial, has {int(dial['runs_stored'])} of {int(dial['runs_planned'])} "
                 "runs ({doc}`ch. 1 <01_symptom>`)")
     calls = dial["analysis"].get("calls") or {}
     words = {f: sorted({r.get("verdict") for r in fam.values() if isinstance(r, dict) and r.get("verdict")})
@@ -221,9 +221,9 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
         train += (f"; {listing(works)} close at least half of the gap" if works else "") + (
             "" if biased else (", removing the bias is not shown to" if works else "; removing the bias is not "
                                "shown to close it"))
-    chain = ("The chain from the bias to a failure is not shown"
+    chain = ("The chain from bias to failure is not shown"
              if all(_is(by.get(c), NOT_REPRODUCED, CONTRADICTED, NOT_TESTED) for c in ("C1b", "C2")) else
-             f"The chain from the bias to a failure: {_status(by, 'C1b', 'C2')}")
+             f"The chain from bias to failure: {_status(by, 'C1b', 'C2')}")
     return f"{real} {train}. {chain}; {dial_words(load)}."
 
 
@@ -236,8 +236,8 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     ten = ten_seed_words(load_or_none(load, "confirmation")) or {}
     out = []
     if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
-        out.append("**GPU with SDPA, FlashAttention or cuDNN:** nothing to change; they round tied rows toward "
-                   "zero, not away ({doc}`ch. 6 <06_beyond>`).")
+        out.append("**SDPA, FlashAttention, cuDNN:** no change needed; they round tied rows toward zero "
+                   "({doc}`ch. 6 <06_beyond>`).")
     else:
         out.append(f"**GPU with a production kernel:** its tied rows read {_status(by, 'K-bias:sdpa_flash')} "
                    "({doc}`ch. 6 <06_beyond>`).")
@@ -258,10 +258,10 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED):
         fix = "are not shown to help training"
     elif _is(by.get("Fix-b"), PARTLY) and ten.get("R") not in (None, "supported"):
-        fix = "in training the official fix closes the gap only partly and the robust fix is not shown to"
+        fix = "in training the official helps partly, the robust is not shown to"
     else:
         fix = f"read {_status(by, 'Fix-b')} in training"
-    out.append(f"**QK-norm** {qk}; both fixes remove the bias but {fix} "
+    out.append(f"**QK-norm** {qk}; both fixes remove the bias; {fix} "
                "({doc}`ch. 5 <05_fix>`).")
     return out
 
