@@ -76,8 +76,8 @@ def status(dial: Mapping | None) -> str:
         where.append(f"{listing(parts)} at {lrs[j]:g}")
     n_long = int(np.asarray(dial.get("long_stored", []), dtype=bool).sum())
     n_long_planned = int(np.asarray(dial.get("long_stored", []), dtype=bool).size)
-    devices = listing(sorted({str(p.get("device")) for p in dial.get("parts") or []})) or "no card"
-    days = sorted({str(p.get("created"))[:10] for p in dial.get("parts") or []})
+    cards_, days = _cards_days(dial)
+    devices = listing(cards_, none="no card")
     return (f"So far {stored} of its {planned} runs are stored: {'; '.join(where)}; {n_long} of the "
             f"{n_long_planned} long runs ({devices}, {listing(days)}). Nothing is judged until every arm has its ten "
             "seeds at both rates.")
@@ -113,11 +113,16 @@ def facts(load: Callable | None = None) -> dict[str, str]:
             "dial_status": status(dial), "dial_interim": interim(dial), **cards(dial)}
 
 
+def _cards_days(dial: Mapping | None) -> tuple[list[str], list[str]]:
+    """The cards and the days (YYYY-MM-DD) of the dial's stored parts, each sorted, once."""
+    parts = (dial or {}).get("parts") or []
+    return (sorted({str(p.get("device")) for p in parts if p.get("device")}),
+            sorted({str(p.get("created"))[:10] for p in parts if p.get("created")}))
+
+
 def cards(dial: Mapping | None) -> dict[str, str]:
     """The cards and days of the dial's stored runs: ``dial_card`` and ``dial_when`` for a figure's caption."""
-    parts = (dial or {}).get("parts") or []
-    devices = sorted({str(p.get("device")) for p in parts if p.get("device")})
-    days = sorted({str(p.get("created"))[:10] for p in parts if p.get("created")})
+    devices, days = _cards_days(dial)
     return {"dial_card": listing(devices, none="no card yet"),
             "dial_when": (days[0] if len(days) == 1 else f"{days[0]} – {days[-1]}") if days else "no run yet"}
 
