@@ -37,13 +37,26 @@ def test_status_says_per_rate_which_seeds_have_every_arm_and_that_nothing_is_jud
     assert "Nothing is judged" in s
 
 
-def test_interim_gives_each_arm_minus_c_with_its_interval_only_from_two_seeds():
+def test_interim_gives_the_rows_in_numbers_at_rates_with_every_seed_and_counts_the_others():
     assert DR.interim(_grid(1, False)) == "No rate has two seeds of these arms yet."
-    res = _grid(4, False)
+    text = DR.interim(_grid(4, False))
+    assert "no rate has all its seeds yet; 0.008 has 4 seeds so far (the figure)" in text and "no call" in text
+    res = _grid(10, False)
     text = DR.interim(res)
-    r = res["analysis"]["interim"]["A_3 − C @lr=0.008"]
-    assert f"A_3 {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" in text
-    assert "at 0.008 on 4 seeds" in text and "0.004" not in text and "no call" in text
+    for name in ("A_3 − C", "A_3 − SR_3", "A_3 − SR_4"):
+        r = res["analysis"]["interim"][f"{name} @lr=0.008"]
+        assert f"{name} {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" in text
+    assert "at 0.008 on all 10 seeds" in text and "0.004" not in text
+
+
+def test_interim_pairs_are_the_paired_differences_of_the_two_arms():
+    res = _grid(10, False)
+    rows = res["analysis"]["interim"]
+    a3, sr3 = list(D.ARMS).index("A_3"), list(D.ARMS).index("SR_3")
+    j = list(D.LRS).index(8e-3)
+    d = res["small_val_final"][a3, j] - res["small_val_final"][sr3, j]
+    assert rows["A_3 − SR_3 @lr=0.008"]["estimate"] == __import__("pytest").approx(d.mean())
+    assert {f"{a} − {b} @lr=0.008" for a, b in D.PAIRS} <= set(rows)
 
 
 def test_cards_name_every_card_and_the_days():

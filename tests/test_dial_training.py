@@ -118,7 +118,8 @@ def test_an_incomplete_grid_is_described_per_rate_and_never_judged():
     a = D.analyse(_partial_grid(4))
     assert "calls" not in a  # no family is judged before every arm has its ten seeds at both rates
     rows = a["interim"]
-    assert set(rows) == {f"{v} − C @lr=0.008" for v in D.ARMS if v != "C"}  # nothing stored at 4e-3
+    assert set(rows) == ({f"{v} − C @lr=0.008" for v in D.ARMS if v != "C"}
+                         | {f"{a} − {b} @lr=0.008" for a, b in D.PAIRS})  # nothing stored at 4e-3
     for i, v in enumerate(D.ARMS[1:], start=1):
         r = rows[f"{v} − C @lr=0.008"]
         assert r["n"] == 4 and r["estimate"] == pytest.approx(0.01 * i)

@@ -83,23 +83,28 @@ def status(dial: Mapping | None) -> str:
             "seeds at both rates.")
 
 
-def interim(dial: Mapping | None, arms=("A_3", "SR_3", "SR_4")) -> str:
-    """Descriptive, before the rule can judge: the named arms − FP32 attention's held-out loss at each learning
-    rate where every one of them has at least two seeds paired with C (mean and 95 % t interval, the seed count)."""
-    rows = ((dial or {}).get("analysis") or {}).get("interim") or {}
-    out = []
+def interim(dial: Mapping | None, rows=("A_3 − C", "A_3 − SR_3", "A_3 − SR_4")) -> str:
+    """Descriptive, before the rule can judge: the named rows of the interim description (held-out loss, arm minus
+    arm, paired by seed) with mean and 95 % t interval at each learning rate where every seed of the grid is stored
+    for them; the other rates with at least two seeds by their seed count (their numbers are in the figure)."""
+    got = ((dial or {}).get("analysis") or {}).get("interim") or {}
+    n_all = len((dial or {}).get("small_seeds", []))
+    full, partial = [], []
     for lr in sorted({float(x) for x in (dial or {}).get("small_lrs", [])}, reverse=True):
-        got = [(a, rows.get(f"{a} − C @lr={lr:g}")) for a in arms]
-        if not all(r is not None and "ci" in r for _, r in got):
+        rs = [(name, got.get(f"{name} @lr={lr:g}")) for name in rows]
+        if not all(r is not None and "ci" in r for _, r in rs):
             continue
-        ns = sorted({r["n"] for _, r in got})
-        n = f"{ns[0]} seeds" if len(ns) == 1 else f"{ns[0]}–{ns[-1]} seeds"
-        vals = listing([f"{a} {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" for a, r in got])
-        out.append(f"at {lr:g} on {n}, {vals} nats")
-    if not out:
+        ns = sorted({r["n"] for _, r in rs})
+        if ns == [n_all]:
+            vals = listing([f"{name} {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}]" for name, r in rs])
+            full.append(f"at {lr:g} on all {n_all} seeds, {vals} nats")
+        else:
+            partial.append(f"{lr:g} has {ns[0]} seeds" if len(ns) == 1 else f"{lr:g} has {ns[0]}–{ns[-1]} seeds")
+    if not full and not partial:
         return "No rate has two seeds of these arms yet."
-    return ("Held-out loss minus FP32 attention's, mean and 95 % interval over the seeds stored so far "
-            f"(descriptive, no call): {'; '.join(out)}.")
+    said = "; ".join(full) if full else "no rate has all its seeds yet"
+    rest = f"; {listing(partial)} so far (the figure)" if partial else ""
+    return f"Held-out loss, paired by seed, mean and 95 % interval (descriptive, no call): {said}{rest}."
 
 
 def facts(load: Callable | None = None) -> dict[str, str]:

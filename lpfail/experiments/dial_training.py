@@ -307,9 +307,16 @@ def describe(e: dict[str, np.ndarray], lrs, seeds) -> dict:
     return out
 
 
+#: The registered comparisons between two arms (H8, H10) and the fix against its own arithmetic, described while the
+#: grid is incomplete beside every arm − C.
+PAIRS = (tuple((a_name(k), sr_name(o)) for k in KS_BIAS for o in (k, k + 1))
+         + tuple((f"D_{k}", a_name(k)) for k in KS_D) + (("R_3", "A_3"),))
+
+
 def interim(res) -> dict:
-    """Descriptive, while the grid is incomplete: every arm − C at each learning rate over the seeds where both are
-    stored (mean, 95 % t interval where n ≥ 2, n). No call: the rule judges only whole families on ten seeds."""
+    """Descriptive, while the grid is incomplete: every arm − C, and every pair in `PAIRS`, at each learning rate over
+    the seeds where both are stored (mean, 95 % t interval where n ≥ 2, n). No call: the rule judges only whole
+    families on ten seeds."""
     if "small_val_final" not in res:
         return {}
     eff = stats.effective_loss(res["small_val_final"], res["small_val_init"])
@@ -317,11 +324,10 @@ def interim(res) -> dict:
     vs = [str(v) for v in np.asarray(res["small_variants"])]
     if "C" not in vs:
         return {}
-    c = vs.index("C")
+    pairs = [(v, "C") for v in vs if v != "C"] + [(a, b) for a, b in PAIRS if a in vs and b in vs]
     out = {}
-    for i, v in enumerate(vs):
-        if v == "C":
-            continue
+    for a, b in pairs:
+        i, c = vs.index(a), vs.index(b)
         for j, lr in enumerate(float(x) for x in res["small_lrs"]):
             both = stored[i, j] & stored[c, j]
             d = (eff[i, j] - eff[c, j])[both]
@@ -330,7 +336,7 @@ def interim(res) -> dict:
             row = {"n": int(d.size), "estimate": float(d.mean())}
             if d.size >= 2:
                 row["ci"] = list(stats.t_interval(d)[1:])
-            out[f"{v} − C @lr={lr:g}"] = row
+            out[f"{a} − {b} @lr={lr:g}"] = row
     return out
 
 
