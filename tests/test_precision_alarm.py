@@ -172,3 +172,81 @@ def test_chapter_7_tables_and_facts_from_the_stored_evaluation():
     lead = dg.alarm_lead_table(res)
     assert len(lead.splitlines()) == 2 + 10
     assert "nan" not in (table + lead).lower()
+
+
+# -- the second rule (ScaledRule), its decision and the design's power ---------------------------------------------
+def _rec(step, dq, dk, logit, layers=2, heads=2):
+    grid = lambda x: [[x] * heads for _ in range(layers)]  # noqa: E731
+    return {"kind": "record", "step": step, "alarm_dq_rel": grid(dq), "alarm_dk_rel": grid(dk),
+            "max_logit": grid(logit)}
+
+
+def test_binomial_interval_is_scipys_exact_interval():
+    from scipy.stats import binomtest
+
+    from lpfail.sweep.stats import binomial_interval
+
+    for k, n in [(0, 10), (2, 10), (7, 7), (13, 27), (1, 40)]:
+        ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+        assert binomial_interval(k, n) == pytest.approx((ci.low, ci.high), abs=1e-12)
+    with pytest.raises(ValueError):
+        binomial_interval(3, 2)
+
+
+def test_scaled_statistic_is_the_median_error_per_unit_of_logit():
+    rec = _rec(0, 0.02, 0.04, 60.0)
+    assert P.scaled_statistic(rec) == pytest.approx(0.5 * (0.02 + 0.04) / 60.0)
+    rec["max_logit"][0][0] = 0.2  # below the floor of 1: divided by 1
+    rec["alarm_dq_rel"][1][1] = float("nan")  # a head without finite values is left out
+    vals = sorted([0.03 / 1.0, 0.03 / 60, 0.03 / 60])
+    assert P.scaled_statistic(rec) == pytest.approx(vals[1])
+    assert np.isnan(P.scaled_statistic({"alarm_dq_rel": [[float("nan")]], "alarm_dk_rel": [[1.0]],
+                                        "max_logit": [[1.0]]}))
+
+
+def test_scaled_rule_fires_after_its_consecutive_measurements_and_a_gap_restarts_the_count():
+    rule = P.ScaledRule(threshold=1e-3, consecutive=3)
+    hi, lo = (0.1, 0.1, 10.0), (0.001, 0.001, 10.0)  # statistic 1e-2 and 1e-4
+    recs = [_rec(10 * i, *x) for i, x in enumerate([hi, hi, lo, hi, hi, hi, hi])]
+    assert P.scaled_fires(recs, rule) == 50
+    assert P.scaled_fires(recs[:5], rule) is None
+    nan = _rec(20, float("nan"), float("nan"), 10.0)
+    assert P.scaled_fires([recs[0], recs[1], nan, recs[3], recs[4]], rule) is None
+    with pytest.raises(ValueError):
+        P.ScaledRule(consecutive=0)
+
+
+def test_decide_says_met_missed_or_undecided_from_the_exact_intervals():
+    met = P.decide(40, 40, {"C": (0, 60), "D": (0, 60)})
+    assert met["word"] == "met" and met["undecided"] == []
+    assert P.decide(10, 20, {"C": (0, 60), "D": (0, 60)})["word"] == "missed"   # hit interval below 0.8
+    assert P.decide(40, 40, {"C": (0, 60), "D": (20, 60)})["word"] == "missed"  # D's interval above 0.1
+    und = P.decide(7, 7, {"C": (0, 10), "D": (2, 10)})
+    assert und["word"] == "undecided" and set(und["undecided"]) == {"hit", "C", "D"}
+    assert P.decide(0, 0, {"C": (0, 60), "D": (0, 60)})["undecided"] == ["hit"]
+
+
+def test_decision_rates_measure_power_and_never_call_met_when_false_alarms_are_common():
+    strong = P.decision_rates(1.0, {"C": 0.0, "D": 0.0}, 40, {"C": 60, "D": 60}, n_sims=200)
+    assert strong["met"] == 1.0
+    bad = P.decision_rates(0.95, {"C": 0.0, "D": 0.3}, 27, {"C": 40, "D": 40}, n_sims=300)
+    assert bad["met"] == 0.0 and bad["missed"] > 0.5
+
+
+def test_evaluate_scaled_counts_hits_false_alarms_and_quiet_a_runs():
+    loud = [_rec(10 * i, 0.1, 0.1, 10.0) for i in range(20)]   # statistic 1e-2: fires at step 70
+    calm = [_rec(10 * i, 0.001, 0.001, 10.0) for i in range(20)]
+    flat, bad = [3.0] * 20, [3.0] * 10 + [4.0] * 10   # A's loss 33 % above C's from bin 10 (step 500)
+    runs = {("A", 0.032, 1): {"records": loud, "loss": bad, "bin_steps": 50, "logit_alert": 20},
+            ("C", 0.032, 1): {"records": calm, "loss": flat, "bin_steps": 50, "logit_alert": 20},
+            ("D", 0.032, 1): {"records": loud, "loss": flat, "bin_steps": 50, "logit_alert": None},
+            ("A", 0.032, 2): {"records": loud, "loss": flat, "bin_steps": 50, "logit_alert": None},
+            ("C", 0.032, 2): {"records": calm, "loss": flat, "bin_steps": 50, "logit_alert": None},
+            ("D", 0.032, 2): {"records": calm, "loss": flat, "bin_steps": 50, "logit_alert": None}}
+    out = P.evaluate_scaled(runs)
+    assert out["lead"]["0.032/s1"]["divergence_step"] == 500 and out["lead"]["0.032/s1"]["alarm_lead"] == 430
+    d = out["decision"]
+    assert d["hit"]["k"] == 1 and d["hit"]["n"] == 1
+    assert d["false_alarm"]["C"]["k"] == 0 and d["false_alarm"]["D"]["k"] == 1 and d["false_alarm"]["D"]["n"] == 2
+    assert out["A_without_divergence"] == {"runs": 1, "alarms": 1}
+    assert out["logit_alert"]["false_alarms"]["C"] == [1, 2]

@@ -23,6 +23,7 @@ from typing import Mapping
 import numpy as np
 
 from lpfail.monitor import Thresholds
+from lpfail.experiments.precision_alarm import divergence_steps
 
 PREREGISTERED_ON = "2026-12-01"
 
@@ -33,13 +34,6 @@ def alert_steps(max_logit: np.ndarray, diag_step: np.ndarray, threshold: float) 
     over = np.nan_to_num(np.asarray(max_logit, dtype=np.float64), nan=-np.inf).max(axis=-1) > threshold
     first = np.argmax(over, axis=-1)
     return np.where(over.any(axis=-1), np.asarray(diag_step, dtype=np.float64)[first], np.nan)
-
-
-def divergence_steps(loss_a: np.ndarray, loss_c: np.ndarray, bin_steps: int, margin: float = 0.05) -> np.ndarray:
-    """Loss curves (…, n_bins) of A and C → the first bin's first step where A > (1 + margin)·C, NaN if never."""
-    worse = np.asarray(loss_a, dtype=np.float64) > (1 + margin) * np.asarray(loss_c, dtype=np.float64)
-    first = np.argmax(worse, axis=-1)
-    return np.where(worse.any(axis=-1), first * float(bin_steps), np.nan)
 
 
 def evaluate(res: Mapping, threshold: float | None = None, margin: float = 0.05, size: str = "small") -> dict:

@@ -68,7 +68,7 @@ MONITOR = {"every": 10, "window": 10, "sample_batch": 1, "alarm_window": RULE.wi
 #: The evaluation grid: lr_sweep's smaller size (4 × 256, 1,000 steps, its batches and schedule) at its two
 #: highest learning rates, the paper's arithmetic (A), FP32 attention (C) and production arithmetic (D), fresh seeds.
 GRID = {"size": "small", "lrs": (1.6e-2, 3.2e-2), "variants": ("A", "C", "D"), "seeds": tuple(range(10, 15))}
-#: A's divergence step: chapter 7's definition (`lpfail.book.monitor_eval.divergence_steps`), the first bin of
+#: A's divergence step: chapter 7's definition (`divergence_steps`), the first bin of
 #: the training-loss curve where A's loss exceeds C's (same rate and seed) by more than 5 %.
 DIVERGENCE_MARGIN = 0.05
 #: What the evaluation reports, fixed with the rule.
@@ -82,6 +82,14 @@ PREDICTIONS = {
     "D": "false alarms in ≤ 1 of 10 D runs (55 %): D passes the gate, ρ alone tells it from A",
     "A": "an alarm before divergence in ≥ half of A's diverging runs (50 %); some diverge before step ≈ 180",
 }
+
+
+def divergence_steps(loss_a: np.ndarray, loss_c: np.ndarray, bin_steps: int, margin: float = DIVERGENCE_MARGIN
+                     ) -> np.ndarray:
+    """Loss curves (…, n_bins) of A and C → the first bin's first step where A > (1 + margin)·C, NaN if never."""
+    worse = np.asarray(loss_a, dtype=np.float64) > (1 + margin) * np.asarray(loss_c, dtype=np.float64)
+    first = np.argmax(worse, axis=-1)
+    return np.where(worse.any(axis=-1), first * float(bin_steps), np.nan)
 
 
 def _median_window(xs: Sequence[float], window: int) -> float:
@@ -131,8 +139,6 @@ def evaluate(runs: Mapping[tuple[str, float, int], dict], rule: Rule = RULE) -> 
     logit alert's step or None}. Per variant and rate: the alarm's steps; the false-alarm fractions of C and D;
     for A, per run, its divergence step (against C of the same rate and seed), the alarm's and the logit alert's
     lead times (NaN where A never diverges or the alert never fires)."""
-    from lpfail.book.monitor_eval import divergence_steps
-
     alarms = {key: fires(r["records"], rule) for key, r in runs.items()}
     out: dict = {"rule": rule.__dict__, "preregistered_on": PREREGISTERED_ON, "alarm_step": {}, "false_alarm": {},
                  "lead": {}}
@@ -211,6 +217,176 @@ def describe(runs: Mapping[tuple[str, float, int], dict], rule: Rule = RULE) -> 
 
 # -- the grid --------------------------------------------------------------------------------------------------
 #: `MONITOR` as a `TrainConfig.monitor` spec
+# -- the second rule: the gradient's error per unit of logit (fixed 2026-12-06, before any run of its grid) --------
+SCALED_PREREGISTERED_ON = "2026-12-06"
+#: What had been seen when the second rule was written (2026-12-06, 17:30 UTC).
+SCALED_SEEN = (
+    "The 30 runs of the first rule's evaluation (seeds 10–14; A, C and D at 1.6e-2 and 3.2e-2; an H200, "
+    "2026-12-02), every monitor record of them, and the first rule's outcome (no alarm). On those runs we compared, "
+    "by their hits (an alarm at least 50 steps before A's divergence) and their alarms on C and D: the median, "
+    "per-layer median and maximum over heads of the dQ/dK relative error at thresholds 0.01–0.5 and 1–3 "
+    "consecutive measurements (every one fired on 5–10 of the 10 D runs: production arithmetic's error is as large "
+    "once its logits are); ρ over time (≈ 1 in every variant: no coherence to detect at this sampling); and the "
+    "error divided by the head's largest logit, and by its square root, at four thresholds each and 3, 5 or 8 "
+    "consecutive measurements. The rule below is the best of those on the 30 runs (7 of 7 divergences hit with "
+    "90–430 steps of lead, 0 of 10 C runs and 2 of 10 D runs alarmed; it fires at step 70, its earliest, in all 10 "
+    "A runs, the 3 that never diverge included: it tells the paper's arithmetic from production arithmetic and FP32 "
+    "attention rather than timing a divergence): chosen on them, so its numbers there are development numbers, not "
+    "an evaluation. No run of seeds 30–49 existed.")
+
+
+@dataclass(frozen=True)
+class ScaledRule:
+    """The second alert rule. At each measurement, per (layer, head): e = ½·(dQ's + dK's relative error against the
+    high-precision recomputation) divided by max(the head's largest logit, `logit_floor`) — BF16 rounding makes the
+    gradient's error grow with the logits, and the paper's arithmetic makes it grow faster per unit of logit than
+    production arithmetic; the statistic is the median of e over every (layer, head) with finite values. The run's
+    alarm is the first measurement at which the statistic has been ≥ `threshold` for `consecutive` measurements in
+    a row (with the monitor every 10 steps, 8 measurements = 70 steps after the first)."""
+
+    threshold: float = 5e-4
+    consecutive: int = 8
+    logit_floor: float = 1.0
+
+    def __post_init__(self):
+        if not (self.threshold > 0 and self.logit_floor > 0):
+            raise ValueError(f"ScaledRule.threshold and logit_floor must be > 0 (got {self.threshold}, "
+                             f"{self.logit_floor})")
+        if not (isinstance(self.consecutive, int) and not isinstance(self.consecutive, bool) and self.consecutive >= 1):
+            raise ValueError(f"ScaledRule.consecutive must be a positive int (got {self.consecutive!r})")
+
+
+SCALED_RULE = ScaledRule()
+#: Its evaluation grid: the first grid's rates, variants and monitor on twenty seeds no grid has trained.
+SCALED_GRID = {"size": "small", "lrs": GRID["lrs"], "variants": GRID["variants"], "seeds": tuple(range(30, 50))}
+#: A hit: the alarm at least this many steps before A's divergence (`divergence_steps`, against C, same rate and seed).
+LEAD_STEPS = 50
+#: The goal of issue "kit": at least 80 % of A's divergences hit, at most 10 % of C runs and of D runs alarmed.
+SCALED_GOAL = {"hit": 0.80, "false_alarm": 0.10}
+SCALED_DECISION = (
+    "Hits: among A's runs that diverge (`divergence_steps`), the fraction with an alarm at least 50 steps before the "
+    "divergence. False alarms: the fraction of C runs, and of D runs, with an alarm at any step. Each with its exact "
+    "(Clopper–Pearson) 95 % interval. The goal is 'met' when the hit rate's interval lies at or above 0.80 and both "
+    "false-alarm intervals at or below 0.10; 'missed' when the hit rate's interval lies below 0.80 or a false-alarm "
+    "interval above 0.10; else 'undecided', naming the part the runs could not decide. The logit alert's hits and "
+    "false alarms on the same runs are reported beside it, without a call.")
+#: Written with the rule, before its runs (for the closing note to compare against).
+SCALED_PREDICTIONS = {
+    "hit": "≥ 80 % of A's divergences hit (65 %); the interval decides it (45 %)",
+    "C": "no alarm on any C run (80 %)",
+    "D": "alarms on 5–30 % of D runs (60 %), so the goal is missed or undecided on D (70 %)",
+}
+
+
+def scaled_statistic(rec: Mapping, floor: float = SCALED_RULE.logit_floor) -> float:
+    """One record's statistic (`ScaledRule`): the median over (layer, head) of ½(dQ + dK relative error) / max(largest
+    logit, floor); NaN when no head has all three values finite."""
+    vals = []
+    for layer, heads in enumerate(rec.get("alarm_dq_rel") or []):
+        for head, eq in enumerate(heads or []):
+            ek, ml = _at(rec.get("alarm_dk_rel"), layer, head), _at(rec.get("max_logit"), layer, head)
+            if all(x is not None and math.isfinite(x) for x in (eq, ek, ml)):
+                vals.append(0.5 * (eq + ek) / max(ml, floor))
+    return float(np.median(vals)) if vals else float("nan")
+
+
+def scaled_fires(records: Iterable[Mapping], rule: ScaledRule = SCALED_RULE) -> int | None:
+    """The second rule on one run's monitor records (in step order): the step of its alarm, or None. Records
+    without the alarm's fields are skipped; a NaN statistic breaks a run of measurements."""
+    run = 0
+    for rec in records:
+        if rec.get("kind", "record") != "record" or "alarm_dq_rel" not in rec:
+            continue
+        x = scaled_statistic(rec, rule.logit_floor)
+        run = run + 1 if math.isfinite(x) and x >= rule.threshold else 0
+        if run >= rule.consecutive:
+            return int(rec["step"])
+    return None
+
+
+def decide(hits: int, diverged: int, false_alarms: Mapping[str, tuple[int, int]],
+           goal: Mapping[str, float] = SCALED_GOAL) -> dict:
+    """`SCALED_DECISION` from counts: hits of `diverged`, and per variant (alarms, runs). Returns the word, the
+    rates with their intervals, and which parts are undecided."""
+    from lpfail.sweep.stats import binomial_interval
+
+    out = {"hit": None, "false_alarm": {}, "undecided": []}
+    missed = False
+    if diverged:
+        lo, hi = binomial_interval(hits, diverged)
+        out["hit"] = {"k": int(hits), "n": int(diverged), "rate": hits / diverged, "ci": [lo, hi]}
+        if hi < goal["hit"]:
+            missed = True
+        elif lo < goal["hit"]:
+            out["undecided"].append("hit")
+    else:
+        out["undecided"].append("hit")
+    for v, (k, n) in false_alarms.items():
+        if not n:
+            out["undecided"].append(v)
+            continue
+        lo, hi = binomial_interval(k, n)
+        out["false_alarm"][v] = {"k": int(k), "n": int(n), "rate": k / n, "ci": [lo, hi]}
+        if lo > goal["false_alarm"]:
+            missed = True
+        elif hi > goal["false_alarm"]:
+            out["undecided"].append(v)
+    out["word"] = "missed" if missed else "undecided" if out["undecided"] else "met"
+    return out
+
+
+def evaluate_scaled(runs: Mapping[tuple[str, float, int], dict], rule: ScaledRule = SCALED_RULE) -> dict:
+    """The second rule on a grid's runs (the layout of `evaluate`): per run its alarm step; per A run that diverges,
+    the divergence step and the alarm's and the logit alert's lead; the hits, the false alarms on C and D, and the
+    decision (`decide`); the logit alert's counts on the same runs beside it."""
+    alarms = {key: scaled_fires(r["records"], rule) for key, r in runs.items()}
+    out: dict = {"rule": dataclasses.asdict(rule), "preregistered_on": SCALED_PREREGISTERED_ON, "alarm_step": {},
+                 "lead": {}}
+    for (v, lr, s), step in sorted(alarms.items()):
+        out["alarm_step"][f"{v}@{lr:g}/s{s}"] = step
+    hits = logit_hits = diverged = quiet_alarms = quiet = 0
+    for (v, lr, s) in sorted(k for k in alarms if k[0] == "A"):
+        c = runs.get(("C", lr, s))
+        if c is None:
+            continue
+        a = runs[("A", lr, s)]
+        div = float(divergence_steps(np.asarray(a["loss"]), np.asarray(c["loss"]), a["bin_steps"]))
+        alarm, logit = alarms[("A", lr, s)], a.get("logit_alert")
+        row = {"divergence_step": div if math.isfinite(div) else None, "alarm_step": alarm, "logit_alert": logit,
+               "alarm_lead": div - alarm if alarm is not None and math.isfinite(div) else None,
+               "logit_lead": div - logit if logit is not None and math.isfinite(div) else None}
+        out["lead"][f"{lr:g}/s{s}"] = row
+        if math.isfinite(div):
+            diverged += 1
+            hits += row["alarm_lead"] is not None and row["alarm_lead"] >= LEAD_STEPS
+            logit_hits += row["logit_lead"] is not None and row["logit_lead"] >= LEAD_STEPS
+        else:
+            quiet += 1
+            quiet_alarms += alarm is not None
+    fa = {v: (sum(alarms[k] is not None for k in alarms if k[0] == v), sum(k[0] == v for k in alarms))
+          for v in ("C", "D")}
+    out["decision"] = decide(hits, diverged, fa)
+    #: not part of the goal, reported beside it: A's runs that never diverge, and how many of them alarmed
+    out["A_without_divergence"] = {"runs": quiet, "alarms": quiet_alarms}
+    out["logit_alert"] = {"hits": logit_hits, "diverged": diverged,
+                          "false_alarms": {v: [sum(runs[k].get("logit_alert") is not None for k in runs if k[0] == v),
+                                               fa[v][1]] for v in fa}}
+    return out
+
+
+def decision_rates(p_hit: float, p_false: Mapping[str, float], diverged: int, runs: Mapping[str, int],
+                   n_sims: int = 2000, seed: int = 0) -> dict[str, float]:
+    """How often `decide` says each word when the true hit rate is `p_hit` and the true false-alarm rates are
+    `p_false`, with `diverged` A runs diverging and `runs` C and D runs (binomial draws, the code that makes the
+    call): the design's power and false-call rate."""
+    rng = np.random.default_rng(seed)
+    words = {"met": 0, "missed": 0, "undecided": 0}
+    for _ in range(n_sims):
+        fa = {v: (int(rng.binomial(runs[v], p_false[v])), runs[v]) for v in runs}
+        words[decide(int(rng.binomial(diverged, p_hit)), diverged, fa)["word"]] += 1
+    return {w: k / n_sims for w, k in words.items()}
+
+
 MONITOR_SPEC = (f"every={MONITOR['every']} window={MONITOR['window']} sample_batch={MONITOR['sample_batch']} "
                 f"alarm={MONITOR['alarm_window']} reference={MONITOR['reference']}")
 STORE = Store("precision_alarm_parts", "lpfail.precision_alarm.part", "python -m lpfail sweep precision_alarm drive")
@@ -318,6 +494,7 @@ class PrecisionAlarmGrid(GridBase):
                 "logit_alert": logit_alert(s.get("monitor", [])), "status": s["status"]}
         return {"preregistered_on": PREREGISTERED_ON, "complete": len(runs) == len(planned),
                 "runs_stored": len(runs), "runs_planned": len(planned), "analysis": evaluate(runs),
+                "scaled_development": evaluate_scaled(runs),
                 "description": describe(runs)}
 
 

@@ -631,3 +631,17 @@ def legacy_rates(curves: np.ndarray, weights, truth, confidence: float = CONFIDE
         called.append((lo > 0) | (hi < 0))
         covered.append((lo <= truth) & (truth <= hi))
     return {"call": np.concatenate(called).mean(0), "cover": np.concatenate(covered).mean(0)}
+
+
+def binomial_interval(k: int, n: int, confidence: float = T_CONFIDENCE) -> tuple[float, float]:
+    """The exact (Clopper–Pearson) two-sided interval of a rate from ``k`` events in ``n`` independent trials:
+    the beta quantiles at (1 − confidence)/2 and (1 + confidence)/2 (0 at k = 0, 1 at k = n)."""
+    k, n = int(k), int(n)
+    if n < 1 or not 0 <= k <= n:
+        raise ValueError(f"binomial_interval: need 0 ≤ k ≤ n and n ≥ 1 (got k={k}, n={n})")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"binomial_interval: confidence must lie in (0, 1) (got {confidence})")
+    a = (1.0 - confidence) / 2
+    lo = 0.0 if k == 0 else float(_special().betaincinv(k, n - k + 1, a))
+    hi = 1.0 if k == n else float(_special().betaincinv(k + 1, n - k, 1.0 - a))
+    return lo, hi
