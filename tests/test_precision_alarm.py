@@ -250,3 +250,17 @@ def test_evaluate_scaled_counts_hits_false_alarms_and_quiet_a_runs():
     assert d["false_alarm"]["C"]["k"] == 0 and d["false_alarm"]["D"]["k"] == 1 and d["false_alarm"]["D"]["n"] == 2
     assert out["A_without_divergence"] == {"runs": 1, "alarms": 1}
     assert out["logit_alert"]["false_alarms"]["C"] == [1, 2]
+
+
+def test_chapter_7s_paragraph_on_the_second_rule_comes_from_the_stored_development_numbers():
+    from lpfail.book import diagnose as dg
+
+    loud = [_rec(10 * i, 0.1, 0.1, 10.0) for i in range(20)]
+    calm = [_rec(10 * i, 0.001, 0.001, 10.0) for i in range(20)]
+    runs = {("A", 0.032, 1): {"records": loud, "loss": [3.0] * 10 + [4.0] * 10, "bin_steps": 50},
+            ("C", 0.032, 1): {"records": calm, "loss": [3.0] * 20, "bin_steps": 50},
+            ("D", 0.032, 1): {"records": calm, "loss": [3.0] * 20, "bin_steps": 50}}
+    text = dg.scaled_rule_text({"scaled_development": P.evaluate_scaled(runs)})
+    assert "precedes 1 of 1 divergences" in text and "0 of 1 FP32 runs and 0 of 1 production runs" in text
+    assert "at step 70, its earliest," in text and "development numbers" in text and "has not run yet" in text
+    assert dg.scaled_rule_text({}).endswith("Its numbers on these runs are not stored.")

@@ -241,3 +241,33 @@ def alarm_figure(res: dict):
     axes[0][0].set_ylabel("largest ρ over heads\n(median of seeds)")
     fig.tight_layout()
     return fig
+
+
+def scaled_rule_text(res: dict) -> str:
+    """Chapter 7's paragraph on the second alarm rule (`lpfail.experiments.precision_alarm.ScaledRule`): what it
+    measures, its numbers on the runs it was chosen on (``scaled_development`` of the stored `precision_alarm`, said
+    to be development numbers), and that its pre-registered evaluation on fresh seeds is or is not stored."""
+    from lpfail.experiments import precision_alarm as P
+
+    dev = res.get("scaled_development") if hasattr(res, "get") else None
+    rule = P.SCALED_RULE
+    head = (f"So a size rule was chosen on these runs and registered before any fresh run (ScaledRule in "
+            f"lpfail.experiments.precision_alarm, {P.SCALED_PREREGISTERED_ON}): the median over heads of the gradient's "
+            f"relative error divided by the head's largest logit, at or above {rule.threshold:g} for "
+            f"{rule.consecutive} measurements in a row. Rounding makes the error grow with the logits; the paper's "
+            "arithmetic makes it grow faster per unit of logit than production arithmetic.")
+    if not dev:
+        return head + " Its numbers on these runs are not stored."
+    d, quiet = dev["decision"], dev["A_without_divergence"]
+    steps = sorted({v for k, v in dev["alarm_step"].items() if k.startswith("A@") and v is not None})
+    when = ("" if not steps else f"at step {steps[0]}, its earliest," if len(steps) == 1
+            else f"between steps {steps[0]} and {steps[-1]}")
+    fa = d["false_alarm"]
+    return (f"{head} On the runs it was chosen on (development numbers, not a test) it precedes "
+            f"{d['hit']['k']} of {d['hit']['n']} divergences by at least {P.LEAD_STEPS} steps and alarms on "
+            f"{fa['C']['k']} of {fa['C']['n']} FP32 runs and {fa['D']['k']} of {fa['D']['n']} production runs; it "
+            f"fires {when} in the paper's arithmetic, including the {quiet['runs']} runs that never diverge, so it "
+            "tells which arithmetic a model runs more than when a run will fail. Its pre-registered test on "
+            f"{len(P.SCALED_GRID['seeds'])} fresh seeds (goal: at least {100 * P.SCALED_GOAL['hit']:.0f} % of "
+            f"divergences hit, at most {100 * P.SCALED_GOAL['false_alarm']:.0f} % of FP32 or production runs "
+            "alarmed) has not run yet.")
