@@ -264,3 +264,17 @@ def test_chapter_7s_paragraph_on_the_second_rule_comes_from_the_stored_developme
     assert "precedes 1 of 1 divergences" in text and "0 of 1 FP32 runs and 0 of 1 production runs" in text
     assert "at step 70, its earliest," in text and "development numbers" in text and "has not run yet" in text
     assert dg.scaled_rule_text({}).endswith("Its numbers on these runs are not stored.")
+
+
+def test_the_second_rules_grid_is_fresh_and_evaluates_the_second_rule():
+    from lpfail import sweep
+
+    grid = sweep.get("precision_alarm_fresh")
+    runs = grid.runs()
+    assert len(runs) == 120 and {r.seed for r in runs} == set(P.SCALED_GRID["seeds"])
+    assert all(r.store.folder == "precision_alarm_fresh_parts" for r in runs)
+    for name in sweep.names():
+        if name != "precision_alarm_fresh":
+            assert not {r.seed for r in sweep.get(name).runs()} & set(P.SCALED_GRID["seeds"]), name
+    loud = [_rec(10 * i, 0.1, 0.1, 10.0) for i in range(20)]
+    assert grid.alarm_step(loud) == 70 and sweep.get("precision_alarm").alarm_step(loud) is None

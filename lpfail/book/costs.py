@@ -367,7 +367,8 @@ def stored_at_commit(name: str, commit: str) -> dict:
 GRID_CHAPTER = {"lr_sweep": "01_symptom", "compiled_sweep": "lab_01_symptom", "symptom": "lab_01_symptom",
                 "symptom_sweep": "lab_01_symptom", "substitution": "02_substitution",
                 "substitution_amendment": "02_substitution", "fix_training": "05_fix", "cures": "06_beyond",
-                "confirmation": "verdict", "precision_alarm": "07_diagnose"}
+                "confirmation": "verdict", "precision_alarm": "07_diagnose",
+                "precision_alarm_fresh": "07_diagnose"}
 
 
 def quick_rows(directory=None) -> list[dict]:

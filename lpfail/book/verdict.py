@@ -348,18 +348,25 @@ def tally_markdown(vs: list[Verdict]) -> str:
 
 
 def preregistered() -> tuple[str, ...]:
-    """Every registered experiment whose module declares a pre-registration (``PREREGISTERED_ON``), in the order
-    the rules were fixed (then by name): derived from the experiments themselves, never a hand-kept list."""
-    import importlib
-
+    """Every registered experiment that declares a pre-registration (``PREREGISTERED_ON`` on its function, else on
+    its module: `_declared`), in the order the rules were fixed (then by name): derived from the experiments
+    themselves, never a hand-kept list."""
     from lpfail import results
 
     found = []
     for name, exp in results.registry().items():
-        mod = importlib.import_module(exp.fn.__module__)
-        if getattr(mod, "PREREGISTERED_ON", None):
-            found.append((str(mod.PREREGISTERED_ON), name))
+        when = _declared(exp.fn, "PREREGISTERED_ON")
+        if when:
+            found.append((str(when), name))
     return tuple(name for _, name in sorted(found))
+
+
+def _declared(fn, attr: str):
+    """An experiment's declaration: the attribute on its function (a module holding two experiments with two rules
+    sets it there), else on its module."""
+    import importlib
+
+    return getattr(fn, attr, None) or getattr(importlib.import_module(fn.__module__), attr, None)
 #: A rule whose data had been seen in part before its final form, where the experiment module has no `SEEN`.
 RECORD_EXTRA = {
     "fix_sweep": ("the robust fix's rule (`lpfail.book.fix_report`), not dated in code",
@@ -371,17 +378,15 @@ RECORD_EXTRA = {
 def preregistration_record() -> list[list[str]]:
     """[experiment, rule fixed on, what had been seen then] per pre-registered experiment (from each module's
     ``PREREGISTERED_ON`` and ``SEEN``, with its ``AMENDMENT`` where it has one), then `RECORD_EXTRA`."""
-    import importlib
-
     rows = []
     from lpfail import results
 
     for name in preregistered():
-        mod = importlib.import_module(results.get(name).fn.__module__)
-        seen = str(getattr(mod, "SEEN", "not recorded"))
-        if getattr(mod, "AMENDMENT", None) and getattr(mod, "AMENDED_ON", None):
-            seen += f" Amended {mod.AMENDED_ON}: {mod.AMENDMENT}"
-        rows.append([f"`{name}`", str(mod.PREREGISTERED_ON), seen])
+        fn = results.get(name).fn
+        seen = str(_declared(fn, "SEEN") or "not recorded")
+        if _declared(fn, "AMENDMENT") and _declared(fn, "AMENDED_ON"):
+            seen += f" Amended {_declared(fn, 'AMENDED_ON')}: {_declared(fn, 'AMENDMENT')}"
+        rows.append([f"`{name}`", str(_declared(fn, "PREREGISTERED_ON")), seen])
     rows += [[f"`{name}`", when, seen] for name, (when, seen) in RECORD_EXTRA.items()]
     return rows
 
