@@ -92,3 +92,29 @@ def test_span_never_reads_x_to_x():
     assert span(0.1234, 0.1236, ".2f") == "0.12"  # equal once formatted
     assert listing([]) == "none" and listing(["a", "b", "c"]) == "a, b and c"
     assert sentence("the bias is real") == "The bias is real." and sentence("`x` holds.") == "`x` holds."
+
+
+def test_reading_times_must_match_the_rendered_words_within_the_tolerance():
+    res = [B.PageText("book/intro.html", all_words=10), B.PageText("book/a.html", all_words=1000),
+           B.PageText("book/b.html", all_words=500)]
+    paths = [("someone", "what", ("a", "b"))]
+    assert B.reading_time_errors(res, paths, {"a": 1000, "b": 420}.get) == []   # −5 %
+    err = B.reading_time_errors(res, paths, {"a": 700, "b": 420}.get)              # −25 %
+    assert len(err) == 1 and "1,120 words counted" in err[0] and "1,500 rendered" in err[0]
+    assert "not built" in B.reading_time_errors(res, [("x", "y", ("a", "c"))], {"a": 1, "c": 1}.get)[0]
+
+
+def test_page_words_keeps_prose_after_a_less_than_sign():
+    import nbformat
+
+    from lpfail.book import front
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("when a < b the sum rounds " + "word " * 50),
+                nbformat.v4.new_markdown_cell("and b > c keeps " + "more " * 50)]
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        nbformat.write(nb, str(Path(d) / "p.ipynb"))
+        assert front.page_words("p", Path(d)) >= 110

@@ -205,6 +205,33 @@ def check_site(root: str | Path, toc: str | Path | None = None, pages: list[str]
     return [check_page(p, (root / p).read_text(errors="replace"), p in main) for p in found]
 
 
+#: The first page's reading times may differ from the rendered words by at most this fraction.
+READING_TOLERANCE = 0.10
+
+
+def reading_time_errors(res: list[PageText], paths=None, words=None) -> list[str]:
+    """The first page's reading paths (`lpfail.book.front.PATHS`, their words counted from the notebooks' stored
+    outputs by `front.page_words`) against the words the built pages show (`all_words`): one error per path whose
+    counts differ by more than `READING_TOLERANCE`, or whose page was not built."""
+    from lpfail.book import front
+
+    paths = front.PATHS if paths is None else paths
+    words = front.page_words if words is None else words
+    shown = {r.page: r.all_words for r in res}
+    errors = []
+    for reader, _what, pages in paths:
+        missing = [p for p in pages if f"book/{p}.html" not in shown]
+        if missing:
+            errors.append(f"reading path '{reader}': {', '.join(missing)} not built")
+            continue
+        rendered = sum(shown[f"book/{p}.html"] for p in pages)
+        counted = sum(words(p) for p in pages)
+        if abs(counted / rendered - 1) > READING_TOLERANCE:
+            errors.append(f"reading path '{reader}': {counted:,} words counted for its reading time, {rendered:,} "
+                          f"rendered ({counted / rendered - 1:+.0%}, tolerance ±{READING_TOLERANCE:.0%})")
+    return errors
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("html", nargs="?", default="_build/html")
@@ -217,11 +244,14 @@ def main(argv=None) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps({r.page: dataclasses.asdict(r) for r in res}, indent=1))
     bad = [r for r in res if not r.ok]
+    reading = reading_time_errors(res) if any(r.page == "book/intro.html" for r in res) else []
+    for e in reading:
+        print(f"FAIL {e}")
     main_words = sum(r.words for r in res if r.main)
     print(f"book checks: {len(res) - len(bad)} pages passed, {len(bad)} failed; {sum(r.words for r in res):,} words "
           f"of prose in all ({sum(r.all_words for r in res):,} with tables and outputs), {main_words:,} on the main "
           f"path (≈ {main_words / WPM:.0f} min at {WPM} words/min)")
-    return 1 if bad else 0
+    return 1 if bad or reading else 0
 
 
 if __name__ == "__main__":

@@ -347,7 +347,7 @@ _WORD = re.compile(r"[0-9A-Za-zÀ-ÿ\u0370-\u03ff]+(?:[’'.,/−–-][0-9A-Za-z
 
 
 _GLUE = re.compile(r"```\{glue(?::md|:figure)?\}\s*([\w-]+)[^\n]*\n.*?```|\{glue(?::md|:text)?\}`([\w-]+)[^`]*`", re.S)
-_TAGS = re.compile(r"<[^>]+>")
+_TAGS = re.compile(r"<[A-Za-z/!][^<>]*>")  # a tag, never a "<" of the prose or the math
 
 
 def _glued(nb) -> dict[str, str]:
