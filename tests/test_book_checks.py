@@ -118,3 +118,17 @@ def test_page_words_keeps_prose_after_a_less_than_sign():
     with tempfile.TemporaryDirectory() as d:
         nbformat.write(nb, str(Path(d) / "p.ipynb"))
         assert front.page_words("p", Path(d)) >= 110
+
+
+def _fig(n_panels: int, caption: str) -> str:
+    imgs = "".join("<img class='lp-panel' src='x.png'/>" for _ in range(n_panels))
+    return page(f"<figure><div class='lp-fig'>{imgs}</div><figcaption><p>{caption}</p></figcaption></figure>")
+
+
+def test_a_caption_may_not_place_panels_that_stack_on_a_phone():
+    assert B.check_page("p.html", _fig(2, "Left: the loss. Right: the logits.")).errors
+    assert B.check_page("p.html", _fig(3, "the bias vanishes at a 50/50 balance (middle)")).errors
+    assert B.check_page("p.html", _fig(2, "Top: the loss; bottom panel: the logits")).errors
+    ok = _fig(2, "First panel: the loss. Second: the logits; the curves lie on top of each other.")
+    assert B.check_page("p.html", ok).errors == []
+    assert B.check_page("p.html", _fig(1, "Top: P̄ along the keys. Bottom, left: the error.")).errors == []

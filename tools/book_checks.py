@@ -10,6 +10,8 @@ Over every page of the built HTML (the article's content, ``article.bd-article``
   from top to bottom, captions, dropdowns and exercises included;
 * a **table whose rows have unequal numbers of cells** (colspan and rowspan counted): what a ``|`` inside a
   generated Markdown cell does to a row;
+* a **caption that places panels** ("left", "right", "middle", "Top:") on a figure of several panel images, which
+  stack on a phone (`caption_layout_errors`);
 * **generated text that reads as garbage**: a value repeated around a colon ("stored: stored"), a degenerate
   range ("-8.86 to -8.86", "3–3"), a placeholder (``nan``, ``None``, an unrendered ``{glue:…}`` role), or a
   Markdown table left as text (its ``|---|`` row in a paragraph).
@@ -144,6 +146,28 @@ def text_errors(text: str) -> list[str]:
     return out
 
 
+#: Words that place a panel in a row or a column. A figure of several panel images (`lpfail.book.plots`) lays them
+#: side by side on a wide screen and stacks them on a phone, so its caption names panels by order ("the first
+#: panel") instead; a single image keeps its own layout and may say "top" or "left".
+_PLACE = re.compile(r"\b(?:left|right|middle|centre|center)\b|\b(?:top|bottom)\b(?=\s*(?::|,|panel|row|plot))", re.I)
+
+
+def caption_layout_errors(art) -> list[str]:
+    """A caption that places panels (left, right, middle, "Top:") on a figure whose panels are separate images."""
+    out = []
+    for fig in art.select("figure"):
+        n = len(fig.select("img.lp-panel"))
+        cap = fig.select_one("figcaption")
+        if n < 2 or cap is None:
+            continue
+        text = " ".join(cap.get_text(" ").split())
+        for m in _PLACE.finditer(text):
+            a, b = max(0, m.start() - 40), min(len(text), m.end() + 40)
+            out.append(f"caption places a panel ({m.group(0)!r}) but its {n} panels stack on a narrow screen: "
+                       f"…{text[a:b]}…")
+    return out
+
+
 def checked_text(art) -> str:
     """The page's text as the generators' checks read it: code (inputs, inline code, preformatted output) left
     out as a marker, and every table cell, list item and paragraph fenced off (` ‖ `) so that a match cannot
@@ -190,6 +214,7 @@ def check_page(page: str, html: str, main: bool = False) -> PageText:
     if main and r.words > MAX_WORDS:
         r.errors.append(f"{r.words:,} words of prose on a main-path chapter (at most {MAX_WORDS:,})")
     r.errors += text_errors(checked_text(art))
+    r.errors += caption_layout_errors(art)
     return r
 
 
