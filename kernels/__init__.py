@@ -65,7 +65,7 @@ except ImportError as e:  # pragma: no cover - triton is in requirements.txt
     _IMPORT_ERROR = e
 
 __all__ = ["flash_attention", "FlashAttention", "KernelPolicy", "kernel_policy", "available", "probe_pbar",
-           "policy_for", "Tuning", "DEFAULT_TUNING", "ALL_LEVERS", "HEAD_DIMS"]
+           "policy_for", "Tuning", "DEFAULT_TUNING", "ALL_LEVERS", "HEAD_DIMS", "deterministic"]
 
 #: The Triton dtypes the kernels' constexprs name: "bf16", "fp16", "fp32" (empty without Triton).
 TL = {}
@@ -241,6 +241,15 @@ NEXT_LEVERS = Tuning(tma="bwd", space="sm90", bwd="fused", tie="auto", ftz_exp=T
 #: and `Tuning.parse` name fields against ``Tuning()``, so "default" is that, not DEFAULT_TUNING.
 DEFAULT_TUNING = NEXT_LEVERS
 _DEFAULT_TEXT = str(DEFAULT_TUNING)
+
+
+def deterministic(tuning: Tuning) -> Tuning:
+    """The tuning a call runs: under ``torch.use_deterministic_algorithms(True)`` the atomic backward, whose dQ
+    varies in its last FP32 bits from run to run, gives way to the fused backward (the same tiles without atomics,
+    bit for bit run to run), so a user's deterministic training stays deterministic; any other tuning as given."""
+    if tuning.bwd == "atomic" and torch.are_deterministic_algorithms_enabled():
+        return dataclasses.replace(tuning, bwd="fused")
+    return tuning
 
 
 def _check_tuning(tuning, kp: "KernelPolicy") -> None:
@@ -821,7 +830,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
       kernels can honour (the book's variants); causal unless ``causal=False``, as `lpfail.attention.attention`.
 
     ``tuning`` (both styles): a `Tuning` (how the kernels are scheduled, never what they compute), default
-    `DEFAULT_TUNING`. Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable
+    `DEFAULT_TUNING` (a deterministic backward); under ``torch.use_deterministic_algorithms(True)`` an atomic
+    backward is replaced by the fused one (`deterministic`). Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable
     (Triton backward). The SDPA style runs as the custom op ``torch.ops.lpfail.flash_attention_fwd`` (with its
     backward registered) whenever it is traced (torch.compile, export, a dispatch mode), so ``torch.compile``
     keeps it in one graph; called eagerly on plain tensors, both styles run the same kernels with the same
@@ -857,6 +867,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     kp = policy_for_launch(policy)  # validate before anything is launched (memoised)
     tuning = DEFAULT_TUNING if tuning is None else tuning
     _check_tuning(tuning, kp)
+    tuning = deterministic(tuning)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if sdpa_style and not _eager(q, k, v):  # traced: through the custom op (torch.compile sees one node)
         # contiguous before the op: its setup then saves the contiguous tensors, and the backward does not copy

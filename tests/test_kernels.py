@@ -751,3 +751,24 @@ def test_bf16_forward_bits_with_levers_and_l_from_pbar(policy, tuning):
     mismatch = (o.view(torch.int16) != r.to(o.dtype).view(torch.int16)).float().mean().item()
     print(f"{policy.name} {tuning}: O bit mismatch vs lpfail.attention {mismatch:.3%}")
     assert mismatch < (1e-4 if policy.pbar == policy.acc == "bf16" else 0.05)
+
+
+def test_deterministic_algorithms_replace_the_atomic_backward_with_the_fused_one(monkeypatch):
+    """Under torch.use_deterministic_algorithms(True) a call with the atomic backward runs the fused one (the same
+    tiles without atomics); other tunings and the default mode are left as given."""
+    atomic = kernels.Tuning(bwd="atomic", space="sm90")
+    assert kernels.deterministic(atomic) is atomic
+    seen = []
+    real = kernels.FlashAttention.apply
+    monkeypatch.setattr(kernels.FlashAttention, "apply", lambda *a: seen.append(a[3][3]) or real(*a))
+    q, k, v, do = inputs(1, 1, 40, 16, seed=5)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert kernels.deterministic(atomic) == kernels.Tuning(bwd="fused", space="sm90")
+        assert kernels.deterministic(kernels.Tuning(bwd="split")) == kernels.Tuning(bwd="split")
+        run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, FP32, tuning=atomic), q, k, v, do)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    run_with_grads(lambda a, b, c: kernels.flash_attention(a, b, c, FP32, tuning=atomic), q, k, v, do)
+    assert [t.bwd for t in seen] == ["fused", "atomic"]
