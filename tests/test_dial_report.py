@@ -65,3 +65,35 @@ def test_cards_name_every_card_and_the_days():
                     {"device": "NVIDIA H200", "created": "2026-12-07T10:00:00"}]
     assert DR.cards(res) == {"dial_card": "NVIDIA H100 80GB HBM3 and NVIDIA H200", "dial_when": "2026-12-06 – 2026-12-07"}
     assert DR.cards(None) == {"dial_card": "no card yet", "dial_when": "no run yet"}
+
+
+def _full_short_grid():
+    """Every 1,000-step run stored at both rates (A_3 clearly above the others), no long run."""
+    n_v, n_l, n_s = len(D.ARMS), len(D.LRS), len(D.SEEDS)
+    rng = np.random.default_rng(3)
+    final = 1.5 + 0.01 * rng.standard_normal((n_v, n_l, n_s))
+    final[list(D.ARMS).index("A_3")] += 0.2
+    stored = np.ones((n_v, n_l, n_s), bool)
+    res = {"small_variants": np.array(D.ARMS), "small_lrs": np.array(D.LRS), "small_seeds": np.array(D.SEEDS),
+           "small_val_final": final, "small_val_init": np.full((n_v, n_l, n_s), 5.5), "small_stored": stored,
+           "long_stored": np.zeros((5, 5), bool), "runs_stored": int(stored.sum()), "runs_planned": 265,
+           "complete": False, "parts": [{"device": "NVIDIA H100 80GB HBM3", "created": "2026-12-07T09:40:09"}]}
+    res["analysis"] = D.analyse(res)
+    return res
+
+
+def test_status_gives_the_calls_once_the_short_runs_are_stored_and_counts_the_long_runs():
+    s = DR.status(_full_short_grid())
+    assert s.startswith("Every 1,000-step run is stored (240 runs; NVIDIA H100 80GB HBM3, 2026-12-07)")
+    assert "bias, not noise (H8)" in s and "the dose (H7)" in s and "Nothing is judged" not in s
+    assert "0 of the 25 long runs are stored (H11, descriptive, waits for them)" in s
+
+
+def test_the_first_pages_clause_says_pending_then_the_verdict_word():
+    from lpfail.book import front
+
+    partial = _grid(4, False)
+    assert "is pending: 48 of 265 runs" in front.dial_words(lambda name: partial)
+    full = _full_short_grid()
+    words = front.dial_words(lambda name: full)
+    assert "reads *" in words and "ten fresh seeds" in words

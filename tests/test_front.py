@@ -45,11 +45,12 @@ def test_the_dial_reads_pending_until_its_result_is_complete():
     assert "no stored run yet" in front.thesis(_vs(), _load(dial_training=None))
     dial = results.load("dial_training")
     if not dial.get("complete", False):
-        assert f"has {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs" in front.thesis(_vs())
-    done = {"complete": True, "runs_stored": 265, "runs_planned": 265,
-            "analysis": {"calls": {"H8": {"row": {"verdict": "supported"}}}}}
+        assert f"is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs" in front.thesis(_vs())
+    row = {"verdict": "supported", "estimate": 0.05, "ci": [0.01, 0.09], "p_adjusted": 0.01}
+    done = {**dict(dial), "complete": True, "runs_stored": 265, "runs_planned": 265,
+            "analysis": {"calls": {"H8": {"row": row}}}}
     t = front.thesis(_vs(), _load(dial_training=done))
-    assert "of 265 runs" not in t and "H8 supported" in t
+    assert "of 265 runs" not in t and f"reads *{verdict.REPRODUCED}*" in t
 
 
 def test_advice_follows_the_calls():

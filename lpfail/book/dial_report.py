@@ -57,11 +57,16 @@ def status(dial: Mapping | None) -> str:
     if dial is None:
         return "No run of the dial is stored yet."
     stored, planned = int(dial["runs_stored"]), int(dial["runs_planned"])
-    if dial.get("complete", False):
-        calls = dial["analysis"].get("calls") or {}
-        words = {f: sorted({r["verdict"] for r in fam.values() if isinstance(r, dict) and "verdict" in r})
-                 for f, fam in calls.items()}
-        return "All its runs are stored: " + "; ".join(f"{f} {listing(w)}" for f, w in words.items()) + "."
+    calls = (dial.get("analysis") or {}).get("calls") or {}
+    if calls:
+        n_long = int(np.asarray(dial.get("long_stored", []), dtype=bool).sum())
+        n_long_planned = int(np.asarray(dial.get("long_stored", []), dtype=bool).size)
+        cards_, days = _cards_days(dial)
+        words = "; ".join(f"{FAMILY_WORDS.get(f, f)} ({f}) {listing(family_words(fam))}" for f, fam in calls.items())
+        long = ("every long run is stored" if n_long == n_long_planned else
+                f"{n_long} of the {n_long_planned} long runs are stored (H11, descriptive, waits for them)")
+        return (f"Every 1,000-step run is stored ({stored - n_long} runs; {listing(cards_, none='no card')}, "
+                f"{listing(days)}), and the rule reads: {words}. {long[0].upper()}{long[1:]}.")
     have = np.asarray(dial["small_stored"], dtype=bool)  # (variants, lrs, seeds)
     lrs, seeds = [float(x) for x in dial["small_lrs"]], [int(s) for s in dial["small_seeds"]]
     where = []
@@ -81,6 +86,16 @@ def status(dial: Mapping | None) -> str:
     return (f"So far {stored} of its {planned} runs are stored: {'; '.join(where)}; {n_long} of the "
             f"{n_long_planned} long runs ({devices}, {listing(days)}). Nothing is judged until every arm has its ten "
             "seeds at both rates.")
+
+
+#: The registered families in words (`lpfail.experiments.dial_training.HYPOTHESES`).
+FAMILY_WORDS = {"H7": "the dose", "H8": "bias, not noise", "gaps": "A_3 above FP32 attention", "H9": "the robust fix",
+                "H10": "production arithmetic"}
+
+
+def family_words(fam: Mapping) -> list[str]:
+    """The distinct verdict words of a family's rows, in a fixed order."""
+    return sorted({r["verdict"] for r in fam.values() if isinstance(r, dict) and r.get("verdict")})
 
 
 def interim(dial: Mapping | None, rows=("A_3 − C", "A_3 − SR_3", "A_3 − SR_4")) -> str:

@@ -185,14 +185,15 @@ def dial_words(load: Callable) -> str:
     dial = load_or_none(load, "dial_training")
     if dial is None:
         return "its test, the precision dial, has no stored run yet"
-    if not dial.get("complete", False):
-        return (f"its test, the precision dial, has {int(dial['runs_stored'])} of {int(dial['runs_planned'])} "
-                "runs ({doc}`ch. 1 <01_symptom>`)")
-    calls = dial["analysis"].get("calls") or {}
-    words = {f: sorted({r.get("verdict") for r in fam.values() if isinstance(r, dict) and r.get("verdict")})
-             for f, fam in calls.items()}
-    return ("its test, the precision dial, reads " + "; ".join(f"{f} {listing(w)}" for f, w in words.items())
-            + " ({doc}`ch. 1 <01_symptom>`)")
+    from lpfail.book.training_claims import judge_dial
+    from lpfail.book.verdict import NOT_TESTED
+
+    v = judge_dial(dial)
+    if v.verdict == NOT_TESTED:
+        return (f"its test, the precision dial, is pending: {int(dial['runs_stored'])} of "
+                f"{int(dial['runs_planned'])} runs ({{doc}}`ch. 1 <01_symptom>`)")
+    return (f"its test, the precision dial (biased against unbiased rounding at equal precision, ten fresh seeds), "
+            f"reads *{v.verdict}* ({{doc}}`ch. 1 <01_symptom>`)")
 
 
 def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
