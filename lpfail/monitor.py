@@ -41,8 +41,7 @@ modules that hold projection-like children it could not read (a fused ``qkv``/``
 calls but has no projections at all. On a sampled step where neither source yields anything it raises
 `MonitorError`, naming what it looked for, instead of monitoring nothing.
 
-**The precision alarm** (``alarm=Alarm()``: dQ and dK against a high-precision recomputation) is an observer of the
-monitor, in `lpfail.alarm` (its docstring).
+**The precision alarm** (``alarm=Alarm()``: dQ, dK against an FP64 recomputation): an observer, in `lpfail.alarm`.
 
 **Observers**: code of one's own that the monitor calls at fixed points of its sampled steps (the precision alarm
 is one), passed as ``Monitor(model, observers=[obs])``. An observer subclasses `Observer` (whose hooks do
