@@ -41,21 +41,22 @@ modules that hold projection-like children it could not read (a fused ``qkv``/``
 calls but has no projections at all. On a sampled step where neither source yields anything it raises
 `MonitorError`, naming what it looked for, instead of monitoring nothing.
 
-**The precision alarm** (``alarm=Alarm()``; what separates a precision failure from a learning rate that is
-too high, which the logit alert cannot: chapter 7). On a sampled step (every `Alarm.every`), for each SDPA call
-of the step's first forward, tensor hooks capture the gradient dO of its output and the model's own dQ and dK;
-the attention of the first `sample_batch` sequences is recomputed from the same q, k, v by the reference
-(`reference_grads`: FP64 truth, or the FP32 preset) and the record holds, per call and head, the relative
-errors ‖dQ − dQ_ref‖/‖dQ_ref‖ and the same for dK (``alarm_dq_rel``, ``alarm_dk_rel``). The error is also pushed
-back to the projections: ΔW_Q = (∂q/∂W_Q)ᵀ (dQ − dQ_ref), by autograd through the model's own graph from q to
-the parameter (RoPE, reshapes and fused projections included; the graph is kept for the backward in progress,
-so the model's gradients are unchanged, tested), the same for W_K. Each is kept as a fixed random sketch
-Uᵀ ΔW^h V (s × s per head, linear, norm-preserving in expectation), and over the latest `Alarm.window`
-measurements the record gives per projection layer and head the coherence ‖Σ_k ΔW_k‖ / Σ_k ‖ΔW_k‖
-(``alarm_coherence_q``/``_k``: 1 when the error keeps one direction and sign from step to step — the paper's
-Eq. 3 signature —, ≈ 1/√K when it cancels) and chapter 3's ρ_K = ‖Σ ΔW_k‖ / √(Σ ‖ΔW_k‖²) (``alarm_rho_q``/``_k``).
-Calls it cannot recompute (a mask, dropout, no gradient) are listed in ``alarm_skipped``. Its alert rule is
-a draft (notes/beyond.md), not part of the library until it is pre-registered and evaluated.
+**The precision alarm** (``alarm=Alarm()``: dQ, dK against an FP64 recomputation): an observer, in `lpfail.alarm`.
+
+**Observers**: code of one's own that the monitor calls at fixed points of its sampled steps (the precision alarm
+is one), passed as ``Monitor(model, observers=[obs])``. An observer subclasses `Observer` (whose hooks do
+nothing) or has all of its hooks; the monitor calls, in the order of its `observers` (the alarm's first):
+
+* ``bind(monitor)`` once, when the monitor is built (its `qk`, `every`, `sample_batch` set);
+* ``wants_step(step)`` → bool: whether it takes part in sampled step `step` (unsampled steps are not offered);
+* ``on_call(call, out, forward)`` inside the model's forward, for each SDPA call of that step that the monitor
+  counts (`SDPACall`; `out` the call's result as the model receives it; `forward` the forward's number within
+  the step, from 1), after the monitor's own statistics of the call;
+* ``on_step_end(step, host)`` → state, in `step()` before the step's one copy to the host: device tensors the
+  record needs go through ``host.add(tensor)``, which returns a handle;
+* ``on_record(record, state, host)`` after that copy (``host.get(handle)``: a float64 numpy array), to add its
+  keys to the record before it is written (after the monitor's own statistics, before its ``warning``);
+* ``record_keys``: the keys it adds, which `step()` refuses as extras.
 
 The monitor never changes the model's numbers: it reads detached tensors under ``torch.no_grad()`` with
 autocast off, draws no random numbers and passes every SDPA call through unchanged (tests/test_monitor.py
@@ -97,21 +98,24 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, _to4, eager, force_eager
+from lpfail.alarm import PER_HEAD as _ALARM_PER_HEAD
+from lpfail.alarm import RECORD_KEYS as _ALARM_RECORD_KEYS
+from lpfail.alarm import Alarm, AlarmObserver, coherence, reference_grads, relative_error, rho
+from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, eager, force_eager
 
 log = logging.getLogger("lpfail.monitor")
 log.addHandler(logging.NullHandler())  # a library: the application decides where records go
 
-__all__ = ["Monitor", "Thresholds", "Alert", "Alarm", "MonitorError", "MonitorWarning", "MonitorCoverageWarning",
-           "QKWeights", "find_qk", "describe_qk", "unmatched_projections", "scalars", "spectral_entropy",
-           "attention_logit_stats", "reference_grads", "relative_error", "coherence", "rho", "read_jsonl",
-           "cuda_graph_modules"]
+__all__ = ["Monitor", "Observer", "Thresholds", "Alert", "Alarm", "AlarmObserver", "MonitorError", "MonitorWarning",
+           "MonitorCoverageWarning", "QKWeights", "find_qk", "describe_qk", "unmatched_projections", "scalars",
+           "spectral_entropy", "attention_logit_stats", "reference_grads", "relative_error", "coherence", "rho",
+           "read_jsonl", "cuda_graph_modules"]
 
 
 class MonitorError(RuntimeError):
@@ -612,161 +616,54 @@ def qk_norms(wq: torch.Tensor, wk: torch.Tensor) -> tuple[np.ndarray, np.ndarray
     return both[0].numpy(), both[1].numpy()
 
 
-# -- the precision alarm -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Alarm:
-    """Settings of the precision alarm (module docstring, "The precision alarm"). Its alert rule is not part
-    of the library yet: notes/beyond.md drafts one, for pre-registration.
-
-    every      steps between two measurements, a multiple of the monitor's `every` (None: the monitor's)
-    reference  "FP64" or "FP32": the `lpfail.precision` preset the attention is recomputed under
-    window     measurements whose error terms the coherence and ρ sum (the latest `window`, per layer and
-               head). 16: the draft rule's (notes/beyond.md): under random signs ρ² has mean 1 whatever the
-               terms' sizes, and 16 terms of one sign give ρ up to 4, beyond what random signs reach in a run
-    sketch     side s of the fixed random sketch Uᵀ E V (s × s per head) the error terms are kept as
-    seed       seed of the sketch's random matrices
-    """
-
-    every: int | None = None
-    reference: str = "FP64"
-    window: int = 16
-    sketch: int = 16
-    seed: int = 0
-
-    def __post_init__(self):
-        for nm in ("window", "sketch") + (("every",) if self.every is not None else ()):
-            v = getattr(self, nm)
-            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
-                raise ValueError(f"Alarm.{nm} must be a positive int (got {v!r})")
-        if self.window < 2:
-            raise ValueError("Alarm.window must be ≥ 2: the coherence of one term is 1 by definition")
-        if self.reference not in _REFERENCES:
-            raise ValueError(f"Alarm.reference must be one of {sorted(_REFERENCES)} (got {self.reference!r})")
-
-
-def _references():
-    from lpfail.precision import FP32, FP64
-
-    return {"FP64": (FP64, torch.float64), "FP32": (FP32, torch.float32)}
-
-
-_REFERENCES = ("FP64", "FP32")
-
-
-def reference_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, is_causal: bool,
-                    scale: float | None, reference: str = "FP64") -> tuple[torch.Tensor, torch.Tensor]:
-    """(dQ, dK) of softmax(α q kᵀ) v for the output gradient `do`, recomputed by `lpfail.attention` from the same
-    inputs (upcast exactly), autocast off: "FP64" by `naive_attention` (the truth: float64, untiled, autograd —
-    a few kernels, where the tiled FP64 policy would take hundreds), "FP32" by `attention` under the FP32
-    preset (FlashAttention-2's algorithm in FP32). q (B, H, Tq, D); k, v (B, Hkv, Tk, D), expanded to H heads
-    inside the graph, so dK has k's shape; `is_causal` as the reference aligns it (bottom-right: SDPA's
-    top-left when Tq = Tk, the only causal case the alarm measures)."""
-    from lpfail.attention import attention, naive_attention
-
-    policy, dt = _references()[reference]
-    qh, kh, vh = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
-    rep = q.shape[1] // k.shape[1]
-    with torch.enable_grad(), _no_autocast(q.device):
-        ke, ve = (t.repeat_interleave(rep, dim=1) if rep > 1 else t for t in (kh, vh))
-        if reference == "FP64":
-            o = naive_attention(qh, ke, ve, causal=is_causal, scale=scale, check_finite=False)
-        else:
-            o = attention(qh, ke, ve, policy=policy, causal=is_causal, scale=scale, check_finite=False)
-        dq, dk = torch.autograd.grad(o, (qh, kh), do.detach().to(o.dtype))
-    return dq, dk
-
-
-def relative_error(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Per head (dim 1 of (B, H, T, D)): ‖a − ref‖ / ‖ref‖ in float64 over the other dims (NaN where ref = 0)."""
-    d = (a.double() - ref.double()).square().sum(dim=(0, 2, 3)).sqrt()
-    n = ref.double().square().sum(dim=(0, 2, 3)).sqrt()
-    return d / n
-
-
-def coherence(terms: torch.Tensor) -> torch.Tensor:
-    """‖Σ_k t_k‖ / Σ_k ‖t_k‖ for terms (K, …, n) → (…): 1 when every term points the same way with the same
-    sign, ≈ √(Σ‖t_k‖²)/Σ‖t_k‖ (1/√K for equal sizes: → 0) when their signs or directions are random; NaN when
-    every term is 0. The running sum's share that survives cancellation (chapter 3's ρ_K divides by
-    √(Σ‖t_k‖²) instead: `rho`)."""
-    t = terms.double()
-    total = t.sum(dim=0).norm(dim=-1)
-    return total / t.norm(dim=-1).sum(dim=0)
-
-
-def rho(terms: torch.Tensor) -> torch.Tensor:
-    """Chapter 3's ρ_K = ‖Σ_k t_k‖ / √(Σ_k ‖t_k‖²) for terms (K, …, n) → (…): √K for K equal parallel terms of
-    one sign, ≈ 1 for random signs (`lpfail.gradient_error.coherence_ratio`, with the exact denominator)."""
-    t = terms.double()
-    return t.sum(dim=0).norm(dim=-1) / t.square().sum(dim=(0, -1)).sqrt()
-
-
-def _refusal(call: SDPACall) -> str | None:
-    """Why the alarm cannot recompute this call, or None."""
-    if not (call.q.requires_grad or call.k.requires_grad):
-        return "no gradient reaches q or k (torch.no_grad, or a reentrant checkpoint's forward)"
-    if call.attn_mask is not None:
-        return "an attn_mask (the alarm recomputes calls without one: is_causal or no mask)"
-    if call.dropout_p:
-        return f"dropout_p={call.dropout_p} (the reference has no dropout)"
-    if call.is_causal and call.q.shape[-2] != call.k.shape[-2]:
-        return "causal with Tq ≠ Tk (SDPA aligns that mask top-left, the reference bottom-right)"
-    return None
-
-
-class _AlarmState:
-    """The alarm's measurements in flight (filled by tensor hooks during the backward) and its windows of
-    sketched error terms, per projection layer."""
-
-    def __init__(self, settings: Alarm):
-        self.settings = settings
-        self.pending: dict[int, dict] = {}      # call index → {"dq_rel", "dk_rel", "layer", "sq", "sk"}
-        self.skipped: list[str] = []
-        self.windows: dict[int, list[tuple[torch.Tensor | None, torch.Tensor | None]]] = {}
-        self._proj: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def sketch(self, e: torch.Tensor) -> torch.Tensor:
-        """Uᵀ E V for per-head error terms e (H, hs, C) → (H, s²), U (hs, s) and V (C, s) fixed Gaussian
-        matrices with variance 1/s: linear (so the sketch of a sum is the sum of the sketches) and
-        E‖Uᵀ E V‖² = ‖E‖²."""
-        s = self.settings.sketch
-        key = (e.shape[-2], e.shape[-1], e.device)
-        if key not in self._proj:
-            g = torch.Generator().manual_seed(self.settings.seed)
-            u = torch.randn(e.shape[-2], s, generator=g, dtype=torch.float64) / math.sqrt(s)
-            v = torch.randn(e.shape[-1], s, generator=g, dtype=torch.float64) / math.sqrt(s)
-            self._proj[key] = (u.to(e.device), v.to(e.device))
-        u, v = self._proj[key]
-        with _no_autocast(e.device):
-            return (u.t() @ e.double() @ v).flatten(-2)
-
-    def close(self) -> dict:
-        """The measurement of this step, its terms moved into the windows: {call index: pending entry}."""
-        done, self.pending = self.pending, {}
-        for entry in done.values():
-            layer = entry.get("layer")
-            if layer is None or ("sq" not in entry and "sk" not in entry):
-                continue
-            win = self.windows.setdefault(layer, [])
-            win.append((entry.get("sq"), entry.get("sk")))
-            del win[:-self.settings.window]
-        return done
-
-    def statistics(self, layer: int) -> dict[str, torch.Tensor]:
-        """Coherence and ρ of the window's terms of one layer (Q and K), device tensors (H,) / (Hkv,)."""
-        win = self.windows.get(layer, [])
-        out = {}
-        for j, name in enumerate(("q", "k")):
-            terms = [w[j] for w in win if w[j] is not None]
-            if len(terms) >= 2:
-                t = torch.stack(terms)
-                out[f"coherence_{name}"], out[f"rho_{name}"] = coherence(t), rho(t)
-        return out
-
-
 # -- the monitor ----------------------------------------------------------------------------------------------
+#: a record's own keys (the alarm's included, with or without it), which `Monitor.step`'s extras may not use
 _RECORD_KEYS = frozenset({"kind", "step", "max_logit", "tied_frac", "rows", "layers", "wq", "wqk", "update_entropy",
-                          "update_window", "warning", "alarm_dq_rel", "alarm_dk_rel", "alarm_coherence_q",
-                          "alarm_coherence_k", "alarm_rho_q", "alarm_rho_k", "alarm_terms", "alarm_skipped"})
+                          "update_window", "warning"}) | _ALARM_RECORD_KEYS
+
+
+class Observer:
+    """What the monitor calls at fixed points of its sampled steps (module docstring, "Observers"): subclass it
+    and override the hooks you need (each does nothing here), or write a class with all of them. The
+    precision alarm is one (`lpfail.alarm.AlarmObserver`)."""
+
+    #: the keys `on_record` adds to a record (which `Monitor.step` refuses as extras)
+    record_keys: frozenset[str] = frozenset()
+
+    def bind(self, monitor: "Monitor") -> None:
+        """Once, when the monitor is built: its `qk`, `every`, `sample_batch`, … are set."""
+
+    def wants_step(self, step: int) -> bool:
+        """Whether to take part in sampled step `step` (`on_call`, `on_step_end`, `on_record`)."""
+        return True
+
+    def on_call(self, call: SDPACall, out: torch.Tensor, forward: int) -> None:
+        """Each SDPA call the monitor counts in a step it wants, inside the model's forward: `out` is the call's
+        result as the model receives it (tensor hooks on it see the backward), `forward` the forward's number
+        within the step (from 1)."""
+
+    def on_step_end(self, step: int, host: "_ToHost") -> object:
+        """In `Monitor.step()`, before the step's one copy to the host: hand device tensors to ``host.add(t)``
+        (which returns a handle) and return what `on_record` needs."""
+        return None
+
+    def on_record(self, record: dict, state: object, host: "_ToHost") -> None:
+        """After the copy (``host.get(handle)``: float64 numpy): add this observer's keys to `record`."""
+
+
+#: the hooks an observer must have (`Observer` gives each a default)
+_OBSERVER_HOOKS = ("bind", "wants_step", "on_call", "on_step_end", "on_record")
+
+
+def _check_observers(observers) -> list:
+    """The observers as a list, each checked for the hooks (a TypeError naming what is missing)."""
+    out = list(observers)
+    for obs in out:
+        missing = [h for h in _OBSERVER_HOOKS if not callable(getattr(obs, h, None))]
+        if missing:
+            raise TypeError(f"observer {type(obs).__name__} has no {', '.join(missing)}: subclass "
+                            "lpfail.monitor.Observer (whose hooks do nothing) or define them")
+    return out
 
 
 class Monitor:
@@ -788,13 +685,15 @@ class Monitor:
     sample_batch  sequences of each sampled batch examined for the logit statistics (and the alarm)
     n_head        head count, where the attention modules do not expose it
     qk            None (use `find_qk`), or a function model → list[QKWeights]
-    alarm         None, or an `Alarm`: the precision alarm (module docstring)
+    alarm         None, or an `Alarm`: the precision alarm (`lpfail.alarm`), the first of `observers`
+    observers     objects the monitor calls on its sampled steps (module docstring, "Observers"; `Observer`)
     """
 
     def __init__(self, model: nn.Module, every: int = 100, window: int = 100, path: str | Path | None = None,
                  thresholds: Thresholds = Thresholds(), callback: Callable[[Alert], None] | None = None,
                  score_dtype: torch.dtype = torch.bfloat16, sample_batch: int = 1, n_head: int | None = None,
-                 qk: Callable[[nn.Module], list[QKWeights]] | None = None, alarm: Alarm | None = None):
+                 qk: Callable[[nn.Module], list[QKWeights]] | None = None, alarm: Alarm | None = None,
+                 observers: Iterable[Observer] = ()):
         if not isinstance(model, nn.Module):
             raise TypeError(f"Monitor needs a torch.nn.Module (got {type(model).__name__})")
         for nm, v in (("every", every), ("window", window), ("sample_batch", sample_batch)):
@@ -807,8 +706,8 @@ class Monitor:
             raise TypeError("thresholds must be a lpfail.monitor.Thresholds")
         if alarm is not None and not isinstance(alarm, Alarm):
             raise TypeError("alarm must be None or a lpfail.monitor.Alarm")
-        if alarm is not None and (alarm.every or every) % every:
-            raise ValueError(f"Alarm.every ({alarm.every}) must be a multiple of every ({every})")
+        alarm_obs = AlarmObserver(alarm, every) if alarm is not None else None  # checks Alarm.every
+        self.observers: list = ([alarm_obs] if alarm_obs is not None else []) + _check_observers(observers)
         self.model, self.every, self.window, self.thresholds = model, every, window, thresholds
         self.callback, self.score_dtype, self.sample_batch = callback, score_dtype, sample_batch
         self.path = Path(path) if path is not None else None
@@ -835,11 +734,12 @@ class Monitor:
         self._masks: dict = {}  # causal masks by (Tq, Tk, device), reused across sampled steps
         self._host_linalg: bool | None = None  # None: LAPACK for weights on a CPU (see _host_linalg)
         self._snapshot_step: int | None = None
-        self._alarm = _AlarmState(alarm) if alarm is not None else None
-        self._layer_of = {id(src.module): i for i, src in enumerate(self.qk) if src.module is not None}
+        self._alarm = alarm_obs  # the observer `alarm` made (None without): its windows, for tests and tools
         self._coverage_warned = False
         self._paused = False
         self._eager = None  # the "force_eager" stance held for a sampled step (`_hold_eager`), or None
+        for obs in self.observers:
+            obs.bind(self)
 
     # -- attaching --------------------------------------------------------------------------------------
     def attach(self) -> "Monitor":
@@ -953,11 +853,6 @@ class Monitor:
         """Whether the current step is a sampled one (its forwards' attention calls are examined)."""
         return self._step % self.every == 0
 
-    @property
-    def alarm_step(self) -> bool:
-        """Whether the current step is one on which the precision alarm measures."""
-        return self._alarm is not None and self._step % (self.alarm.every or self.every) == 0
-
     def _on_sdpa(self, call: SDPACall, original):
         out = original()  # the model's own result, computed exactly as without the monitor
         if call.recomputed or call.module is not None and id(call.module) not in self._ids:
@@ -971,72 +866,10 @@ class Monitor:
                 acc["max"] = torch.maximum(acc["max"], mx)
                 acc["tied"] = acc["tied"] + tied
                 acc["rows"] = acc["rows"] + rows
-            if self.alarm_step and self._forwards == 1:
-                self._alarm_hooks(call, out)
+            for obs in self.observers:
+                if obs.wants_step(self._step):
+                    obs.on_call(call, out, self._forwards)
         return out
-
-    def _alarm_layer(self, call: SDPACall) -> int | None:
-        """The index in `qk` of the projections whose SDPA call this is: by the calling module, else (a qk=
-        function without modules) by the call's position when the counts agree."""
-        if call.module is not None and id(call.module) in self._layer_of:
-            return self._layer_of[id(call.module)]
-        if not self._layer_of and call.index is not None and call.index < len(self.qk):
-            return call.index
-        return None
-
-    def _alarm_hooks(self, call: SDPACall, out: torch.Tensor) -> None:
-        """Tensor hooks that, during this forward's backward, recompute the call's attention under the
-        reference for the first `sample_batch` sequences and record the errors of the model's dQ and dK."""
-        reason = _refusal(call)
-        if reason is not None:
-            self._alarm.skipped.append(f"call {call.index}: {reason}")
-            return
-        q4, k4, v4 = (_to4(t.detach()) for t in (call.q, call.k, call.v))
-        nb = min(self.sample_batch, q4.shape[0])
-        layer = self._alarm_layer(call)
-        src = self.qk[layer] if layer is not None else None
-        entry = self._alarm.pending.setdefault(call.index, {"layer": layer})
-        st: dict = {"busy": False}
-        settings = self.alarm
-
-        def on_out(g):
-            st["do"] = _to4(g.detach())[:nb]
-
-        def grad_hook(which: int, tensor: torch.Tensor):
-            def hook(g):
-                if st["busy"] or "do" not in st:
-                    return
-                st["busy"] = True
-                try:
-                    if "ref" not in st:
-                        st["ref"] = reference_grads(q4[:nb], k4[:nb], v4[:nb], st["do"], call.is_causal,
-                                                    call.scale, settings.reference)
-                    g4 = _to4(g.detach())
-                    entry[("dq_rel", "dk_rel")[which]] = relative_error(g4[:nb], st["ref"][which])
-                    if src is not None and src.params is not None:
-                        entry[("sq", "sk")[which]] = self._param_term(src, which, tensor, g, st["ref"][which], nb)
-                finally:
-                    st["busy"] = False
-            return hook
-
-        out.register_hook(on_out)
-        for which, t in enumerate((call.q, call.k)):
-            if t.requires_grad:
-                t.register_hook(grad_hook(which, t))
-
-    def _param_term(self, src: QKWeights, which: int, tensor: torch.Tensor, g: torch.Tensor, ref: torch.Tensor,
-                    nb: int) -> torch.Tensor | None:
-        """The error of the gradient that reaches W_Q (which = 0) or W_K (1) through this call, per head and
-        sketched: ΔW = (∂q/∂W)ᵀ (dq_model − dq_ref), by autograd through the model's own graph from q to its
-        projection (RoPE and reshapes included), the graph kept for the backward in progress."""
-        full = torch.zeros_like(g)
-        _to4(full)[:nb] = (_to4(g.detach())[:nb].double() - ref).to(g.dtype)
-        param = src.params[which]
-        (dw,) = torch.autograd.grad(tensor, param, full, retain_graph=True, allow_unused=True)
-        if dw is None:
-            return None
-        e = src.split(dw, dw)[which]                                   # (H or Hkv, hs, C)
-        return self._alarm.sketch(e)
 
     def _weight_groups(self) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
         """The Q/K weights of all layers, stacked: (layer indices, wq (n, H, hs, C), wk (n, Hkv, hs, C)) per
@@ -1057,17 +890,17 @@ class Monitor:
 
         All device work of a sampled step is batched: the norms of all layers in one call, the Gram matrices
         of all updates in one, and everything that goes to the host (logit statistics, norms, Gram matrices,
-        the alarm's errors) in one copy per device; the host then does the eigenvalues of the update entropy."""
+        what the observers add, e.g. the alarm's errors) in one copy per device; the host then does the eigenvalues
+        of the update entropy."""
         if self._hooks is None:
             raise MonitorError("Monitor.step() called while not attached: use `with Monitor(model) as mon:` or "
                                "mon.attach()")
-        clash = sorted(set(extra) & _RECORD_KEYS)
+        clash = sorted(set(extra) & self._record_keys())
         if clash:
             raise ValueError(f"step() got {', '.join(map(repr, clash))}, which the record itself holds"
                              + (" (its step is the monitor's own count of step() calls since it was built, from 0;"
                                 " pass your own under another name, e.g. global_step=)" if "step" in clash else ""))
         step = self._step
-        alarm_step = self.alarm_step
         self._step += 1
         self._hold_eager(self.sampling)  # the next step's forwards run eagerly if it is sampled
         forwards, self._forwards = self._forwards, 0
@@ -1078,13 +911,13 @@ class Monitor:
         calls, self._calls = self._calls, {}
         pending = self._gather_calls(calls, host)
         weights = self._gather_weights(step, host) if self.qk else None
-        alarm = self._gather_alarm(host) if alarm_step else None
+        observed = [(obs, obs.on_step_end(step, host)) for obs in self.observers if obs.wants_step(step)]
         host.fetch()  # the one copy (per device) of this step: waits for the device once
         self._fill_calls(rec, pending, host)
         if weights is not None:
             self._fill_weights(rec, step, weights, host)
-        if alarm is not None:
-            self._fill_alarm(rec, alarm, host)
+        for obs, state in observed:
+            obs.on_record(rec, state, host)
         self._coverage(rec, step, forwards)
         self.records.append(rec)
         self._write(rec)
@@ -1093,6 +926,10 @@ class Monitor:
                 for head, value in enumerate(row or []):
                     self._check(step, stat, layer, head, float(value))
         return rec
+
+    def _record_keys(self) -> frozenset[str]:
+        """The keys a record holds of itself or from an observer: `step()`'s extras may not use them."""
+        return _RECORD_KEYS.union(*(getattr(obs, "record_keys", ()) for obs in self.observers))
 
     def _gather_calls(self, calls: dict, host: "_ToHost") -> list:
         idx = sorted(calls)
@@ -1140,32 +977,6 @@ class Monitor:
             rec["update_window"] = [self._snapshot_step, step]
         self._snapshot = [(ix, wq.float()) for ix, wq, _ in w["groups"]]  # stacked: a copy, not a view
         self._snapshot_step = step
-
-    def _gather_alarm(self, host: "_ToHost") -> dict:
-        done = self._alarm.close()
-        per_call = {i: {k: host.add(v) for k, v in e.items() if k in ("dq_rel", "dk_rel")} for i, e in done.items()}
-        layers = sorted({e["layer"] for e in done.values() if e.get("layer") is not None})
-        stats = {layer: {k: host.add(v) for k, v in self._alarm.statistics(layer).items()} for layer in layers}
-        skipped, self._alarm.skipped = self._alarm.skipped, []
-        return {"per_call": per_call, "stats": stats, "skipped": skipped}
-
-    def _fill_alarm(self, rec: dict, a: dict, host: "_ToHost") -> None:
-        """alarm_dq_rel / alarm_dk_rel per call (as max_logit), alarm_coherence_q / _k and alarm_rho_q / _k per
-        projection layer (as wq; None where the window holds fewer than two terms), alarm_terms (terms in each
-        layer's window), alarm_skipped (why calls were not measured)."""
-        idx = sorted(a["per_call"])
-        for key in ("dq_rel", "dk_rel"):
-            rec[f"alarm_{key}"] = [host.get(a["per_call"][i][key]).tolist() if key in a["per_call"][i] else None
-                                   for i in idx]
-        n = len(self.qk)
-        for key in ("coherence_q", "coherence_k", "rho_q", "rho_k"):
-            rec[f"alarm_{key}"] = [host.get(a["stats"][i][key]).tolist() if i in a["stats"] and key in a["stats"][i]
-                                   else None for i in range(n)]
-        rec["alarm_terms"] = [len(self._alarm.windows.get(i, [])) for i in range(n)]
-        if not idx and not a["skipped"]:
-            a["skipped"] = ["no backward reached the attention calls of this step's first forward"]
-        if a["skipped"]:
-            rec["alarm_skipped"] = a["skipped"]
 
     def _coverage(self, rec: dict, step: int, forwards: int) -> None:
         """Say what was not seen: no forward through __call__, weights without attention calls (warned once,
@@ -1253,8 +1064,7 @@ def _logging_configured(logger: logging.Logger) -> bool:
     return False
 
 
-_FLAT = ("max_logit", "tied_frac", "wq", "wqk", "update_entropy", "alarm_dq_rel", "alarm_dk_rel",
-         "alarm_coherence_q", "alarm_coherence_k", "alarm_rho_q", "alarm_rho_k")
+_FLAT = ("max_logit", "tied_frac", "wq", "wqk", "update_entropy") + _ALARM_PER_HEAD
 
 
 def scalars(record: dict, heads: bool = False) -> dict[str, float]:
