@@ -1,0 +1,130 @@
+"""Reading the book's pages back against the claims registry (`lpfail.book.claims`): where a page binds a claim id
+to a word ("Fix-b: *partly*", "C0-size reads reproduced", a verdict-page row, the first page's causal chain), where it
+states a claim's labelled number ("(L_B − L_C) − ½·(L_A − L_C): … at 0.016", "S(A) − S(C) = …"), and whether any of
+it differs from the registry (`conflicts`). tests/test_claims.py runs it over every main-path page's stored outputs;
+nothing in the book imports it."""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from lpfail.book.claims import INTERVAL_RE, NUMBER_RE, Claim, intervals, norm
+from lpfail.book.front import link_status
+from lpfail.book.verdict import VERDICTS, Verdict
+
+_WORDS = "|".join(re.escape(w) for w in sorted(VERDICTS, key=len, reverse=True))
+_LINK_WORDS = "reproduced|partly|not shown|contradicted|not testable here"
+
+
+def _ids_pattern(ids) -> str:
+    return "|".join(re.escape(c) for c in sorted(ids, key=len, reverse=True))
+
+
+#: Prose that names a claim without its id.
+ALIASES = {"Fix-b": ("the official fix reads",)}
+#: Glue keys whose whole value opens with one claim's word.
+GLUE_WORDS = {"gg_verdict": "C2", "size_word": "C0-size"}
+
+
+def bindings(text: str, ids) -> list[tuple[tuple[str, ...], str, str]]:
+    """Where ``text`` binds claims to a word: (claim ids, word, kind), kind "word" (the claim's verdict) or "link"
+    (the first page's causal chain: the mark `front.link_status` gives those claims together)."""
+    i = _ids_pattern(ids)
+    pats = [
+        (rf"(?<![\w:-])((?:(?:{i}), )*(?:{i})) → ({_LINK_WORDS})", "link"),
+        (rf"(?<![\w:-])({i})\)?: \*+({_WORDS})\*+", "word"),
+        (rf"(?<![\w:-])({i}) on \{{doc\}}`verdict`: \*+({_WORDS})\*+", "word"),
+        (rf"(?<![\w:-])({i}) reads \**({_WORDS})(?![\w])", "word"),
+        (rf'<span class="lp-status [^"]*">({_WORDS})</span> \*\*({i})\.\*\*', "word-rev"),
+        (rf'^\| ({i}) \|[^\n]*?\| <span class="lp-status [^"]*">({_WORDS})</span> \|', "word"),
+        (rf"\*\*({i}) — ({_WORDS})\.\*\*", "word"),
+    ]
+    for cid, aliases in ALIASES.items():
+        for al in aliases:
+            pats.append((rf"({re.escape(al)}) \*+({_WORDS})\*+", f"alias:{cid}"))
+    out = []
+    for p, kind in pats:
+        for m in re.finditer(p, text, re.M):
+            a, b = m.group(1), m.group(2)
+            if kind == "word-rev":
+                out.append(((b,), a, "word"))
+            elif kind.startswith("alias:"):
+                out.append(((kind[6:],), b, "word"))
+            else:
+                out.append((tuple(a.split(", ")), b, kind))
+    return out
+
+
+def labelled(text: str, label: str) -> list[str]:
+    """Every number ``text`` states under ``label``: 'LABEL = iv', 'LABEL: iv' and, for 'at LR', 'iv at LR' and
+    'at LR (iv'."""
+    out = []
+    L = re.escape(label)
+    iv = rf"{NUMBER_RE} \[{NUMBER_RE}, {NUMBER_RE}\]"
+    if label.startswith("at "):
+        pats = [rf"({iv}) {L}(?![\d.])", rf"{L} \(({iv})"]
+    else:
+        pats = [rf"{L} = ({iv})", rf"{L}: ({iv})"]
+    for p in pats:
+        out += [norm(m.group(1)) for m in re.finditer(p, text)]
+    return out
+
+
+def _blocks(text: str) -> list[str]:
+    """A page text cut into the blocks a claim's mention governs: table rows, and paragraphs elsewhere."""
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        lines = para.split("\n")
+        if sum(ln.startswith("|") for ln in lines) > 1:
+            out += lines
+        else:
+            out.append(para)
+    return out
+
+
+def conflicts(pages: Mapping[str, list[tuple[str, str]]], reg: Mapping[str, Claim]) -> list[str]:
+    """Every place where a page says something else than the registry: ``pages`` maps a page name to its texts as
+    (where, text) — stored outputs, glue values, Markdown. Three checks:
+
+    * words: a binding (`bindings`) whose word is not the claim's (for the causal chain's links, not the mark
+      `front.link_status` gives those claims' words); a glue key of `GLUE_WORDS` whose value opens otherwise;
+    * labelled numbers: in a block (paragraph or table row) that names a claim or binds it, each of the claim's
+      labelled numbers stated under its label with another value;
+    * stray variants: anywhere, an interval that shares two of its three numbers with a registered one but not the
+      third (the same quantity, a different number)."""
+    vs = {c: Verdict(c, "", x.word, "", "") for c, x in reg.items()}
+    idp = re.compile(rf"(?<![\w:-])({_ids_pattern(reg)})(?![\w-])")
+    known = {(lab, iv): c for c, x in reg.items() for lab, iv in x.numbers}
+    parts = {}
+    for (lab, iv), c in known.items():
+        m = INTERVAL_RE.match(iv)
+        parts[(m.group(1), m.group(2), m.group(3))] = (c, iv)
+    out = []
+    for page, texts in pages.items():
+        for where, text in texts:
+            name = where.split(":")[0]
+            if name in GLUE_WORDS and (c := GLUE_WORDS[name]) in reg:
+                val = text.strip().strip("'\"")
+                if not val.startswith(reg[c].word) or (reg[c].word == "reproduced" and val.startswith("not ")):
+                    out.append(f"{page} {where}: glue {name} = {val[:40]!r}, but {c} is {reg[c].word!r}")
+            for ids, word, kind in bindings(text, reg):
+                if not all(c in reg for c in ids):
+                    continue
+                want = link_status(vs, ids) if kind == "link" else reg[ids[0]].word
+                if word != want:
+                    out.append(f"{page} {where}: {', '.join(ids)} → {word!r}, but the registry says {want!r}")
+            for block in _blocks(text):
+                named = set(idp.findall(block)) | {c for ids, _, _ in bindings(block, reg) for c in ids}
+                for c in named & set(reg):
+                    for lab, iv in reg[c].numbers:
+                        if not lab:
+                            continue
+                        for got in labelled(block, lab):
+                            if got != iv:
+                                out.append(f"{page} {where}: {c}'s {lab} reads {got}, but the registry says {iv}")
+            for _, p, lo, hi in intervals(text):
+                for (rp, rlo, rhi), (c, iv) in parts.items():
+                    same = (p == rp) + (lo == rlo) + (hi == rhi)
+                    if same == 2:
+                        out.append(f"{page} {where}: {p} [{lo}, {hi}] is a variant of {c}'s {iv}")
+    return sorted(set(out))
