@@ -23,7 +23,7 @@ def _ids_pattern(ids) -> str:
 #: Prose that names a claim without its id.
 ALIASES = {"Fix-b": ("the official fix reads",)}
 #: Glue keys whose whole value opens with one claim's word.
-GLUE_WORDS = {"gg_verdict": "C2", "size_word": "C0-size"}
+GLUE_WORDS = {"gg_verdict": "C2", "size_word": "C0-size", "fix_b_word": "Fix-b"}
 
 
 def bindings(text: str, ids) -> list[tuple[tuple[str, ...], str, str]]:
@@ -82,6 +82,11 @@ def _blocks(text: str) -> list[str]:
     return out
 
 
+#: The verdict page's bullet for an earlier criterion (another rule, on other seeds), which it shows beside the
+#: verdict without letting it decide: its numbers are not the claim's headline.
+OLD_CRITERION = re.compile(r"^- \*\*Old criterion[^\n]*", re.M)
+
+
 def conflicts(pages: Mapping[str, list[tuple[str, str]]], reg: Mapping[str, Claim]) -> list[str]:
     """Every place where a page says something else than the registry: ``pages`` maps a page name to its texts as
     (where, text) — stored outputs, glue values, Markdown. Three checks:
@@ -89,7 +94,8 @@ def conflicts(pages: Mapping[str, list[tuple[str, str]]], reg: Mapping[str, Clai
     * words: a binding (`bindings`) whose word is not the claim's (for the causal chain's links, not the mark
       `front.link_status` gives those claims' words); a glue key of `GLUE_WORDS` whose value opens otherwise;
     * labelled numbers: in a block (paragraph or table row) that names a claim or binds it, each of the claim's
-      labelled numbers stated under its label with another value;
+      labelled numbers stated under its label with another value (the verdict page's "Old criterion" bullet, another
+      rule on other seeds shown beside the verdict, left out);
     * stray variants: anywhere, an interval that shares two of its three numbers with a registered one but not the
       third (the same quantity, a different number)."""
     vs = {c: Verdict(c, "", x.word, "", "") for c, x in reg.items()}
@@ -114,6 +120,7 @@ def conflicts(pages: Mapping[str, list[tuple[str, str]]], reg: Mapping[str, Clai
                 if word != want:
                     out.append(f"{page} {where}: {', '.join(ids)} → {word!r}, but the registry says {want!r}")
             for block in _blocks(text):
+                block = OLD_CRITERION.sub("", block)
                 named = set(idp.findall(block)) | {c for ids, _, _ in bindings(block, reg) for c in ids}
                 for c in named & set(reg):
                     for lab, iv in reg[c].numbers:
@@ -128,3 +135,37 @@ def conflicts(pages: Mapping[str, list[tuple[str, str]]], reg: Mapping[str, Clai
                     if same == 2:
                         out.append(f"{page} {where}: {p} [{lo}, {hi}] is a variant of {c}'s {iv}")
     return sorted(set(out))
+
+
+#: The main path's pages, in the book's order.
+MAIN_PATH = ("intro", "01_symptom", "02_substitution", "03_gradient_error", "04_rounding", "05_fix", "06_beyond",
+             "07_diagnose", "verdict")
+_RECORD = "application/papermill.record/"
+
+
+def page_texts(nb: Mapping) -> list[tuple[str, str]]:
+    """A stored notebook's words as (where, text): each Markdown cell's source ("md N"), each code cell's stored
+    text outputs and glue values ("KEY:text/markdown", "cell N:stream"), HTML left out (figures, widgets), numbers
+    taken out of their table spans (`plain`)."""
+    out = []
+    for n, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "markdown":
+            out.append((f"md {n}", "".join(cell["source"])))
+            continue
+        for o in cell.get("outputs", []):
+            name = ((o.get("metadata") or {}).get("scrapbook") or {}).get("name") or f"cell {n}"
+            if o.get("output_type") == "stream":
+                out.append((f"{name}:stream", "".join(o["text"])))
+            for mime, v in (o.get("data") or {}).items():
+                mime = mime[len(_RECORD):] if mime.startswith(_RECORD) else mime
+                if mime in ("text/plain", "text/markdown"):
+                    out.append((f"{name}:{mime}", plain("".join(v) if isinstance(v, list) else v)))
+    return out
+
+
+_NUM_SPAN = re.compile(r'<span class="lp-num">([^<]*)</span>')
+
+
+def plain(text: str) -> str:
+    """A stored output with the tables' number spans (`lpfail.book.text`'s ``lp-num``) taken off their numbers."""
+    return _NUM_SPAN.sub(r"\1", text)

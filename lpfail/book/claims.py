@@ -101,14 +101,22 @@ def c0_size(conf: Mapping | None) -> Claim | None:
 
 
 # -- the registry ----------------------------------------------------------------------------------------------
-def _build(load: Callable | None, stored: Callable | None) -> dict[str, Claim]:
-    from lpfail.book.verdict import one_line, verdicts
+def from_verdicts(vs) -> dict[str, Claim]:
+    """{claim id: `Claim`} from the verdict page's verdicts (`lpfail.book.verdict.verdicts`), in their order: the
+    word is the verdict's, the headline its one line uncut (`verdict.one_line`)."""
+    from lpfail.book.verdict import one_line
 
     out = {}
-    for v in verdicts(load, stored):
+    for v in vs:
         head = one_line(v, chars=100_000)
         out[v.claim] = Claim(v.claim, v.verdict, head, v.seeds, v.chapter, numbers_of(head))
     return out
+
+
+def _build(load: Callable | None, stored: Callable | None) -> dict[str, Claim]:
+    from lpfail.book.verdict import verdicts
+
+    return from_verdicts(verdicts(load, stored))
 
 
 @functools.lru_cache(maxsize=1)
