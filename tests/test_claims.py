@@ -160,3 +160,16 @@ def test_the_old_criterion_is_not_the_headline(reg, pages):
     written = next(w for w in (iv, iv.replace("-", "−")) if w in bullet)
     bad = _doctor(pages, "verdict", "cell 3:text/markdown", bullet, bullet.replace(written, _other_number(iv)))
     assert any("C0-size" in f for f in CC.conflicts(bad, reg))
+
+
+def test_a_statistic_stated_without_its_claim_id_is_checked_too(reg, pages):
+    """Chapter 1 states C0-bias's statistic in its prose (the glued number after the statistic's name), without
+    the claim's id: a different number there is caught."""
+    lab, iv = reg["C0-bias"].numbers[0]
+    where, text = next((w, t) for w, t in pages["01_symptom"] if w.startswith("md ") and CC.labelled(t, lab))
+    assert CC.labelled(text, lab) == [iv]
+    written = next(w for w in (iv, iv.replace("-", "−")) if w in text)
+    point, rest = iv.split(" [")
+    other = f"{float(point) + 0.5:+.3f} [{rest}"
+    found = CC.conflicts(_doctor(pages, "01_symptom", where, written, other), reg)
+    assert any("01_symptom" in f and "C0-bias" in f for f in found), found

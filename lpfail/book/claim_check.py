@@ -5,6 +5,7 @@ it differs from the registry (`conflicts`). tests/test_claims.py runs it over ev
 nothing in the book imports it."""
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Mapping
 
@@ -55,16 +56,26 @@ def bindings(text: str, ids) -> list[tuple[tuple[str, ...], str, str]]:
     return out
 
 
+def spellings(label: str) -> list[str]:
+    """A statistic's label as the pages spell it: 'X − Y − ½·(…)' also as '(X − Y) − ½·(…)'."""
+    out = [label]
+    if " − ½·" in label and not label.startswith("("):
+        head, rest = label.split(" − ½·", 1)
+        out.append(f"({head}) − ½·{rest}")
+    return out
+
+
 def labelled(text: str, label: str) -> list[str]:
     """Every number ``text`` states under ``label``: 'LABEL = iv', 'LABEL: iv' and, for 'at LR', 'iv at LR' and
     'at LR (iv'."""
     out = []
-    L = re.escape(label)
     iv = rf"{NUMBER_RE} \[{NUMBER_RE}, {NUMBER_RE}\]"
     if label.startswith("at "):
+        L = re.escape(label)
         pats = [rf"({iv}) {L}(?![\d.])", rf"{L} \(({iv})"]
     else:
-        pats = [rf"{L} = ({iv})", rf"{L}: ({iv})"]
+        L = "|".join(re.escape(x) for x in spellings(label))
+        pats = [rf"(?:{L}) = ({iv})", rf"(?:{L}): ({iv})"]
     for p in pats:
         out += [norm(m.group(1)) for m in re.finditer(p, text)]
     return out
@@ -93,12 +104,19 @@ def conflicts(pages: Mapping[str, list[tuple[str, str]]], reg: Mapping[str, Clai
 
     * words: a binding (`bindings`) whose word is not the claim's (for the causal chain's links, not the mark
       `front.link_status` gives those claims' words); a glue key of `GLUE_WORDS` whose value opens otherwise;
-    * labelled numbers: in a block (paragraph or table row) that names a claim or binds it, each of the claim's
-      labelled numbers stated under its label with another value (the verdict page's "Old criterion" bullet, another
-      rule on other seeds shown beside the verdict, left out);
+    * labelled numbers: a statistic that only one claim's headline states (C0-bias's 'S(A_sr) − S(C) − ½·(S(A) −
+      S(C))'), stated anywhere with another value; and in a block (paragraph or table row) that names a claim or
+      binds it, each of the claim's labelled numbers ('at 0.016', 'S(cure) − S(A)') stated under its label with
+      another value (the verdict page's "Old criterion" bullet, another rule on other seeds shown beside the
+      verdict, left out of both);
     * stray variants: anywhere, an interval that shares two of its three numbers with a registered one but not the
       third (the same quantity, a different number)."""
     vs = {c: Verdict(c, "", x.word, "", "") for c, x in reg.items()}
+    owners: dict[str, set] = {}
+    for c, x in reg.items():
+        for lab, _ in x.numbers:
+            owners.setdefault(lab, set()).add(c)
+    own = {lab: next(iter(cs)) for lab, cs in owners.items() if len(cs) == 1 and lab and not lab.startswith("at ")}
     idp = re.compile(rf"(?<![\w:-])({_ids_pattern(reg)})(?![\w-])")
     known = {(lab, iv): c for c, x in reg.items() for lab, iv in x.numbers}
     parts = {}
@@ -119,6 +137,11 @@ def conflicts(pages: Mapping[str, list[tuple[str, str]]], reg: Mapping[str, Clai
                 want = link_status(vs, ids) if kind == "link" else reg[ids[0]].word
                 if word != want:
                     out.append(f"{page} {where}: {', '.join(ids)} → {word!r}, but the registry says {want!r}")
+            for lab, c in own.items():
+                iv = dict(reg[c].numbers)[lab]
+                for got in labelled(OLD_CRITERION.sub("", text), lab):
+                    if got != iv:
+                        out.append(f"{page} {where}: {c}'s {lab} reads {got}, but the registry says {iv}")
             for block in _blocks(text):
                 block = OLD_CRITERION.sub("", block)
                 named = set(idp.findall(block)) | {c for ids, _, _ in bindings(block, reg) for c in ids}
@@ -143,14 +166,40 @@ MAIN_PATH = ("intro", "01_symptom", "02_substitution", "03_gradient_error", "04_
 _RECORD = "application/papermill.record/"
 
 
+_GLUE_ROLE = re.compile(r"```\{glue(?::md)?\}\s*([\w.-]+)[^\n]*\n.*?```|\{glue(?::md|:text)?\}`([\w.-]+)[^`]*`", re.S)
+
+
+def glue_values(nb: Mapping) -> dict[str, str]:
+    """{glue key: the text it shows} from a stored notebook (its Markdown, else its plain text unquoted)."""
+    out = {}
+    for cell in nb["cells"]:
+        for o in cell.get("outputs", []) if cell["cell_type"] == "code" else []:
+            name = ((o.get("metadata") or {}).get("scrapbook") or {}).get("name")
+            data = {k[len(_RECORD):]: "".join(v) if isinstance(v, list) else v for k, v in (o.get("data") or {}).items()
+                    if k.startswith(_RECORD)}
+            if not name or "image/png" in data or "text/html" in data:
+                continue
+            text = data.get("text/markdown") or data.get("text/plain", "")
+            if "text/markdown" not in data:
+                try:
+                    text = str(ast.literal_eval(text))
+                except (ValueError, SyntaxError):
+                    pass
+            out[name] = text
+    return out
+
+
 def page_texts(nb: Mapping) -> list[tuple[str, str]]:
-    """A stored notebook's words as (where, text): each Markdown cell's source ("md N"), each code cell's stored
-    text outputs and glue values ("KEY:text/markdown", "cell N:stream"), HTML left out (figures, widgets), numbers
-    taken out of their table spans (`plain`)."""
+    """A stored notebook's words as (where, text): each Markdown cell as the page shows it, its glue roles replaced
+    by the glued values ("md N"), each code cell's stored text outputs and glue values ("KEY:text/markdown",
+    "cell N:stream"), HTML left out (figures, widgets), numbers taken out of their table spans (`plain`)."""
     out = []
+    glued = glue_values(nb)
     for n, cell in enumerate(nb["cells"]):
         if cell["cell_type"] == "markdown":
-            out.append((f"md {n}", "".join(cell["source"])))
+            src = "".join(cell["source"])
+            shown = _GLUE_ROLE.sub(lambda m: glued.get(m.group(1) or m.group(2), m.group(0)), src)
+            out.append((f"md {n}", plain(shown)))
             continue
         for o in cell.get("outputs", []):
             name = ((o.get("metadata") or {}).get("scrapbook") or {}).get("name") or f"cell {n}"
