@@ -1,8 +1,8 @@
-"""Reading the book's pages back against the claims registry (`lpfail.book.claims`): where a page binds a claim id
-to a word ("Fix-b: *partly*", "C0-size reads reproduced", a verdict-page row, the first page's causal chain), where it
-states a claim's labelled number ("(L_B − L_C) − ½·(L_A − L_C): … at 0.016", "S(A) − S(C) = …"), and whether any of
-it differs from the registry (`conflicts`). tests/test_claims.py runs it over every main-path page's stored outputs;
-nothing in the book imports it."""
+"""Reading the book's pages back against the claims registry (`lpfail.book.claims`): where a page binds a claim
+id to a word ("Fix-b: *partly*", "C0-size reads reproduced", a verdict-page row, the first page's causal chain),
+where it states a claim's labelled number ("(L_B − L_C) − ½·(L_A − L_C): … at 0.016", "S(A) − S(C) = …"), and
+whether any of it differs from the registry (`conflicts`). tests/test_claims.py runs it over every main-path and
+lab page's stored outputs; nothing in the book imports it."""
 from __future__ import annotations
 
 import ast
