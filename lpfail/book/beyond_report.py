@@ -272,12 +272,13 @@ def official_fix_sentence(conf: Mapping | None) -> str:
     grid's ten paired seeds (`confirmation_report.fix_rates`, the verdict page's and chapter 5's), or '' without
     them."""
     from lpfail.book import confirmation_report as CR
+    from lpfail.book.claims import fix_b
 
     rates = CR.fix_rates(conf["analysis"]) if conf is not None else []
     if not rates:
         return ""
     return (f"The official fix is judged on ten paired seeds per learning rate ({{doc}}`05_fix`, Fix-b): "
-            f"*{CR.fix_rates_word(rates)}*. It {CR.fix_rates_text(rates)}.")
+            f"*{fix_b(conf['analysis']).word}*. It {CR.fix_rates_text(rates)}.")
 
 
 def cures_outcome(analysis: dict) -> dict:

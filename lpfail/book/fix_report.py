@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from lpfail.book import claims as CL
 from lpfail.book import training_claims as TC
 from lpfail.book.confirmation_report import fix_lr_text
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE,
@@ -315,7 +316,7 @@ def ten_seed_fix_text(a: Mapping) -> str:
 
 
 def ten_seed_fix_found(a: Mapping) -> str:
-    """Chapter 5's finding on training: the official fix by Fix-b's per-rate rule (`training_claims.judge_fix_rates`:
+    """Chapter 5's finding on training: the official fix by Fix-b's word in the claims registry (`claims.fix_b`:
     the same word and numbers as the verdict page) and the robust fix by HR (each outcome has its wording)."""
     from lpfail.book import confirmation_report as CR
 
@@ -324,7 +325,7 @@ def ten_seed_fix_found(a: Mapping) -> str:
     rates = CR.fix_rates(a)
     if hr is None or not rates:
         return "Whether the fixes cure training waits for their ten-seed runs."
-    word = CR.fix_rates_word(rates)
+    word = CL.fix_b(a).word
     lead = {REPRODUCED: "**In training the official fix closes at least half of the gap wherever there is one**",
             PARTLY: "**In training the official fix closes the gap only partly**",
             CONTRADICTED: "**In training the official fix closes less than half of the gap wherever there is one**",

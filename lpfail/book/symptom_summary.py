@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lpfail.book.text import listing
-from lpfail.book.verdict import SWEEP_WORDS
-from lpfail.book.training_claims import TEN, size_estimates, size_judgement
+from lpfail.book.claims import TEN, c0_size
+from lpfail.book.training_claims import size_estimates
 
 #: The paper's peak learning rate (GPT-2 small, its Sec. 2).
 PAPER_LR = 1e-3
@@ -51,9 +51,9 @@ def larger_size(conf: Mapping | None) -> str:
 
 def size_word(conf: Mapping | None) -> str:
     """C0-size's word with its seed count ('reproduced on 5 seeds, fewer than the 10 a training verdict needs'),
-    from `lpfail.book.training_claims.size_judgement`; 'not yet measured' without the runs."""
-    j = size_judgement(conf)
-    if j is None:
+    from the claims registry (`lpfail.book.claims.c0_size`, the verdict page's); 'not yet measured' without the runs."""
+    c = c0_size(conf)
+    if c is None:
         return "not yet measured"
-    few = f", fewer than the {TEN} a training verdict needs" if j["n"] < TEN else ""
-    return f"{SWEEP_WORDS[j['verdict']]} on {j['n']} seeds{few}"
+    few = f", fewer than the {TEN} a training verdict needs" if c.seeds < TEN else ""
+    return f"{c.word} on {c.seeds} seeds{few}"

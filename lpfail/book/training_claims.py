@@ -14,6 +14,7 @@ import numpy as np
 
 from lpfail import sweep
 from lpfail.book import symptom_report
+from lpfail.book.claims import FIX_STAT, TEN, c0_size, fix_b, size_judgement
 from lpfail.book import confirmation_report as CR
 from lpfail.book.confirmation_report import h5_text, h5_word, h6_text
 from lpfail.book.text import interval
@@ -21,7 +22,6 @@ from lpfail.book.verdict import (SWEEP_RULE, SWEEP_WORDS, Verdict, as_float, loa
                                  stat_text, sweep_hypothesis)
 from lpfail.experiments import confirmation as CF
 from lpfail.experiments import lr_sweep as L
-from lpfail.sweep import stats
 
 
 # -- chapter 1's claims (C0, C0-bias, C0-qk, C0-size), by the sweep's pre-registered hypotheses ----------------
@@ -251,38 +251,6 @@ def judge_size(res: Mapping) -> Verdict:
         note=_sweep_note(res))
 
 
-#: A training verdict rests on this many paired seeds; rows on fewer say so.
-TEN = 10
-
-
-def size_judgement(conf: Mapping | None) -> dict | None:
-    """C0-size on the confirmation grid's seeds, where both sizes' A and C are all stored: S(A) − S(C) per size
-    over that size's seeds, and H4's statistic (S(A) − S(C))_larger − (S(A) − S(C))_smaller per seed over the seeds
-    both sizes have (paired by seed, as H4 was written), each mean with its 95 % Student t interval; H4's word by
-    that interval (entirely above 0 → supported, entirely below → refuted, else inconclusive), the rule of
-    `lpfail.sweep.stats.judge`. None without those runs or with fewer than two common seeds."""
-    if conf is None:
-        return None
-    per = {}
-    for size in ("large", "small"):
-        d = CF._size(conf, size)  # the size's complete variants only
-        if d is None or not {"A", "C"} <= set(d["eff"]):
-            return None
-        gap = stats.seed_sensitivity(d["eff"]["A"]) - stats.seed_sensitivity(d["eff"]["C"])
-        per[size] = dict(zip(d["seeds"], gap.tolist()))
-    common = [s for s in per["large"] if s in per["small"]]
-    if len(common) < 2:
-        return None
-    diff = np.array([per["large"][s] - per["small"][s] for s in common])
-    m, lo, hi = stats.t_interval(diff)
-    out = {"diff": {"point": m, "ci": [lo, hi]}, "seeds": common, "n": len(common),
-           "verdict": stats.judge(lo, hi, "above")}
-    for size in ("large", "small"):
-        g, gm = np.array(list(per[size].values())), stats.t_interval(np.array(list(per[size].values())))
-        out[size] = {"point": gm[0], "ci": [gm[1], gm[2]], "n": g.size}
-    return out
-
-
 def size_estimates(conf: Mapping | None) -> str | None:
     """C0-size's numbers from the confirmation grid (`size_judgement`) in one sentence: the gap per size with its
     seeds, and the paired difference with its seeds and word. None without those runs."""
@@ -294,7 +262,7 @@ def size_estimates(conf: Mapping | None) -> str | None:
     return (f"S(A) − S(C) is {iv(j['large'])} at the larger size ({j['large']['n']} seeds) and {iv(j['small'])} "
             f"at the smaller ({j['small']['n']} seeds); paired by seed over the {j['n']} seeds both sizes have, the "
             f"larger size's gap minus the smaller's is {iv(j['diff'])} (95 % Student t intervals): C0-size reads "
-            f"{SWEEP_WORDS[j['verdict']]} on {j['n']} seeds{few}.")
+            f"{c0_size(conf).word} on {j['n']} seeds{few}.")
 
 
 def judge_size_confirmed(conf: Mapping, old: Verdict) -> Verdict:
@@ -313,7 +281,7 @@ def judge_size_confirmed(conf: Mapping, old: Verdict) -> Verdict:
     ev += f" See {{doc}}`01_symptom`; {provenance_line(conf)}."
     note = f"{n} seeds: fewer than the {TEN} a training verdict needs" if n < TEN else ""
     return dataclasses.replace(
-        old, verdict=SWEEP_WORDS[j["verdict"]], evidence=ev,
+        old, verdict=c0_size(conf).word, evidence=ev,
         rule=f"{L.HYPOTHESES['H4']}; per seed the statistic's value over the seeds both sizes have; supported (its 95 % Student t "
                "interval entirely above 0) → reproduced, inconclusive (the interval contains 0) → not reproduced, "
                "refuted (entirely below) → contradicted",
@@ -440,33 +408,20 @@ def judge_confirmed(conf: Mapping, old: Verdict, claim: str = "C0", extra: str =
         p_adjusted=float(h["p_adjusted"]), proxy=proxy(conf), family=_family_text(a))
 
 
-#: The per-rate statistic of a fix (`confirmation.fix_lr`) in words.
-FIX_STAT = "(L_B − L_C) − ½·(L_A − L_C)"
-
-
-def fix_b_headline(a: Mapping) -> str:
-    """Fix-b's one line: its per-rate statistic at each rate with a gap (`confirmation_report.fix_rates`), with its
-    interval and, where it is a call, Holm's p; the same words on the verdict page and in chapters 1, 5 and 6."""
-    rates = CR.fix_rates(a)
-    return f"{FIX_STAT}: " + "; ".join(
-        f"{interval({'point': x['row']['estimate'], 'ci': x['row']['ci']}, '+.3f')} at {x['lr']:g} "
-        + (f"(Holm p {x['row']['p_adjusted']:.2g})" if x["basis"] == "call" else "(estimate, not a call)")
-        for x in rates)
-
-
 def judge_fix_rates(conf: Mapping, v: Verdict) -> Verdict:
     """Fix-b per learning rate on the confirmation grid (`confirmation_report.fix_rates`, `fix_rates_word`): the
     word from each rate where the A − C gap is present, the per-rate statistics as the headline, and ``v``'s
     evidence (HB in LR sensitivity, each rate's cell) after the per-rate sentence."""
     a = conf["analysis"]
     rates = CR.fix_rates(a)
-    word = CR.fix_rates_word(rates)
+    fb = fix_b(a)
+    word = fb.word
     lead = (f"Per learning rate where the A − C gap is present, the official fix {CR.fix_rates_text(rates)}: "
             f"**{word}**. Over all rates at once, in LR sensitivity (HB): ")
     ev = lead + v.evidence[0].lower() + v.evidence[1:] if v.evidence.startswith("On our proxy") else lead + v.evidence
     return dataclasses.replace(
         v, statement="With the fix, training is stable: it closes A's gap to C at the learning rates where there is "
-                     "one.", verdict=word, evidence=ev, headline=fix_b_headline(a), p_adjusted=None,
+                     "one.", verdict=word, evidence=ev, headline=fb.headline, p_adjusted=None,
         rule=(f"at each learning rate of the smaller size where the A − C gap is present (called on the fresh "
               f"seeds, or, where FP32 attention has degraded, its 95 % Student t interval over all seeds above 0), "
               f"{FIX_STAT} < 0: the fix closes at least half of the gap there. Where the gap is called, by the "
