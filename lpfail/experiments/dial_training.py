@@ -295,18 +295,6 @@ def judge(fam_rows: dict[str, dict], seeds) -> dict[str, dict]:
     return out
 
 
-def describe(e: dict[str, np.ndarray], lrs, seeds) -> dict:
-    """Every arm − C at each rate, mean and 95 % t interval (descriptive)."""
-    out = {}
-    for v in e:
-        if v == "C":
-            continue
-        for j, lr in enumerate(lrs):
-            mean, lo, hi = stats.t_interval(e[v][j] - e["C"][j])
-            out[f"{v} − C @lr={lr:g}"] = {"estimate": mean, "ci": [lo, hi]}
-    return out
-
-
 #: The registered comparisons between two arms (H8, H10) and the fix against its own arithmetic, described while the
 #: grid is incomplete beside every arm − C.
 PAIRS = (tuple((a_name(k), sr_name(o)) for k in KS_BIAS for o in (k, k + 1))
@@ -358,7 +346,8 @@ def long_summary(res) -> dict:
 
 
 def analyse(res) -> dict:
-    """The registered families from the assembled result, the descriptive differences and H11."""
+    """The registered families from the assembled result (once every arm has its ten seeds at both rates), the
+    descriptive differences over the seeds stored (`interim`, complete or not) and H11."""
     out = {"preregistered_on": PREREGISTERED_ON, "seen": SEEN, "rule": RULE, "test": TEST, "alpha": ALPHA,
            "hypotheses": dict(HYPOTHESES), "families": dict(FAMILIES), "predictions": dict(PREDICTIONS)}
     e = _eff(res)
@@ -366,7 +355,6 @@ def analyse(res) -> dict:
         lrs = [float(x) for x in res["small_lrs"]]
         seeds = [int(s) for s in res["small_seeds"]]
         out["calls"] = judge(rows(e, lrs), seeds)
-        out["differences"] = describe(e, lrs, seeds)
     out["interim"] = interim(res)
     out["H11"] = long_summary(res)
     return out
