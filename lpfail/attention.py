@@ -200,7 +200,7 @@ from lpfail.sr_stream import RoundingKey
 __all__ = [
     "Precision", "DynamicMax", "PAPER_BF16", "FA2_BF16", "FP32", "FP64", "PAPER_BF16_OFFICIAL_FIX",
     "attention", "naive_attention", "flash_forward", "flash_backward", "forward_from_scores",
-    "ForwardResult", "NonFiniteInputError", "output_residual",
+    "ForwardResult", "NonFiniteInputError", "output_residual", "paper_forward_tile_loop",
 ]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -1020,3 +1020,68 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     live = torch.isfinite(s.amax(dim=-1, keepdim=True))            # (B, H, Tq, 1): rows with an allowed key
     p = torch.softmax(s.masked_fill(~live, 0.0), dim=-1).masked_fill(~live, 0.0)  # no NaN, also in the backward
     return p @ v64                                                 # (B, H, Tq, D)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the forward in thirty lines (shown in the book's primer)
+# ---------------------------------------------------------------------------------------------------
+def _check_tile_loop_policy(policy: Precision) -> None:
+    """Refuse a policy that `paper_forward_tile_loop` does not cover: it covers the plain tiled forward of
+    PAPER_BF16 and FP32 (and any policy that differs from them only in which of BF16 and FP32 each cast point
+    names, with native matmuls): no fix, no fused subtraction, no stochastic rounding, no compiled-code knobs."""
+    fixed = dict(sub="sub", fix=None, l_clamp=None, masked_ties=False, rounding="rne", o_acc=None, l_div=None,
+                 l_store=None, m_acc=None, m_rescale=None, l_div_last=None, masked_carry=None, l_from="p", v=None)
+    wrong = [name for name, want in fixed.items() if getattr(policy, name) != want]
+    knobs = ("matmul", "qk_out", "scores", "exp_in", "exp", "pbar", "pv_out", "acc", "out")
+    wrong += [name for name in knobs if getattr(policy, name) not in ("bf16", "fp32")]
+    if policy.exp != "fp32" or len({policy.matmul, policy.qk_out, policy.pbar, policy.pv_out}) != 1:
+        wrong.append("exp must be fp32, and matmul, qk_out, pbar, pv_out one format")
+    if wrong:
+        raise ValueError(f"paper_forward_tile_loop covers plain BF16/FP32 tiled forwards like PAPER_BF16 and FP32; "
+                         f"this policy differs in: {', '.join(wrong)} (use lpfail.attention.attention)")
+
+
+def paper_forward_tile_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision = PAPER_BF16,
+                            causal: bool = True) -> torch.Tensor:
+    """The forward of `attention` for the paper's arithmetic, written as one readable loop over key tiles.
+
+    Computes the same O, bit for bit, as ``attention(q, k, v, policy, causal)`` for PAPER_BF16 and FP32
+    (tests/test_tile_loop.py), with the default scale D^-1/2, whenever no key tile starts a causal row slice at
+    an unaligned row: without causal masking, and with it when queries and keys have one length (self-attention,
+    the model's case). With causal Tq < Tk, `attention` multiplies only the rows a key tile is visible to, and an
+    FP32 matmul of such a row slice may round differently in the last bit. Other policies are refused
+    (`_check_tile_loop_policy`). Each line marked ``[n]`` is one cast point of the paper's code, which under
+    PAPER_BF16 rounds to BF16 (under FP32 the same lines keep FP32); the primer numbers them the same way.
+    q (B, H, Tq, D), k and v (B, H, Tk, D); causal masking bottom-right aligned, as in `attention`."""
+    _check_tile_loop_policy(policy)
+    _check_qkv(q, k, v, policy, causal)
+    with _no_autocast(q), torch.no_grad():
+        # [book:forward-start]
+        f = policy.dtype                              # a cast point's dtype (PAPER_BF16: bfloat16)
+        alpha, tq, tk = q.shape[-1] ** -0.5, q.shape[-2], k.shape[-2]
+        q, k, v = q.to(f("matmul")), k.to(f("matmul")), v.to(f("matmul"))
+        row = dict(dtype=f("acc"), device=q.device)   # the running state is held in `acc`
+        m = torch.full((*q.shape[:-1], 1), -math.inf, **row)          # running maximum m
+        l = torch.zeros((*q.shape[:-1], 1), **row)                    # running row sum ℓ
+        o = torch.zeros(q.shape, **row)                               # unnormalised output Ō
+        block = policy.block_k or tk
+        for k0 in range(0, tk, block):                # one tile of keys at a time
+            k1 = min(k0 + block, tk)
+            qk = q @ k[..., k0:k1, :].transpose(-1, -2)               # [1] QKᵀ: FP32 sum, rounded
+            s = (qk.float() * alpha).to(f("scores"))                  # [2] scores S = α·QKᵀ
+            if causal:                                # query i sees keys j ≤ i + tk − tq
+                rows = torch.arange(tq, device=q.device)[:, None] + (tk - tq)
+                s = s.masked_fill(torch.arange(k0, k1, device=q.device) > rows, -math.inf)
+            r_m = s.amax(-1, keepdim=True)                            # this tile's row maximum
+            m_new = torch.maximum(m, r_m.to(f("acc")))                # [3] running maximum m
+            x = (s.float() - m_new.float()).to(f("exp_in"))           # [4] S − m
+            p = torch.exp(x.to(f("exp")))             # P̄ = exp(S − m): exactly 1 where S = m
+            pv = p.to(f("pbar")) @ v[..., k0:k1, :]                   # [5] P̄, then [6] P̄V
+            d = (m.float() - m_new.float()).to(f("exp_in"))           # [4] m_old − m_new
+            a = torch.exp(d.to(f("exp")))             # rescale factor a = exp(m_old − m_new)
+            l = (a * l.float() + p.sum(-1, keepdim=True)).to(f("acc"))  # [7] row sum ℓ
+            o = (o.float() * a).to(f("acc"))                          # [8] Ō·a
+            o = (o.float() + pv.float()).to(f("acc"))                 # [8] Ō·a + P̄V
+            m = m_new
+        return (o.float() / l.float()).to(f("out"))                   # [9] stored output O = Ō / ℓ
+        # [book:forward-end]

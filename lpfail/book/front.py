@@ -407,7 +407,8 @@ def page_words(page: str, book: Path = BOOK) -> int:
 PATHS = [
     ("A researcher with a BF16 blow-up", "what we found, what to check in your own model, which cure to pick",
      ("verdict", "01_symptom", "06_beyond", "07_diagnose")),
-    ("A teacher planning a class", "BF16 addition and its bias, with a 50-minute plan and paper exercises",
+    ("A teacher planning a class",
+     "BF16 addition and its bias, with a 50-minute plan, paper exercises, a quiz and a handout",
      ("primer", "04_rounding", "05_fix")),
     ("A newcomer", "the whole argument, from the BF16 format to the fix",
      ("primer", "01_symptom", "02_substitution", "03_gradient_error", "04_rounding", "05_fix", "verdict")),

@@ -246,3 +246,55 @@ def class_facts() -> dict[str, str]:
             "p3_tie_result": f"{float(t3a.result):.10g}", "p3_tie_direction": t3a.direction,
             "p3_exact": f"{float(t3b.exact):.7g}", "p3_result": f"{float(t3b.result):.10g}",
             "p3_direction": t3b.direction, "p3_error": f"{float(t3b.error):+.3g}"}
+
+
+def _away_or_toward(x: float, r: float) -> str:
+    return "away from zero" if abs(r) > abs(x) else "toward zero" if abs(r) < abs(x) else "exact"
+
+
+def quiz_facts() -> dict[str, str]:
+    """The answers of chapter 4's closing quiz and of its plan's questions, computed by `lpfail.bf16` and the
+    reference attention's own exp step (`lpfail.attention.exp_scores`), never typed (the solutions glue them)."""
+    import torch
+
+    from lpfail import bf16
+    from lpfail.attention import exp_scores
+    from lpfail.precision import PAPER_BF16
+
+    x1 = float(torch.tensor(16.3, dtype=torch.float32))                      # 16.3 as FP32 holds it
+    r1 = float(bf16.round_bf16(torch.tensor([x1]))[0])
+    x2 = 1.01171875                                                          # 1.00000011₂: an exact tie
+    r2 = float(bf16.round_bf16(torch.tensor([x2]))[0])
+    t3 = bf16.add_trace_acc(float(np.float32(-2.40625 + 0.000865459)), bf16.PAPER_TERM)
+    t4a, t4b = bf16.add_trace(-1.5, -1.25), bf16.add_trace(-1.5, -1.2578125)
+    worked, tie = bf16.paper_example(), bf16.paper_example(sticky=False)
+    out = {"q1_ulp": f"{bf16.ulp(r1):g}", "q1_result": f"{r1:g}", "q1_bits": bf16.bits(r1),
+           "q2_result": f"{r2:.10g}", "q2_bits": bf16.bits(r2), "q2_direction": _away_or_toward(x2, r2),
+           "q3_acc": f"{float(t3.a):.7g}", "q3_result": f"{float(t3.result):.10g}", "q3_direction": t3.direction,
+           "q3_rounding_bit": str(t3.rounding_bit), "q3_error": f"{float(t3.error):+.4g}",
+           "q4_decision": t4a.decision, "q4_result": f"{float(t4a.result):.10g}",
+           "q4b_decision": t4b.decision, "q4b_result": f"{float(t4b.result):.10g}",
+           "plan_case1": f"{float(worked.result):.10g}", "plan_case1_direction": worked.direction,
+           "plan_case2": f"{float(tie.result):.10g}", "plan_case2_direction": tie.direction}
+    for r in (3.0, 4.0):                      # a tied maximum r_m under Algorithm 3 (β = 2): P̄ = exp(r_m − 2·r_m)
+        s, m = torch.tensor([r]), torch.tensor([2.0 * r])
+        pbar = float(exp_scores(s, m, PAPER_BF16).to(torch.bfloat16))      # as the forward rounds it (`pbar`)
+        out[f"q5_p{r:g}"], out[f"q5_err{r:g}"] = f"{pbar:.12g}", f"{pbar - float(np.exp(-r)):+.2g}"
+    return out
+
+
+#: Chapter 4's handout: where it is written (relative to book/) and its heading.
+HANDOUT = "handouts/04_rounding_handout.md"
+
+HANDOUT_TITLE = "Rounding: where the bias is born — questions for a class"
+
+HANDOUT_INTRO = ("The exercises and the closing quiz of the book's chapter 4, without their solutions (the chapter "
+                 "holds them). The first three exercises are for paper and pencil; the next three need the "
+                 "`lpfail` library (`from lpfail import bf16`, `from lpfail.experiments import rounding`).")
+
+
+def write_handout(notebook: str = "04_rounding.ipynb", path: str = HANDOUT):
+    """Write chapter 4's handout from its notebook (`lpfail.book.handout`), paths relative to book/."""
+    from lpfail.book import handout
+
+    return handout.write_handout(notebook, path, HANDOUT_TITLE, HANDOUT_INTRO)
