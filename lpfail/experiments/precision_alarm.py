@@ -26,9 +26,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from lpfail import results
 from lpfail.experiments import lr_sweep as L
-from lpfail.sweep import GridBase, Run, Store, register, run_experiment, summarize_run
+from lpfail.sweep import GridBase, Run, Store, register_grid, summarize_run
 
 # -- the pre-registration (fixed 2026-12-02, before any run of the alarm on training) -----------------------------
 PREREGISTERED_ON = "2026-12-02"
@@ -321,13 +320,8 @@ class PrecisionAlarmGrid(GridBase):
                 "description": describe(runs)}
 
 
-@register("precision_alarm")
+@register_grid("precision_alarm", config=PrecisionAlarmConfig, chapter="07_diagnose",
+               description="the precision alarm against the logit alert on fresh runs (chapter 7; GPU)")
 def precision_alarm_grid(config: PrecisionAlarmConfig | None = None) -> PrecisionAlarmGrid:
+    """The grid; its result evaluates the pre-registered rule on the runs' monitor records."""
     return PrecisionAlarmGrid(config or PrecisionAlarmConfig())
-
-
-@results.experiment("precision_alarm", config=PrecisionAlarmConfig, gpu=True,
-                    description="the precision alarm against the logit alert on fresh runs (chapter 7; GPU)")
-def precision_alarm(c: PrecisionAlarmConfig) -> dict:
-    """Run the grid's missing runs, then evaluate the pre-registered rule on their monitor records."""
-    return run_experiment(precision_alarm_grid(c))
