@@ -45,8 +45,12 @@ import lpfail
 from lpfail import numerics
 
 #: Packages whose modules register experiments. `registry()` walks them on first use and imports every module
-#: whose source registers one (``experiment(`` as a decorator): a new experiment module needs no entry here.
+#: whose source registers one (`REGISTERS`): a new experiment module needs no entry here.
 EXPERIMENT_PACKAGES = ("lpfail.experiments", "lpfail.kernels")
+#: What marks a module that registers an experiment: a line that decorates with `experiment` (``@experiment(``,
+#: ``@results.experiment(``) or with `lpfail.sweep.register_grid` (``@register_grid(``, ``@sweep.register_grid(``),
+#: which registers a grid experiment here and in the sweep registry at once.
+REGISTERS = r"^@((results|sweep)\.)?(experiment|register_grid)\("
 
 #: The folder above the package: the repository in a source checkout, site-packages in an install (`checkout`).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +95,9 @@ class Experiment:
     #: ``check(config) -> config``: a cheaper config on which the headline is compared across CPU settings (the
     #: default config when None).
     check: Callable[[Any], Any] | None = None
+    #: The book page that shows the experiment (``book/<chapter>.ipynb``, e.g. ``"05_fix"``); None where none is
+    #: declared. Every grid experiment declares one (`lpfail.sweep.register_grid`); the book reads it from here.
+    chapter: str | None = None
 
     def default_config(self):
         return self.config()
@@ -104,9 +111,11 @@ _IMPORTED = False
 
 
 def experiment(name: str, config: type, gpu: bool = False, description: str | None = None,
-               headline: Callable[[Any], dict] | None = None, check: Callable[[Any], Any] | None = None):
+               headline: Callable[[Any], dict] | None = None, check: Callable[[Any], Any] | None = None,
+               chapter: str | None = None):
     """Register ``fn(cfg) -> dict`` as experiment ``name`` with config dataclass ``config`` (`Experiment` says what
-    `headline` and `check` are)."""
+    `headline`, `check` and `chapter` are). A grid experiment is declared with `lpfail.sweep.register_grid`
+    instead, which calls this."""
     if not (dataclasses.is_dataclass(config) and isinstance(config, type)):
         raise TypeError(f"experiment {name!r}: config must be a dataclass type (got {config!r})")
     if not config.__dataclass_params__.frozen:
@@ -117,7 +126,7 @@ def experiment(name: str, config: type, gpu: bool = False, description: str | No
         if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"experiment {name!r} is registered twice ({_REGISTRY[name].fn.__module__} "
                              f"and {fn.__module__})")
-        _REGISTRY[name] = Experiment(name, fn, config, gpu, doc, headline, check)
+        _REGISTRY[name] = Experiment(name, fn, config, gpu, doc, headline, check, chapter)
         return fn
 
     return register
@@ -139,8 +148,7 @@ def experiment_modules() -> list[str]:
             continue
         for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
             path = Path(info.module_finder.path) / f"{info.name}.py"
-            if not info.ispkg and path.is_file() and re.search(r"^@(results\.)?experiment\(", path.read_text(),
-                                                                re.MULTILINE):
+            if not info.ispkg and path.is_file() and re.search(REGISTERS, path.read_text(), re.MULTILINE):
                 out.append(f"{pkg_name}.{info.name}")
     return out
 

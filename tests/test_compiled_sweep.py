@@ -67,7 +67,7 @@ def test_reuses_lr_sweep_runs_and_spells_the_preset_out():
 
 
 def test_status_names_the_missing_variant(capsys):
-    assert CS.main(["status"]) == 0
+    assert CS.compiled_sweep_grid.main(["status"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("compiled_sweep: ") and "runs stored" in out
 
@@ -76,7 +76,7 @@ def test_collect_refuses_a_missing_grid(capsys):
     """Until A_comp's runs exist, collect stores nothing and says what to run."""
     if sweep.lookup(CS.compiled_sweep_grid()).complete:
         pytest.skip("A_comp's runs are stored: nothing missing to refuse")
-    assert CS.main(["collect"]) == 1
+    assert CS.compiled_sweep_grid.main(["collect"]) == 1
     assert "compiled_sweep drive" in capsys.readouterr().err
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from lpfail.experiments import cures as cu
-from lpfail import sweep
+from lpfail import results, sweep
 from lpfail.experiments import lr_sweep as ls
 
 
@@ -127,7 +127,7 @@ def test_collect_refuses_an_incomplete_grid(tmp_path, monkeypatch):
     from lpfail.sweep import SweepIncomplete, collect
 
     d = _store_without(tmp_path, lambda r: r.group == "A_hp" and r.seed == 2)
-    monkeypatch.setattr(cu.results, "save", lambda *a, **k: pytest.fail("collect wrote a partial result"))
+    monkeypatch.setattr(results, "save", lambda *a, **k: pytest.fail("collect wrote a partial result"))
     with pytest.raises(SweepIncomplete, match=r"6 of 252 runs are not stored yet \(missing per group: A_hp 6;.*"
                                               r"nothing stored"):
         collect(cu.cures_grid(), d, partial=True)

@@ -278,3 +278,21 @@ def test_the_second_rules_grid_is_fresh_and_evaluates_the_second_rule():
             assert not {r.seed for r in sweep.get(name).runs()} & set(P.SCALED_GRID["seeds"]), name
     loud = [_rec(10 * i, 0.1, 0.1, 10.0) for i in range(20)]
     assert grid.alarm_step(loud) == 70 and sweep.get("precision_alarm").alarm_step(loud) is None
+
+
+def test_chapter_7s_paragraph_gives_the_fresh_decision_once_stored():
+    from lpfail.book import diagnose as dg
+
+    loud = [_rec(10 * i, 0.1, 0.1, 10.0) for i in range(20)]
+    calm = [_rec(10 * i, 0.001, 0.001, 10.0) for i in range(20)]
+    runs = {("A", 0.032, 1): {"records": loud, "loss": [3.0] * 10 + [4.0] * 10, "bin_steps": 50},
+            ("C", 0.032, 1): {"records": calm, "loss": [3.0] * 20, "bin_steps": 50},
+            ("D", 0.032, 1): {"records": loud, "loss": [3.0] * 20, "bin_steps": 50}}
+    dev = {"scaled_development": P.evaluate_scaled(runs)}
+    partial = {"complete": False, "runs_stored": 12, "runs_planned": 120}
+    assert dg.scaled_rule_text(dev, partial).endswith("has not run yet (12 of 120 runs stored).")
+    fresh = {"complete": True, "runs_stored": 3, "runs_planned": 3, "analysis": P.evaluate_scaled(runs)}
+    text = dg.scaled_rule_text(dev, fresh)
+    assert "divergences hit 1 of 1 [" in text and "on production runs 1 of 1 [" in text
+    assert ("The goal is **undecided** (the hit rate, the false alarms on FP32 attention and those on production "
+            "arithmetic not decided by the runs).") in text

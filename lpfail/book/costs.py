@@ -363,18 +363,11 @@ def stored_at_commit(name: str, commit: str) -> dict:
 
 
 # -- the quick profiles (lpfail.sweep.quick): each grid's headline on one GPU in minutes ----------------------------
-#: The chapter that shows each grid's headline.
-GRID_CHAPTER = {"lr_sweep": "01_symptom", "compiled_sweep": "lab_01_symptom", "symptom": "lab_01_symptom",
-                "symptom_sweep": "lab_01_symptom", "substitution": "02_substitution",
-                "substitution_amendment": "02_substitution", "fix_training": "05_fix", "cures": "06_beyond",
-                "confirmation": "verdict", "precision_alarm": "07_diagnose",
-                "precision_alarm_fresh": "07_diagnose"}
-
-
 def quick_rows(directory=None) -> list[dict]:
-    """One row per registered grid (`lpfail.sweep.names`): its quick profile's headline and number of runs (None
-    without a profile), and, where ``results/quick_NAME.json`` stores a measurement, its wall time, device, date,
-    value and whether it fell inside the interval the stored seeds predict; "not yet measured on an H200" otherwise."""
+    """One row per registered grid (`lpfail.sweep.names`): the chapter that shows it (its declaration's,
+    `lpfail.sweep.register_grid`), its quick profile's headline and number of runs (None without a profile), and,
+    where ``results/quick_NAME.json`` stores a measurement, its wall time, device, date, value and whether it fell
+    inside the interval the stored seeds predict; "not yet measured on an H200" otherwise."""
     from lpfail import sweep
 
     out = []
@@ -384,7 +377,7 @@ def quick_rows(directory=None) -> list[dict]:
         q = grid.quick() if hasattr(grid, "quick") else None
         p = d / f"quick_{name}.json"
         rec = json.loads(p.read_text()) if p.is_file() else None
-        out.append({"grid": name, "chapter": GRID_CHAPTER.get(name), "headline": q.label if q else None,
+        out.append({"grid": name, "chapter": results.get(name).chapter, "headline": q.label if q else None,
                     "runs": len(q.runs) if q else None, "measured": rec is not None,
                     "wall_s": rec.get("wall_s") if rec else None, "device": rec.get("device") if rec else None,
                     "created": str(rec.get("created", ""))[:10] if rec else None,

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from lpfail.book.text import listing
 from lpfail.experiments.monitor_demo import (corpus_batches, demo_runs, headline, stored_substitution,
                                              substitution_losses, tiny_gpt, train_run)
 
@@ -243,10 +244,20 @@ def alarm_figure(res: dict):
     return fig
 
 
-def scaled_rule_text(res: dict) -> str:
+def fresh_alarm(load=None):
+    """The stored evaluation of the alarm's second rule on fresh seeds (experiment ``precision_alarm_fresh``), or
+    None while it is not stored."""
+    from lpfail import results
+    from lpfail.book.verdict import load_or_none
+
+    return load_or_none(load or results.load, "precision_alarm_fresh")
+
+
+def scaled_rule_text(res: dict, fresh: dict | None = None) -> str:
     """Chapter 7's paragraph on the second alarm rule (`lpfail.experiments.precision_alarm.ScaledRule`): what it
     measures, its numbers on the runs it was chosen on (``scaled_development`` of the stored `precision_alarm`, said
-    to be development numbers), and that its pre-registered evaluation on fresh seeds is or is not stored."""
+    to be development numbers), and its pre-registered evaluation on fresh seeds (`fresh_alarm`): its decision with
+    the exact intervals where stored, else that it has not run."""
     from lpfail.experiments import precision_alarm as P
 
     dev = res.get("scaled_development") if hasattr(res, "get") else None
@@ -263,11 +274,30 @@ def scaled_rule_text(res: dict) -> str:
     when = ("" if not steps else f"at step {steps[0]}, its earliest," if len(steps) == 1
             else f"between steps {steps[0]} and {steps[-1]}")
     fa = d["false_alarm"]
-    return (f"{head} On the runs it was chosen on (development numbers, not a test) it precedes "
+    goal = (f"goal: at least {100 * P.SCALED_GOAL['hit']:.0f} % of divergences hit, at most "
+            f"{100 * P.SCALED_GOAL['false_alarm']:.0f} % of FP32 or production runs alarmed")
+    text = (f"{head} On the runs it was chosen on (development numbers, not a test) it precedes "
             f"{d['hit']['k']} of {d['hit']['n']} divergences by at least {P.LEAD_STEPS} steps and alarms on "
             f"{fa['C']['k']} of {fa['C']['n']} FP32 runs and {fa['D']['k']} of {fa['D']['n']} production runs; it "
             f"fires {when} in the paper's arithmetic, including the {quiet['runs']} runs that never diverge, so it "
-            "tells which arithmetic a model runs more than when a run will fail. Its pre-registered test on "
-            f"{len(P.SCALED_GRID['seeds'])} fresh seeds (goal: at least {100 * P.SCALED_GOAL['hit']:.0f} % of "
-            f"divergences hit, at most {100 * P.SCALED_GOAL['false_alarm']:.0f} % of FP32 or production runs "
-            "alarmed) has not run yet.")
+            "tells which arithmetic a model runs more than when a run will fail.")
+    ev = ((fresh or {}).get("analysis") or {}).get("decision") if fresh is not None else None
+    if not ev or not (fresh or {}).get("complete", False):
+        n = f" ({int(fresh['runs_stored'])} of {int(fresh['runs_planned'])} runs stored)" if fresh else ""
+        return (f"{text} Its pre-registered test on {len(P.SCALED_GRID['seeds'])} fresh seeds ({goal}) has not run "
+                f"yet{n}.")
+
+    def rate(r):
+        return f"{r['k']} of {r['n']} [{100 * r['ci'][0]:.0f}–{100 * r['ci'][1]:.0f} %]"
+
+    hit = rate(ev["hit"]) if ev.get("hit") else "no divergence"
+    fal = ev["false_alarm"]
+    return (f"{text} On {len(P.SCALED_GRID['seeds'])} fresh seeds, its pre-registered test ({goal}, exact 95 % "
+            f"intervals): divergences hit {hit}; alarms on FP32 runs {rate(fal['C'])} and on production runs "
+            f"{rate(fal['D'])}. The goal is **{ev['word']}**"
+            + (f" ({listing([_PARTS.get(x, x) for x in ev['undecided']])} not decided by the runs)."
+               if ev["word"] == "undecided" else "."))
+
+
+#: The parts of the alarm's decision in words.
+_PARTS = {"hit": "the hit rate", "C": "the false alarms on FP32 attention", "D": "those on production arithmetic"}

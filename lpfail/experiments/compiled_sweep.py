@@ -35,7 +35,7 @@ import numpy as np
 from lpfail import results
 from lpfail.experiments import lr_sweep as L
 from lpfail.experiments.variants import VARIANTS
-from lpfail.sweep import register, run_experiment
+from lpfail.sweep import register_grid
 from lpfail.sweep.stats import interval, judge, sensitivity_draws
 
 PREREGISTERED_ON = "2026-12-01"
@@ -108,25 +108,13 @@ class CompiledGrid(L.LRGrid):
         return "" if ok else f"official_check does not confirm the preset: {why}"
 
 
-@register("compiled_sweep")
+@register_grid("compiled_sweep", config=CompiledSweepConfig, chapter="lab_01_symptom",
+               description="PAPER_BF16_COMPILED beside A and C on lr_sweep's grid, smaller size (ch. 1; GPU)")
 def compiled_sweep_grid(config: CompiledSweepConfig | None = None) -> CompiledGrid:
+    """The grid (only A_comp is new when lr_sweep's parts are there); the result assembled and judged."""
     return CompiledGrid(config or CompiledSweepConfig(), "compiled_sweep", "compiled_analysis", judge_compiled,
                         new=NEW)
 
 
-@results.experiment("compiled_sweep", config=CompiledSweepConfig, gpu=True,
-                    description="PAPER_BF16_COMPILED beside A and C on lr_sweep's grid, smaller size (ch. 1; GPU)")
-def compiled_sweep(c: CompiledSweepConfig) -> dict:
-    """Run the missing points (only A_comp when lr_sweep's parts are there), assemble, judge."""
-    return run_experiment(compiled_sweep_grid(c))
-
-
-def main(argv=None) -> int:
-    """``python -m lpfail.experiments.compiled_sweep CMD`` is ``python -m lpfail sweep compiled_sweep CMD``."""
-    from lpfail.sweep.cli import main as sweep_main
-
-    return sweep_main(["compiled_sweep", *(argv if argv is not None else __import__("sys").argv[1:])])
-
-
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    raise SystemExit(compiled_sweep_grid.main())

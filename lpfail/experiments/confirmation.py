@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpfail import results
 from lpfail.experiments import lr_sweep as L
-from lpfail.sweep import GridBase, Run, register, run_experiment, stats
+from lpfail.sweep import GridBase, Run, register_grid, stats
 
 # -- the pre-registration (fixed 2026-12-01, before any run it judges) ------------------------------------------
 PREREGISTERED_ON = "2026-12-01"
@@ -212,15 +211,10 @@ class ConfirmationGrid(GridBase):
         return out
 
 
-@register("confirmation")
+@register_grid("confirmation", config=ConfirmationConfig, chapter="verdict",
+               description="ten paired seeds, a placebo and GPT-2 small's shape: the training verdicts (GPU)")
 def confirmation_grid(config: ConfirmationConfig | None = None) -> ConfirmationGrid:
     return ConfirmationGrid(config or ConfirmationConfig())
-
-
-@results.experiment("confirmation", config=ConfirmationConfig, gpu=True,
-                    description="ten paired seeds, a placebo and GPT-2 small's shape: the training verdicts (GPU)")
-def confirmation(c: ConfirmationConfig) -> dict:
-    return run_experiment(confirmation_grid(c))
 
 
 # -- the analysis ------------------------------------------------------------------------------------------------

@@ -48,16 +48,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from lpfail import results
 from lpfail.experiments import lr_sweep as ls
 from lpfail.experiments.variants import VARIANTS, check as check_variants
-from lpfail.sweep import lookup, register, run_experiment
+from lpfail.sweep import lookup, register_grid
 from lpfail.sweep.stats import bootstrap_seed_indices, effective_loss, interval, judge, sensitivities
 
 PREREGISTERED_ON = "2026-12-01"
@@ -135,7 +133,8 @@ class CuresGrid(ls.LRGrid):
         return s["D"] - s["C"] - 0.5 * (s["A"] - s["C"])
 
 
-@register("cures")
+@register_grid("cures", config=CuresConfig, chapter="06_beyond",
+               description="every cure of A on the LR-sensitivity proxy, reusing lr_sweep's runs (ch. 6; GPU)")
 def cures_grid(config: CuresConfig | None = None) -> CuresGrid:
     return CuresGrid(config or CuresConfig())
 
@@ -241,20 +240,6 @@ def analyse(res) -> dict:
             "predictions": dict(PREDICTIONS), "gap": {"point": float(gap_p), "ci": list(gap_ci)}, "cures": rows}
 
 
-@results.experiment("cures", config=CuresConfig, gpu=True,
-                    description="every cure of A on the LR-sensitivity proxy, reusing lr_sweep's runs (ch. 6; GPU)")
-def cures(cfg: CuresConfig) -> dict:
-    """Run the missing points of the cures grid, then assemble and analyse."""
-    return run_experiment(cures_grid(cfg))
-
-
-def main(argv=None) -> int:
-    """``python -m lpfail.experiments.cures CMD`` is ``python -m lpfail sweep cures CMD``."""
-    from lpfail.sweep.cli import main as sweep_main
-
-    return sweep_main(["cures", *(argv if argv is not None else sys.argv[1:])])
-
-
 # -- what a CPU can show now: each cure's effect on one attention call's gradient error --------------------------
 def gradient_errors(policies: dict, seeds=(0, 1, 2), T: int = 256, D: int = 64, q_scale: float = 6.0) -> dict:
     """Relative error (‖g − g_FP64‖ / ‖g_FP64‖) of dQ, dK, dV of one causal attention call under each policy,
@@ -283,4 +268,4 @@ def gradient_errors(policies: dict, seeds=(0, 1, 2), T: int = 256, D: int = 64, 
 
 
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    raise SystemExit(cures_grid.main())

@@ -25,7 +25,7 @@ import numpy as np
 
 from lpfail import results
 from lpfail.experiments import lr_sweep as L
-from lpfail.sweep import GridBase, Run, register, run_experiment, stats
+from lpfail.sweep import GridBase, Run, register_grid, stats
 from lpfail.sweep.store import Store
 
 # -- the pre-registration (fixed 2026-12-04, before any run of this grid) ---------------------------------------------
@@ -234,15 +234,10 @@ def long_arrays(c: DialConfig, have: dict) -> dict:
     return out
 
 
-@register("dial_training")
+@register_grid("dial_training", config=DialConfig, chapter="01_symptom",
+               description="the precision dial in training: bias or noise, on ten fresh seeds (ch. 1; GPU)")
 def dial_grid(config: DialConfig | None = None) -> DialGrid:
     return DialGrid(config or DialConfig())
-
-
-@results.experiment("dial_training", config=DialConfig, gpu=True,
-                    description="the precision dial in training: bias or noise, on ten fresh seeds (ch. 1; GPU)")
-def dial_training(c: DialConfig) -> dict:
-    return run_experiment(dial_grid(c))
 
 
 # -- the analysis --------------------------------------------------------------------------------------------------

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpfail import results
 from lpfail.experiments import lr_sweep as L
-from lpfail.sweep import register, run_experiment
+from lpfail.sweep import register_grid
 from lpfail.sweep.stats import interval, judge, sensitivity_draws
 
 PREREGISTERED_ON = "2026-12-01"
@@ -102,24 +101,12 @@ class FixGrid(L.LRGrid):
         return s["B"] - s["C"] - 0.5 * (s["A"] - s["C"])
 
 
-@register("fix_training")
+@register_grid("fix_training", config=FixTrainingConfig, chapter="05_fix",
+               description="Fix-b: B, B′ and the robust fix on lr_sweep's grid, smaller size (ch. 5; GPU)")
 def fix_training_grid(config: FixTrainingConfig | None = None) -> FixGrid:
+    """The grid (its runs: only Bp and R are new when lr_sweep's parts are there); the result assembled and judged."""
     return FixGrid(config or FixTrainingConfig(), "fix_training", "fix_analysis", judge_fixes, new=("Bp", "R"))
 
 
-@results.experiment("fix_training", config=FixTrainingConfig, gpu=True,
-                    description="Fix-b: B, B′ and the robust fix on lr_sweep's grid, smaller size (ch. 5; GPU)")
-def fix_training(c: FixTrainingConfig) -> dict:
-    """Run the missing points (only Bp and R when lr_sweep's parts are there), assemble, judge."""
-    return run_experiment(fix_training_grid(c))
-
-
-def main(argv=None) -> int:
-    """``python -m lpfail.experiments.fix_training CMD`` is ``python -m lpfail sweep fix_training CMD``."""
-    from lpfail.sweep.cli import main as sweep_main
-
-    return sweep_main(["fix_training", *(argv if argv is not None else __import__("sys").argv[1:])])
-
-
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    raise SystemExit(fix_training_grid.main())

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpfail import results
 from lpfail.experiments.variants import VARIANTS, Variant, check as check_variants  # noqa: F401
-from lpfail.sweep import GridBase, Run, Store, SweepIncomplete, register, run_experiment, stats
+from lpfail.sweep import GridBase, Run, Store, SweepIncomplete, register_grid, stats
 from lpfail.sweep.store import final_val
 from lpfail.sweep.stats import (bootstrap_seed_indices, effective_loss, interval, judge, lr_exceeding,
                                 sensitivities)
@@ -232,16 +231,10 @@ class LRGrid(GridBase):
         return Quick(runs, self.headline, self.quick_label, c.seeds[0], tuple(c.seeds))
 
 
-@register("lr_sweep")
+@register_grid("lr_sweep", config=LRSweepConfig, chapter="01_symptom",
+               description="LR sensitivity of each attention arithmetic, two sizes (chapter 1; GPU)")
 def lr_sweep_grid(config: LRSweepConfig | None = None) -> LRGrid:
     return LRGrid(config or LRSweepConfig())
-
-
-@results.experiment("lr_sweep", config=LRSweepConfig, gpu=True,
-                    description="LR sensitivity of each attention arithmetic, two sizes (chapter 1; GPU)")
-def lr_sweep(c: LRSweepConfig) -> dict:
-    """Run the grid's missing points, then assemble the result (raises `SweepIncomplete` while points remain)."""
-    return run_experiment(lr_sweep_grid(c))
 
 
 # -- assembling the result --------------------------------------------------------------------------------------
@@ -443,12 +436,5 @@ def versus_control(res, size: str = "small", control: str = "C", ref: str = "A",
     return out
 
 
-def main(argv=None) -> int:
-    """``python -m lpfail.experiments.lr_sweep CMD`` is ``python -m lpfail sweep lr_sweep CMD``."""
-    from lpfail.sweep.cli import main as sweep_main
-
-    return sweep_main(["lr_sweep", *(argv if argv is not None else __import__("sys").argv[1:])])
-
-
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    raise SystemExit(lr_sweep_grid.main())

@@ -26,9 +26,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from lpfail import results
 from lpfail.experiments import lr_sweep as L
-from lpfail.sweep import GridBase, Run, Store, register, run_experiment, summarize_run
+from lpfail.sweep import GridBase, Run, Store, register_grid, summarize_run
 
 # -- the pre-registration (fixed 2026-12-02, before any run of the alarm on training) -----------------------------
 PREREGISTERED_ON = "2026-12-02"
@@ -510,16 +509,11 @@ class PrecisionAlarmGrid(GridBase):
                 "description": describe(runs)}
 
 
-@register("precision_alarm")
+@register_grid("precision_alarm", config=PrecisionAlarmConfig, chapter="07_diagnose",
+               description="the precision alarm against the logit alert on fresh runs (chapter 7; GPU)")
 def precision_alarm_grid(config: PrecisionAlarmConfig | None = None) -> PrecisionAlarmGrid:
+    """The grid; its result evaluates the pre-registered rule on the runs' monitor records."""
     return PrecisionAlarmGrid(config or PrecisionAlarmConfig())
-
-
-@results.experiment("precision_alarm", config=PrecisionAlarmConfig, gpu=True,
-                    description="the precision alarm against the logit alert on fresh runs (chapter 7; GPU)")
-def precision_alarm(c: PrecisionAlarmConfig) -> dict:
-    """Run the grid's missing runs, then evaluate the pre-registered rule on their monitor records."""
-    return run_experiment(precision_alarm_grid(c))
 
 
 # -- the second rule's evaluation on fresh seeds (pre-registered above, `SCALED_*`) -------------------------------------
@@ -554,18 +548,9 @@ class FreshAlarmGrid(PrecisionAlarmGrid):
                 "first_rule": evaluate(runs), "description": describe(runs)}
 
 
-@register("precision_alarm_fresh")
+@register_grid("precision_alarm_fresh", config=FreshAlarmConfig, chapter="07_diagnose",
+               description="the alarm's second rule on twenty fresh seeds of A, C and D (chapter 7; GPU)",
+               preregistered_on=SCALED_PREREGISTERED_ON, seen=SCALED_SEEN)
 def precision_alarm_fresh_grid(config: FreshAlarmConfig | None = None) -> FreshAlarmGrid:
+    """The fresh grid; its result evaluates the pre-registered second rule (and the first beside it)."""
     return FreshAlarmGrid(config or FreshAlarmConfig())
-
-
-@results.experiment("precision_alarm_fresh", config=FreshAlarmConfig, gpu=True,
-                    description="the alarm's second rule on twenty fresh seeds of A, C and D (chapter 7; GPU)")
-def precision_alarm_fresh(c: FreshAlarmConfig) -> dict:
-    """Run the fresh grid's missing runs, then evaluate the pre-registered second rule on their records."""
-    return run_experiment(precision_alarm_fresh_grid(c))
-
-
-# its own pre-registration (`lpfail.book.verdict` reads these from the function before the module's)
-precision_alarm_fresh.PREREGISTERED_ON = SCALED_PREREGISTERED_ON
-precision_alarm_fresh.SEEN = SCALED_SEEN

@@ -30,7 +30,7 @@ import numpy as np
 
 from lpfail import results
 from lpfail.experiments import lr_sweep
-from lpfail.sweep import GridBase, Run, Store, lookup, register, run_experiment
+from lpfail.sweep import GridBase, Run, Store, lookup, register_grid
 from lpfail.sweep.store import final_val
 from lpfail.sweep.stats import (bootstrap_seed_indices, effective_loss, gap_word, half_gap_seeds, interval, judge,
                                 mean_draws)
@@ -377,13 +377,17 @@ class SubstitutionGrid(GridBase):
                      tuple(self.config.seeds))
 
 
-@register("substitution")
+@register_grid("substitution", config=SubstitutionConfig, chapter="02_substitution",
+               description="One cast point at a time from A, at the lr_sweep gap (chapter 2; GPU)")
 def substitution_grid(config: SubstitutionConfig | None = None) -> SubstitutionGrid:
+    """The grid; its result is the rule's verdict per row and learning rate (`analyse`)."""
     return SubstitutionGrid(config or SubstitutionConfig())
 
 
-@register("substitution_amendment")
+@register_grid("substitution_amendment", config=AmendmentConfig, chapter="02_substitution",
+               description="Chapter 2's amendment (2026-12-01): the FP32-score rows with m and L in FP32 (GPU)")
 def amendment_grid(config: AmendmentConfig | None = None) -> SubstitutionGrid:
+    """The amendment's grid (its rows, with A and C as baselines); its result `analyse_amendment`."""
     return SubstitutionGrid(config or AmendmentConfig())
 
 
@@ -448,14 +452,6 @@ def analyse(c: SubstitutionConfig, have: dict[str, dict], check: dict | None = N
     return out
 
 
-@results.experiment("substitution", config=SubstitutionConfig, gpu=True,
-                    description="One cast point at a time from A, at the lr_sweep gap (chapter 2; GPU)")
-def substitution(c: SubstitutionConfig) -> dict:
-    """Run the missing points (on a GPU), then the result from the parts; raises SweepIncomplete while points
-    are still missing."""
-    return run_experiment(SubstitutionGrid(c))
-
-
 # -- the amendment's result ---------------------------------------------------------------------------------------
 def analyse_amendment(c: AmendmentConfig, have: dict[str, dict]) -> dict:
     """`analyse` of the amended rows (the same rule, the same baselines), with what they amend and why."""
@@ -468,13 +464,6 @@ def analyse_amendment(c: AmendmentConfig, have: dict[str, dict]) -> dict:
         out["rows"][r.name]["amends"] = r.amends
         out["rows"][r.name]["changes"] = r.changes
     return out
-
-
-@results.experiment("substitution_amendment", config=AmendmentConfig, gpu=True,
-                    description="Chapter 2's amendment (2026-12-01): the FP32-score rows with m and L in FP32 (GPU)")
-def substitution_amendment(c: AmendmentConfig) -> dict:
-    """Run the amendment's missing points (on a GPU), then its result from the parts."""
-    return run_experiment(SubstitutionGrid(c))
 
 
 #: The replay's branches (the ``replay`` command's default): the seven rows of the grid's first GPU run, with
@@ -490,9 +479,7 @@ def main(argv=None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] != ["replay"]:
-        from lpfail.sweep.cli import main as sweep_main
-
-        return sweep_main(["substitution", *argv])
+        return substitution_grid.main(argv)
     rows = list(REPLAY_ROWS)
     if "--rows" in argv:
         i = argv.index("--rows")

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from lpfail import results
-from lpfail.sweep import GridBase, Run, Store, register, run_experiment
+from lpfail.sweep import GridBase, Run, Store, register_grid
 from lpfail.sweep.store import encode_part, part_files, read_part
 # the driver's names stay available here (S.sweep, S.RunSpec ...)
 from lpfail.sweep.driver import (  # noqa: F401
@@ -579,17 +579,12 @@ class SymptomGrid(GridBase):
                      tuple(self.config.seeds))
 
 
-@register("symptom")
+@register_grid("symptom", config=SymptomConfig, chapter="lab_01_symptom",
+               description="the search for a small-scale BF16 flash-attention loss explosion (chapter 1)")
 def symptom_grid(config: SymptomConfig | None = None) -> SymptomGrid:
-    return SymptomGrid(config or SymptomConfig())
-
-
-@results.experiment("symptom", config=SymptomConfig, gpu=True,
-                    description="the search for a small-scale BF16 flash-attention loss explosion (chapter 1)")
-def symptom(c: SymptomConfig) -> dict:
     """Variants A, B, B′, C, D of one small GPT on identical batches and init, several seeds, judged by the
     pre-registered criterion (`python -m lpfail sweep symptom checks` first, on the GPU)."""
-    return run_experiment(symptom_grid(c))
+    return SymptomGrid(config or SymptomConfig())
 
 
 # -- neighbouring configurations (the search around the default) -----------------------------------------
@@ -681,21 +676,16 @@ class SymptomSweepGrid(GridBase):
         return q
 
 
-@register("symptom_sweep")
+@register_grid("symptom_sweep", config=SymptomSweepConfig, chapter="lab_01_symptom",
+               description="chapter 1's search around the default configuration (lr, warm-up)")
 def symptom_sweep_grid(config: SymptomSweepConfig | None = None) -> SymptomSweepGrid:
+    """Each point's result, stored with a ``p{k}_`` prefix per point (variants and seeds included), plus
+    ``points``, ``point_complete`` and ``complete``."""
     return SymptomSweepGrid(config or SymptomSweepConfig())
 
 
 def sweep_configs(sc: SymptomSweepConfig) -> list[SymptomConfig]:
     return [point_config(sc, k) for k in range(len(sc.points))]
-
-
-@results.experiment("symptom_sweep", config=SymptomSweepConfig, gpu=True,
-                    description="chapter 1's search around the default configuration (lr, warm-up)")
-def symptom_sweep(sc: SymptomSweepConfig) -> dict:
-    """Each point's result, stored with a ``p{k}_`` prefix per point (variants and seeds included), plus
-    ``points``, ``point_complete`` and ``complete``."""
-    return run_experiment(symptom_sweep_grid(sc))
 
 
 def migrate(archive, gpu_results, directory=None, log=print) -> Path:
@@ -762,9 +752,7 @@ def main(argv=None) -> int:
     (``... sweep symptom_sweep CMD`` for the neighbouring configurations)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] != ["migrate"]:
-        from lpfail.sweep.cli import main as sweep_main
-
-        return sweep_main(["symptom", *argv])
+        return symptom_grid.main(argv)
     ap = argparse.ArgumentParser(prog="python -m lpfail.experiments.symptom migrate")
     ap.add_argument("command", choices=("migrate",))
     ap.add_argument("--archive", required=True, help="the runs archive (symptom_runs.tgz)")

@@ -9,10 +9,12 @@ should be trained (each a key, the store it lives in, its `TrainConfig`, its gro
 already stores is simply listed with that grid's store and key, and is reused, never rerun), and
 ``result(have, parts)``, the stored result's data from the run summaries. Subclass `GridBase` for the
 defaults (the run summary, the graph checks, no quick profile) and override ``quick()`` to give the chapter's
-headline on one GPU in minutes (`lpfail.sweep.quick.Quick`). Register it with ``@register("NAME")`` on a
-factory ``(config=None) -> grid``, and with ``lpfail.results.experiment("NAME", ...)`` on a function that
-returns ``run_experiment(grid)``. Nothing else changes: the command line, the GPU script and the results
-cache find it by name.
+headline on one GPU in minutes (`lpfail.sweep.quick.Quick`). Declare it once, with
+``@register_grid("NAME", config=..., chapter=..., description=...)`` on a factory ``(config=None) -> grid``
+(`lpfail.sweep.declare`): the results registry's entry (``python -m lpfail run NAME``), the sweep registry's
+(``python -m lpfail sweep NAME ...``), the chapter that shows it and the module's command line
+(``factory.main``) all follow from it. Nothing else changes: the command line, the GPU script, the results
+cache and the book find it by name.
 
 **What the framework then does.** ``python -m lpfail sweep NAME status | plan | checks | drive [--budget S]
 [--quick] | collect``: `lookup` finds each run in its store by key and TrainConfig hash; `drive` trains the
@@ -26,12 +28,13 @@ and says whether its headline lies where the stored seeds predict. The framework
 grids.
 """
 from lpfail.sweep import stats
-from lpfail.sweep.grid import GRIDS, Grid, GridBase, Lookup, Run, SweepIncomplete, get, lookup, names, register
+from lpfail.sweep.declare import register_grid
+from lpfail.sweep.grid import GRIDS, Grid, GridBase, Lookup, Run, SweepIncomplete, get, lookup, names
 from lpfail.sweep.run import collect, drive, graph_checks, run_experiment, status, status_text
 from lpfail.sweep.store import (Part, Store, part_files, part_name, parts_provenance, read_part, run_hash,
                                  summarize_run, used_parts)
 
 __all__ = ["GRIDS", "Grid", "GridBase", "Lookup", "Part", "Run", "Store", "SweepIncomplete", "collect", "drive",
            "get", "graph_checks", "lookup", "names", "part_files", "part_name", "parts_provenance", "read_part",
-           "register", "run_experiment", "run_hash", "stats", "status", "status_text", "summarize_run",
+           "register_grid", "run_experiment", "run_hash", "stats", "status", "status_text", "summarize_run",
            "used_parts"]

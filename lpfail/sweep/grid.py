@@ -3,8 +3,9 @@
 A grid is a list of `Run`s — each a point key, the `Store` its summary lives in, the `TrainConfig` the driver
 trains (everything but its directory), a *group* (the variant or row: what the checks and the uncaptured list
 name) and a seed — plus a function that turns the stored summaries into the experiment's result. The framework
-never imports an experiment: experiments build grids and `register` them; `get` finds them by name after
-`lpfail.results.registry()` has imported every experiment module.
+never imports an experiment: experiments build grids and declare them (`lpfail.sweep.declare.register_grid`, which
+`register`s the factory here); `get` finds them by name after `lpfail.results.registry()` has imported every
+experiment module.
 """
 from __future__ import annotations
 
@@ -167,8 +168,8 @@ GRIDS: dict[str, Callable[..., Grid]] = {}
 
 
 def register(name: str):
-    """Register ``factory(config=None) -> Grid`` as the grid of experiment ``name`` (the experiment module
-    does this at import; `python -m lpfail sweep NAME` finds it)."""
+    """Register ``factory(config=None) -> Grid`` as the grid of experiment ``name`` (`register_grid` does this
+    with the rest of an experiment's declaration; `python -m lpfail sweep NAME` finds it)."""
 
     def deco(factory):
         if name in GRIDS and GRIDS[name].__qualname__ != factory.__qualname__:
