@@ -422,7 +422,6 @@ def paths_markdown(paths: list[dict], titles: Mapping[str, str]) -> str:
 
 def titles(book: Path = BOOK) -> dict[str, str]:
     """{page: its title} from each page's first heading (``# ...``), for links that name the page."""
-
     out = {}
     for p in sorted(book.glob("*.ipynb")) + sorted(book.glob("*.md")):
         if p.suffix == ".ipynb":
