@@ -8,12 +8,21 @@ negative, so a positive signed error is an error toward zero, i.e. a negative "a
 """
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 
+import matplotlib.pyplot as plt
 import numpy as np
 
-from lpfail.book.text import interval
+from lpfail import results
+from lpfail.book import plots
+from lpfail.book import confirmation_report as CR
+from lpfail.book.claims import fix_b
+from lpfail.book.costs import html_table
+from lpfail.book.text import interval, md_table, span
 from lpfail.experiments import prod_kernels as pk
+from lpfail.experiments import cures as cu
+from lpfail.experiments import lr_sweep as ls
 from lpfail.experiments.rounding import RowSpec
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
                                 e4_text as _e4_ci, load_or_none, provenance_line, sig_neg, sig_pos)
@@ -34,8 +43,6 @@ def kernels_table(res, methods=None) -> str:
     """Markdown table: per method at the base rows (``methods``: all by default), the signed error and the error
     toward larger |O| (×10⁻⁴, ± the 95 % CI half-width), and the fraction of tied keys with P̄ = 1 (FP32 p = 1 in
     brackets)."""
-    from lpfail.book.text import md_table
-
     rows = []
     for r in pk.summary(res):
         if methods is not None and r["method"] not in methods:
@@ -66,8 +73,6 @@ def match_table(res, methods=PRODUCTION, against=("ref_FA2_BF16", "mimic_exp2_fm
                                                   "mimic_exp2_fma_roundfirst", "math_mimic")) -> str:
     """Markdown: per production method, the bit-for-bit agreement with each reference order (short names in the
     header, `MATCH_LABELS`)."""
-    from lpfail.book.text import md_table
-
     live = [m for m in methods if bool(res.get(f"available_{m}", False))]
     return md_table(["method", *[MATCH_LABELS.get(a, a) for a in against]],
                     [[f"`{m}`", *[f"{match(res, m, a):.1%}" for a in against]] for m in live])
@@ -113,7 +118,6 @@ def facts(res) -> dict:
         out["paper_away_neg50"] = _e4(float(np.asarray(res["neg_ref_PAPER_BF16_away"])[i5]))
         out["prod_away_neg50_lo"] = _e4(min(float(np.asarray(res[f"neg_{m}_away"])[i5]) for m in live))
         out["prod_away_neg50_hi"] = _e4(max(float(np.asarray(res[f"neg_{m}_away"])[i5]) for m in live))
-        from lpfail.book.text import span
 
         out["prod_away_neg50"] = span(out["prod_away_neg50_lo"], out["prod_away_neg50_hi"])
     out["statement"] = (
@@ -127,10 +131,6 @@ def facts(res) -> dict:
 def prod_figure(res, show=("sdpa_flash", "sdpa_cudnn", "sdpa_math", "triton_sub", "mimic_exp2_fma",
                              "ref_PAPER_BF16")):
     """Error toward larger |O| (×10⁻⁴, 95 % CIs) against the gap (2 ties) and the number of ties (gap 16)."""
-    import matplotlib.pyplot as plt
-
-    from lpfail.book import plots
-
     gaps, ties = np.asarray(res["gaps"], dtype=float), np.asarray(res["ties"]).astype(int)
     base = RowSpec()
     ti, gi = list(ties).index(base.n_ties), list(gaps).index(base.gap)
@@ -157,11 +157,6 @@ def cures_table(part: dict, variants) -> str:
     its LR sensitivity S [95 % CI], K1 (S lower than A), K2 (half the A − C gap closed) and its throughput
     relative to A; an incomplete cure says what is missing and is not judged. ``part`` is
     `cures.partial_analysis()`. Cells wrap (seven columns do not fit the text column as one line each)."""
-    import html
-
-    from lpfail.book.costs import html_table
-    from lpfail.experiments import cures as cu
-
     st, an = part["status"], part["analysis"]
     rows = []
     for v in variants:
@@ -194,8 +189,6 @@ def ten_seed_row(conf: Mapping | None, variant: str) -> dict | None:
     """A cure's half-gap test on the confirmation grid's ten paired seeds: {"hyp", "n", "stat" (the estimate with
     its 95 % t interval over all seeds), "p_adjusted" (Holm, the call on the fresh seeds), "word"
     (`confirmation_report.row_word`)}; None where the grid has no such test or has not made it."""
-    from lpfail.book import confirmation_report as CR
-
     hyp = TEN_SEED_TEST.get(variant)
     if conf is None or hyp is None:
         return None
@@ -214,10 +207,6 @@ def cures_summary_table(res, group: str, omit: tuple[str, ...] = (), conf: Mappi
     paired seeds (`ten_seed_row`), the row is that test's (its hypothesis, its Holm-adjusted p); else it is the
     ``cures`` grid's pre-registered K2 on its seeds (a bootstrap interval over them), and the seeds cell says how
     many, with the runs that were non-finite (they count at their initial loss)."""
-    from lpfail.book import plots
-    from lpfail.book.text import md_table
-    from lpfail.experiments import cures as cu
-
     analysis = res["cures_analysis"]
     variants = [str(x) for x in np.asarray(res["small_variants"])]
     bad = {v: int((np.asarray(res["small_status"])[i] != 0).sum()) for i, v in enumerate(variants)}
@@ -271,9 +260,6 @@ def official_fix_sentence(conf: Mapping | None) -> str:
     """Chapter 6's sentence on the official fix in training: Fix-b's word and per-rate numbers on the confirmation
     grid's ten paired seeds (`confirmation_report.fix_rates`, the verdict page's and chapter 5's), or '' without
     them."""
-    from lpfail.book import confirmation_report as CR
-    from lpfail.book.claims import fix_b
-
     rates = CR.fix_rates(conf["analysis"]) if conf is not None else []
     if not rates:
         return ""
@@ -302,8 +288,6 @@ def cures_outcome(analysis: dict) -> dict:
 
 def cures_outcome_text(analysis: dict) -> str:
     """`cures_outcome` in one Markdown paragraph (names from lr_sweep's variant labels)."""
-    from lpfail.experiments import lr_sweep as ls
-
     o = cures_outcome(analysis)
     name = lambda vs: "; ".join(ls.VARIANTS[v].label for v in vs) or "none"
     hits = [v for v, h in o["predicted_little"].items() if h == "hit"]
@@ -318,8 +302,6 @@ def cures_outcome_text(analysis: dict) -> str:
 PROD_BACKEND = {"prod_kernels": "sdpa_flash", "prod_kernels_cpu": "sdpa_flash"}
 
 def _base_index(res: Mapping) -> tuple[int, int]:
-    from lpfail.experiments.rounding import RowSpec
-
     gaps, ties = list(np.asarray(res["gaps"]).tolist()), list(np.asarray(res["ties"]).tolist())
     base = RowSpec()
     return (gaps.index(base.gap) if base.gap in gaps else 0, ties.index(base.n_ties) if base.n_ties in ties else 0)
@@ -419,7 +401,6 @@ def claims(load=None, stored=None) -> list[Verdict]:
     """Chapter 6's claims, from whatever is stored: the CUDA back ends (prod_kernels) or, before that GPU run,
     the CPU part (prod_kernels_cpu); the cures (cures). ``stored`` is not read (every claim here says itself
     why it is not yet tested)."""
-    from lpfail import results
     load = load or results.load
     out = []
     name, res = "prod_kernels", load_or_none(load, "prod_kernels")

@@ -25,7 +25,7 @@ import numpy as np
 
 from lpfail.book import confirmation_report as CR
 from lpfail.book.text import interval
-from lpfail.book.verdict import SWEEP_WORDS
+from lpfail.book.verdict import SWEEP_WORDS, one_line, verdicts
 from lpfail.experiments import confirmation as CF
 from lpfail.sweep import stats
 
@@ -104,8 +104,6 @@ def c0_size(conf: Mapping | None) -> Claim | None:
 def from_verdicts(vs) -> dict[str, Claim]:
     """{claim id: `Claim`} from the verdict page's verdicts (`lpfail.book.verdict.verdicts`), in their order: the
     word is the verdict's, the headline its one line uncut (`verdict.one_line`)."""
-    from lpfail.book.verdict import one_line
-
     out = {}
     for v in vs:
         head = one_line(v, chars=100_000)
@@ -114,8 +112,6 @@ def from_verdicts(vs) -> dict[str, Claim]:
 
 
 def _build(load: Callable | None, stored: Callable | None) -> dict[str, Claim]:
-    from lpfail.book.verdict import verdicts
-
     return from_verdicts(verdicts(load, stored))
 
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 
+from lpfail.book import plots
 from lpfail.book.text import interval, listing, md_table
+from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED
 from lpfail.experiments import confirmation as CF
 from lpfail.experiments import confirmation_power as CP
 from lpfail.sweep import stats
@@ -252,8 +256,6 @@ def fix_rates_word(rates: list[dict]) -> str:
     the gap at every rate with one; partly when it closes at least half at some rate (by the call, or by the
     estimate where the gap is not called) and not at another; contradicted when it is called to close less than
     half at every such rate; not yet tested without a rate with a gap; else not reproduced."""
-    from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED
-
     if not rates:
         return NOT_TESTED
     if all(x["outcome"] == "closes" and x["basis"] == "call" for x in rates):
@@ -357,11 +359,6 @@ def three_size_figure(conf: Mapping):
     in %, with the healthy margin) and the A − C gap (mean over paired seeds, 95 % t interval where there are 2
     or more), against the learning rate. A gap marker is filled where FP32 attention is healthy at that rate and
     open where it has degraded: the paper's regime is a gap at a filled marker."""
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-
-    from lpfail.book import plots
-
     curves = size_curves(conf)
     if not curves:
         raise ValueError("three_size_figure: the confirmation result has no size with A and C")

@@ -4,11 +4,17 @@ stored experiment `monitor_demo` (`lpfail.experiments.monitor_demo`, whose funct
 `demo_runs` turns its stored result back into the runs the figures read."""
 from __future__ import annotations
 
+import json
 import math
 
+import matplotlib.pyplot as plt
 import numpy as np
 
-from lpfail.book.text import listing
+from lpfail import results
+from lpfail.book import plots
+from lpfail.book.text import listing, md_table, span, wrap
+from lpfail.book.verdict import load_or_none
+from lpfail.experiments import precision_alarm as P
 from lpfail.experiments.monitor_demo import (corpus_batches, demo_runs, headline, stored_substitution,
                                              substitution_losses, tiny_gpt, train_run)
 
@@ -25,10 +31,6 @@ def series(records: list[dict], stat: str) -> tuple[np.ndarray, np.ndarray]:
 def monitor_figure(runs: dict):
     """Two rows of panels: the largest attention logit (max over heads) and the fraction of query rows with a
     tied BF16 maximum (max over heads), per layer, against the step, for each run in `runs` {label: run}."""
-    import matplotlib.pyplot as plt
-
-    from lpfail.book import plots
-
     fig, axes = plt.subplots(1, 3, figsize=(10.2, 3.4))
     styles = ["-", "--", ":"]
     # the runs are not variants (both are FP32 SDPA): shades of the sequential series map, never a variant colour
@@ -60,8 +62,6 @@ def overhead_lines(res: dict, provenance: dict | None = None) -> list[str]:
     """Plain-text lines (≤ 76 characters) for a stored monitor-overhead measurement: device, the median
     overhead of unsampled steps and the mean over whole intervals, the 2 % target, and whether the losses
     were bit-identical (and, where measured, whether two plain runs were: the noise floor)."""
-    from lpfail.book.text import wrap
-
     prov = {"when": res["when"], "monitor": f"git {res['git'][:12]}" if res.get("git") else None} \
         if res.get("when") else (provenance or {})
     med = res.get("overhead_pct_median_unsampled", res.get("overhead_pct_median"))
@@ -89,10 +89,6 @@ OVERHEAD_EVERY10_FILE = "kernels_gpu/monitor_overhead_every10.json"
 def load_overhead(name: str = OVERHEAD_FILE) -> dict | None:
     """A stored measurement (default: results/kernels_gpu/monitor_overhead.json, the monitor at its default
     interval), or None when there is none; ValueError when the file is not valid JSON."""
-    import json
-
-    from lpfail import results
-
     p = results.results_dir() / name
     if not p.exists():
         return None
@@ -105,8 +101,6 @@ def load_overhead(name: str = OVERHEAD_FILE) -> dict | None:
 def breakdown_lines(res: dict) -> list[str]:
     """Where a sampled step's extra time went (`sampled_step_breakdown_s`, medians, synchronised around each
     part), in ms, as plain-text lines (≤ 76 characters); [] for a measurement without a breakdown."""
-    from lpfail.book.text import wrap
-
     b = res.get("sampled_step_breakdown_s")
     if not b:
         return []
@@ -186,9 +180,6 @@ def alarm_facts(res: dict, overhead: dict | None = None) -> dict:
 def alarm_table(res: dict) -> str:
     """Per variant and learning rate: runs, precision alarms, logit alerts, the largest ρ of any head in any run,
     and the median relative error of dQ against FP64 — a Markdown table (`md_table`)."""
-    from lpfail.book import plots
-    from lpfail.book.text import md_table, span
-
     sc = _alarm_scalars(res)
     an, cells = sc["analysis"], sc["description"]["cells"]
     rows = []
@@ -204,8 +195,6 @@ def alarm_table(res: dict) -> str:
 def alarm_lead_table(res: dict) -> str:
     """Per run of the paper's arithmetic: the step its loss left FP32 attention's (same rate and seed), and the
     steps of the precision alarm and of the logit alert ('never' where none) — a Markdown table."""
-    from lpfail.book.text import md_table
-
     sc = _alarm_scalars(res)
     per_run = sc["description"]["runs"]
     rows = []
@@ -221,10 +210,6 @@ def alarm_lead_table(res: dict) -> str:
 def alarm_figure(res: dict):
     """One panel per learning rate: the median over seeds of the largest ρ over heads and sides at each
     measurement, for A, C and D, with the rule's threshold."""
-    import matplotlib.pyplot as plt
-
-    from lpfail.book import plots
-
     sc = _alarm_scalars(res)
     by, rule = sc["description"]["rho_by_step"], sc["analysis"]["rule"]
     lrs = sorted({float(k.split("@")[1]) for k in by})
@@ -247,9 +232,6 @@ def alarm_figure(res: dict):
 def fresh_alarm(load=None):
     """The stored evaluation of the alarm's second rule on fresh seeds (experiment ``precision_alarm_fresh``), or
     None while it is not stored."""
-    from lpfail import results
-    from lpfail.book.verdict import load_or_none
-
     return load_or_none(load or results.load, "precision_alarm_fresh")
 
 
@@ -258,8 +240,6 @@ def scaled_rule_text(res: dict, fresh: dict | None = None) -> str:
     measures, its numbers on the runs it was chosen on (``scaled_development`` of the stored `precision_alarm`, said
     to be development numbers), and its pre-registered evaluation on fresh seeds (`fresh_alarm`): its decision with
     the exact intervals where stored, else that it has not run."""
-    from lpfail.experiments import precision_alarm as P
-
     dev = res.get("scaled_development") if hasattr(res, "get") else None
     rule = P.SCALED_RULE
     head = (f"So a size rule was chosen on these runs and registered before any fresh run (ScaledRule in "

@@ -13,9 +13,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.lines import Line2D
 
+from lpfail import results
 from lpfail.book import plots
 from lpfail.book.text import listing
 from lpfail.book.verdict import load_or_none
+from lpfail.experiments import dial_training as D
 
 
 def sr_ten_seeds(conf: Mapping | None) -> str:
@@ -124,8 +126,6 @@ def interim(dial: Mapping | None, rows=("A_3 − C", "A_3 − SR_3", "A_3 − SR
 
 def facts(load: Callable | None = None) -> dict[str, str]:
     """The glued values of chapter 1's dial section."""
-    from lpfail import results
-
     load = load or results.load
     dial = load_or_none(load, "dial_training")
     return {"sr_ten": sr_ten_seeds(load_or_none(load, "confirmation")),
@@ -150,8 +150,6 @@ def cards(dial: Mapping | None) -> dict[str, str]:
 def preregistration_markdown() -> str:
     """The dial's pre-registration as it is in code (`lpfail.experiments.dial_training`): the date, what had been
     seen, each hypothesis with its family, the rule, and the predictions written beside it (MyST Markdown)."""
-    from lpfail.experiments import dial_training as D
-
     hyps = "\n".join(f"- **{h}** — {text}" + (f" *Family:* {D.FAMILIES[h]}." if h in D.FAMILIES else "")
                      for h, text in D.HYPOTHESES.items())
     preds = "\n".join(f"- **{h}:** {text}" for h, text in D.PREDICTIONS.items())

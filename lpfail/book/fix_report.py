@@ -4,15 +4,23 @@ Algorithm 3 over β; Robust, our robust fix) and the numbers its text quotes (`f
 `lpfail.book.fix_sweep_report` and `lpfail.book.fix_training_report`."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from lpfail import results
 from lpfail.book import claims as CL
 from lpfail.book import training_claims as TC
+from lpfail.book import symptom_report
+from lpfail.book import confirmation_report as CR
+from lpfail.book import fix_training_report as FTR
 from lpfail.book.confirmation_report import fix_lr_text
+from lpfail.book.text import interval, listing, span
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE,
                                 SWEEP_WORDS, Verdict, load_or_none, provenance_line, stat_text, pending)
+from lpfail.experiments import fix_sweep as FS
+from lpfail.experiments.fix_sweep import removed
 
 
 # -- the claims ------------------------------------------------------------------------------------------------
@@ -76,8 +84,6 @@ def judge_fix_beta(r: Mapping) -> Verdict:
     without the fix: every β removes it at every such point → reproduced; some β at every such point, or over
     half of the points → partly; else not reproduced. The non-finite points at larger |r_m| and at negative
     r_m are reported, not judged (the paper gives no range of r_m)."""
-    from lpfail.experiments.fix_sweep import removed
-
     r_ms, betas = np.asarray(r["r_ms"]), np.asarray(r["betas"])
     cols = (r_ms > 0) & (r_ms <= 64)
     base = (np.abs(np.asarray(r["nofix_bias"])) > np.asarray(r["nofix_bias_ci"]))[:, cols]
@@ -105,7 +111,7 @@ def robust_cost_evidence(cost: Mapping) -> tuple[str, str]:
     """(evidence sentence, note) for the robust fix's cost (`robust_cost`) against our targets: the range over
     shapes per mode and pass, and how many of the targeted (mode, pass) rows miss. A measurement beside the
     Robust verdict, not part of its rule."""
-    from lpfail.kernels.bench import robust_summary
+    from lpfail.kernels.bench import robust_summary  # here, not at the top: lpfail.kernels imports Triton
 
     rows = [r for r in robust_summary(cost) if r["bound"] is not None]
     if not rows:
@@ -151,10 +157,6 @@ def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
     """Fix-b (by the pre-registered `fix_training` rule, with the explosion search's old criterion beside it),
     Fix-c (`bench_kernels`), Fix-β and Robust (`fix_sweep`, with `robust_cost`), each pending without its
     result."""
-    import dataclasses
-
-    from lpfail.book import symptom_report
-
     ft = load_or_none(load, "fix_training")
     fix_b = judge_fix_training_sweep(ft["fix_analysis"] if ft is not None else None)
     search = symptom_report.search_evidence(load)
@@ -184,9 +186,6 @@ def claims(load: Callable, stored: Callable[[str], bool]) -> list[Verdict]:
 def sweep_facts(sweep: Mapping) -> dict[str, str]:
     """From the stored ``fix_sweep``: where Algorithm 3 turns non-finite and the official clamp silences rows at
     β = 2, how often each fix removes the bias, and the robust fix against Algorithm 3."""
-    from lpfail.experiments import fix_sweep as FS
-    from lpfail.book.text import listing
-
     r_ms, betas = np.asarray(sweep["r_ms"]), np.asarray(sweep["betas"])
     i2 = list(betas).index(2.0)
     a3_bad = (np.asarray(sweep["alg3_nonfinite"]) > 0)[i2]
@@ -213,9 +212,6 @@ def sweep_facts(sweep: Mapping) -> dict[str, str]:
 def training_facts(ft: Mapping) -> dict[str, str]:
     """From the stored ``fix_training``: per fix where it closes the gap (`fix_training_report.where`), the
     sensitivities, the pre-registered words, and the non-finite runs of Algorithm 3 without its clamp."""
-    from lpfail.book import fix_training_report as FTR
-    from lpfail.book.text import span
-
     w = FTR.where(ft)
     a = ft["fix_analysis"]
     out = {f"ft_where_{x}": w[x] for x in ("B", "Bp", "R") if x in w}
@@ -241,8 +237,7 @@ def training_facts(ft: Mapping) -> dict[str, str]:
 def kernel_facts(bench: Mapping) -> dict[str, str]:
     """From the stored ``bench_kernels``: the fix's cost over the shapes (both ways of forming S − m), and the
     kernel against its targets and against cuDNN."""
-    from lpfail.kernels.bench import summary, targets
-    from lpfail.book.text import span
+    from lpfail.kernels.bench import summary, targets  # here, not at the top: lpfail.kernels imports Triton
 
     sub, fma = summary(bench, "triton"), summary(bench, "triton_fma")
     pct = lambda rows, key: span(100 * min(r[key] for r in rows), 100 * max(r[key] for r in rows), "+.1f",  # noqa
@@ -265,8 +260,7 @@ def kernel_facts(bench: Mapping) -> dict[str, str]:
 def robust_cost_facts(rcost: Mapping) -> dict[str, str]:
     """From the stored ``robust_cost``: the robust fix's cost range per base and pass, and how many targets it
     misses."""
-    from lpfail.kernels.bench import robust_summary
-    from lpfail.book.text import span
+    from lpfail.kernels.bench import robust_summary  # here, not at the top: lpfail.kernels imports Triton
 
     rs = {(r["base"], r["mode"]): r for r in robust_summary(rcost)}
     out = {}
@@ -281,8 +275,6 @@ def robust_cost_facts(rcost: Mapping) -> dict[str, str]:
 def facts(load=None) -> dict[str, str]:
     """Every number chapter 5 and its lab page quote, from the stored results (each part only when its result
     is stored)."""
-    from lpfail import results
-
     load = load or results.load
     out = {}
     for name, fn in (("fix_sweep", sweep_facts), ("fix_training", training_facts), ("bench_kernels", kernel_facts),
@@ -297,8 +289,6 @@ def facts(load=None) -> dict[str, str]:
 def ten_seed_fix_text(a: Mapping) -> str:
     """Chapter 5's paragraph on the fixes in training on ten paired seeds: HB and HR (LR sensitivity, the call on
     the fresh seeds, Holm within the claims) and each learning rate's cell (`confirmation_report.fix_lr_text`)."""
-    from lpfail.book.text import interval
-
     c = a.get("claims") or {}
     parts = []
     for h, name in (("HB", "the official fix"), ("HR", "the robust fix")):
@@ -318,8 +308,6 @@ def ten_seed_fix_text(a: Mapping) -> str:
 def ten_seed_fix_found(a: Mapping) -> str:
     """Chapter 5's finding on training: the official fix by Fix-b's word in the claims registry (`claims.fix_b`:
     the same word and numbers as the verdict page) and the robust fix by HR (each outcome has its wording)."""
-    from lpfail.book import confirmation_report as CR
-
     c = a.get("claims") or {}
     hr = (c.get("HR") or {}).get("verdict")
     rates = CR.fix_rates(a)

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap
 
-from lpfail.book.plots import color
+from lpfail.book.plots import color, legend_axes
 from lpfail.experiments.fix_sweep import removed
 
 #: Outcome classes of a grid point, in the order of the colour map.
@@ -27,7 +27,6 @@ def outcome_map(result: Mapping, name: str) -> np.ndarray:
 def plot_safe_region(result: Mapping) -> plt.Figure:
     """Three panels (Algorithm 3, official, robust), β down, r_m across: the outcome of each grid point."""
     betas, r_ms = np.asarray(result["betas"]), np.asarray(result["r_ms"])
-    from lpfail.book.plots import legend_axes
 
     fig, all_axes = plt.subplots(1, 4, figsize=(12.0, 3.4), width_ratios=[3.3, 3.3, 3.3, 2.1])
     axes = all_axes[:3]

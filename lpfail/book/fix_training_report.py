@@ -22,9 +22,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from lpfail import sweep
+from lpfail.book.costs import html_table
 from lpfail.book.text import interval
 from lpfail.experiments import lr_sweep as L
-from lpfail.experiments.fix_training import FIXES
+from lpfail.experiments.fix_training import FIXES, FixTrainingConfig, fix_training_grid
 
 LABELS = {"B": "B (official fix)", "Bp": "B′ (Algorithm 3, no clamp)", "R": "R (robust fix)"}
 CLASSES = ("non-finite", "no gap", "closed", "partly", "no help")
@@ -82,8 +84,6 @@ def _lr(x: float) -> str:
 
 def per_lr_table(res: Mapping) -> str:
     """HTML: per lr, A − C and each fix's X − C [95 % CI], its non-finite runs and its class."""
-    from lpfail.book.costs import html_table
-
     rows = per_lr(res)
     fixes = list(rows[0]["fixes"])
     out = []
@@ -105,8 +105,6 @@ def per_lr_table(res: Mapping) -> str:
 def verdict_table(res: Mapping) -> str:
     """HTML: per fix, S(X) [CI], the pre-registered statistic S(X) − S(C) − ½(S(A) − S(C)) [CI] and its word,
     S(X) − S(C) [CI] and its word, and the share of the gap closed [CI] (descriptive)."""
-    from lpfail.book.costs import html_table
-
     a = res["fix_analysis"]
     closed = {r["variant"]: r["closed"] for r in L.versus_control(res, "small")}
     out = []
@@ -152,11 +150,6 @@ def part_lines(directory=None) -> list[str]:
     """Where the result's runs come from: one line per part file that holds runs of `fix_training`'s grid —
     when (UTC), on what, from which commit, and how many runs of each variant (read from the part files, as
     ``collect`` does)."""
-    from lpfail.experiments.fix_training import FixTrainingConfig
-
-    from lpfail import sweep
-    from lpfail.experiments.fix_training import fix_training_grid
-
     lk = sweep.lookup(fix_training_grid(FixTrainingConfig()), directory)
     have = lk.have
     out = []

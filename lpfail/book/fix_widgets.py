@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import html
 
+import ipywidgets as W
 import numpy as np
 import torch
 
 from lpfail import attention as attn
+from lpfail.book.text import nowrap_numbers  # a number never breaks at its hyphen-minus
 from lpfail.book.twin import HTML as _HTML, switcher_html
 from lpfail.experiments.rounding import RowSpec, make_rows, mean_ci
 from lpfail.precision import PAPER_BF16, PAPER_BF16_OFFICIAL_FIX, BoundedMax, DynamicMax
@@ -72,8 +74,6 @@ def _num(x: float, fmt: str) -> str:
 
 
 def state_html(r_m, n_ties, beta, eps, spread) -> str:
-    from lpfail.book.text import nowrap_numbers  # a number never breaks at its hyphen-minus
-
     head = ("<tr><th>policy</th><th>m′ (row 0)</th><th>P̄ at a tie</th><th>ℓ</th><th>error of row 0</th>"
             "<th>bias, 64 rows (± 95 % CI)</th><th>non-finite rows</th></tr>")
     body = []
@@ -98,8 +98,6 @@ def fix_twin(cases=GALLERY):
 
 def fix_explorer():
     """Live: sliders for r_m, the number of ties, β, ε and the spread; the table of `state_html`."""
-    import ipywidgets as W
-
     r_m = W.FloatText(value=16.0, description="r_m")
     ties = W.IntSlider(value=2, min=1, max=16, description="ties")
     beta = W.FloatLogSlider(value=2.0, base=2, min=0.0015, max=4, step=0.01, description="β")

@@ -15,7 +15,12 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import nbformat
+
+from lpfail import results
+from lpfail.book import beyond_report, symptom_report
 from lpfail.book.text import listing
+from lpfail.book.training_claims import judge_dial
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
                                  load_or_none)
 
@@ -153,16 +158,12 @@ def _chain(vs) -> str:
 
 def findings(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     """The first page's sentences of what we found (MyST Markdown, each linking its chapter)."""
-    from lpfail import results
-
     load = load or results.load
     by = by_claim(vs)
     cures = load_or_none(load, "cures")
     cures = cures["cures_analysis"] if cures is not None else None
     prod = load_or_none(load, "prod_kernels")
     if prod is not None:
-        from lpfail.book import beyond_report
-
         prod = beyond_report.facts(prod)
     ten = ten_seed_words(load_or_none(load, "confirmation"))
     return [_bias(by), _harm(by), _removing_bias(by, cures, ten), _what_works(by, cures, ten), _production(by, prod),
@@ -185,8 +186,6 @@ def dial_words(load: Callable) -> str:
     dial = load_or_none(load, "dial_training")
     if dial is None:
         return "its test, the precision dial, has no stored run yet"
-    from lpfail.book.training_claims import judge_dial
-    from lpfail.book.verdict import NOT_TESTED
 
     v = judge_dial(dial)
     if v.verdict == NOT_TESTED:
@@ -199,8 +198,6 @@ def dial_words(load: Callable) -> str:
 def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     """The first screen's answer in three sentences: what is real, what it does in training at the scales we ran,
     what is not shown — each chosen by the verdicts it rests on, with a plain fallback."""
-    from lpfail import results
-
     load = load or results.load
     by = by_claim(vs)
     conf = load_or_none(load, "confirmation")
@@ -230,8 +227,6 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
 
 def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     """**What to do**, by situation: one line each, linked to its evidence and worded by the verdicts it rests on."""
-    from lpfail import results
-
     load = load or results.load
     by = by_claim(vs)
     ten = ten_seed_words(load_or_none(load, "confirmation")) or {}
@@ -301,9 +296,6 @@ def link_status(vs: Mapping[str, Verdict], claims) -> str:
 def search_failures(load: Callable | None = None) -> tuple[int, int, int, int] | None:
     """(runs of the paper's arithmetic failed, its runs, FP32 attention's failed, its runs) in the stored explosion
     search, by its pre-registered criterion; None without it."""
-    from lpfail import results
-    from lpfail.book import symptom_report
-
     search = symptom_report.search_evidence(load or results.load)
     if search is None:
         return None
@@ -315,9 +307,6 @@ def failure_status(load: Callable | None = None) -> str:
     """The chain's failure link: 'reproduced' or 'partly' where a run of the paper's arithmetic failed by the
     explosion search's pre-registered criterion (`lpfail.book.symptom_report.judge_symptom`), 'not shown' where
     none did, 'not testable here' without the search."""
-    from lpfail import results
-    from lpfail.book import symptom_report
-
     search = symptom_report.search_evidence(load or results.load)
     if search is None:
         return "not testable here"
@@ -382,8 +371,6 @@ def page_words(page: str, book: Path = BOOK) -> int:
     """Words a reader reads on a page: its Markdown cells (without code blocks, math and directive options) with
     every glued value counted as the text it shows (a figure's caption, a table's cells), and the outputs its code
     cells show — what the built page shows, from the notebook's stored outputs."""
-    import nbformat
-
     p = book / f"{page}.ipynb"
     glued, shown = {}, ""
     if p.is_file():
@@ -436,8 +423,6 @@ def paths_markdown(paths: list[dict], titles: Mapping[str, str]) -> str:
 
 def titles(book: Path = BOOK) -> dict[str, str]:
     """{page: its title} from each page's first heading (``# ...``), for links that name the page."""
-    import nbformat
-
     out = {}
     for p in sorted(book.glob("*.ipynb")) + sorted(book.glob("*.md")):
         if p.suffix == ".ipynb":

@@ -4,12 +4,20 @@ The chapter calls these; the numbers come from `lpfail.experiments.gradient_erro
 `lpfail.gradient_error` (live)."""
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Mapping
 
+import matplotlib.pyplot as plt
 import numpy as np
-from lpfail.book import training_claims
+from lpfail import results
+from lpfail.book import plots, training_claims
+from lpfail.book.text import listing, span
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, as_float,
                                 load_or_none, provenance_line, pending)
+from lpfail.experiments import gradient_error as GE
+from lpfail.experiments.gradient_error import accumulation_run
+from lpfail.gradient_error import coherence_exponent, coherence_null, coherence_ratio, coherent_ratio, sketch_cos
 
 
 def check_rows(res: Mapping) -> list[list[str]]:
@@ -34,10 +42,6 @@ CHECK_HEADER = ["tensors", "case", "max logit", "Eq. 1 rel. err.", "Eq. 2 rel. e
 def delta_figure(res: Mapping):
     """Left: Σ Δδ per head at each (checkpoint, layer) of the CPU-trained model. Right: the cosine between the
     δ-term of Eq. 2 and A's whole dW_Q error, per head, for every checked case."""
-    import matplotlib.pyplot as plt
-
-    from lpfail.book import plots
-
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(9.6, 3.6))
     recs = res["model"]
     labels = [f"s{r['step']}\nL{r['layer']}" for r in recs]
@@ -64,10 +68,6 @@ def delta_figure(res: Mapping):
 
 def toy_figure(runs: list[Mapping]):
     """‖accumulated error‖ against the number of steps K (log–log) for toy runs, with K and √K guides."""
-    import matplotlib.pyplot as plt
-
-    from lpfail.book import plots
-
     fig, ax = plt.subplots(figsize=(5.0, 3.6))
     for r, c in zip(runs, plots.series_colors(len(runs))):
         ax.loglog(r["k"], r["norm"], color=c, label=f"bias {r['bias']:g}: exponent {r['exponent']:.2f}")
@@ -141,12 +141,9 @@ def gpu_figure(res: Mapping):
     rank-one terms (PK)[T]ᵀX[T], per head, at each step and layer. Middle (Fig. 5): the running sum of Δδ over
     the positions of the batch (summed over its sequences and heads), per layer and step. Right: Σ Δδ in units
     of its random-walk size (`bias_z`), per head."""
-    import matplotlib.pyplot as plt
-
     recs = res["gpu"]["records"]
     steps = sorted({r["step"] for r in recs})
     layers = sorted({r["layer"] for r in recs})
-    from lpfail.book import plots
 
     fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(10.8, 3.8))
     colors = plots.series_colors(len(steps))
@@ -184,10 +181,6 @@ def gpu_figure(res: Mapping):
 def a_run_wall(directory=None) -> str:
     """Training seconds of the GPU call's retrained A run, from its log (results/substitution_gpu/extras.log:
     the line ``<TrainResult completed: … , N s>``); "not recorded" when absent."""
-    import re
-
-    from lpfail import results
-
     p = (directory or results.results_dir()) / "substitution_gpu" / "extras.log"
     m = re.search(r"<TrainResult completed: [^>]*?([0-9.]+) s>", p.read_text()) if p.is_file() else None
     return f"{float(m.group(1)):.0f}" if m else "not recorded"
@@ -235,8 +228,6 @@ def tied_summary(res: Mapping) -> dict:
 def cross_step(res: Mapping, key: str = "sketch_rbar") -> list[dict]:
     """Per layer and pair of checked steps (s1 < s2): the cosine, per head, of the stored sketches `key`
     ('sketch_rbar': R̄, the mean rank-one term; 'sketch_dterm': Eq. 2's δ-term) at the two steps."""
-    from lpfail.gradient_error import sketch_cos
-
     recs = res["gpu"]["records"]
     if not all(key in r for r in recs):
         raise ValueError(f"cross_step: not every GPU record has '{key}'")
@@ -268,11 +259,8 @@ def tied_cross_figure(res: Mapping):
     """Left: the tied rows' share of |Σ Δδ| against their fraction of the rows, every (step, layer, head) of the GPU
     records (the diagonal: Δδ spread evenly). Right: the cosine across checked steps of R̄ and of the δ-term,
     per layer and head (the paper's Fig. 4, across steps)."""
-    import matplotlib.pyplot as plt
-
     recs = res["gpu"]["records"]
     layers = sorted({r["layer"] for r in recs})
-    from lpfail.book import plots
 
     colors = plots.series_colors(len(layers))
     pair = [plots.color("A"), plots.series_colors(1)[0]]
@@ -311,8 +299,6 @@ def coherence_summary(acc: Mapping, reps: int = 2000) -> dict:
     2.5–97.5 %), the raw exponents of ‖E_K‖ and of the random-sign sums, and ‖E_K‖ at the last K; where the
     result holds each sign draw's norm ("norm_signs_each"), also the measured range of ρ over the draws
     ("signs_lo", "signs_hi": (K, H))."""
-    from lpfail.gradient_error import coherence_exponent, coherence_null, coherence_ratio, coherent_ratio
-
     if not isinstance(acc, Mapping) or not isinstance(acc.get("by_policy"), Mapping):
         raise ValueError("coherence_summary: not an accumulation_run result (no 'by_policy')")
     out = {}
@@ -337,8 +323,6 @@ COHERENCE_HEADER = ["policy", "‖E_n‖ per head", "raw exponent (random signs)
 
 
 def _span(lo, hi, fmt):
-    from lpfail.book.text import span
-
     return span(lo, hi, fmt)
 
 
@@ -353,10 +337,7 @@ def coherence_figure(summ: Mapping, toy_k: int | None = None):
     """ρ_K against K (log–log), one panel per policy, one line per head, the unbiased band (grey: the widest
     over heads), the incoherent level 1, ρ_K for one shared direction with one sign at the terms' sizes
     (dashed, mean over heads), and √K (dash-dot: the toy's K law over its √K law, equal terms)."""
-    import matplotlib.pyplot as plt
-
     names = list(summ)
-    from lpfail.book import plots
 
     fig, all_axes = plt.subplots(1, len(names) + 1, figsize=(3.3 * len(names) + 2.7, 3.4),
                                  width_ratios=[3.3] * len(names) + [2.7])
@@ -391,8 +372,6 @@ def _accumulation_evidence(acc: Mapping | None) -> str:
     policies and heads at the last K, the unbiased band, and the heads outside that band. "" without it."""
     if not acc:
         return ""
-    from lpfail.book.gradient_report import coherence_summary
-
     s = coherence_summary(acc, reps=1000)
     rk = [x for d in s.values() for x in d["rho_k"]]
     band = [b for d in s.values() for b in d["null_k"]]
@@ -450,12 +429,9 @@ def judge_gradient_error(res: Mapping) -> Verdict:
 def _one_run_scope(res: Mapping) -> dict:
     """What C2's GPU evidence rests on, for its row: one run of A (seed, learning rate, size, steps), the steps
     and layers checked, and why a sign test over so few checkpoints decides nothing (empty without GPU records)."""
-    from lpfail.experiments import gradient_error as GE
-
     gpu = res.get("gpu")
     if not gpu:
         return {}
-    import inspect
 
     params = inspect.signature(GE.a_run_config).parameters
     lr, seed = params["lr"].default, params["seed"].default
@@ -486,8 +462,6 @@ def facts(res: Mapping, reps: int = 2000) -> dict[str, str]:
     checks, A's GPU checkpoints (`gpu_summary`), the tied rows (`tied_summary`), the cross-step cosines
     (`cross_step_summary`), and the accumulation over consecutive steps (`coherence_summary` with ``reps``
     simulated sign draws), with the card and day of the GPU records."""
-    from lpfail.book.text import listing, span
-
     out = {"ge_max_err": f"{float(res['max_rel_err']):.1e}", "ge_tol": f"{float(res['tol']):g}",
            "ge_n": f"{len(res['synthetic']) + len(res['model'])}"}
     cos_model = [c for r in res["model"] for c in r["share_cos"]]
@@ -546,8 +520,6 @@ def facts(res: Mapping, reps: int = 2000) -> dict[str, str]:
             out["acc_sr_diff"] = f"{max(abs(x / y - 1) for x, y in zip(nk['A_sr'], nk['A'])) * 100:.1f} %"
         if "A" in nk and "A_fix" in nk:
             out["acc_fix_larger"] = f"{sum(x > y for x, y in zip(nk['A_fix'], nk['A']))} of {len(nk['A'])}"
-        from lpfail.experiments.gradient_error import accumulation_run
-        import inspect
 
         out["acc_nsigns"] = f"{inspect.signature(accumulation_run).parameters['n_signs'].default}"
     return out

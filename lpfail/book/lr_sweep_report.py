@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import html
 
+import ipywidgets as W
+import matplotlib.pyplot as plt
 import numpy as np
+from IPython.display import display
 
 from lpfail import results, sweep
 from lpfail.book import plots, twin
@@ -57,8 +60,6 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
     """Final held-out loss against learning rate, per variant (mean over seeds; the band spans the seeds),
     one panel per model size — the analogue of Wortsman et al.'s Fig. 1. Non-finite runs are drawn at the
     loss at initialization (how the sensitivity counts them) and ringed."""
-    import matplotlib.pyplot as plt
-
     analysis = analysis or res["analysis"]
     lrs = np.asarray(res["lrs"], dtype=float)
     ss = [x for x in sizes(res) if only_sizes is None or x in only_sizes]
@@ -97,8 +98,6 @@ def lr_curves_figure(res, analysis=None, variants=None, only_sizes=None):
 
 def sensitivity_figure(analysis):
     """LR sensitivity per variant with its 95 % bootstrap interval, one row per (size, variant)."""
-    import matplotlib.pyplot as plt
-
     rows = [(size, v, d) for size, sz in analysis["sizes"].items() for v, d in sz.items()]
     fig, ax = plt.subplots(figsize=(5.0, 0.32 * len(rows) + 1.0))
     for y, (size, v, d) in enumerate(rows):
@@ -118,8 +117,6 @@ def growth_figure(res, size: str = "small", lr_index: int = -1, variants=("A", "
     """At one learning rate: the largest attention logit (max over layers), the fraction of query rows with a
     tied maximum (mean over layers), and ‖W_Q‖ (max over layers and heads), against the step; mean over
     seeds, each seed faint."""
-    import matplotlib.pyplot as plt
-
     steps = np.asarray(res["diag_step"])
     lr = float(np.asarray(res["lrs"])[lr_index])
     vs = [v for v in variants if v in _variants(res, size)]
@@ -150,8 +147,6 @@ def growth_figure(res, size: str = "small", lr_index: int = -1, variants=("A", "
 def run_figure(res, size: str, variant: str, lr_index: int, seed_index: int | None = None, dpi=None):
     """Runs of one (size, variant, lr): training loss (binned) and held-out loss, gradient norm and largest
     logit against the step — one seed, or every stored seed (``seed_index=None``, one shade per seed)."""
-    import matplotlib.pyplot as plt
-
     i = _variants(res, size).index(variant)
     seeds = np.asarray(res["seeds"])
     stored = np.asarray(res[f"{size}_stored"])[i, lr_index]
@@ -394,10 +389,6 @@ def runs_twin(res, size: str = "small", dpi: int = 90, variants=None):
 
 def runs_explorer(res):
     """Live: choose size, variant, learning rate and seed; see the run's curves."""
-    import ipywidgets as W
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
     size_dd = W.Dropdown(options=sizes(res), description="size")
     var_dd = W.Dropdown(description="variant")
     lr_dd = W.Dropdown(options=[(_fmt_lr(float(x)), j) for j, x in enumerate(np.asarray(res["lrs"]))],

@@ -3,9 +3,14 @@ preset differs, and the stored `official_check` table, or a plain statement that
 from __future__ import annotations
 
 import dataclasses
+import html
+
+import numpy as np
 
 from lpfail import results
-from lpfail.experiments.official_check import CONFIRM_PCT, preset_confirmed
+from lpfail.book.costs import html_table
+from lpfail.book.text import breakable
+from lpfail.experiments.official_check import CONFIRM_PCT, preset_confirmed, table
 from lpfail.precision import _ACC_FIELDS, _FALLBACK, DTYPES, PAPER_BF16, PAPER_BF16_COMPILED, Precision
 
 #: What each knob that PAPER_BF16_COMPILED changes means for the official code under inductor, as read from its
@@ -47,8 +52,6 @@ def preset_diff(a: Precision = PAPER_BF16, b: Precision = PAPER_BF16_COMPILED) -
 
 def table_or_pending() -> str:
     """The stored official_check table with its provenance, or why there is none yet."""
-    from lpfail.experiments.official_check import table
-
     try:
         res = results.load("official_check")
     except results.ResultMissing:
@@ -72,8 +75,6 @@ def agreement_rows(res, extra: bool = False) -> list[list[str]]:
     everywhere] from a stored `official_check` result: the presets only, or also the one-knob variants
     (`extra`), and the official run against the eager official run (what compiling changes, "—" as our
     policy). Cases the run did not cover (NaN) are left out of the minimum and of the count."""
-    import numpy as np
-
     rows = []
     for fix in ("nofix", "fix"):
         names = [str(p) for p in res[f"policies_{fix}"]]
@@ -126,8 +127,6 @@ def preset_verdict(res) -> dict:
 def tied_same(res) -> bool:
     """Whether every implementation and way of running the official code gives the same mean error of O on the
     tied rows (point estimates equal to within a tenth of the smallest 95 % half-width)."""
-    import numpy as np
-
     keys = [f"tied_policy_{i}" for i in range(len(res["tied_policy_names"]))]
     keys += [f"tied_official_{run}" for run, _ in RUNS if f"tied_official_{run}" in res]
     v = np.array([res[k] for k in keys], dtype=float)
@@ -137,11 +136,6 @@ def tied_same(res) -> bool:
 def agreement_table(res, extra: bool = False) -> str:
     """`agreement_rows` as a narrow HTML table: the four tensors' shares in one cell (O / dQ / dK / dV), policy
     names breakable at their underscores and commas (`lpfail.book.text.breakable`)."""
-    import html
-
-    from lpfail.book.costs import html_table
-    from lpfail.book.text import breakable
-
     rows = [[html.escape(r[0]), html.escape(r[1]), f"<code>{html.escape(breakable(r[2]))}</code>",
              r[3], " / ".join(r[4:8]), r[8]] for r in agreement_rows(res, extra)]
     return html_table(["official code run", "fix", "our policy", "cases", "O / dQ / dK / dV, % bit-identical",

@@ -24,8 +24,16 @@ import io
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
+import torch
+from matplotlib.legend import Legend
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from matplotlib.text import Text
 from matplotlib.transforms import Bbox
+from myst_nb import glue
+from PIL import Image
+
+from lpfail import bf16
+from lpfail.book.symptom_report import max_over_layers
 
 # -- one palette --------------------------------------------------------------------------------------------------
 #: The colour of each variant (by its letter in lpfail.experiments.variants and the chapters' tables).
@@ -180,9 +188,6 @@ def _overlap_x(a, b) -> bool:
 
 def _texts(artist) -> tuple[list[float], list[float]]:
     """(sizes of every visible text, sizes of the legend texts) of an axes or a legend, in points."""
-    from matplotlib.legend import Legend
-    from matplotlib.text import Text
-
     alltxt = [t for t in artist.findobj(Text) if t.get_visible() and t.get_text().strip()]
     legends = [artist] if isinstance(artist, Legend) else [lg for lg in artist.findobj(Legend)]
     leg = [t.get_fontsize() for lg in legends if lg.get_visible() for t in lg.get_texts() if t.get_text().strip()]
@@ -193,8 +198,6 @@ def panel_images(fig, dpi: int = DPI, pad: float = 0.04) -> list[dict]:
     """Each panel (`panels`) as a PNG: {"png": bytes, "width_in", "height_in", "min_pt", "legend_pt"} — the
     smallest text and the smallest legend text in points (legend_pt None without a legend). The figure is drawn
     once, at ``dpi``, and each panel cut out of that image (its tight box, ``pad`` inches around it)."""
-    from PIL import Image
-
     fig.set_dpi(dpi)
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
@@ -250,8 +253,6 @@ class Figure:
 
 def glue_figure(name: str, fig, alt: str = "") -> None:
     """Glue ``fig`` under ``name`` for a ``{glue:figure}`` (its panels stack on a narrow screen), and close it."""
-    from myst_nb import glue
-
     glue(name, Figure(fig, alt), display=False)
 
 
@@ -388,7 +389,7 @@ def kernel_bench_figure(res, mode: str = "fwd_bwd",
 def kernel_targets_figure(res) -> plt.Figure:
     """The kernel's two targets, one row per head dim: forward TFLOP/s against N with the 1.2 × SDPA flash target
     (left), and the fix's cost from the alternating timings with the 3 % target (right)."""
-    from lpfail.kernels.bench import TARGETS
+    from lpfail.kernels.bench import TARGETS  # here, not at the top: lpfail.kernels imports Triton
     names = [str(m) for m in res["methods"]]
     modes = [str(m) for m in res["modes"]]
     dims, ns = res["head_dims"], res["seq_lens"]
@@ -618,8 +619,6 @@ def fix_rows_figure(res) -> plt.Figure:
 def run_figure(conf, seed_index: int, variants=None, figsize=(9.6, 3.0), dpi=None) -> plt.Figure:
     """One seed of one configuration: loss, largest gradient norm per 5 steps (log), and the largest
     attention score over layers (log, every 50 steps), one line per variant."""
-    from lpfail.book.symptom_report import max_over_layers
-
     a = conf.arrays
     variants = [v for v in (variants or conf.variants) if v in conf.variants]
     fig, axes = plt.subplots(1, 3, figsize=figsize, dpi=dpi)
@@ -641,7 +640,7 @@ def robust_cost_figure(res) -> plt.Figure:
     """The robust fix's cost (`robust_cost`, alternating timings) per shape: forward (left) and forward +
     backward (right), against the same kernel without a fix in both modes and against Algorithm 3, with the
     target as a dashed line."""
-    from lpfail.kernels.bench import ROBUST_TARGETS, robust_summary
+    from lpfail.kernels.bench import ROBUST_TARGETS, robust_summary  # here, not at the top: lpfail.kernels imports Triton
 
     rows = robust_summary(res)
     bounds = dict(ROBUST_TARGETS)
@@ -670,10 +669,6 @@ def robust_cost_figure(res) -> plt.Figure:
 def bf16_spacing_figure(marks=(1.0, 16.0, 1024.0, 32768.0)) -> plt.Figure:
     """The spacing of BF16 numbers (one ulp, `lpfail.bf16.ulp`) against their magnitude, log–log: a staircase that
     doubles at every power of two, 2⁻⁷ relative; ``marks`` labelled with their spacing."""
-    from lpfail import bf16
-
-    import torch
-
     x = torch.tensor(np.logspace(-2, 5, 2000)).bfloat16()     # BF16 magnitudes (ulp is defined on them)
     u = bf16.ulp(x).double().numpy()
     x = x.double().numpy()

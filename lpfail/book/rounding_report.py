@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from lpfail import bf16
+from lpfail.book.text import listing, md_table
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, as_float,
                                 e4_text, load_or_none, pending, provenance_line, sig_neg, sig_pos)
 
@@ -153,8 +155,6 @@ def claims(load: Callable, stored: Callable[[str], bool], worked_addition: tuple
            ) -> list[Verdict]:
     """C3a (from ``worked_addition`` = (result, error, exact-sum bits), by default `lpfail.bf16.paper_example`),
     C3b and Fix-a (from the stored ``rounding`` result, or pending without it)."""
-    from lpfail import bf16
-
     if worked_addition is None:
         t = bf16.paper_example()
         worked_addition = (float(t.result), float(t.error), t.fp32_bits)
@@ -181,8 +181,6 @@ def facts(res: Mapping) -> dict[str, str]:
     """Every number chapter 4's text quotes from the stored ``rounding`` result, formatted (×10⁻⁴ where a bias):
     the default rows' biases without and with the fix, the bias by number of ties, the gaps where it is strong,
     weak or of the other sign, the fix's largest residual and where it stays significant."""
-    from lpfail.book.text import listing
-
     gaps = np.asarray(res["gap_values"], dtype=float)
     acc, acc_ci = np.asarray(res["gap_nofix_acc_away"]), np.asarray(res["gap_nofix_acc_away_ci"])
     fix_sig = np.abs(np.asarray(res["gap_fix_acc_away"])) > np.asarray(res["gap_fix_acc_away_ci"])
@@ -209,8 +207,6 @@ def facts(res: Mapping) -> dict[str, str]:
 
 def default_table(res: Mapping) -> str:
     """Markdown: the default rows' three errors (×10⁻⁴, mean ± 95 % CI) without and with the fix."""
-    from lpfail.book.text import md_table
-
     names = {"acc_away": "P̄V accumulation, toward larger |Ō|", "out_away": "stored O, toward larger |O|",
              "out_signed": "stored O, signed"}
     return md_table(["error on the default rows (×10⁻⁴)", "no fix", "Algorithm 3"],
@@ -219,8 +215,6 @@ def default_table(res: Mapping) -> str:
 
 def gap_table(res: Mapping) -> str:
     """Markdown: the accumulation bias at every gap (×10⁻⁴, mean ± 95 % CI) without and with the fix."""
-    from lpfail.book.text import md_table
-
     gaps = np.asarray(res["gap_values"], dtype=float)
     rows = []
     for k, g in enumerate(gaps):
@@ -233,8 +227,6 @@ def gap_table(res: Mapping) -> str:
 
 def class_facts() -> dict[str, str]:
     """The values of chapter 4's exercises on paper, computed by `lpfail.bf16` (their solutions glue them)."""
-    from lpfail import bf16
-
     x = -2.40625
     t2 = bf16.add_trace(-2.375, -2.296875)
     t3a = bf16.add_trace(-1.0078125, -1.0)

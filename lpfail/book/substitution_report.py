@@ -2,24 +2,29 @@
 `lr_sweep` / `substitution` results."""
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping
 
+import matplotlib.pyplot as plt
 import numpy as np
+import torch
 
-from lpfail.book import training_claims
-from lpfail.book.text import interval
+from lpfail import results
+from lpfail.attention import attention
+from lpfail.book import plots, training_claims
+from lpfail.book.text import breakable, interval, listing, md_table
 from lpfail.experiments import substitution as sub
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, as_float,
                                 load_or_none, provenance_line, pending)
 from lpfail.book.verdict import stat_text as _stat_text
+from lpfail.precision import Precision
 
 ROWS_HEADER = ["row", "change from A", "group", "learning rates", "the paper's finding"]
 
 
 def _change(r: sub.Row) -> str:
     if r.kind == "policy":
-        from lpfail.book.text import breakable
-
         return f"<code>{breakable(r.changes)}</code>"
     return {"layer_a": f"layer {r.layer}: PAPER_BF16, the rest FP32", "layer_c": f"layer {r.layer}: FP32, the rest A",
             "heads_top": f"{sub.HEADS_PER_ROW} heads with the largest ‖W_Q^h‖ (per seed): PAPER_BF16, the rest FP32",
@@ -79,8 +84,6 @@ def amendment_state(directory=None) -> dict:
     """Where the amendment stands: {"state": the stored result's state ('fresh', 'missing', ...), "analysis":
     its analysis or None, "stored": {row: {lr: runs stored}}, "n_stored", "n_runs"} (its own runs, without
     the baselines), from the part files and the results cache."""
-    from lpfail import results
-
     c = sub.AmendmentConfig()
     state, res = results.inspect("substitution_amendment", directory)
     have, missing = sub.stored_for(c, directory, baselines=False)
@@ -123,8 +126,6 @@ def amendment_rows(state: Mapping, c: sub.AmendmentConfig | None = None) -> list
     c = c or sub.AmendmentConfig()
     out = []
     for r in c.row_objects():
-        from lpfail.book.text import breakable
-
         cells = [f"{r.name}: {r.label}", f"<code>{breakable(r.changes)}</code>", r.amends]
         for lr in c.lrs:
             d = _stat(state.get("analysis"), r.name, lr)
@@ -156,15 +157,12 @@ def results_header(c: sub.SubstitutionConfig | None = None) -> list[str]:
 def wq_figure(lr_res, lr: float = 3.2e-2, seed: int = 0):
     """The paper's Fig. 3 from lr_sweep's stored diagnostics: ‖W_Q^h‖ per head against the step, one panel per
     layer, A (solid) and C (dashed), at one learning rate and seed of the smaller size."""
-    import matplotlib.pyplot as plt
-
     variants = [str(v) for v in np.asarray(lr_res["small_variants"])]
     lrs = [float(x) for x in np.asarray(lr_res["lrs"])]
     seeds = [int(s) for s in np.asarray(lr_res["seeds"])]
     wq = np.asarray(lr_res["small_wq"], dtype=np.float64)  # (V, L, S, n_diag, layer, head)
     steps = np.asarray(lr_res["diag_step"])
     n_layer, n_head = wq.shape[-2], wq.shape[-1]
-    from lpfail.book import plots
 
     fig, axes = plt.subplots(1, n_layer, figsize=(3.0 * n_layer, 3.1))
     for layer, ax in enumerate(np.atleast_1d(axes)):
@@ -189,10 +187,6 @@ REPLAY_HEADER = ["branch from the checkpoint", "first step that differs from the
 
 def load_replay(directory=None) -> dict | None:
     """The stored replay of `tools/gpu_batch.sh ge-extras` (None when absent)."""
-    import json
-
-    from lpfail import results
-
     p = (directory or results.results_dir()) / "substitution_gpu" / "replay.json"
     return json.loads(p.read_text()) if p.is_file() else None
 
@@ -202,10 +196,6 @@ def replay_provenance(directory=None) -> dict | None:
     results/substitution_gpu/accumulation.json, which `tools/gpu_batch.sh ge-extras` writes in the same
     call right after the replay (the stored replay.json has none); None
     when neither says."""
-    import json
-
-    from lpfail import results
-
     rep = load_replay(directory)
     if rep and isinstance(rep.get("provenance"), Mapping):
         return dict(rep["provenance"])
@@ -275,11 +265,8 @@ def replay_figure(rep: Mapping, smooth: int = 20, departure: tuple[int, int] | N
     """Top: training loss of the replay (= the recorded run) and of each branch from the checkpoint (running mean
     over `smooth` steps). Bottom: each branch's difference from the record (same running mean). Grey: the
     interval between the held-out evaluations where A's loss leaves C's (`departure`), when given."""
-    import matplotlib.pyplot as plt
-
     br = _branches(rep)
     step = int(rep["step"])
-    from lpfail.book import plots
 
     fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(4.9, 5.4), sharex=True, height_ratios=(3, 2))
     kern = np.ones(smooth) / smooth
@@ -328,11 +315,6 @@ def overflow_check(scale: float = 100.0, policies=OVERFLOW_POLICIES, seed: int =
     """Forward and backward of one causal attention (2 heads, T = 256, D = 64) on BF16 q, k of standard deviation
     `scale` (largest |S| in the tens of thousands at 100, as in the GPU runs of the score rows), per policy:
     (policy, largest |S|, [O, dQ, dK, dV all finite])."""
-    import torch
-
-    from lpfail.attention import attention
-    from lpfail.precision import Precision
-
     g = torch.Generator().manual_seed(seed)
     q, k, v = ((torch.randn(1, 2, 256, 64, generator=g) * s) for s in (scale, scale, 1.0))
     smax = float((q @ k.transpose(-1, -2) / 8).abs().max())
@@ -377,10 +359,6 @@ def verdict_counts(analysis: Mapping) -> dict[str, dict[str, list[str]]]:
 def replay_run_matches(have: Mapping, directory=None) -> bool | None:
     """Whether the GPU call's retrained A (lr 3.2e-2, seed 0, with checkpoints; results/substitution_gpu/
     a_val.jsonl) has exactly the held-out losses of lr_sweep's stored run of A there (None when absent)."""
-    import json
-
-    from lpfail import results
-
     p = (directory or results.results_dir()) / "substitution_gpu" / "a_val.jsonl"
     ref = have.get(sub.Point("A", sub.LRS[-1], sub.SEEDS[0]).key)
     if not p.is_file() or ref is None:
@@ -583,8 +561,6 @@ RULE_SEEDS = " (with 3 seeds that interval is the seed range, not a 95 % interva
 def on_three_seeds(v: Verdict, res: Mapping) -> Verdict:
     """C1b and C1c are judged from training runs on lr_sweep's three seeds: the row names its seeds, test and
     proxy (`training_claims.few_seeds`) and the rule's "95 %" interval is qualified (`RULE_SEEDS`)."""
-    import dataclasses
-
     v = training_claims.few_seeds(v, res)
     return dataclasses.replace(v, rule=v.rule.replace("the 95 % bootstrap interval (seeds, paired)",
                                                       "the 95 % bootstrap interval (seeds, paired)" + RULE_SEEDS))
@@ -620,7 +596,6 @@ def _layers(analysis: Mapping, kind: str, lr: str) -> str:
         w = rows[n]["by_lr"].get(lr, {}).get("verdict")
         if w:
             by.setdefault(w, []).append(n[5:-2])
-    from lpfail.book.text import listing
 
     return "; ".join(f"{w}: layer{'s' if len(ls) > 1 else ''} {listing(ls)}" for w, ls in by.items())
 
@@ -628,8 +603,6 @@ def _layers(analysis: Mapping, kind: str, lr: str) -> str:
 def chain_table(analysis: Mapping, amendment: Mapping | None, c: sub.SubstitutionConfig | None = None) -> str:
     """Markdown: the paper's chain (`PAPER_CHAIN`), one row each, with its verdict and the share of the gap closed
     at each learning rate, from the grid's analysis and the amendment's (None while it is not stored)."""
-    from lpfail.book.text import md_table
-
     c = c or sub.SubstitutionConfig()
     lrs = [f"{lr:g}" for lr in c.lrs]
     rows = []
@@ -650,8 +623,6 @@ def facts(res: Mapping, lr_res: Mapping, amend: Mapping) -> dict[str, str]:
     """Every number chapter 2 and its lab page quote: the A − C gaps the grid starts from (from lr_sweep), each row's
     verdict and share at each learning rate, the rows that close the gap, the amendment's outcome, the per-head
     ‖W_Q‖ pointers, and where and when the grid ran."""
-    from lpfail.book.text import listing
-
     a = res["analysis"]
     out = {}
     per_lr = {f"{d['lr']:g}": d for d in lr_res["analysis"]["a_minus_c_per_lr"]["small"]}

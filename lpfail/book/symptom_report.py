@@ -17,9 +17,10 @@ Two kinds of numbers, never mixed:
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-
+import dataclasses
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from lpfail.experiments import symptom as S
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, load_or_none,
                                 provenance_line)
+from lpfail.model import GPT, GPTConfig
 
 TOKENS_PER_STEP_KEY = ("batch_size", "block_size")
 
@@ -65,8 +67,6 @@ def _label(point: str, default: dict) -> str:
 def configurations(default, sweep=None) -> list[Conf]:
     """The default configuration first, then each sweep point, as `Conf`s (results loaded by
     `lpfail.results.load`, which checks that they belong to the current default configs)."""
-    import dataclasses
-
     dcfg = dataclasses.asdict(S.SymptomConfig())
     confs = [Conf(f"default (lr {dcfg['lr']:g})", "", dict(default.items()), dcfg)]
     if sweep is not None:
@@ -291,8 +291,6 @@ PAPER_SETTING = {
 
 def n_params(cfg: dict) -> int:
     """Parameters of the model of a SymptomConfig (as a dict), counted by building it on the CPU."""
-    from lpfail.model import GPT, GPTConfig
-
     vocab = 256 if cfg.get("tokenizer", "bytes") == "bytes" else 50304
     m = GPT(GPTConfig(n_layer=cfg["n_layer"], n_head=cfg["n_head"], n_embd=cfg["n_embd"],
                       block_size=cfg["block_size"], vocab_size=vocab))
@@ -324,8 +322,6 @@ def setting_table(conf: Conf, corpus_tokens: int) -> str:
 
 def checks_table(result) -> str:
     """Markdown: the checks that ran before the sweep (kernel vs reference; stop and continue)."""
-    import json
-
     chk = json.loads(result["checks"])
     out = ("| check | result | verdict |\n|---|---|---|\n")
     for v, d in chk.get("kernel", {}).items():

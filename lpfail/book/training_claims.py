@@ -13,15 +13,16 @@ from collections.abc import Mapping
 import numpy as np
 
 from lpfail import sweep
-from lpfail.book import symptom_report
+from lpfail.book import dial_report, symptom_report
 from lpfail.book.claims import FIX_STAT, TEN, c0_size, fix_b, size_judgement
 from lpfail.book import confirmation_report as CR
 from lpfail.book.confirmation_report import h5_text, h5_word, h6_text
-from lpfail.book.text import interval
-from lpfail.book.verdict import (SWEEP_RULE, SWEEP_WORDS, Verdict, as_float, load_or_none, pending, provenance_line,
-                                 stat_text, sweep_hypothesis)
+from lpfail.book.text import interval, listing
+from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE, SWEEP_WORDS,
+                                 Verdict, as_float, load_or_none, pending, provenance_line, stat_text, sweep_hypothesis)
 from lpfail.experiments import confirmation as CF
 from lpfail.experiments import lr_sweep as L
+from lpfail.experiments import dial_training as D
 
 
 # -- chapter 1's claims (C0, C0-bias, C0-qk, C0-size), by the sweep's pre-registered hypotheses ----------------
@@ -498,8 +499,6 @@ DIAL_RULE = ("H8's family (12 rows, Holm within it) → verdict: every row suppo
 
 def dial_verdict(words: list[str]) -> str:
     """One verdict from H8's row words (`DIAL_RULE`)."""
-    from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, PARTLY, REPRODUCED
-
     if words and all(w == "supported" for w in words):
         return REPRODUCED
     if "supported" in words:
@@ -512,10 +511,6 @@ def dial_verdict(words: list[str]) -> str:
 def judge_dial(dial: Mapping | None) -> Verdict:
     """C0-dial: the precision dial's H8 on its ten fresh seeds at both rates; not yet tested until every run of the
     grid's 1,000-step part is stored (the interim description beside it, no call)."""
-    from lpfail.book import dial_report
-    from lpfail.book.verdict import NOT_TESTED
-    from lpfail.experiments import dial_training as D
-
     prox = {"size": "4 layers × 256 wide", "steps": "1,000 per run",
             "lr": listing_rates(D.LRS)}
     calls = ((dial or {}).get("analysis") or {}).get("calls") or {}
@@ -539,6 +534,4 @@ def judge_dial(dial: Mapping | None) -> Verdict:
 
 def listing_rates(lrs) -> str:
     """'4e-3 and 8e-3'."""
-    from lpfail.book.text import listing
-
     return listing([f"{x:g}" for x in sorted(lrs)])

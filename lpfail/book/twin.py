@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 
+from lpfail.book import plots
+
 #: The inline handler of a twin's <select>: show the case whose data-case equals the selected value.
 _SWITCH_JS = ("var v=this.value;this.closest('[data-lpfail-twin]').querySelectorAll('[data-case]')"
               ".forEach(function(d){d.hidden=(d.getAttribute('data-case')!==v);});")
@@ -51,6 +53,4 @@ TWIN_DPI = 90
 def png_html(fig, dpi: int = TWIN_DPI) -> str:
     """A figure as the book shows figures (`lpfail.book.plots.figure_html`: panels that stack on a phone, each
     with its text sizes for the browser check), at a twin's resolution; the figure is closed."""
-    from lpfail.book import plots
-
     return plots.figure_html(fig, getattr(fig, "_lp_alt", "") or "run", dpi=max(int(dpi), TWIN_DPI))

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import html
 
+import ipywidgets as W
+import matplotlib.pyplot as plt
 import numpy as np
+import torch
+from IPython.display import display
 
 from lpfail import bf16
+from lpfail.book import gradient_report, plots
 from lpfail.book.twin import HTML as _HTML  # noqa: F401  (re-exported)
 from lpfail.book.twin import TWIN_DPI, switcher_html
 from lpfail.book.twin import png_html as _png_html
+from lpfail.gradient_error import accumulation_toy
 
 #: Cases the static twin shows: (title, kind, a, b). "acc" = FP32 running sum + BF16 term.
 ADDITION_GALLERY = [
@@ -74,9 +80,6 @@ def addition_explorer():
     """A live explorer of BF16 addition: pick two BF16 operands, or an FP32 running sum and a BF16 term,
     and see alignment, the significand sum, normalization and rounding, with the error. Values typed in are
     rounded to the operand's format first (and the table says so)."""
-    import ipywidgets as W
-    import torch
-
     mode = W.ToggleButtons(options=[("two BF16 operands", "bf16"), ("FP32 running sum + BF16 term", "acc")],
                            value="acc", description="add")
     a_box = W.FloatText(value=bf16.PAPER_RUNNING_SUM, description="a", step=0.01)
@@ -118,8 +121,6 @@ def addition_explorer():
 # -- chapter 1: every run of the symptom search ------------------------------------------------------------
 def runs_twin(confs, dpi: int = TWIN_DPI):
     """Kernel-free twin of `runs_explorer`: every (configuration, seed) precomputed, behind one <select>."""
-    from lpfail.book import plots
-
     cases = [(f"{c.label}, seed {s}", _png_html(plots.run_figure(c, j), dpi=dpi))
              for c in confs for j, s in enumerate(c.seeds)]
     return _HTML(switcher_html("runs_explorer", cases, label="configuration and seed"))
@@ -127,12 +128,6 @@ def runs_twin(confs, dpi: int = TWIN_DPI):
 
 def runs_explorer(confs):
     """Live: choose a configuration, a seed and the variants; see loss, gradient norm and largest score."""
-    import ipywidgets as W
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
-    from lpfail.book import plots
-
     conf_dd = W.Dropdown(options=[(c.label, k) for k, c in enumerate(confs)], value=0, description="config")
     seed_dd = W.Dropdown(options=[], description="seed")
     var_sel = W.SelectMultiple(description="variants", rows=5)
@@ -169,9 +164,6 @@ ACCUMULATION_CASES = [(0.0, 1), (0.05, 1), (0.5, 1), (0.05, 4), (0.0, 4)]
 
 def accumulation_twin(cases=ACCUMULATION_CASES, steps: int = 300, dpi: int = TWIN_DPI):
     """Kernel-free twin of `accumulation_explorer`: the toy precomputed for a few (bias, rank)."""
-    from lpfail.book import gradient_report
-    from lpfail.gradient_error import accumulation_toy
-
     states = []
     for bias, rank in cases:
         fig = gradient_report.toy_figure([accumulation_toy(bias=bias, rank=rank, steps=steps, d=8, reps=64)])
@@ -183,11 +175,6 @@ def accumulation_explorer():
     """Live: the coefficients' bias, the number of shared directions (rank) and the number of steps of
     `lpfail.gradient_error.accumulation_toy`; see how the accumulated error grows. The figure is an HTML widget
     (a PNG), so nothing is displayed outside the widget."""
-    import ipywidgets as W
-
-    from lpfail.book import gradient_report
-    from lpfail.gradient_error import accumulation_toy
-
     bias = W.FloatSlider(value=0.05, min=0.0, max=0.5, step=0.01, description="bias", continuous_update=False)
     rank = W.IntSlider(value=1, min=1, max=8, description="rank", continuous_update=False)
     steps = W.IntSlider(value=300, min=50, max=1000, step=50, description="steps", continuous_update=False)
