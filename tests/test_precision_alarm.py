@@ -252,15 +252,19 @@ def test_evaluate_scaled_counts_hits_false_alarms_and_quiet_a_runs():
     assert out["logit_alert"]["false_alarms"]["C"] == [1, 2]
 
 
+def _three_runs(d_alarms: bool) -> dict:
+    """One seed of A (diverging at step 500, alarmed at 70), C (quiet) and D (alarmed or quiet)."""
+    loud = [_rec(10 * i, 0.1, 0.1, 10.0) for i in range(20)]
+    calm = [_rec(10 * i, 0.001, 0.001, 10.0) for i in range(20)]
+    return {("A", 0.032, 1): {"records": loud, "loss": [3.0] * 10 + [4.0] * 10, "bin_steps": 50},
+            ("C", 0.032, 1): {"records": calm, "loss": [3.0] * 20, "bin_steps": 50},
+            ("D", 0.032, 1): {"records": loud if d_alarms else calm, "loss": [3.0] * 20, "bin_steps": 50}}
+
+
 def test_chapter_7s_paragraph_on_the_second_rule_comes_from_the_stored_development_numbers():
     from lpfail.book import diagnose as dg
 
-    loud = [_rec(10 * i, 0.1, 0.1, 10.0) for i in range(20)]
-    calm = [_rec(10 * i, 0.001, 0.001, 10.0) for i in range(20)]
-    runs = {("A", 0.032, 1): {"records": loud, "loss": [3.0] * 10 + [4.0] * 10, "bin_steps": 50},
-            ("C", 0.032, 1): {"records": calm, "loss": [3.0] * 20, "bin_steps": 50},
-            ("D", 0.032, 1): {"records": calm, "loss": [3.0] * 20, "bin_steps": 50}}
-    text = dg.scaled_rule_text({"scaled_development": P.evaluate_scaled(runs)})
+    text = dg.scaled_rule_text({"scaled_development": P.evaluate_scaled(_three_runs(d_alarms=False))})
     assert "precedes 1 of 1 divergences" in text and "0 of 1 FP32 runs and 0 of 1 production runs" in text
     assert "at step 70, its earliest," in text and "development numbers" in text and "has not run yet" in text
     assert dg.scaled_rule_text({}).endswith("Its numbers on these runs are not stored.")
@@ -283,11 +287,7 @@ def test_the_second_rules_grid_is_fresh_and_evaluates_the_second_rule():
 def test_chapter_7s_paragraph_gives_the_fresh_decision_once_stored():
     from lpfail.book import diagnose as dg
 
-    loud = [_rec(10 * i, 0.1, 0.1, 10.0) for i in range(20)]
-    calm = [_rec(10 * i, 0.001, 0.001, 10.0) for i in range(20)]
-    runs = {("A", 0.032, 1): {"records": loud, "loss": [3.0] * 10 + [4.0] * 10, "bin_steps": 50},
-            ("C", 0.032, 1): {"records": calm, "loss": [3.0] * 20, "bin_steps": 50},
-            ("D", 0.032, 1): {"records": loud, "loss": [3.0] * 20, "bin_steps": 50}}
+    runs = _three_runs(d_alarms=True)
     dev = {"scaled_development": P.evaluate_scaled(runs)}
     partial = {"complete": False, "runs_stored": 12, "runs_planned": 120}
     assert dg.scaled_rule_text(dev, partial).endswith("has not run yet (12 of 120 runs stored).")
