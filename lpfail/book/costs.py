@@ -27,8 +27,12 @@ from pathlib import Path
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import torch
 
-from lpfail import results
+from lpfail import results, sweep
+from lpfail.book.text import md_table, nowrap_numbers
+from lpfail.model import GPT
+from lpfail.train import PRESETS, TrainConfig
 
 #: Cited from the paper {cite}`qiu2026why`: GPT-2 small's loss explodes after about 3.5 B tokens. (Its
 #: schedule, 600,000 steps of 524,288 tokens, is the preset ``gpt2-small`` of ``lpfail.train.PRESETS``.)
@@ -82,8 +86,6 @@ def provenance_short(meta: Mapping) -> str:
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
     """A Markdown table whose cells cannot break it (`lpfail.book.text.md_table`: ``|`` escaped, ragged rows
     refused, numbers kept on one line)."""
-    from lpfail.book.text import md_table
-
     return md_table(header, rows)
 
 
@@ -98,8 +100,6 @@ def html_table(header: Sequence[str], rows: Sequence[Sequence], caption: str | N
                escape: bool = True) -> str:
     """A small HTML table in the style of the book's tables: what a chapter shows instead of a printed dict or
     a column layout made of spaces. Cells are escaped, unless ``escape=False`` (cells already HTML)."""
-    from lpfail.book.text import nowrap_numbers
-
     esc = (lambda x: nowrap_numbers(html.escape(str(x)))) if escape else (lambda x: nowrap_numbers(str(x)))
     out = [_TABLE]
     if caption:
@@ -276,8 +276,6 @@ def relative_difference(a: float, b: float) -> float:
 # -- the paper's full setting -----------------------------------------------------------------------------
 def paper_schedule() -> dict:
     """Steps and tokens per step of the paper's run, from the preset ``gpt2-small``."""
-    from lpfail.train import PRESETS
-
     p = PRESETS["gpt2-small"]
     return {"steps": int(p["max_steps"]), "tokens_per_step": int(p["batch_size"]) * int(p["block_size"])}
 
@@ -325,11 +323,6 @@ def row_of(est: dict, attention: str) -> dict:
 def checkpoint_gb(preset: str = "gpt2-small") -> float:
     """Size of a training checkpoint of a preset in GB (10⁹ bytes), an estimate: FP32 weights and AdamW's two
     moments, 12 bytes per parameter (counted on PyTorch's meta device, tied embeddings once)."""
-    import torch
-
-    from lpfail.model import GPT
-    from lpfail.train import TrainConfig
-
     cfg = TrainConfig.preset(preset)
     if not cfg.vocab_size:
         raise ValueError(f"preset {preset!r} takes its vocabulary from the tokenizer: no fixed size to count")
@@ -368,8 +361,6 @@ def quick_rows(directory=None) -> list[dict]:
     `lpfail.sweep.register_grid`), its quick profile's headline and number of runs (None without a profile), and,
     where ``results/quick_NAME.json`` stores a measurement, its wall time, device, date, value and whether it fell
     inside the interval the stored seeds predict; "not yet measured on an H200" otherwise."""
-    from lpfail import sweep
-
     out = []
     d = Path(directory) if directory is not None else results.results_dir()
     for name in sweep.names():
@@ -389,8 +380,6 @@ def quick_rows(directory=None) -> list[dict]:
 
 def quick_table(rows: list[dict]) -> str:
     """Markdown: per grid, its quick profile (headline, runs) and its measured time, or what it lacks."""
-    from lpfail.book.text import md_table
-
     body = []
     for r in rows:
         if r["headline"] is None:

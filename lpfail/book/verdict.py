@@ -30,11 +30,16 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import importlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+
+from lpfail import results
+from lpfail.book.text import interval, md_table
+from lpfail.results import ResultError, results_dir
 
 REPRODUCED = "reproduced"
 
@@ -131,8 +136,6 @@ def sweep_hypothesis(a: Mapping, name: str) -> tuple[str, Mapping]:
 
 def stat_text(h: Mapping) -> str:
     """'+0.083 [+0.057, +0.139]' (point, 95 % interval) or 'not measured'."""
-    from lpfail.book.text import interval
-
     return interval(h, none="not measured")
 
 
@@ -148,7 +151,6 @@ def pending(claim, statement, experiment, page, stored: Callable[[str], bool]) -
 
 def load_or_none(load, name):
     """`load(name)`, or None when the result is missing or unreadable (a ResultError)."""
-    from lpfail.results import ResultError
     try:
         return load(name)
     except ResultError:
@@ -156,7 +158,6 @@ def load_or_none(load, name):
 
 
 def _stored(name: str) -> bool:
-    from lpfail.results import results_dir
     return (results_dir() / f"{name}.json").exists()
 
 
@@ -174,9 +175,6 @@ def verdicts(load: Callable[[str], Any] | None = None, stored: Callable[[str], b
     """Every claim's verdict, chapter by chapter, from the stored results (``load`` and ``stored`` may be
     replaced in tests; ``worked_addition`` replaces chapter 4's live `lpfail.bf16.paper_example`). Each verdict
     comes back with its ``chapter`` set."""
-    import importlib
-
-    from lpfail import results
     load = load or results.load
     stored = stored or _stored
     out = []
@@ -189,8 +187,6 @@ def verdicts(load: Callable[[str], Any] | None = None, stored: Callable[[str], b
 
 def summary_table(vs: list[Verdict]) -> str:
     """The claims as one Markdown table (claim, statement, verdict), every cell escaped."""
-    from lpfail.book.text import md_table
-
     return md_table(["claim", "what is claimed", "our verdict"],
                     [[v.claim, v.statement, f"**{v.verdict}**" + (f" ({v.note})" if v.note else "")] for v in vs])
 
@@ -237,8 +233,6 @@ def one_line(v: Verdict, chars: int = 180) -> str:
 def claims_table(vs: list[Verdict]) -> str:
     """Every claim in one table — the claim in words, our verdict, the evidence in one line, its chapter — cells
     escaped; the verdict a coloured label that says the word."""
-    from lpfail.book.text import md_table
-
     return md_table(["claim", "what is claimed", "our verdict", "evidence", "chapter"],
                     [[v.claim, short_claim(v), status_html(v.verdict), one_line(v), f"{{doc}}`{v.chapter}`"]
                      for v in vs])
@@ -351,8 +345,6 @@ def preregistered() -> tuple[str, ...]:
     """Every registered experiment that declares a pre-registration (``PREREGISTERED_ON`` on its function, else on
     its module: `_declared`), in the order the rules were fixed (then by name): derived from the experiments
     themselves, never a hand-kept list."""
-    from lpfail import results
-
     found = []
     for name, exp in results.registry().items():
         when = _declared(exp.fn, "PREREGISTERED_ON")
@@ -364,8 +356,6 @@ def preregistered() -> tuple[str, ...]:
 def _declared(fn, attr: str):
     """An experiment's declaration: the attribute on its function (a module holding two experiments with two rules
     sets it there), else on its module."""
-    import importlib
-
     return getattr(fn, attr, None) or getattr(importlib.import_module(fn.__module__), attr, None)
 #: A rule whose data had been seen in part before its final form, where the experiment module has no `SEEN`.
 RECORD_EXTRA = {
@@ -379,7 +369,6 @@ def preregistration_record() -> list[list[str]]:
     """[experiment, rule fixed on, what had been seen then] per pre-registered experiment (from each module's
     ``PREREGISTERED_ON`` and ``SEEN``, with its ``AMENDMENT`` where it has one), then `RECORD_EXTRA`."""
     rows = []
-    from lpfail import results
 
     for name in preregistered():
         fn = results.get(name).fn
@@ -393,6 +382,4 @@ def preregistration_record() -> list[list[str]]:
 
 def record_markdown() -> str:
     """The pre-registration record as a Markdown table (cells escaped)."""
-    from lpfail.book.text import md_table
-
     return md_table(["experiment", "rule fixed", "seen before the rule"], preregistration_record())
