@@ -7,11 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import numpy as np
+import torch
 
 from lpfail import bf16
+from lpfail.attention import exp_scores
+from lpfail.book import handout
 from lpfail.book.text import listing, md_table
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict, as_float,
                                 e4_text, load_or_none, pending, provenance_line, sig_neg, sig_pos)
+from lpfail.precision import PAPER_BF16
 
 
 #: The paper's worked addition (its §4): the BF16 result and the error of that one addition.
@@ -247,12 +251,6 @@ def _away_or_toward(x: float, r: float) -> str:
 def quiz_facts() -> dict[str, str]:
     """The answers of chapter 4's closing quiz and of its plan's questions, computed by `lpfail.bf16` and the
     reference attention's own exp step (`lpfail.attention.exp_scores`), never typed (the solutions glue them)."""
-    import torch
-
-    from lpfail import bf16
-    from lpfail.attention import exp_scores
-    from lpfail.precision import PAPER_BF16
-
     x1 = float(torch.tensor(16.3, dtype=torch.float32))                      # 16.3 as FP32 holds it
     r1 = float(bf16.round_bf16(torch.tensor([x1]))[0])
     x2 = 1.01171875                                                          # 1.00000011₂: an exact tie
@@ -287,6 +285,4 @@ HANDOUT_INTRO = ("The exercises and the closing quiz of the book's chapter 4, wi
 
 def write_handout(notebook: str = "04_rounding.ipynb", path: str = HANDOUT):
     """Write chapter 4's handout from its notebook (`lpfail.book.handout`), paths relative to book/."""
-    from lpfail.book import handout
-
     return handout.write_handout(notebook, path, HANDOUT_TITLE, HANDOUT_INTRO)
