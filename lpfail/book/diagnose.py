@@ -261,20 +261,20 @@ def scaled_rule_text(res: dict, fresh: dict | None = None) -> str:
             f"{fa['C']['k']} of {fa['C']['n']} FP32 runs and {fa['D']['k']} of {fa['D']['n']} production runs; it "
             f"fires {when} in the paper's arithmetic, including the {quiet['runs']} runs that never diverge, so it "
             "tells which arithmetic a model runs more than when a run will fail.")
-    ev = ((fresh or {}).get("analysis") or {}).get("decision") if fresh is not None else None
-    if not ev or not (fresh or {}).get("complete", False):
+    ev = ((fresh or {}).get("analysis") or {}).get("decision")
+    if not ev or not fresh.get("complete", False):
         n = f" ({int(fresh['runs_stored'])} of {int(fresh['runs_planned'])} runs stored)" if fresh else ""
         return (f"{text} Its pre-registered test on {len(P.SCALED_GRID['seeds'])} fresh seeds ({goal}) has not run "
                 f"yet{n}.")
 
     def rate(r):
-        return f"{r['k']} of {r['n']} [{100 * r['ci'][0]:.0f}–{100 * r['ci'][1]:.0f} %]"
+        return f"{r['k']} of {r['n']} [{span(100 * r['ci'][0], 100 * r['ci'][1], '.0f', sep='–')} %]"
 
     hit = rate(ev["hit"]) if ev.get("hit") else "no divergence"
     fal = ev["false_alarm"]
     return (f"{text} On {len(P.SCALED_GRID['seeds'])} fresh seeds, its pre-registered test ({goal}, exact 95 % "
             f"intervals): divergences hit {hit}; alarms on FP32 runs {rate(fal['C'])} and on production runs "
-            f"{rate(fal['D'])}. The goal is **{ev['word']}**"
+            f"{rate(fal['D'])}. The goal is {ev['word']}"
             + (f" ({listing([_PARTS.get(x, x) for x in ev['undecided']])} not decided by the runs)."
                if ev["word"] == "undecided" else "."))
 

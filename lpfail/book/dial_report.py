@@ -55,20 +55,21 @@ def seed_runs(seeds) -> str:
 def status(dial: Mapping | None) -> str:
     """Where the dial's grid stands: nothing stored; per learning rate, the seeds with every arm and those with
     some, the long runs, the cards and days; nothing judged until every arm has its ten seeds at both rates; or,
-    complete, its families' calls."""
+    once every 1,000-step run is stored, its families' calls and the long runs' count."""
     if dial is None:
         return "No run of the dial is stored yet."
     stored, planned = int(dial["runs_stored"]), int(dial["runs_planned"])
+    long_stored = np.asarray(dial.get("long_stored", []), dtype=bool)
+    n_long, n_long_planned = int(long_stored.sum()), int(long_stored.size)
+    cards_, days = _cards_days(dial)
+    devices = listing(cards_, none="no card")
     calls = (dial.get("analysis") or {}).get("calls") or {}
     if calls:
-        n_long = int(np.asarray(dial.get("long_stored", []), dtype=bool).sum())
-        n_long_planned = int(np.asarray(dial.get("long_stored", []), dtype=bool).size)
-        cards_, days = _cards_days(dial)
         words = "; ".join(f"{FAMILY_WORDS.get(f, f)} ({f}) {listing(family_words(fam))}" for f, fam in calls.items())
         long = ("every long run is stored" if n_long == n_long_planned else
                 f"{n_long} of the {n_long_planned} long runs are stored (H11, descriptive, waits for them)")
-        return (f"Every 1,000-step run is stored ({stored - n_long} runs; {listing(cards_, none='no card')}, "
-                f"{listing(days)}), and the rule reads: {words}. {long[0].upper()}{long[1:]}.")
+        return (f"Every 1,000-step run is stored ({stored - n_long} runs; {devices}, {listing(days)}), and the rule "
+                f"reads: {words}. {long[0].upper()}{long[1:]}.")
     have = np.asarray(dial["small_stored"], dtype=bool)  # (variants, lrs, seeds)
     lrs, seeds = [float(x) for x in dial["small_lrs"]], [int(s) for s in dial["small_seeds"]]
     where = []
@@ -81,10 +82,6 @@ def status(dial: Mapping | None) -> str:
         parts = ([f"every arm on {seed_runs(full)}"] if full else []) + ([f"some arms on {seed_runs(some)}"]
                                                                        if some else [])
         where.append(f"{listing(parts)} at {lrs[j]:g}")
-    n_long = int(np.asarray(dial.get("long_stored", []), dtype=bool).sum())
-    n_long_planned = int(np.asarray(dial.get("long_stored", []), dtype=bool).size)
-    cards_, days = _cards_days(dial)
-    devices = listing(cards_, none="no card")
     return (f"So far {stored} of its {planned} runs are stored: {'; '.join(where)}; {n_long} of the "
             f"{n_long_planned} long runs ({devices}, {listing(days)}). Nothing is judged until every arm has its ten "
             "seeds at both rates.")

@@ -186,7 +186,6 @@ def dial_words(load: Callable) -> str:
     dial = load_or_none(load, "dial_training")
     if dial is None:
         return "its test, the precision dial, has no stored run yet"
-
     v = judge_dial(dial)
     if v.verdict == NOT_TESTED:
         return (f"its test, the precision dial, is pending: {int(dial['runs_stored'])} of "

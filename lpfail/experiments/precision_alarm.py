@@ -28,6 +28,7 @@ import numpy as np
 
 from lpfail.experiments import lr_sweep as L
 from lpfail.sweep import GridBase, Run, Store, register_grid, summarize_run
+from lpfail.sweep.stats import binomial_interval
 
 # -- the pre-registration (fixed 2026-12-02, before any run of the alarm on training) -----------------------------
 PREREGISTERED_ON = "2026-12-02"
@@ -214,8 +215,6 @@ def describe(runs: Mapping[tuple[str, float, int], dict], rule: Rule = RULE) -> 
     return {"described": DESCRIBED_AFTER, "runs": per_run, "cells": cells, "rho_by_step": by_step}
 
 
-# -- the grid --------------------------------------------------------------------------------------------------
-#: `MONITOR` as a `TrainConfig.monitor` spec
 # -- the second rule: the gradient's error per unit of logit (fixed 2026-12-06, before any run of its grid) --------
 SCALED_PREREGISTERED_ON = "2026-12-06"
 #: What had been seen when the second rule was written (2026-12-06, 17:30 UTC).
@@ -307,8 +306,6 @@ def decide(hits: int, diverged: int, false_alarms: Mapping[str, tuple[int, int]]
            goal: Mapping[str, float] = SCALED_GOAL) -> dict:
     """`SCALED_DECISION` from counts: hits of `diverged`, and per variant (alarms, runs). Returns the word, the
     rates with their intervals, and which parts are undecided."""
-    from lpfail.sweep.stats import binomial_interval
-
     out = {"hit": None, "false_alarm": {}, "undecided": []}
     missed = False
     if diverged:
@@ -386,6 +383,8 @@ def decision_rates(p_hit: float, p_false: Mapping[str, float], diverged: int, ru
     return {w: k / n_sims for w, k in words.items()}
 
 
+# -- the grid --------------------------------------------------------------------------------------------------
+#: `MONITOR` as a `TrainConfig.monitor` spec
 MONITOR_SPEC = (f"every={MONITOR['every']} window={MONITOR['window']} sample_batch={MONITOR['sample_batch']} "
                 f"alarm={MONITOR['alarm_window']} reference={MONITOR['reference']}")
 STORE = Store("precision_alarm_parts", "lpfail.precision_alarm.part", "python -m lpfail sweep precision_alarm drive")
@@ -489,10 +488,11 @@ class PrecisionAlarmGrid(GridBase):
         out["monitor"] = [{k: _round(r[k]) for k in KEPT if k in r} for r in recs]
         return out
 
-    def stored_runs(self, have: dict) -> dict[tuple[str, float, int], dict]:
-        """The stored runs in `evaluate`'s layout: (variant, lr, seed) → records, loss curve, bin, logit alert."""
+    def stored_runs(self, have: dict, planned: list[Run]) -> dict[tuple[str, float, int], dict]:
+        """The stored runs among `planned` in `evaluate`'s layout: (variant, lr, seed) → records, loss curve, bin,
+        logit alert."""
         c, runs = self.config, {}
-        for r in self.runs():
+        for r in planned:
             s = have.get(r.id)
             if s is None:
                 continue
@@ -502,7 +502,8 @@ class PrecisionAlarmGrid(GridBase):
         return runs
 
     def result(self, have: dict, parts: list[dict]) -> dict:
-        runs, planned = self.stored_runs(have), self.runs()
+        planned = self.runs()
+        runs = self.stored_runs(have, planned)
         return {"preregistered_on": PREREGISTERED_ON, "complete": len(runs) == len(planned),
                 "runs_stored": len(runs), "runs_planned": len(planned), "analysis": evaluate(runs),
                 "scaled_development": evaluate_scaled(runs),
@@ -542,7 +543,8 @@ class FreshAlarmGrid(PrecisionAlarmGrid):
         return scaled_fires(records)
 
     def result(self, have: dict, parts: list[dict]) -> dict:
-        runs, planned = self.stored_runs(have), self.runs()
+        planned = self.runs()
+        runs = self.stored_runs(have, planned)
         return {"preregistered_on": SCALED_PREREGISTERED_ON, "complete": len(runs) == len(planned),
                 "runs_stored": len(runs), "runs_planned": len(planned), "analysis": evaluate_scaled(runs),
                 "first_rule": evaluate(runs), "description": describe(runs)}
