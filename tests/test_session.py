@@ -179,3 +179,13 @@ def test_collect_packs_only_parts_whose_content_is_not_stored(tiny, tmp_path):
     assert part.path.name.endswith(".json.gz")
     assert session.unpack(tmp_path / "out" / "grids.tgz", repo) == [str(repo / "lr_sweep_parts" / part.path.name)]
     assert set(L.STORE.load(repo)[0]) == {"a", "b", "c"}
+
+
+def test_drive_leaves_the_skipped_groups(tiny):
+    """`--skip PATTERN` leaves every run whose group matches (the dial's long runs must not start late in a call)."""
+    repo, scratch = tiny
+    session.seed_cache(repo, scratch)
+    assert session.skipped("long_A_3", ("long_*",)) and not session.skipped("A_3", ("long_*",))
+    groups = {r.group for r in sweep.lookup(G.get("tiny_lr"), scratch).missing}
+    session._drive(["tiny_lr"], budget_s=600, skip=tuple(groups))
+    assert len(sweep.lookup(G.get("tiny_lr"), scratch).missing) == len(sweep.lookup(G.get("tiny_lr"), scratch).runs)

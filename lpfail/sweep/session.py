@@ -19,6 +19,7 @@ then ``python -m lpfail sweep NAME collect`` stores each result.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -101,8 +102,9 @@ def _running() -> bool:
         return False
 
 
-def start(names: list[str], budget_s: float, checks: bool):
-    """Seed the cache, start MPS, run each grid's checks (when asked), then the one driver, detached."""
+def start(names: list[str], budget_s: float, checks: bool, skip: tuple[str, ...] = ()):
+    """Seed the cache, start MPS, run each grid's checks (when asked), then the one driver, detached; runs whose
+    group matches a `skip` pattern (fnmatch) are left for a later call."""
     from lpfail.sweep import grid as G
     from lpfail.sweep import run as R
 
@@ -123,22 +125,29 @@ def start(names: list[str], budget_s: float, checks: bool):
             (BASE / f"checks-{name}.json").write_text(json.dumps(out, indent=1) + "\n")
             uncaptured |= set(filter(None, R.uncaptured_from_checks(out).split(",")))
     env = {**os.environ, "LPFAIL_SWEEP_UNCAPTURED": ",".join(sorted(uncaptured)), "PYTHONUNBUFFERED": "1"}
-    log(f"starting the driver for {', '.join(names)}: budget {budget_s:.0f} s, uncaptured {sorted(uncaptured) or 'none'}")
+    log(f"starting the driver for {', '.join(names)}: budget {budget_s:.0f} s, uncaptured {sorted(uncaptured) or 'none'}"
+        + (f", skipping groups {list(skip)}" if skip else ""))
     proc = subprocess.Popen([sys.executable, "-m", "lpfail.sweep.session", "_drive", *names, "--budget",
-                             str(budget_s)], stdout=open(BASE / "drive.log", "a"), stderr=subprocess.STDOUT,
+                             str(budget_s), *[f"--skip={p}" for p in skip]], stdout=open(BASE / "drive.log", "a"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=results.REPO_ROOT)
     (BASE / "drive.pid").write_text(str(proc.pid))
 
 
-def _drive(names: list[str], budget_s: float):
-    """The detached driver: every named grid's missing runs in one queue, in the order the grids are named."""
+def skipped(group: str, skip: tuple[str, ...]) -> bool:
+    """Whether a run's group matches one of the `--skip` patterns (fnmatch: ``long_*``)."""
+    return any(fnmatch.fnmatchcase(group, p) for p in skip)
+
+
+def _drive(names: list[str], budget_s: float, skip: tuple[str, ...] = ()):
+    """The detached driver: every named grid's missing runs in one queue, in the order the grids are named, less
+    the runs whose group matches a `skip` pattern."""
     from lpfail.sweep import grid as G
     from lpfail.sweep import run as R
 
     todo = []
     for name in names:
         grid = G.get(name)
-        todo += [(grid, r) for r in G.lookup(grid).missing]
+        todo += [(grid, r) for r in G.lookup(grid).missing if not skipped(r.group, skip)]
     R.drive_many(todo, BASE / "runs", budget_s, label="+".join(names), log=log)
     for name in names:
         log(R.status_text(G.get(name)).splitlines()[0])
@@ -300,6 +309,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=1500.0, help="start: the driver's budget in seconds")
     ap.add_argument("--wait", type=float, default=540.0, help="wait: at most this many seconds")
     ap.add_argument("--checks", action="store_true", help="start: the grids' checks first")
+    ap.add_argument("--skip", action="append", default=[], metavar="GROUP",
+                    help="start: leave runs whose group matches this pattern (fnmatch, e.g. 'long_*'); repeatable")
     args = ap.parse_args(argv)
     out = Path(os.environ.get("OUT", "/tmp/lpfail_out"))
     if args.command != "unpack":
@@ -309,9 +320,9 @@ def main(argv=None) -> int:
             print(p)
         return 0
     if args.command == "_drive":
-        _drive(args.names, args.budget)
+        _drive(args.names, args.budget, tuple(args.skip))
     elif args.command == "start":
-        start(args.names, args.budget, args.checks)
+        start(args.names, args.budget, args.checks, tuple(args.skip))
         wait(args.names, min(args.wait, 10.0))
     elif args.command == "wait":
         wait(args.names, args.wait)
