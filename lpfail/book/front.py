@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 
 from lpfail import results
-from lpfail.book import beyond_report, symptom_report
+from lpfail.book import beyond_report, dial_report, symptom_report
 from lpfail.book.text import listing
 from lpfail.book.training_claims import judge_dial
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
@@ -182,16 +182,17 @@ def proxy_words(conf: Mapping | None) -> str:
 
 
 def dial_words(load: Callable) -> str:
-    """Where the precision dial stands (`lpfail.experiments.dial_training`), in a clause."""
+    """Where the precision dial stands (`lpfail.experiments.dial_training`), in a sentence: pending with its count
+    of runs, or its verdict and what it found."""
     dial = load_or_none(load, "dial_training")
+    what = "The precision dial, our test of whether the bias is what harms,"
     if dial is None:
-        return "its test, the precision dial, has no stored run yet"
+        return f"{what} has no stored run yet."
     v = judge_dial(dial)
     if v.verdict == NOT_TESTED:
-        return (f"its test, the precision dial, is pending: {int(dial['runs_stored'])} of "
-                f"{int(dial['runs_planned'])} runs ({{doc}}`ch. 1 <01_symptom>`)")
-    return (f"its test, the precision dial (biased against unbiased rounding at equal precision, ten fresh seeds), "
-            f"reads *{v.verdict}* ({{doc}}`ch. 1 <01_symptom>`)")
+        return (f"{what} is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs "
+                f"({{doc}}`ch. 1 <01_symptom>`).")
+    return f"{what} reads *{v.verdict}*: {dial_report.finding(dial)} ({{doc}}`ch. 1 <01_symptom>`)."
 
 
 def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
@@ -221,7 +222,7 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     chain = ("The chain from bias to failure is not shown"
              if all(_is(by.get(c), NOT_REPRODUCED, CONTRADICTED, NOT_TESTED) for c in ("C1b", "C2")) else
              f"The chain from bias to failure: {_status(by, 'C1b', 'C2')}")
-    return f"{real} {train}. {chain}; {dial_words(load)}."
+    return f"{real} {train}. {chain}. {dial_words(load)}"
 
 
 def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
