@@ -4,7 +4,7 @@ import dataclasses
 import functools
 
 from lpfail import results
-from lpfail.book import front, verdict
+from lpfail.book import dial_report, front, verdict
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,19 +44,24 @@ def test_flipping_a_verdict_changes_the_thesis():
 def test_the_dial_reads_pending_until_its_result_is_complete():
     assert "no stored run yet" in front.thesis(_vs(), _load(dial_training=None))
     dial = results.load("dial_training")
-    if not dial.get("complete", False):
-        assert f"is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs" in front.thesis(_vs())
+    pending = {**dict(dial), "analysis": {**dial["analysis"], "calls": {}}}
+    assert (f"is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs"
+            in front.thesis(_vs(), _load(dial_training=pending)))
     row = {"verdict": "supported", "estimate": 0.05, "ci": [0.01, 0.09], "p_adjusted": 0.01}
     done = {**dict(dial), "complete": True, "runs_stored": 265, "runs_planned": 265,
-            "analysis": {"calls": {"H8": {"row": row}}}}
+            "analysis": {"calls": {"H8": {"A_3 − SR_3 @lr=0.008": row}}}}
     t = front.thesis(_vs(), _load(dial_training=done))
-    assert "of 265 runs" not in t and f"reads *{verdict.REPRODUCED}*" in t
+    assert "of 265 runs" not in t and f"reads *{verdict.REPRODUCED}*: at every K" in t
+    flipped = {**done, "analysis": {"calls": {"H8": {"A_3 − SR_3 @lr=0.008": {**row, "verdict": "inconclusive"}}}}}
+    assert f"reads *{verdict.NOT_REPRODUCED}*: at no K or rate" in front.thesis(_vs(), _load(dial_training=flipped))
 
 
 def test_advice_follows_the_calls():
     conf = results.load("confirmation")
     a = front.advice(_vs())
-    assert len(a) == 5 and all("{doc}`" in line for line in a)
+    dial_line = [line for line in a if line.startswith("**Fewer fraction bits")]
+    assert len(a) == 5 + len(dial_line) and all("{doc}`" in line for line in a)
+    assert bool(dial_line) == bool(dial_report.supported_at(results.load("dial_training"))[0])
     claims = conf["analysis"]["claims"]
     if claims["HD"]["verdict"] == "supported":
         flipped = {**dict(conf), "analysis": {**conf["analysis"], "claims": {**claims, "HD": {**claims["HD"],

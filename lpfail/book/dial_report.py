@@ -130,9 +130,10 @@ def row_label(family: str, key: str) -> str:
 
 
 def row_text(family: str, key: str, r: Mapping) -> str:
-    """'A_3 − SR_3 at 8e-3 (+0.053 [+0.025, +0.081], Holm p 0.021)'."""
+    """'A_3 − SR_3 at 8e-3 = +0.053 [+0.025, +0.081] (Holm p 0.021)': the label then '=' as the claims registry
+    reads a labelled number (`lpfail.book.claims.numbers_of`)."""
     lo, hi = r["ci"]
-    return f"{row_label(family, key)} ({r['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}], Holm p {r['p_adjusted']:.2g})"
+    return f"{row_label(family, key)} = {r['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}] (Holm p {r['p_adjusted']:.2g})"
 
 
 def family_summary(family: str, fam: Mapping, numbers: bool = True) -> str:
@@ -148,15 +149,15 @@ def family_summary(family: str, fam: Mapping, numbers: bool = True) -> str:
     for word in ("supported", "refuted"):
         hits = [(row_text if numbers else row_label)(family, k, *([r] if numbers else []))
                 for k, r in rows.items() if r["verdict"] == word]
-        if hits:
-            parts.append(f"{word} for {listing(hits)}")
+        if hits:  # with numbers, rows after "word:" and ";" so that each label stands alone
+            parts.append(f"{word}: {'; '.join(hits)}" if numbers else f"{word} for {listing(hits)}")
     called = sum(r["verdict"] in ("supported", "refuted") for r in rows.values())
     for word in sorted(words - {"supported", "refuted"}):
         k = sum(r["verdict"] == word for r in rows.values())
         which = (f"all {k} rows" if k == n else "the other row" if called + k == n and k == 1 else
                  f"the other {k} of {n} rows" if called + k == n else f"{k} of {n} rows")
-        parts.append(f"{word} for {which}")
-    return f"{name}: {'; '.join(parts)}" if numbers else f"{name} {', '.join(parts)}"
+        parts.append(f"{word}: {which}" if numbers else f"{word} for {which}")
+    return f"{name}, {'; '.join(parts)}" if numbers else f"{name} {', '.join(parts)}"
 
 
 def judged(calls: Mapping) -> str:
@@ -174,6 +175,13 @@ def _k_lr(key: str) -> tuple[int, float]:
     name, _, lr = key.rpartition("@lr=")
     arm = name.split("−")[0].strip()
     return (7 if arm == "A" else int(arm.split("_")[1])), float(lr)
+
+
+def supported_at(dial: Mapping | None) -> tuple[list[int], list[float]]:
+    """The fraction bits K (largest first) and learning rates at which H8 has a supported row ([], [] if none)."""
+    h8 = (((dial or {}).get("analysis") or {}).get("calls") or {}).get("H8") or {}
+    sup = [_k_lr(k) for k, r in h8.items() if isinstance(r, dict) and r.get("verdict") == "supported"]
+    return sorted({k for k, _ in sup}, reverse=True), sorted({lr for _, lr in sup})
 
 
 def finding(dial: Mapping | None) -> str | None:

@@ -243,6 +243,12 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; if O "
                "must stay BF16, use the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else
                                                   f" ({_status(by, 'Robust')})") + " ({doc}`ch. 5 <05_fix>`).")
+    ks, lrs = dial_report.supported_at(load_or_none(load, "dial_training"))
+    if ks:
+        out.append(f"**Fewer fraction bits than BF16's 7** in P̄V and O (FP8's E4M3 has 3): at {listing(ks)} bits, "
+                   f"rounding to nearest trained worse than stochastic rounding on our proxy at "
+                   f"{listing(dial_report.rate(x) for x in lrs)}; round stochastically or keep them wider "
+                   "({doc}`ch. 1 <01_symptom>`).")
     alarm = load_or_none(load, "precision_alarm")
     lead = ((alarm["analysis"].get("lead") or {}) if alarm is not None and "analysis" in alarm else {})
     div = [d for d in lead.values() if d.get("divergence_step") == d.get("divergence_step")]  # not NaN
@@ -271,7 +277,7 @@ LINKS = [
     ("One layer carries it", "ch. 2", ("C1b",)),
     ("dW_Q's error adds up along\none direction, step after step", "ch. 3", ("C2",)),
     ("‖W_Q‖ and the logits grow;\ntraining fails", "ch. 1", ("failure",)),
-    ("Without the bias, training\nis stable", "ch. 1, 5", ("C0-bias", "Fix-b")),
+    ("Without the bias, training\nis stable", "ch. 1, 5", ("C0-bias", "C0-dial", "Fix-b")),
 ]
 CHAIN_STATUSES = ("reproduced", "partly", "not shown", "contradicted", "not testable here")
 

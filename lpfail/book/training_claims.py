@@ -509,7 +509,7 @@ def judge_dial(dial: Mapping | None) -> Verdict:
                        note=f"{int((dial or {}).get('runs_stored', 0))} of "
                             f"{int((dial or {}).get('runs_planned', 265))} runs stored",
                        seeds=None, test=DIAL_TEST, proxy=prox, family=D.FAMILIES["H8"])
-    rows = "; ".join(f"{dial_report.row_label('H8', k)} {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}], "
+    rows = "; ".join(f"{dial_report.row_label('H8', k)} = {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}], "
                      f"Holm p {r['p_adjusted']:.2g}: {r['verdict']}" for k, r in h8.items())
     return Verdict("C0-dial", DIAL_STATEMENT, dial_report.verdict_word(dial),
                    f"H8 on ten paired seeds: {rows}. See {{doc}}`01_symptom`; {provenance_line(dial)}.", DIAL_RULE,
