@@ -66,9 +66,9 @@ def status(dial: Mapping | None) -> str:
     calls = (dial.get("analysis") or {}).get("calls") or {}
     if calls:
         long = ("every long run is stored" if n_long == n_long_planned else
-                f"{n_long} of the {n_long_planned} long runs are stored (H11, descriptive, waits for them)")
-        return (f"Every 1,000-step run is stored ({stored - n_long} runs; {devices}, {listing(days)}). "
-                f"{judged(calls)} {sentence(long)}")
+                f"the {n_long_planned} long runs (H11, descriptive) are still to run" if n_long == 0 else
+                f"{n_long_planned - n_long} of the {n_long_planned} long runs (H11, descriptive) are still to run")
+        return f"All {stored - n_long} short runs are stored. {judged(calls)} {sentence(long)}"
     have = np.asarray(dial["small_stored"], dtype=bool)  # (variants, lrs, seeds)
     lrs, seeds = [float(x) for x in dial["small_lrs"]], [int(s) for s in dial["small_seeds"]]
     where = []
@@ -136,9 +136,10 @@ def row_text(family: str, key: str, r: Mapping) -> str:
     return f"{row_label(family, key)} = {r['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}] (Holm p {r['p_adjusted']:.2g})"
 
 
-def family_summary(family: str, fam: Mapping, numbers: bool = True) -> str:
+def family_summary(family: str, fam: Mapping, numbers: bool = True, named: bool = True) -> str:
     """A judged family in a clause: the rows that the rule supports or refutes (each with its number unless
-    ``numbers`` is off), then how many rows read each other word ('inconclusive for the other 10 of 12 rows')."""
+    ``numbers`` is off, then 'only'), and with numbers how many rows read each other word ('inconclusive: the other
+    10 of 12 rows'); ``named`` off leaves out the family's name."""
     rows = {k: r for k, r in fam.items() if isinstance(r, dict) and r.get("verdict")}
     n = len(rows)
     words = {r["verdict"] for r in rows.values()}
@@ -151,13 +152,15 @@ def family_summary(family: str, fam: Mapping, numbers: bool = True) -> str:
                 for k, r in rows.items() if r["verdict"] == word]
         if hits:  # with numbers, rows after "word:" and ";" so that each label stands alone
             parts.append(f"{word}: {'; '.join(hits)}" if numbers else f"{word} for {listing(hits)}")
+    if not numbers:
+        return f"{name} {', '.join(parts)} only"
     called = sum(r["verdict"] in ("supported", "refuted") for r in rows.values())
     for word in sorted(words - {"supported", "refuted"}):
         k = sum(r["verdict"] == word for r in rows.values())
         which = (f"all {k} rows" if k == n else "the other row" if called + k == n and k == 1 else
                  f"the other {k} of {n} rows" if called + k == n else f"{k} of {n} rows")
-        parts.append(f"{word}: {which}" if numbers else f"{word} for {which}")
-    return f"{name}, {'; '.join(parts)}" if numbers else f"{name} {', '.join(parts)}"
+        parts.append(f"{word}: {which}")
+    return f"{name}, {'; '.join(parts)}" if named else '; '.join(parts)
 
 
 def judged(calls: Mapping) -> str:
@@ -166,7 +169,7 @@ def judged(calls: Mapping) -> str:
     h8 = calls.get("H8") or {}
     word = dial_verdict([r["verdict"] for r in h8.values() if isinstance(r, dict)])
     others = [family_summary(f, fam, numbers=False) for f, fam in calls.items() if f != "H8"]
-    return (f"The rule's verdict on bias, not noise: {word}. {sentence(family_summary('H8', h8))} "
+    return (f"The rule's verdict on bias, not noise (H8): {word}. {sentence(family_summary('H8', h8, named=False))} "
             f"The other families: {'; '.join(others)}.")
 
 
