@@ -97,7 +97,8 @@ def test_the_first_pages_clause_says_pending_then_the_verdict_word():
     assert "is pending: 48 of 265 runs" in front.dial_words(lambda name: partial)
     full = _full_short_grid()
     words = front.dial_words(lambda name: full)
-    assert "reads *partly*: the paper's rounding to nearest trains worse" in words and "3 fraction bits (16 times" in words
+    assert words.startswith("At equal precision, biased rounding trained worse than unbiased only at 3 "
+                            "fraction bits") and "(the precision dial: *partly*" in words
 
 
 def test_the_finding_follows_h8s_words():
@@ -126,3 +127,11 @@ def test_rows_table_holds_every_judged_row_and_escapes_cells():
     assert table[2].startswith("| the dose (H7) | the slope at 4e-3 | +")
     assert DR.rows_table(_grid(4, False)).startswith("Nothing is judged yet")
     assert DR.rate(8e-3) == "8e-3" and DR.rate(1.6e-2) == "1.6e-2" and DR.rate(0.1) == "0.1"
+
+
+def test_power_table_has_every_family_with_its_detectable_gap_and_null_rate():
+    table = DR.power_table(n_sims=40, dial=_full_short_grid()).splitlines()
+    assert len(table) == 3 + len(D.SIDES)
+    assert all(row.count("|") == 5 for row in table) and "% of 40" in table[-1]
+    assert table[2].startswith("| the healthy margin ('no power' above it) | — | 0.15")  # 10 % of C's 1.5 nats
+    assert table[4].startswith("| bias, not noise (H8) | 12 | ")

@@ -219,6 +219,21 @@ def finding(dial: Mapping | None) -> str | None:
             f"difference is shown ({other} of {len(rows)} rows)")
 
 
+def finding_short(dial: Mapping | None) -> str | None:
+    """`finding` in a few words for the first page: where biased rounding trained worse than unbiased rounding at
+    equal precision ('only at 3 fraction bits and 8e-3'), or its word's plain reading; None while nothing is judged."""
+    h8 = (((dial or {}).get("analysis") or {}).get("calls") or {}).get("H8") or {}
+    words = [r["verdict"] for r in h8.values() if isinstance(r, dict) and r.get("verdict")]
+    if not words:
+        return None
+    word = dial_verdict(words)
+    if word == PARTLY:
+        ks, lrs = supported_at(dial)
+        return (f"at equal precision, biased rounding trained worse than unbiased only at {listing(ks)} fraction bits "
+                f"and {listing(rate(x) for x in lrs)}")
+    return finding(dial)
+
+
 def found_markdown(dial: Mapping | None) -> str:
     """Chapter 1's answer under "What we found": whether the bias is what harms, from the dial, or that its test is
     pending."""
@@ -232,6 +247,31 @@ def found_markdown(dial: Mapping | None) -> str:
     return (f"**Is the rounding bias what harms? {word[0].upper()}{word[1:]}, on our proxy** (4 × 256, 1,000 steps, "
             f"{listing(rate(x) for x in dial['small_lrs'])}, ten fresh seeds): {f}. The "
             "test is the last section's precision dial.")
+
+
+def power_table(n_sims: int = 400, seed: int = 0, dial: Mapping | None = None) -> str:
+    """Each family's power and false-call rate, measured through the code that makes the calls
+    (`dial_training.power_rows`, `dial_training.simulate`): its rows, the gap one row detects with 80 % power at
+    each rate (seed noise from the confirmation grid's ten seeds of A and C), and the share of simulated null
+    grids (no gap anywhere) in which the family called any row, with its binomial standard error; above it, the
+    rule's healthy margin (10 % of FP32 attention's mean final loss in ``dial``, the stored grid by default), past
+    which a family would read 'no power'. A Markdown table."""
+    dial = results.load("dial_training") if dial is None else dial
+    sd = D.noise_sd()
+    sim = D.simulate(sd, n_sims=n_sims, seed=seed)
+    lrs = [float(x) for x in dial["small_lrs"]]
+    c = np.asarray(dial["small_val_final"])[list(map(str, dial["small_variants"])).index("C")]
+    margin = " / ".join(f"{0.1 * float(np.nanmean(c[lrs.index(lr)])):.3f}" for lr in sorted(D.LRS))
+    lines = ["| family | rows | gap detected with 80 % power, 4e-3 / 8e-3 | null grids with a call |",
+             "|---|---|---|---|", f"| the healthy margin ('no power' above it) | — | {margin} nats | — |"]
+    for r in D.power_rows(sd):
+        f, rate_ = r["family"], sim["family_rate"][r["family"]]
+        se = (rate_ * (1 - rate_) / n_sims) ** 0.5
+        gaps = " / ".join(f"{r['detectable_nats'][f'{lr:g}']:.3f}" for lr in sorted(D.LRS))
+        lines.append("| " + " | ".join(md_cell(x) for x in (
+            f"{FAMILY_WORDS.get(f, f)} ({f})", r["rows"], f"{gaps} {r['unit']}",
+            f"{100 * rate_:.1f} % ± {100 * se:.1f} % of {n_sims}")) + " |")
+    return "\n".join(lines)
 
 
 def rows_table(dial: Mapping | None) -> str:

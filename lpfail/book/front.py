@@ -192,7 +192,8 @@ def dial_words(load: Callable) -> str:
     if v.verdict == NOT_TESTED:
         return (f"{what} is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs "
                 f"({{doc}}`ch. 1 <01_symptom>`).")
-    return f"{what} reads *{v.verdict}*: {dial_report.finding(dial)} ({{doc}}`ch. 1 <01_symptom>`)."
+    f = dial_report.finding_short(dial)
+    return f"{f[0].upper()}{f[1:]} (the precision dial: *{v.verdict}*, {{doc}}`ch. 1 <01_symptom>`)."
 
 
 def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
@@ -204,8 +205,8 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     ten = ten_seed_words(conf)
     h5 = ((conf["analysis"].get("sizes") or {}).get("small") or {}).get("H5") if conf is not None else None
     if _is(by.get("C3a"), REPRODUCED) and _is(by.get("C3b"), REPRODUCED):
-        real = ("The rounding bias that Qiu and Yao blame for BF16 training failures is real: on tied "
-                "rows, BF16 flash attention rounds P̄V away from zero, bit for bit.")
+        real = ("The rounding bias that Qiu and Yao blame is real: on tied rows, BF16 flash attention rounds P̄V "
+                "away from zero, bit for bit.")
     else:
         real = f"The rounding bias that Qiu and Yao blame: {_status(by, 'C3a', 'C3b')}."
     train = f"On {proxy_words(conf)}, it trains worse than FP32 attention"
@@ -232,7 +233,7 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     ten = ten_seed_words(load_or_none(load, "confirmation")) or {}
     out = []
     if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
-        out.append("**SDPA, FlashAttention, cuDNN:** no change needed; they round tied rows toward zero "
+        out.append("**SDPA, FlashAttention, cuDNN:** no change; they round tied rows toward zero "
                    "({doc}`ch. 6 <06_beyond>`).")
     else:
         out.append(f"**GPU with a production kernel:** its tied rows read {_status(by, 'K-bias:sdpa_flash')} "
@@ -240,22 +241,19 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     out.append("**BF16 accumulators** (the paper's code, PyTorch's CPU flash back end): accumulate in FP32"
                + ("; that closed at least half of the gap on ten seeds" if ten.get("D") == "supported" else
                          "; that is not shown to close the gap on our proxy") + " ({doc}`ch. 1 <01_symptom>`).")
+    ks, lrs = dial_report.supported_at(load_or_none(load, "dial_training"))
+    below = ("; below 7 fraction bits (FP8), round O stochastically ({doc}`ch. 1 <01_symptom>`)" if ks else "")
     out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; if O "
                "must stay BF16, use the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else
-                                                  f" ({_status(by, 'Robust')})") + " ({doc}`ch. 5 <05_fix>`).")
-    ks, lrs = dial_report.supported_at(load_or_none(load, "dial_training"))
-    if ks:
-        out.append(f"**Fewer fraction bits than BF16's 7** in P̄V and O (FP8's E4M3 has 3): at {listing(ks)} bits, "
-                   f"rounding to nearest trained worse than stochastic rounding on our proxy at "
-                   f"{listing(dial_report.rate(x) for x in lrs)}; round stochastically or keep them wider "
-                   "({doc}`ch. 1 <01_symptom>`).")
+                                                  f" ({_status(by, 'Robust')})") + " ({doc}`ch. 5 <05_fix>`)"
+               + below + ".")
     alarm = load_or_none(load, "precision_alarm")
     lead = ((alarm["analysis"].get("lead") or {}) if alarm is not None and "analysis" in alarm else {})
     div = [d for d in lead.values() if d.get("divergence_step") == d.get("divergence_step")]  # not NaN
     fired = [d for d in div if d.get("alarm_step") is not None]
-    out.append("**Monitor** the largest logit and the tied rows (`lpfail.Monitor`)"
-               + (f"; its alarm warned before {len(fired)} of {len(div)} divergences, so read it as a record"
-                  if div else "") + " ({doc}`ch. 7 <07_diagnose>`).")
+    out.append("**Monitor** with `lpfail.Monitor`"
+               + (f"; its alarm warned before {len(fired)} of {len(div)} divergences" if div else "")
+               + " ({doc}`ch. 7 <07_diagnose>`).")
     qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else f"reads {_status(by, 'C0-qk')}"
     if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED):
         fix = "are not shown to help training"
