@@ -28,7 +28,7 @@ def _load(**over):
 
 def test_the_thesis_says_what_is_real_and_names_the_proxy():
     t = front.thesis(_vs())
-    assert t.startswith("The rounding bias that Qiu and Yao blame") and "is real" in t
+    assert t.startswith("The rounding bias the paper blames") and "is real" in t
     assert "layers ×" in t and "steps" in t and "learning rates" in t  # "on our proxy" names size, steps and rates
     assert "<01_symptom>`" in t
 

@@ -205,8 +205,8 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     ten = ten_seed_words(conf)
     h5 = ((conf["analysis"].get("sizes") or {}).get("small") or {}).get("H5") if conf is not None else None
     if _is(by.get("C3a"), REPRODUCED) and _is(by.get("C3b"), REPRODUCED):
-        real = ("The rounding bias that Qiu and Yao blame is real: on tied rows, BF16 flash attention rounds P̄V "
-                "away from zero, bit for bit.")
+        real = ("The rounding bias the paper blames is real: on tied rows, BF16 flash attention rounds P̄V away "
+                "from zero, bit for bit.")
     else:
         real = f"The rounding bias that Qiu and Yao blame: {_status(by, 'C3a', 'C3b')}."
     train = f"On {proxy_words(conf)}, it trains worse than FP32 attention"
@@ -233,7 +233,7 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     ten = ten_seed_words(load_or_none(load, "confirmation")) or {}
     out = []
     if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
-        out.append("**SDPA, FlashAttention, cuDNN:** no change; they round tied rows toward zero "
+        out.append("**SDPA, FlashAttention, cuDNN:** no change; ties round toward zero "
                    "({doc}`ch. 6 <06_beyond>`).")
     else:
         out.append(f"**GPU with a production kernel:** its tied rows read {_status(by, 'K-bias:sdpa_flash')} "
@@ -242,17 +242,16 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
                + ("; that closed at least half of the gap on ten seeds" if ten.get("D") == "supported" else
                          "; that is not shown to close the gap on our proxy") + " ({doc}`ch. 1 <01_symptom>`).")
     ks, lrs = dial_report.supported_at(load_or_none(load, "dial_training"))
-    below = ("; below 7 fraction bits (FP8), round O stochastically ({doc}`ch. 1 <01_symptom>`)" if ks else "")
-    out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; if O "
-               "must stay BF16, use the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else
-                                                  f" ({_status(by, 'Robust')})") + " ({doc}`ch. 5 <05_fix>`)"
-               + below + ".")
+    below = ("; below 7 fraction bits, round O stochastically ({doc}`ch. 1 <01_symptom>`)" if ks else "")
+    out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; else "
+               "the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else f" ({_status(by, 'Robust')})")
+               + " ({doc}`ch. 5 <05_fix>`)" + below + ".")
     alarm = load_or_none(load, "precision_alarm")
     lead = ((alarm["analysis"].get("lead") or {}) if alarm is not None and "analysis" in alarm else {})
     div = [d for d in lead.values() if d.get("divergence_step") == d.get("divergence_step")]  # not NaN
     fired = [d for d in div if d.get("alarm_step") is not None]
     out.append("**Monitor** with `lpfail.Monitor`"
-               + (f"; its alarm warned before {len(fired)} of {len(div)} divergences" if div else "")
+               + (f"; its alarm preceded {len(fired)} of {len(div)} divergences" if div else "")
                + " ({doc}`ch. 7 <07_diagnose>`).")
     qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else f"reads {_status(by, 'C0-qk')}"
     if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED):
