@@ -173,6 +173,12 @@ def judged(calls: Mapping) -> str:
             f"The other families: {'; '.join(others)}.")
 
 
+def h8_rows(dial: Mapping | None) -> dict[str, Mapping]:
+    """H8's judged rows of a stored dial ({row key: row}); {} while nothing is judged."""
+    h8 = (((dial or {}).get("analysis") or {}).get("calls") or {}).get("H8") or {}
+    return {k: r for k, r in h8.items() if isinstance(r, dict) and r.get("verdict")}
+
+
 def _k_lr(key: str) -> tuple[int, float]:
     """(K, learning rate) of an H8 row key, 'A_3 − SR_4 @lr=0.008' → (3, 0.008)."""
     name, _, lr = key.rpartition("@lr=")
@@ -182,8 +188,7 @@ def _k_lr(key: str) -> tuple[int, float]:
 
 def supported_at(dial: Mapping | None) -> tuple[list[int], list[float]]:
     """The fraction bits K (largest first) and learning rates at which H8 has a supported row ([], [] if none)."""
-    h8 = (((dial or {}).get("analysis") or {}).get("calls") or {}).get("H8") or {}
-    sup = [_k_lr(k) for k, r in h8.items() if isinstance(r, dict) and r.get("verdict") == "supported"]
+    sup = [_k_lr(k) for k, r in h8_rows(dial).items() if r["verdict"] == "supported"]
     return sorted({k for k, _ in sup}, reverse=True), sorted({lr for _, lr in sup})
 
 
@@ -191,8 +196,7 @@ def finding(dial: Mapping | None) -> str | None:
     """What the judged dial says about "bias, not noise" in a clause (C0-dial's verdict from H8's rows): where the
     paper's rounding to nearest trains worse than unbiased rounding at equal precision, with the bias multiple
     2^(7−K) the dial's K gives, and where no difference is shown; None while nothing is judged."""
-    h8 = (((dial or {}).get("analysis") or {}).get("calls") or {}).get("H8") or {}
-    rows = {k: r for k, r in h8.items() if isinstance(r, dict) and r.get("verdict")}
+    rows = h8_rows(dial)
     if not rows:
         return None
     word = dial_verdict([r["verdict"] for r in rows.values()])
@@ -210,24 +214,23 @@ def finding(dial: Mapping | None) -> str | None:
     ks = sorted({k for k, _ in sup}, reverse=True)
     lrs = sorted({lr for _, lr in sup})
     other = len(rows) - sum(r["verdict"] == "supported" for r in rows.values())
-    less = [f"{listing(sorted({_k_lr(k)[0] for k in rows} - set(ks), reverse=True), last='or')} bits"]
-    less = ([less[0]] if less[0] != "none bits" else []) + [f"at {rate(x)}" for x in sorted(
-        {_k_lr(k)[1] for k in rows} - set(lrs))]
+    other_ks = sorted({_k_lr(k)[0] for k in rows} - set(ks), reverse=True)
+    other_lrs = sorted({_k_lr(k)[1] for k in rows} - set(lrs))
+    less = ([f"{listing(other_ks, last='or')} bits"] if other_ks else []) + [f"at {rate(x)}" for x in other_lrs]
+    where = "with " + listing(less, last="or") if less else "elsewhere"
     return (f"the paper's rounding to nearest trains worse than unbiased rounding at equal precision only with V and "
             f"the output path cut to {listing(ks)} fraction bits ({listing(f'{2 ** (7 - k)}' for k in ks)} times "
-            f"BF16's tied-row bias) at {listing(rate(x) for x in lrs)}; with {listing(less, last='or')}, no "
-            f"difference is shown ({other} of {len(rows)} rows)")
+            f"BF16's tied-row bias) at {listing(rate(x) for x in lrs)}; {where}, no difference is shown "
+            f"({other} of {len(rows)} rows)")
 
 
 def finding_short(dial: Mapping | None) -> str | None:
     """`finding` in a few words for the first page: where biased rounding trained worse than unbiased rounding at
     equal precision ('only at 3 fraction bits and 8e-3'), or its word's plain reading; None while nothing is judged."""
-    h8 = (((dial or {}).get("analysis") or {}).get("calls") or {}).get("H8") or {}
-    words = [r["verdict"] for r in h8.values() if isinstance(r, dict) and r.get("verdict")]
+    words = [r["verdict"] for r in h8_rows(dial).values()]
     if not words:
         return None
-    word = dial_verdict(words)
-    if word == PARTLY:
+    if dial_verdict(words) == PARTLY:
         ks, lrs = supported_at(dial)
         return (f"at equal precision, biased rounding trained worse than unbiased only at {listing(ks)} fraction bits "
                 f"and {listing(rate(x) for x in lrs)}")
@@ -242,8 +245,7 @@ def found_markdown(dial: Mapping | None) -> str:
         n = f"{int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs stored" if dial is not None else "no run"
         return ("**Our runs do not show the paper's account of the harm, and do not refute it:** the last section's "
                 f"precision dial is the test that can ({n}).")
-    h8 = dial["analysis"]["calls"]["H8"]
-    word = dial_verdict([r["verdict"] for r in h8.values() if isinstance(r, dict)])
+    word = verdict_word(dial)
     return (f"**Is the rounding bias what harms? {word[0].upper()}{word[1:]}, on our proxy** (4 × 256, 1,000 steps, "
             f"{listing(rate(x) for x in dial['small_lrs'])}, ten fresh seeds): {f}. The "
             "test is the last section's precision dial.")
@@ -335,10 +337,6 @@ def verdict_word(dial: Mapping | None) -> str:
         return NOT_TESTED
     return dial_verdict([r["verdict"] for r in rows])
 
-
-def found_facts(load: Callable | None = None) -> dict[str, str]:
-    """The glued values of chapter 1's opening that come from the dial: ``dial_found`` (Markdown)."""
-    return {"dial_found": found_markdown(load_or_none(load or results.load, "dial_training"))}
 
 
 def _cards_days(dial: Mapping | None) -> tuple[list[str], list[str]]:
