@@ -20,7 +20,6 @@ import nbformat
 from lpfail import results
 from lpfail.book import beyond_report, dial_report, symptom_report
 from lpfail.book.text import listing
-from lpfail.book.training_claims import judge_dial
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
                                  load_or_none)
 
@@ -188,12 +187,12 @@ def dial_words(load: Callable) -> str:
     what = "The precision dial, our test of whether the bias is what harms,"
     if dial is None:
         return f"{what} has no stored run yet."
-    v = judge_dial(dial)
-    if v.verdict == NOT_TESTED:
+    word = dial_report.verdict_word(dial)
+    if word == NOT_TESTED:
         return (f"{what} is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs "
                 f"({{doc}}`ch. 1 <01_symptom>`).")
     f = dial_report.finding_short(dial)
-    return f"{f[0].upper()}{f[1:]} (the precision dial: *{v.verdict}*, {{doc}}`ch. 1 <01_symptom>`)."
+    return f"{f[0].upper()}{f[1:]} (the precision dial: *{word}*, {{doc}}`ch. 1 <01_symptom>`)."
 
 
 def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
@@ -208,7 +207,7 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
         real = ("The rounding bias the paper blames is real: on tied rows, BF16 flash attention rounds P̄V away "
                 "from zero, bit for bit.")
     else:
-        real = f"The rounding bias that Qiu and Yao blame: {_status(by, 'C3a', 'C3b')}."
+        real = f"The rounding bias the paper blames: {_status(by, 'C3a', 'C3b')}."
     train = f"On {proxy_words(conf)}, it trains worse than FP32 attention"
     if not _is(by.get("C0"), REPRODUCED):
         train = f"On {proxy_words(conf)}, whether it harms training: {_status(by, 'C0')}"

@@ -498,10 +498,8 @@ def judge_dial(dial: Mapping | None) -> Verdict:
     grid's 1,000-step part is stored (the interim description beside it, no call)."""
     prox = {"size": "4 layers × 256 wide", "steps": "1,000 per run",
             "lr": listing_rates(D.LRS)}
-    calls = ((dial or {}).get("analysis") or {}).get("calls") or {}
-    h8 = calls.get("H8") or {}
-    judged = all(isinstance(r, dict) and r.get("estimate") is not None for r in h8.values())
-    if dial is None or not h8 or not judged:
+    word = dial_report.verdict_word(dial)
+    if word == NOT_TESTED:
         ev = f"{dial_report.status(dial)} {dial_report.interim(dial)} See {{doc}}`01_symptom`."
         if dial is not None:
             ev += f" {provenance_line(dial)}."
@@ -509,9 +507,10 @@ def judge_dial(dial: Mapping | None) -> Verdict:
                        note=f"{int((dial or {}).get('runs_stored', 0))} of "
                             f"{int((dial or {}).get('runs_planned', 265))} runs stored",
                        seeds=None, test=DIAL_TEST, proxy=prox, family=D.FAMILIES["H8"])
+    h8 = dial_report.h8_rows(dial)
     rows = "; ".join(f"{dial_report.row_label('H8', k)} = {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}], "
                      f"Holm p {r['p_adjusted']:.2g}: {r['verdict']}" for k, r in h8.items())
-    return Verdict("C0-dial", DIAL_STATEMENT, dial_report.verdict_word(dial),
+    return Verdict("C0-dial", DIAL_STATEMENT, word,
                    f"H8 on ten paired seeds: {rows}. See {{doc}}`01_symptom`; {provenance_line(dial)}.", DIAL_RULE,
                    DIAL_DIFFERS, seeds=len(D.SEEDS), test=DIAL_TEST, proxy=prox, family=D.FAMILIES["H8"],
                    headline=dial_report.family_summary("H8", h8))

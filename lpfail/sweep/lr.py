@@ -191,7 +191,7 @@ class LRGrid(GridBase):
 
     def result(self, have: dict, parts: list[dict]) -> dict:
         also = self.lr_analysis and self.key != "analysis"  # BASE's analysis beside this grid's own
-        base = self.base() if also or self._preregistered_on is None else self
+        base = self.base() if also else self  # self's date is BASE's where it has none of its own
         out = assemble(self.sweep_config, have, parts, preregistered_on=base.preregistered_on,
                        analyse=base.analysis if also else None)
         out[self.key] = self.analysis(out)

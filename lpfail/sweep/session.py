@@ -128,8 +128,9 @@ def start(names: list[str], budget_s: float, checks: bool, skip: tuple[str, ...]
     env = {**os.environ, "LPFAIL_SWEEP_UNCAPTURED": ",".join(sorted(uncaptured)), "PYTHONUNBUFFERED": "1"}
     log(f"starting the driver for {', '.join(names)}: budget {budget_s:.0f} s, uncaptured {sorted(uncaptured) or 'none'}"
         + (f", skipping groups {list(skip)}" if skip else ""))
-    proc = subprocess.Popen([sys.executable, "-m", "lpfail.sweep.session", "_drive", *names, "--budget",
-                             str(budget_s), *[f"--skip={p}" for p in skip]], stdout=open(BASE / "drive.log", "a"), stderr=subprocess.STDOUT,
+    cmd = [sys.executable, "-m", "lpfail.sweep.session", "_drive", *names, "--budget", str(budget_s),
+           *[f"--skip={p}" for p in skip]]
+    proc = subprocess.Popen(cmd, stdout=open(BASE / "drive.log", "a"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=results.REPO_ROOT)
     (BASE / "drive.pid").write_text(str(proc.pid))
 
