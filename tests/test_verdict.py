@@ -774,6 +774,8 @@ def test_the_dial_claim_waits_for_every_h8_row_then_maps_the_family_by_its_rule(
     res["analysis"] = D.analyse(res)
     v = TC.judge_dial(res)
     assert v.verdict == REPRODUCED and v.seeds == 10 and "Holm p" in v.evidence
+    # the proxy line writes the rates as the rows do ('at 8e-3'), not as 0.008
+    assert v.proxy["lr"] == "4e-3 and 8e-3" and " at 8e-3 = " in v.evidence, (v.proxy, v.evidence[:200])
     res["small_stored"][D.ARMS.index("SR_3"), 0, 0] = False   # one run short: the family is not judged
     res["small_val_final"][D.ARMS.index("SR_3"), 0, 0] = np.nan
     res["analysis"] = D.analyse(res)

@@ -517,5 +517,5 @@ def judge_dial(dial: Mapping | None) -> Verdict:
 
 
 def listing_rates(lrs) -> str:
-    """'4e-3 and 8e-3'."""
-    return listing([f"{x:g}" for x in sorted(lrs)])
+    """'4e-3 and 8e-3' (`dial_report.rate`, as the dial's rows write them)."""
+    return listing([dial_report.rate(x) for x in sorted(lrs)])
