@@ -22,8 +22,8 @@ from lpfail.book.costs import html_table
 from lpfail.book.text import interval, md_table, span
 from lpfail.experiments import prod_kernels as pk
 from lpfail.experiments import cures as cu
-from lpfail.experiments import lr_sweep as ls
 from lpfail.experiments.rounding import RowSpec
+from lpfail.sweep.variants import VARIANTS
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
                                 e4_text as _e4_ci, load_or_none, provenance_line, sig_neg, sig_pos)
 
@@ -161,7 +161,7 @@ def cures_table(part: dict, variants) -> str:
     rows = []
     for v in variants:
         x = st["per_variant"][v]
-        label = html.escape(cu.ls.VARIANTS[v].label)
+        label = html.escape(VARIANTS[v].label)
         if an is None or v not in an["cures"]:
             rows.append([label, html.escape(cu.WHERE.get(v, "?")),
                          f"{x['stored']}/{x['planned']} (missing {html.escape(cu.missing_text(x))})",
@@ -289,7 +289,7 @@ def cures_outcome(analysis: dict) -> dict:
 def cures_outcome_text(analysis: dict) -> str:
     """`cures_outcome` in one Markdown paragraph (names from lr_sweep's variant labels)."""
     o = cures_outcome(analysis)
-    name = lambda vs: "; ".join(ls.VARIANTS[v].label for v in vs) or "none"
+    name = lambda vs: "; ".join(VARIANTS[v].label for v in vs) or "none"
     hits = [v for v, h in o["predicted_little"].items() if h == "hit"]
     return (f"Closes at least half of the gap (K2 supported): {name(o['closes'])}. "
             f"Does not (K2 refuted): {name(o['does_not'])}. Inconclusive: {name(o['inconclusive'])}. "

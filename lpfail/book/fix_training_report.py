@@ -5,7 +5,7 @@ none helps. That per-lr reading is descriptive (after the runs); the verdict is 
 (`lpfail.experiments.fix_training.FIX_RULE`), printed beside it.
 
 Per-lr classes (`per_lr`), with X − C and A − C the mean over seeds of the effective held-out loss
-(`lr_sweep.effective_loss`) and 95 % paired bootstrap intervals over seeds (lr_sweep's resamples):
+(`lpfail.sweep.stats.effective_loss`) and 95 % paired bootstrap intervals over seeds (lr_sweep's resamples):
 
 ============== ===========================================================================================
 non-finite     at least one of X's runs turned non-finite at this lr (whether or not A − C has a gap there)
@@ -34,7 +34,7 @@ CLASSES = ("non-finite", "no gap", "closed", "partly", "no help")
 
 def _stat(d: np.ndarray, idx: np.ndarray) -> dict:
     """Mean over seeds of d (seeds,) with its bootstrap interval over the shared resamples."""
-    return {"point": float(d.mean()), "ci": list(L.interval(d[idx].mean(axis=-1)))}
+    return {"point": float(d.mean()), "ci": list(sweep.stats.interval(d[idx].mean(axis=-1)))}
 
 
 def per_lr(res: Mapping, size: str = "small") -> list[dict]:
@@ -45,11 +45,11 @@ def per_lr(res: Mapping, size: str = "small") -> list[dict]:
             raise KeyError(f"fix_training: variant {v!r} missing from {variants}")
     stored = np.asarray(res[f"{size}_stored"], dtype=bool)
     if not stored.all():
-        raise L.SweepIncomplete(f"fix_training: {int((~stored).sum())} runs not stored; collect them first")
-    eff = L.effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])    # (V, lrs, seeds)
+        raise sweep.SweepIncomplete(f"fix_training: {int((~stored).sum())} runs not stored; collect them first")
+    eff = sweep.stats.effective_loss(res[f"{size}_val_final"], res[f"{size}_val_init"])    # (V, lrs, seeds)
     status = np.asarray(res[f"{size}_status"])
     nf_step = np.asarray(res[f"{size}_nonfinite_step"], dtype=np.float64)
-    idx = L.bootstrap_seed_indices(eff.shape[-1])
+    idx = sweep.stats.bootstrap_seed_indices(eff.shape[-1])
     a, c = eff[variants.index("A")], eff[variants.index("C")]
     rows = []
     for j, lr in enumerate(np.asarray(res["lrs"], dtype=np.float64)):

@@ -24,6 +24,7 @@ from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTL
 from lpfail.experiments import confirmation as CF
 from lpfail.experiments import lr_sweep as L
 from lpfail.experiments import dial_training as D
+from lpfail.sweep.lr import LRSweepConfig
 
 
 # -- chapter 1's claims (C0, C0-bias, C0-qk, C0-size), by the sweep's pre-registered hypotheses ----------------
@@ -87,7 +88,7 @@ def _production_text(res: Mapping) -> str:
         return ""
     try:
         rows = {r["variant"]: r for r in L.versus_control(res, "small")}
-    except (KeyError, L.SweepIncomplete):
+    except (KeyError, sweep.SweepIncomplete):
         return ""
     parts = [f"{name} closes {100 * rows[v]['closed']['point']:.0f} % [{100 * rows[v]['closed']['ci'][0]:.0f}, "
              f"{100 * rows[v]['closed']['ci'][1]:.0f}]" for v, name in (("D", "D (production-kernel arithmetic)"),
@@ -306,7 +307,7 @@ FEW_SEEDS_NOTE = "3 seeds: fewer than the 10 a training verdict needs"
 def proxy(res: Mapping | None = None, sizes: tuple[str, ...] = ("small",)) -> dict:
     """The proxy a training verdict was judged on, from the stored config: {"size", "steps", "lr"}."""
     cfg = ((getattr(res, "meta", None) or {}).get("config") or {}) if res is not None else {}
-    default = L.LRSweepConfig()
+    default = LRSweepConfig()
     shapes = [cfg.get(size) or getattr(default, size) for size in sizes]
     lrs = [float(x) for x in cfg.get("lrs", default.lrs)]
     steps = int(cfg.get("max_steps", default.max_steps))
