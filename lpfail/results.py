@@ -320,15 +320,20 @@ class Result(Mapping):
         if m.get("collected_on"):  # runs on one machine, collected later from their logs on another
             gpus = m.get("runs_gpus") or []
             return (f"{m['name']}: runs on {m['device']}" + (f" × {len(gpus)}" if len(gpus) > 1 else "")
-                    + f" on {m['created'][:10]} (git {str(m['git'])[:12]}, "
+                    + f" on {m['created'][:10]} (git {_short_git(m['git'])}, "
                     + (f"{m['runs_wall_s']:.0f} s, " if m.get("runs_wall_s") else "")
                     + f"config {m['config_hash']}); collected from their logs on {m['collected_on']} "
-                    f"(git {str(m.get('collected_git', '?'))[:12]})")
+                    f"(git {_short_git(m.get('collected_git', '?'))})")
         return (f"{m['name']}: computed on {m['device']} on {m['created'][:10]} "
-                f"(git {str(m['git'])[:12]}, {m['wall_s']:.1f} s, config {m['config_hash']})")
+                f"(git {_short_git(m['git'])}, {m['wall_s']:.1f} s, config {m['config_hash']})")
 
     def __repr__(self):
         return f"<Result {self.provenance}; keys {sorted(self._data)}>"
+
+
+def _short_git(git) -> str:
+    """A commit, or the space-separated commits of runs from several trees, each to 12 hex digits: 'a1b2… and c3d4…'."""
+    return " and ".join(g[:12] for g in str(git).split()) or "?"
 
 
 def _split(name: str, data: dict) -> tuple[dict, dict]:

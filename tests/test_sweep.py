@@ -193,6 +193,9 @@ def test_parts_provenance():
     assert p["device"] == "NVIDIA H200" and p["created"] == "2026-12-01T05:23" and p["runs_wall_s"] == 15.5
     assert p["git"] == "048e3378a0dc 5112e531be60" and {"collected_on", "collected_at", "collected_git"} <= set(p)
     assert sweep.parts_provenance([], none="lr_sweep's runs only")["device"] == "lr_sweep's runs only"
+    # the result's one-line provenance names every tree its runs came from, not the first twelve characters
+    line = results.Result({}, {"name": "g", "config_hash": "h", **p}).provenance
+    assert "(git 048e3378a0dc and 5112e531be60, 16 s," in line, line
 
 
 # -- a tiny grid end to end ----------------------------------------------------------------------------------------
