@@ -14,8 +14,9 @@ Uᵀ ΔW^h V (s × s per head, linear, norm-preserving in expectation), and over
 measurements the record gives per projection layer and head the coherence ‖Σ_k ΔW_k‖ / Σ_k ‖ΔW_k‖
 (``alarm_coherence_q``/``_k``: 1 when the error keeps one direction and sign from step to step — the paper's
 Eq. 3 signature —, ≈ 1/√K when it cancels) and chapter 3's ρ_K = ‖Σ ΔW_k‖ / √(Σ ‖ΔW_k‖²) (``alarm_rho_q``/``_k``).
-Calls it cannot recompute (a mask, dropout, no gradient) are listed in ``alarm_skipped``. Its alert rule is
-a draft (notes/beyond.md), not part of the library until it is pre-registered and evaluated.
+Calls it cannot recompute (a mask, dropout, no gradient) are listed in ``alarm_skipped``. The alarm raises no
+alert itself: `scaled_fires` applies the rule tested in chapter 7 (`ScaledRule`) to a monitor's records
+(``scaled_fires(monitor.records)``: the step at which it fires, or None).
 
 The monitor re-exports this module's public names (``from lpfail.monitor import Alarm`` works), and knows the
 record keys it adds (`RECORD_KEYS`; `PER_HEAD` are those that `lpfail.monitor.scalars` flattens). This module
@@ -24,8 +25,11 @@ imports nothing of the monitor's at run time.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 import torch
 
@@ -35,7 +39,7 @@ if TYPE_CHECKING:
     from lpfail.monitor import Monitor, QKWeights
 
 __all__ = ["Alarm", "AlarmObserver", "RECORD_KEYS", "PER_HEAD", "reference_grads", "relative_error", "coherence",
-           "rho"]
+           "rho", "ScaledRule", "SCALED_RULE", "scaled_statistic", "scaled_fires", "head_value"]
 
 #: the keys the alarm adds to a monitor record (which `Monitor.step`'s extras may not use, alarm or not)
 RECORD_KEYS = frozenset({"alarm_dq_rel", "alarm_dk_rel", "alarm_coherence_q", "alarm_coherence_k", "alarm_rho_q",
@@ -52,8 +56,8 @@ def _no_autocast(device: torch.device):
 
 @dataclass(frozen=True)
 class Alarm:
-    """Settings of the precision alarm (module docstring). Its alert rule is not part of the library yet:
-    notes/beyond.md drafts one, for pre-registration.
+    """Settings of the precision alarm (module docstring). It raises no alert itself: `scaled_fires` applies
+    chapter 7's tested rule to the monitor's records.
 
     every      steps between two measurements, a multiple of the monitor's `every` (None: the monitor's)
     reference  "FP64" or "FP32": the `lpfail.precision` preset the attention is recomputed under
@@ -315,3 +319,67 @@ class AlarmObserver:
             return None
         e = src.split(dw, dw)[which]                                   # (H or Hkv, hs, C)
         return self.sketch(e)
+
+
+# -- an alert rule on the records (chapter 7) --------------------------------------------------------------------------
+# Pre-registered on 2026-12-06 in lpfail.experiments.precision_alarm (which re-exports it) and tested there on 120
+# fresh runs; moved here unchanged so that a user can apply it to a monitor's records without the experiment:
+# ``scaled_fires(monitor.records)``. Chapter 7 says what its test showed: it tells the paper's arithmetic from FP32
+# attention, and mostly from production arithmetic, but fires by the same early step whether or not a run diverges.
+def head_value(nested, layer: int, head: int):
+    """``nested[layer][head]`` of a record's per (layer, head) statistic, or None where the layer or head is absent."""
+    try:
+        row = nested[layer]
+        return None if row is None else row[head]
+    except (IndexError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class ScaledRule:
+    """The second alert rule. At each measurement, per (layer, head): e = ½·(dQ's + dK's relative error against the
+    high-precision recomputation) divided by max(the head's largest logit, `logit_floor`) — BF16 rounding makes the
+    gradient's error grow with the logits, and the paper's arithmetic makes it grow faster per unit of logit than
+    production arithmetic; the statistic is the median of e over every (layer, head) with finite values. The run's
+    alarm is the first measurement at which the statistic has been ≥ `threshold` for `consecutive` measurements in
+    a row (with the monitor every 10 steps, 8 measurements = 70 steps after the first)."""
+
+    threshold: float = 5e-4
+    consecutive: int = 8
+    logit_floor: float = 1.0
+
+    def __post_init__(self):
+        if not (self.threshold > 0 and self.logit_floor > 0):
+            raise ValueError(f"ScaledRule.threshold and logit_floor must be > 0 (got {self.threshold}, "
+                             f"{self.logit_floor})")
+        if not (isinstance(self.consecutive, int) and not isinstance(self.consecutive, bool) and self.consecutive >= 1):
+            raise ValueError(f"ScaledRule.consecutive must be a positive int (got {self.consecutive!r})")
+
+
+SCALED_RULE = ScaledRule()
+
+
+def scaled_statistic(rec: Mapping, floor: float = SCALED_RULE.logit_floor) -> float:
+    """One record's statistic (`ScaledRule`): the median over (layer, head) of ½(dQ + dK relative error) / max(largest
+    logit, floor); NaN when no head has all three values finite."""
+    vals = []
+    for layer, heads in enumerate(rec.get("alarm_dq_rel") or []):
+        for head, eq in enumerate(heads or []):
+            ek, ml = head_value(rec.get("alarm_dk_rel"), layer, head), head_value(rec.get("max_logit"), layer, head)
+            if all(x is not None and math.isfinite(x) for x in (eq, ek, ml)):
+                vals.append(0.5 * (eq + ek) / max(ml, floor))
+    return float(np.median(vals)) if vals else float("nan")
+
+
+def scaled_fires(records: Iterable[Mapping], rule: ScaledRule = SCALED_RULE) -> int | None:
+    """The second rule on one run's monitor records (in step order): the step of its alarm, or None. Records
+    without the alarm's fields are skipped; a NaN statistic breaks a run of measurements."""
+    run = 0
+    for rec in records:
+        if rec.get("kind", "record") != "record" or "alarm_dq_rel" not in rec:
+            continue
+        x = scaled_statistic(rec, rule.logit_floor)
+        run = run + 1 if math.isfinite(x) and x >= rule.threshold else 0
+        if run >= rule.consecutive:
+            return int(rec["step"])
+    return None

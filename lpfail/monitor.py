@@ -106,7 +106,8 @@ import torch.nn as nn
 
 from lpfail.alarm import PER_HEAD as _ALARM_PER_HEAD
 from lpfail.alarm import RECORD_KEYS as _ALARM_RECORD_KEYS
-from lpfail.alarm import Alarm, AlarmObserver, coherence, reference_grads, relative_error, rho
+from lpfail.alarm import (SCALED_RULE, Alarm, AlarmObserver, ScaledRule, coherence, reference_grads, relative_error, rho,
+                          scaled_fires, scaled_statistic)
 from lpfail.sdpa_hook import SDPACall, SDPAInterceptor, eager, force_eager
 
 log = logging.getLogger("lpfail.monitor")
@@ -115,7 +116,7 @@ log.addHandler(logging.NullHandler())  # a library: the application decides wher
 __all__ = ["Monitor", "Observer", "Thresholds", "Alert", "Alarm", "AlarmObserver", "MonitorError", "MonitorWarning",
            "MonitorCoverageWarning", "QKWeights", "find_qk", "describe_qk", "unmatched_projections", "scalars",
            "spectral_entropy", "attention_logit_stats", "reference_grads", "relative_error", "coherence", "rho",
-           "read_jsonl", "cuda_graph_modules"]
+           "ScaledRule", "SCALED_RULE", "scaled_statistic", "scaled_fires", "read_jsonl", "cuda_graph_modules"]
 
 
 class MonitorError(RuntimeError):

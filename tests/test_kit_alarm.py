@@ -178,3 +178,20 @@ def test_grouped_query_attention_dk_has_the_key_heads():
         rec = mon.step()
     assert np.shape(rec["alarm_dq_rel"]) == (2, 4) and np.shape(rec["alarm_dk_rel"]) == (2, 2)
     assert np.max(rec["alarm_dq_rel"]) < 1e-5 and len(rec["alarm_coherence_k"][0]) == 2
+
+
+def test_the_tested_rule_applies_to_a_monitors_records():
+    """Chapter 7's rule (`ScaledRule`, pre-registered in the experiment, which re-exports the library's) on the records
+    of a user's own monitor: it fires where the paper's arithmetic makes the error per unit of logit large, and not
+    where the attention is exact."""
+    from lpfail.experiments import precision_alarm as P
+    from lpfail.monitor import ScaledRule, scaled_fires, scaled_statistic
+
+    assert P.scaled_fires is scaled_fires and P.SCALED_RULE == ScaledRule()
+    bf16, _ = _steps(_gpt(), 4, policy=PAPER_BF16)
+    fp32, _ = _steps(_gpt(), 4)
+    lo = ScaledRule(threshold=1e-5, consecutive=3)
+    assert [r["step"] for r in bf16.records] == [0, 1, 2, 3]
+    assert min(scaled_statistic(r) for r in bf16.records) > 1e-5 > max(scaled_statistic(r) for r in fp32.records)
+    assert scaled_fires(bf16.records, lo) == 2 and scaled_fires(fp32.records, lo) is None
+    assert scaled_fires(bf16.records, ScaledRule(threshold=1e-5, consecutive=5)) is None   # only 4 measurements

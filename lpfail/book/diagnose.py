@@ -267,17 +267,105 @@ def scaled_rule_text(res: dict, fresh: dict | None = None) -> str:
         return (f"{text} Its pre-registered test on {len(P.SCALED_GRID['seeds'])} fresh seeds ({goal}) has not run "
                 f"yet{n}.")
 
-    def rate(r):
-        return f"{r['k']} of {r['n']} [{span(100 * r['ci'][0], 100 * r['ci'][1], '.0f', sep='–')} %]"
-
-    hit = rate(ev["hit"]) if ev.get("hit") else "no divergence"
-    fal = ev["false_alarm"]
-    return (f"{text} On {len(P.SCALED_GRID['seeds'])} fresh seeds, its pre-registered test ({goal}, exact 95 % "
-            f"intervals): divergences hit {hit}; alarms on FP32 runs {rate(fal['C'])} and on production runs "
-            f"{rate(fal['D'])}. The goal is {ev['word']}"
+    hit = _rate(ev["hit"]) if ev.get("hit") else "no divergence"
+    fal, f = ev["false_alarm"], fresh_facts(fresh)
+    miss = "; ".join(f"at {lr:g}, seed {s}, A left C at step {dv:.0f}, the alarm came at step {_steps(al)}"
+                     for lr, s, dv, al in f["missed"])
+    return (f"{text} On {len(P.SCALED_GRID['seeds'])} fresh seeds ({f['device']}, {f['when']}), its pre-registered "
+            f"test ({goal}, exact 95 % intervals): divergences hit {hit}; alarms on FP32 runs {_rate(fal['C'])} and on "
+            f"production runs {_rate(fal['D'])}. The goal is {ev['word']}"
             + (f" ({listing([_PARTS.get(x, x) for x in ev['undecided']])} not decided by the runs)."
-               if ev["word"] == "undecided" else "."))
+               if ev["word"] == "undecided" else ".")
+            + (f" The divergence it missed: {miss}." if len(f["missed"]) == 1 else
+               f" The divergences it missed: {miss}." if f["missed"] else "")
+            + f" As on the runs it was chosen on, it fires in {f['a_alarmed']} of {f['a_runs']} runs of the paper's "
+            f"arithmetic, at step {f['earliest']} in {f['at_earliest']}"
+            + (f", the {f['quiet']['runs']} that never diverge included" if f["quiet"]["runs"] else "") + ", so "
+            "its hits measure which arithmetic a model runs, not a forecast of the failure; the logit alert, beside "
+            f"it, precedes {f['logit']['hits']} of {f['logit']['diverged']} divergences and fires in "
+            f"{f['logit']['false']['C'][0]} of {f['logit']['false']['C'][1]} FP32 runs.")
+
+
+def fresh_facts(fresh) -> dict | None:
+    """The numbers chapter 7 states about the second rule's pre-registered test on fresh seeds (`fresh_alarm`), or
+    None while its grid is incomplete: the decision (`P.decide`'s dict), A's runs and how many alarmed at the rule's
+    earliest step, A's runs that never diverge and how many of them alarmed, the divergences it missed (lr, seed,
+    divergence step, alarm step), the hits' lead range, the logit alert's hits and false alarms, the card and date."""
+    if not fresh or not fresh.get("complete", False):
+        return None
+    an = fresh["analysis"]
+    a_steps = [v for k, v in an["alarm_step"].items() if k.startswith("A@")]
+    fired = [v for v in a_steps if v is not None]
+    earliest = min(fired) if fired else None
+    leads = [d["alarm_lead"] for d in an["lead"].values()
+             if d["divergence_step"] is not None and d["alarm_lead"] is not None and d["alarm_lead"] >= P.LEAD_STEPS]
+    missed = [(float(k.split("/s")[0]), int(k.split("/s")[1]), d["divergence_step"], d["alarm_step"])
+              for k, d in sorted(an["lead"].items()) if d["divergence_step"] is not None
+              and (d["alarm_lead"] is None or d["alarm_lead"] < P.LEAD_STEPS)]
+    meta = getattr(fresh, "meta", {}) or {}
+    la = an["logit_alert"]
+    return {"decision": an["decision"], "a_runs": len(a_steps), "a_alarmed": len(fired), "earliest": earliest,
+            "at_earliest": sum(v == earliest for v in fired), "fired_steps": sorted(fired),
+            "quiet": an["A_without_divergence"],
+            "missed": missed, "lead": (min(leads), max(leads)) if leads else None,
+            "logit": {"hits": la["hits"], "diverged": la["diverged"],
+                      "false": {v: tuple(x) for v, x in la["false_alarms"].items()}},
+            "seeds": len(P.SCALED_GRID["seeds"]), "runs": int(fresh.get("runs_stored", 0)),
+            "device": meta.get("device", "a GPU"), "when": str(meta.get("created", ""))[:10]}
+
+
+def _rate(r: dict) -> str:
+    """'32 of 33 [84–100 %]': a count with its exact 95 % interval."""
+    return f"{r['k']} of {r['n']} [{span(100 * r['ci'][0], 100 * r['ci'][1], '.0f', sep='–')} %]"
+
+
+def kit_found(fresh, pa) -> str:
+    """Chapter 7's first-screen finding about the precision alarm, from the stored first test (`pa` =
+    `results.load("precision_alarm")`) and fresh test (`fresh_alarm`, `fresh_facts`); while the fresh grid is
+    incomplete, the first rule's outcome alone."""
+    f = fresh_facts(fresh)
+    steps = list(_alarm_scalars(pa)["analysis"]["alarm_step"].values())
+    if f is not None:
+        steps += list(fresh["first_rule"]["alarm_step"].values())
+    n_fired = sum(v is not None for v in steps)
+    first = (f"The precision alarm's first rule (does the gradient error keep one direction?) fired in {n_fired} of "
+             f"{len(steps)} runs" + (": on this proxy the error is large but changes sign." if n_fired == 0 else "."))
+    if f is None:
+        return first + " A second rule, on the error's size, waits for its test on fresh seeds."
+    d, q = f["decision"], f["quiet"]
+    hit = _rate(d["hit"]) if d.get("hit") else "no divergence"
+    fal, fired = d["false_alarm"], f["fired_steps"]
+    by = f"at step {f['earliest']} in {f['at_earliest']}" + (f", by step {fired[-1]} in all"
+                                                           if fired and fired[-1] != f["earliest"] else "")
+    open_parts = (f" ({listing([_FOUND_PARTS.get(x, x) for x in d['undecided']])} not decided by the runs)"
+                  if d["word"] == "undecided" else "")
+    quiet = f", the {q['runs']} that never diverge included" if q["runs"] else ""
+    return (f"{first} A second rule, on the error's size per unit of logit (`lpfail.monitor.scaled_fires`), was "
+            f"registered, then tested on {f['runs']} fresh runs: it fired at least {P.LEAD_STEPS} steps before "
+            f"{hit} divergences of the paper's arithmetic, on {_rate(fal['C'])} FP32-attention runs and on "
+            f"{_rate(fal['D'])} production runs; its goal (at least {100 * P.SCALED_GOAL['hit']:.0f} % hit, at most "
+            f"{100 * P.SCALED_GOAL['false_alarm']:.0f} % false alarms) is {d['word']}{open_parts}. It fires in "
+            f"{f['a_alarmed']} of {f['a_runs']} runs of the paper's arithmetic ({by}){quiet}: it says that a model's "
+            "attention computes like the paper's, not when the run will fail.")
+
+
+def fresh_lead_table(fresh) -> str | None:
+    """Per run of the paper's arithmetic in the fresh grid: the step its loss left FP32 attention's (same rate and
+    seed), the second rule's alarm and the logit alert ('never' where none) — a Markdown table; None while the
+    grid is incomplete."""
+    if not fresh or not fresh.get("complete", False):
+        return None
+    rows = []
+    for key, d in sorted(fresh["analysis"]["lead"].items(), key=lambda kv: (float(kv[0].split("/s")[0]),
+                                                                            int(kv[0].split("/s")[1]))):
+        lr, seed = key.split("/s")
+        rows.append([lr, seed, _steps(d["divergence_step"]), _steps(d["alarm_step"]), _steps(d["logit_alert"])])
+    return md_table(["learning rate", "seed", "A leaves C at step", "second rule's alarm at step",
+                     "logit alert at step"], rows)
 
 
 #: The parts of the alarm's decision in words.
 _PARTS = {"hit": "the hit rate", "C": "the false alarms on FP32 attention", "D": "those on production arithmetic"}
+#: The same, each part named in full (a sentence of its own).
+_FOUND_PARTS = {"hit": "the hit rate", "C": "the false alarms on FP32 attention",
+                "D": "the false alarms on production arithmetic"}

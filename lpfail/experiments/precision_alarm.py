@@ -26,6 +26,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from lpfail.alarm import SCALED_RULE, ScaledRule, head_value, scaled_fires, scaled_statistic  # noqa: F401
 from lpfail.sweep import lr as L
 from lpfail.sweep import GridBase, Run, Store, register_grid, summarize_run
 from lpfail.sweep.stats import binomial_interval
@@ -116,21 +117,13 @@ def fires(records: Iterable[Mapping], rule: Rule = RULE) -> dict | None:
                 for head, e in enumerate(heads or []):
                     key = (layer, head, side)
                     errs.setdefault(key, []).append(e)
-                    r = _at(rho, layer, head)
+                    r = head_value(rho, layer, head)
                     ok = (_median_window(errs[key], rule.window) >= rule.gate and r is not None
                           and math.isfinite(r) and r >= rule.rho)
                     run[key] = run.get(key, 0) + 1 if ok else 0
                     if run[key] >= rule.consecutive:
                         return {"step": int(rec["step"]), "layer": layer, "head": head, "side": side}
     return None
-
-
-def _at(nested, layer: int, head: int):
-    try:
-        row = nested[layer]
-        return None if row is None else row[head]
-    except (IndexError, TypeError):
-        return None
 
 
 def evaluate(runs: Mapping[tuple[str, float, int], dict], rule: Rule = RULE) -> dict:
@@ -233,28 +226,6 @@ SCALED_SEEN = (
     "an evaluation. No run of seeds 30–49 existed.")
 
 
-@dataclass(frozen=True)
-class ScaledRule:
-    """The second alert rule. At each measurement, per (layer, head): e = ½·(dQ's + dK's relative error against the
-    high-precision recomputation) divided by max(the head's largest logit, `logit_floor`) — BF16 rounding makes the
-    gradient's error grow with the logits, and the paper's arithmetic makes it grow faster per unit of logit than
-    production arithmetic; the statistic is the median of e over every (layer, head) with finite values. The run's
-    alarm is the first measurement at which the statistic has been ≥ `threshold` for `consecutive` measurements in
-    a row (with the monitor every 10 steps, 8 measurements = 70 steps after the first)."""
-
-    threshold: float = 5e-4
-    consecutive: int = 8
-    logit_floor: float = 1.0
-
-    def __post_init__(self):
-        if not (self.threshold > 0 and self.logit_floor > 0):
-            raise ValueError(f"ScaledRule.threshold and logit_floor must be > 0 (got {self.threshold}, "
-                             f"{self.logit_floor})")
-        if not (isinstance(self.consecutive, int) and not isinstance(self.consecutive, bool) and self.consecutive >= 1):
-            raise ValueError(f"ScaledRule.consecutive must be a positive int (got {self.consecutive!r})")
-
-
-SCALED_RULE = ScaledRule()
 #: Its evaluation grid: the first grid's rates, variants and monitor on twenty seeds no grid has trained.
 SCALED_GRID = {"size": "small", "lrs": GRID["lrs"], "variants": GRID["variants"], "seeds": tuple(range(30, 50))}
 #: A hit: the alarm at least this many steps before A's divergence (`divergence_steps`, against C, same rate and seed).
@@ -274,32 +245,6 @@ SCALED_PREDICTIONS = {
     "C": "no alarm on any C run (80 %)",
     "D": "alarms on 5–30 % of D runs (60 %), so the goal is missed or undecided on D (70 %)",
 }
-
-
-def scaled_statistic(rec: Mapping, floor: float = SCALED_RULE.logit_floor) -> float:
-    """One record's statistic (`ScaledRule`): the median over (layer, head) of ½(dQ + dK relative error) / max(largest
-    logit, floor); NaN when no head has all three values finite."""
-    vals = []
-    for layer, heads in enumerate(rec.get("alarm_dq_rel") or []):
-        for head, eq in enumerate(heads or []):
-            ek, ml = _at(rec.get("alarm_dk_rel"), layer, head), _at(rec.get("max_logit"), layer, head)
-            if all(x is not None and math.isfinite(x) for x in (eq, ek, ml)):
-                vals.append(0.5 * (eq + ek) / max(ml, floor))
-    return float(np.median(vals)) if vals else float("nan")
-
-
-def scaled_fires(records: Iterable[Mapping], rule: ScaledRule = SCALED_RULE) -> int | None:
-    """The second rule on one run's monitor records (in step order): the step of its alarm, or None. Records
-    without the alarm's fields are skipped; a NaN statistic breaks a run of measurements."""
-    run = 0
-    for rec in records:
-        if rec.get("kind", "record") != "record" or "alarm_dq_rel" not in rec:
-            continue
-        x = scaled_statistic(rec, rule.logit_floor)
-        run = run + 1 if math.isfinite(x) and x >= rule.threshold else 0
-        if run >= rule.consecutive:
-            return int(rec["step"])
-    return None
 
 
 def decide(hits: int, diverged: int, false_alarms: Mapping[str, tuple[int, int]],
