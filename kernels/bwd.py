@@ -1,6 +1,7 @@
 """Triton flash attention, backward pass (FlashAttention-2, Algorithm 2) with the policy's δ source.
 
-Explained in chapter 5 ("Fix"); the launcher and the `autograd.Function` are in `kernels/__init__.py`.
+Explained in chapter 5 ("Fix"); the launcher is in `kernels/launcher.py`, the `autograd.Function` in
+`kernels/autograd.py`.
 Order as in Triton's fused-attention tutorial: helpers → δ preprocess → the dK/dV loop → the dQ loop.
 
 P is recomputed from the stored log-sum-exp L = m + log ℓ (so the forward's fix needs nothing here), in FP32,

@@ -144,8 +144,8 @@ def _record_launches(policy, tuning, d, heads=16, causal=True, scale=None, devic
     """The launches (kernel, args, constexprs) of one forward and one backward, recorded instead of made (on CPU
     tensors for a dry run: nothing is launched)."""
     rec = []
-    real = kernels.launch
-    kernels.launch = lambda kernel, grid, key, args, consts, stream=None: rec.append((kernel, args, consts))
+    real = kernels.launcher.launch     # what launch_forward and launch_backward call
+    kernels.launcher.launch = lambda kernel, grid, key, args, consts, stream=None: rec.append((kernel, args, consts))
     scale = d ** -0.5 if scale is None else scale
     try:
         q, k, v = (torch.empty(1, heads, 1024, d, device=device, dtype=torch.bfloat16) for _ in range(3))
@@ -155,7 +155,7 @@ def _record_launches(policy, tuning, d, heads=16, causal=True, scale=None, devic
         lse = torch.empty(q.shape[:-1], device=device, dtype=torch.float32)
         kernels.launch_backward(q, q, k, v, o, lse, kp, causal, scale, tuning)
     finally:
-        kernels.launch = real
+        kernels.launcher.launch = real
     return rec
 
 
