@@ -700,3 +700,42 @@ PRESETS: dict[str, Precision] = {
     "PAPER_BF16_ROBUST_FIX": PAPER_BF16_ROBUST_FIX,
     "FA2_BF16_ROBUST_FIX": FA2_BF16_ROBUST_FIX,
 }
+
+
+# -- the precision dial's arms (experiments `dial_calibration`, `dial_training`; the learning-rate grid's variants)
+#: The dial's settings of the calibration and of the training arms: 7 (BF16) down to 3 fraction bits.
+DIAL_KS = (7, 6, 5, 4, 3)
+
+
+def _at_k(base: Precision, k: int, knobs: tuple[str, ...]) -> Precision:
+    """`base` with each of `knobs` at bf16's exponent with k fraction bits. A knob that falls back to another when
+    None (v, o_acc) stays None where that other knob already has the format, so at k = 7 the result is `base`
+    itself (same string, same bits)."""
+    f = dial_format(k)
+    changes = {}
+    for knob in knobs:
+        if knob in ("v", "o_acc"):
+            changes[knob] = None if dataclasses.replace(base, **{knob: None}).format(knob).name == f else f
+        else:
+            changes[knob] = f
+    return base.replace(**changes)
+
+
+def arm_a(k: int) -> Precision:
+    """A_K: PAPER_BF16 with V, P̄V, Ō (Ō·a and Ō·a + P̄V) and O at k fraction bits, to nearest even."""
+    return _at_k(PAPER_BF16, k, ("v", "pv_out", "o_acc", "out"))
+
+
+def arm_sr(k: int) -> Precision:
+    """SR_K: A_K with P̄V, Ō and O rounded stochastically at k fraction bits (V still to nearest even)."""
+    return arm_a(k).replace(rounding="sr")
+
+
+def arm_d(k: int) -> Precision:
+    """D_K: FA2_BF16 (FP32 scores, accumulator, m and ℓ) with V and O at k fraction bits."""
+    return _at_k(FA2_BF16, k, ("v", "out"))
+
+
+def arm_r(k: int) -> Precision:
+    """R_K: A_K with the robust fix (BoundedMax with its defaults)."""
+    return arm_a(k).replace(fix=BoundedMax())

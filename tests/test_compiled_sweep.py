@@ -8,7 +8,7 @@ from lpfail import precision as P
 from lpfail.experiments import compiled_sweep as CS
 from lpfail import sweep
 from lpfail.experiments import lr_sweep as L
-from lpfail.experiments.variants import VARIANTS
+from lpfail.sweep.variants import VARIANTS
 
 
 def fake(gap=0.08, comp=0.08, twin=None):

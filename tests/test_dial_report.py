@@ -84,9 +84,10 @@ def _full_short_grid():
 
 def test_status_gives_the_calls_once_the_short_runs_are_stored_and_counts_the_long_runs():
     s = DR.status(_full_short_grid())
-    assert s.startswith("Every 1,000-step run is stored (240 runs; NVIDIA H100 80GB HBM3, 2026-12-07)")
-    assert "bias, not noise (H8)" in s and "the dose (H7)" in s and "Nothing is judged" not in s
-    assert "0 of the 25 long runs are stored (H11, descriptive, waits for them)" in s
+    assert s.startswith("All 240 short runs are stored. The rule's verdict on bias, not noise (H8): partly. "
+                        "Supported: A_3 − SR_3 at 4e-3 = +")
+    assert "the dose (H7)" in s and "Nothing is judged" not in s and DR.interim(_full_short_grid()) == ""
+    assert s.endswith("The 25 long runs (H11, descriptive) are still to run.")
 
 
 def test_the_first_pages_clause_says_pending_then_the_verdict_word():
@@ -96,4 +97,41 @@ def test_the_first_pages_clause_says_pending_then_the_verdict_word():
     assert "is pending: 48 of 265 runs" in front.dial_words(lambda name: partial)
     full = _full_short_grid()
     words = front.dial_words(lambda name: full)
-    assert "reads *" in words and "ten fresh seeds" in words
+    assert words.startswith("At equal precision, biased rounding trained worse than unbiased only at 3 "
+                            "fraction bits") and "(the precision dial: *partly*" in words
+
+
+def test_the_finding_follows_h8s_words():
+    """C0-dial's words (every row, some, none, the other way) each give their own finding; nothing judged, none."""
+    import copy
+
+    g = _full_short_grid()
+    assert "only with V and the output path cut to 3 fraction bits (16 times" in DR.finding(g)
+    flips = {"supported": "at every K the dial tests", "inconclusive": "at no K or rate",
+             "refuted": "unbiased rounding trains worse than the paper's rounding to nearest"}
+    for word, text in flips.items():
+        h = copy.deepcopy(g)
+        for r in h["analysis"]["calls"]["H8"].values():
+            r["verdict"] = word
+        assert text in DR.finding(h)
+        assert DR.found_markdown(h).startswith(f"**Is the rounding bias what harms? "
+                                               f"{DR.dial_verdict([word])[0].upper()}")
+    assert DR.finding(_grid(4, False)) is None
+    assert DR.found_markdown(_grid(4, False)).startswith("**Our runs do not show the paper's account")
+
+
+def test_rows_table_holds_every_judged_row_and_escapes_cells():
+    g = _full_short_grid()
+    table = DR.rows_table(g).splitlines()
+    assert len(table) == 2 + sum(len(f) for f in g["analysis"]["calls"].values())
+    assert table[2].startswith("| the dose (H7) | the slope at 4e-3 | +")
+    assert DR.rows_table(_grid(4, False)).startswith("Nothing is judged yet")
+    assert DR.rate(8e-3) == "8e-3" and DR.rate(1.6e-2) == "1.6e-2" and DR.rate(0.1) == "0.1"
+
+
+def test_power_table_has_every_family_with_its_detectable_gap_and_null_rate():
+    table = DR.power_table(n_sims=40, dial=_full_short_grid()).splitlines()
+    assert len(table) == 3 + len(D.SIDES)
+    assert all(row.count("|") == 5 for row in table) and "% of 40" in table[-1]
+    assert table[2].startswith("| the healthy margin ('no power' above it) | — | 0.15")  # 10 % of C's 1.5 nats
+    assert table[4].startswith("| bias, not noise (H8) | 12 | ")

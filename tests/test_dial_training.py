@@ -9,7 +9,7 @@ from lpfail.experiments import confirmation as CF
 from lpfail.experiments import dial
 from lpfail.experiments import dial_training as D
 from lpfail.experiments import lr_sweep as L
-from lpfail.experiments.variants import VARIANTS
+from lpfail.sweep.variants import VARIANTS
 from lpfail.precision import PAPER_BF16
 from lpfail.sweep.grid import get, lookup, names
 

@@ -4,7 +4,7 @@ import dataclasses
 import functools
 
 from lpfail import results
-from lpfail.book import front, verdict
+from lpfail.book import dial_report, front, verdict
 
 
 @functools.lru_cache(maxsize=1)
@@ -28,7 +28,7 @@ def _load(**over):
 
 def test_the_thesis_says_what_is_real_and_names_the_proxy():
     t = front.thesis(_vs())
-    assert t.startswith("The rounding bias that Qiu and Yao blame") and "is real" in t
+    assert t.startswith("The rounding bias the paper blames") and "is real" in t
     assert "layers ×" in t and "steps" in t and "learning rates" in t  # "on our proxy" names size, steps and rates
     assert "<01_symptom>`" in t
 
@@ -44,19 +44,27 @@ def test_flipping_a_verdict_changes_the_thesis():
 def test_the_dial_reads_pending_until_its_result_is_complete():
     assert "no stored run yet" in front.thesis(_vs(), _load(dial_training=None))
     dial = results.load("dial_training")
-    if not dial.get("complete", False):
-        assert f"is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs" in front.thesis(_vs())
+    pending = {**dict(dial), "analysis": {**dial["analysis"], "calls": {}}}
+    assert (f"is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs"
+            in front.thesis(_vs(), _load(dial_training=pending)))
     row = {"verdict": "supported", "estimate": 0.05, "ci": [0.01, 0.09], "p_adjusted": 0.01}
     done = {**dict(dial), "complete": True, "runs_stored": 265, "runs_planned": 265,
-            "analysis": {"calls": {"H8": {"row": row}}}}
+            "analysis": {"calls": {"H8": {"A_3 − SR_3 @lr=0.008": row}}}}
     t = front.thesis(_vs(), _load(dial_training=done))
-    assert "of 265 runs" not in t and f"reads *{verdict.REPRODUCED}*" in t
+    assert "of 265 runs" not in t and "At every K" in t and f"(the precision dial: *{verdict.REPRODUCED}*," in t
+    partly = {**done, "analysis": {"calls": {"H8": {"A_3 − SR_3 @lr=0.008": row, "A_5 − SR_5 @lr=0.004": {
+        **row, "verdict": "inconclusive"}}}}}
+    assert ("At equal precision, biased rounding trained worse than unbiased only at 3 fraction bits and "
+            f"8e-3 (the precision dial: *{verdict.PARTLY}*" in front.thesis(_vs(), _load(dial_training=partly)))
+    flipped = {**done, "analysis": {"calls": {"H8": {"A_3 − SR_3 @lr=0.008": {**row, "verdict": "inconclusive"}}}}}
+    assert "At no K or rate" in front.thesis(_vs(), _load(dial_training=flipped))
 
 
 def test_advice_follows_the_calls():
     conf = results.load("confirmation")
     a = front.advice(_vs())
     assert len(a) == 5 and all("{doc}`" in line for line in a)
+    assert ("round O stochastically" in a[2]) == bool(dial_report.supported_at(results.load("dial_training"))[0])
     claims = conf["analysis"]["claims"]
     if claims["HD"]["verdict"] == "supported":
         flipped = {**dict(conf), "analysis": {**conf["analysis"], "claims": {**claims, "HD": {**claims["HD"],

@@ -105,14 +105,16 @@ def test_scores_in_units_of_alpha_change_no_bit(policy, monkeypatch):
     k[..., 40:44, :] = k[..., 7:8, :]                              # four copies of key 7: tied maxima in rows
     q, k = q.to(DEVICE), k.contiguous()
     kp = kernels.kernel_policy(policy)
-    runs = []
+    runs, asked = [], []
     for raw in (True, False):
-        monkeypatch.setattr(kernels.launcher, "_raw_units", lambda kp, scale, raw=raw: raw)
+        monkeypatch.setattr(kernels.launcher, "_raw_units", lambda kp, scale, raw=raw: asked.append(raw) or raw)
+        kernels.fwd_plan.cache_clear(), kernels.bwd_plan.cache_clear()  # the plans cache RAW: recompute them
         o, lse = kernels.launch_forward(q, k, v, kp, True, 0.125)
         runs.append((o.cpu(), lse.cpu()))
         # the backward's P = exp(S − L) as one FMA on round(QKᵀ), from the same O and L for both
         grads = kernels.launch_backward(do, q, k, v, runs[0][0].to(DEVICE), runs[0][1].to(DEVICE), kp, True, 0.125)
         runs[-1] += tuple(g.cpu() for g in grads)
+    assert asked.count(True) >= 2 and asked.count(False) >= 2  # both plans built in each unit, not reused
     for a, b in zip(*runs):
         assert torch.equal(a, b)
 

@@ -9,7 +9,7 @@ from lpfail.book import plots  # noqa: E402
 
 
 def test_one_colour_per_variant():
-    from lpfail.experiments.variants import VARIANTS
+    from lpfail.sweep.variants import VARIANTS
 
     missing = [v for v in VARIANTS if v not in plots.PALETTE]
     assert not missing, f"variants without a colour: {missing}"

@@ -189,3 +189,22 @@ def test_drive_leaves_the_skipped_groups(tiny):
     groups = {r.group for r in sweep.lookup(G.get("tiny_lr"), scratch).missing}
     session._drive(["tiny_lr"], budget_s=600, skip=tuple(groups))
     assert len(sweep.lookup(G.get("tiny_lr"), scratch).missing) == len(sweep.lookup(G.get("tiny_lr"), scratch).runs)
+
+
+def test_collect_brings_back_the_end_of_crashed_runs(tmp_path, monkeypatch):
+    """A run whose stdout holds a traceback comes back as its last lines in the archive; a run stopped at the budget
+    (no traceback) does not."""
+    base = tmp_path / "session"
+    (base / "runs" / "crashed_run").mkdir(parents=True)
+    (base / "runs" / "crashed_run" / "stdout.txt").write_text("step 10\n" * 2000 + "Traceback (most recent call "
+                                                              "last):\n  ...\ntorch.OutOfMemoryError: CUDA out of memory\n")
+    (base / "runs" / "stopped_run").mkdir(parents=True)
+    (base / "runs" / "stopped_run" / "stdout.txt").write_text("step 10\n")
+    monkeypatch.setattr(session, "BASE", base)
+    monkeypatch.setattr(session, "_scratch", lambda: tmp_path / "scratch")
+    session.collect(tmp_path / "out")
+    with tarfile.open(tmp_path / "out" / "grids.tgz") as tf:
+        names = tf.getnames()
+        tail = tf.extractfile("session/crashed/crashed_run.txt").read().decode()
+    assert "session/crashed/stopped_run.txt" not in names
+    assert tail.endswith("CUDA out of memory\n") and len(tail) == 4000

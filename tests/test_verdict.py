@@ -753,15 +753,16 @@ def test_c1a_is_judged_on_the_ten_seed_cells_where_they_exist():
 
 
 def test_the_dial_claim_waits_for_every_h8_row_then_maps_the_family_by_its_rule():
+    from lpfail.book import dial_report as DR
     from lpfail.book import training_claims as TC
     from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED
     from lpfail.experiments import dial_training as D
 
-    assert TC.dial_verdict(["supported"] * 12) == REPRODUCED
-    assert TC.dial_verdict(["supported"] + ["inconclusive"] * 11) == PARTLY
-    assert TC.dial_verdict(["supported", "refuted"] + ["inconclusive"] * 10) == PARTLY
-    assert TC.dial_verdict(["refuted"] + ["inconclusive"] * 11) == CONTRADICTED
-    assert TC.dial_verdict(["inconclusive"] * 12) == NOT_REPRODUCED
+    assert DR.dial_verdict(["supported"] * 12) == REPRODUCED
+    assert DR.dial_verdict(["supported"] + ["inconclusive"] * 11) == PARTLY
+    assert DR.dial_verdict(["supported", "refuted"] + ["inconclusive"] * 10) == PARTLY
+    assert DR.dial_verdict(["refuted"] + ["inconclusive"] * 11) == CONTRADICTED
+    assert DR.dial_verdict(["inconclusive"] * 12) == NOT_REPRODUCED
     assert TC.judge_dial(None).verdict == NOT_TESTED
     rng = np.random.default_rng(3)
     n_v, n_l, n_s = len(D.ARMS), len(D.LRS), len(D.SEEDS)

@@ -15,8 +15,8 @@ from matplotlib.lines import Line2D
 
 from lpfail import results
 from lpfail.book import plots
-from lpfail.book.text import listing
-from lpfail.book.verdict import load_or_none
+from lpfail.book.text import listing, md_cell, sentence
+from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, load_or_none
 from lpfail.experiments import dial_training as D
 
 
@@ -65,11 +65,10 @@ def status(dial: Mapping | None) -> str:
     devices = listing(cards_, none="no card")
     calls = (dial.get("analysis") or {}).get("calls") or {}
     if calls:
-        words = "; ".join(f"{FAMILY_WORDS.get(f, f)} ({f}) {listing(family_words(fam))}" for f, fam in calls.items())
         long = ("every long run is stored" if n_long == n_long_planned else
-                f"{n_long} of the {n_long_planned} long runs are stored (H11, descriptive, waits for them)")
-        return (f"Every 1,000-step run is stored ({stored - n_long} runs; {devices}, {listing(days)}), and the rule "
-                f"reads: {words}. {long[0].upper()}{long[1:]}.")
+                f"the {n_long_planned} long runs (H11, descriptive) are still to run" if n_long == 0 else
+                f"{n_long_planned - n_long} of the {n_long_planned} long runs (H11, descriptive) are still to run")
+        return f"All {stored - n_long} short runs are stored. {judged(calls)} {sentence(long)}"
     have = np.asarray(dial["small_stored"], dtype=bool)  # (variants, lrs, seeds)
     lrs, seeds = [float(x) for x in dial["small_lrs"]], [int(s) for s in dial["small_seeds"]]
     where = []
@@ -97,10 +96,210 @@ def family_words(fam: Mapping) -> list[str]:
     return sorted({r["verdict"] for r in fam.values() if isinstance(r, dict) and r.get("verdict")})
 
 
+#: H8's family → one verdict for the claim C0-dial (written 2026-12-06, when 79 of the grid's 265 runs, every arm
+#: at 8e-3 on seeds 20–25, had been seen as an interim description; the family's rule itself was fixed on 2026-12-04).
+DIAL_RULE = ("H8's family (12 rows, Holm within it) → verdict: every row supported → reproduced; some supported and "
+             "none refuted, or both words among the rows → partly; some refuted and none supported → contradicted; "
+             "every row inconclusive → not reproduced ('no power' says so); the grid incomplete → not yet tested")
+
+
+def dial_verdict(words: list[str]) -> str:
+    """One verdict from H8's row words (`DIAL_RULE`)."""
+    if words and all(w == "supported" for w in words):
+        return REPRODUCED
+    if "supported" in words:
+        return PARTLY
+    if "refuted" in words:
+        return CONTRADICTED
+    return NOT_REPRODUCED
+
+
+def rate(lr: float) -> str:
+    """A learning rate as the book writes it: '8e-3', '1.6e-2', '0.1'."""
+    m, e = f"{float(lr):e}".split("e")
+    return f"{float(m):g}e{int(e)}" if int(e) < -1 else f"{float(lr):g}"
+
+
+def row_label(family: str, key: str) -> str:
+    """A registered row in words: 'A_3 − SR_3 at 8e-3', 'the slope at 4e-3' (H7), "R_3's half-gap at 8e-3" (H9)."""
+    name, _, lr = key.rpartition("@lr=") if "@lr=" in key else ("", "", key.removeprefix("lr="))
+    name = name.strip() or ("the slope" if family == "H7" else family)
+    if family == "H9":
+        name = f"{name}'s half-gap"
+    return f"{name} at {rate(float(lr))}"
+
+
+def row_text(family: str, key: str, r: Mapping) -> str:
+    """'A_3 − SR_3 at 8e-3 = +0.053 [+0.025, +0.081] (Holm p 0.021)': the label then '=' as the claims registry
+    reads a labelled number (`lpfail.book.claims.numbers_of`)."""
+    lo, hi = r["ci"]
+    return f"{row_label(family, key)} = {r['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}] (Holm p {r['p_adjusted']:.2g})"
+
+
+def family_summary(family: str, fam: Mapping, numbers: bool = True, named: bool = True) -> str:
+    """A judged family in a clause: the rows that the rule supports or refutes (each with its number unless
+    ``numbers`` is off, then 'only'), and with numbers how many rows read each other word ('inconclusive: the other
+    10 of 12 rows'); ``named`` off leaves out the family's name."""
+    rows = {k: r for k, r in fam.items() if isinstance(r, dict) and r.get("verdict")}
+    n = len(rows)
+    words = {r["verdict"] for r in rows.values()}
+    name = f"{FAMILY_WORDS.get(family, family)} ({family})"
+    if not numbers and len(words) == 1:
+        return f"{name} {words.pop()} {'at both rates' if n == 2 else f'for all {n} rows'}"
+    parts = []
+    for word in ("supported", "refuted"):
+        hits = [(row_text if numbers else row_label)(family, k, *([r] if numbers else []))
+                for k, r in rows.items() if r["verdict"] == word]
+        if hits:  # with numbers, rows after "word:" and ";" so that each label stands alone
+            parts.append(f"{word}: {'; '.join(hits)}" if numbers else f"{word} for {listing(hits)}")
+    if not numbers:
+        return f"{name} {', '.join(parts)} only"
+    called = sum(r["verdict"] in ("supported", "refuted") for r in rows.values())
+    for word in sorted(words - {"supported", "refuted"}):
+        k = sum(r["verdict"] == word for r in rows.values())
+        which = (f"all {k} rows" if k == n else "the other row" if called + k == n and k == 1 else
+                 f"the other {k} of {n} rows" if called + k == n else f"{k} of {n} rows")
+        parts.append(f"{word}: {which}")
+    return f"{name}, {'; '.join(parts)}" if named else '; '.join(parts)
+
+
+def judged(calls: Mapping) -> str:
+    """The judged grid in words for the chapter: C0-dial's verdict from H8's family, H8's rows with their numbers,
+    the other families in a clause each (every row with its number: `rows_table`, on the lab page)."""
+    h8 = calls.get("H8") or {}
+    word = dial_verdict([r["verdict"] for r in h8.values() if isinstance(r, dict)])
+    others = [family_summary(f, fam, numbers=False) for f, fam in calls.items() if f != "H8"]
+    return (f"The rule's verdict on bias, not noise (H8): {word}. {sentence(family_summary('H8', h8, named=False))} "
+            f"The other families: {'; '.join(others)}.")
+
+
+def h8_rows(dial: Mapping | None) -> dict[str, Mapping]:
+    """H8's judged rows of a stored dial ({row key: row}); {} while nothing is judged."""
+    h8 = (((dial or {}).get("analysis") or {}).get("calls") or {}).get("H8") or {}
+    return {k: r for k, r in h8.items() if isinstance(r, dict) and r.get("verdict")}
+
+
+def _k_lr(key: str) -> tuple[int, float]:
+    """(K, learning rate) of an H8 row key, 'A_3 − SR_4 @lr=0.008' → (3, 0.008)."""
+    name, _, lr = key.rpartition("@lr=")
+    arm = name.split("−")[0].strip()
+    return (7 if arm == "A" else int(arm.split("_")[1])), float(lr)
+
+
+def supported_at(dial: Mapping | None) -> tuple[list[int], list[float]]:
+    """The fraction bits K (largest first) and learning rates at which H8 has a supported row ([], [] if none)."""
+    sup = [_k_lr(k) for k, r in h8_rows(dial).items() if r["verdict"] == "supported"]
+    return sorted({k for k, _ in sup}, reverse=True), sorted({lr for _, lr in sup})
+
+
+def finding(dial: Mapping | None) -> str | None:
+    """What the judged dial says about "bias, not noise" in a clause (C0-dial's verdict from H8's rows): where the
+    paper's rounding to nearest trains worse than unbiased rounding at equal precision, with the bias multiple
+    2^(7−K) the dial's K gives, and where no difference is shown; None while nothing is judged."""
+    rows = h8_rows(dial)
+    if not rows:
+        return None
+    word = dial_verdict([r["verdict"] for r in rows.values()])
+    sup = sorted({_k_lr(k) for k, r in rows.items() if r["verdict"] == "supported"}, key=lambda t: (-t[0], t[1]))
+    ref = [k for k, r in rows.items() if r["verdict"] == "refuted"]
+    if word == REPRODUCED:
+        return ("at every K the dial tests (5, 4 and 3 fraction bits) and both rates, the paper's rounding to nearest "
+                "trains worse than unbiased rounding at equal precision")
+    if word == NOT_REPRODUCED:
+        return ("at no K or rate does the paper's rounding to nearest train differently from unbiased rounding at "
+                "equal precision")
+    if word == CONTRADICTED:
+        return (f"unbiased rounding trains worse than the paper's rounding to nearest at equal precision "
+                f"({listing(row_label('H8', k) for k in ref)})")
+    ks = sorted({k for k, _ in sup}, reverse=True)
+    lrs = sorted({lr for _, lr in sup})
+    other = len(rows) - sum(r["verdict"] == "supported" for r in rows.values())
+    other_ks = sorted({_k_lr(k)[0] for k in rows} - set(ks), reverse=True)
+    other_lrs = sorted({_k_lr(k)[1] for k in rows} - set(lrs))
+    less = ([f"{listing(other_ks, last='or')} bits"] if other_ks else []) + [f"at {rate(x)}" for x in other_lrs]
+    where = "with " + listing(less, last="or") if less else "elsewhere"
+    return (f"the paper's rounding to nearest trains worse than unbiased rounding at equal precision only with V and "
+            f"the output path cut to {listing(ks)} fraction bits ({listing(f'{2 ** (7 - k)}' for k in ks)} times "
+            f"BF16's tied-row bias) at {listing(rate(x) for x in lrs)}; {where}, no difference is shown "
+            f"({other} of {len(rows)} rows)")
+
+
+def finding_short(dial: Mapping | None) -> str | None:
+    """`finding` in a few words for the first page: where biased rounding trained worse than unbiased rounding at
+    equal precision ('only at 3 fraction bits and 8e-3'), or its word's plain reading; None while nothing is judged."""
+    words = [r["verdict"] for r in h8_rows(dial).values()]
+    if not words:
+        return None
+    if dial_verdict(words) == PARTLY:
+        ks, lrs = supported_at(dial)
+        return (f"at equal precision, biased rounding trained worse than unbiased only at {listing(ks)} fraction bits "
+                f"and {listing(rate(x) for x in lrs)}")
+    return finding(dial)
+
+
+def found_markdown(dial: Mapping | None) -> str:
+    """Chapter 1's answer under "What we found": whether the bias is what harms, from the dial, or that its test is
+    pending."""
+    f = finding(dial)
+    if f is None:
+        n = f"{int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs stored" if dial is not None else "no run"
+        return ("**Our runs do not show the paper's account of the harm, and do not refute it:** the last section's "
+                f"precision dial is the test that can ({n}).")
+    word = verdict_word(dial)
+    return (f"**Is the rounding bias what harms? {word[0].upper()}{word[1:]}, on our proxy** (4 × 256, 1,000 steps, "
+            f"{listing(rate(x) for x in dial['small_lrs'])}, ten fresh seeds): {f}. The "
+            "test is the last section's precision dial.")
+
+
+def power_table(n_sims: int = 400, seed: int = 0, dial: Mapping | None = None) -> str:
+    """Each family's power and false-call rate, measured through the code that makes the calls
+    (`dial_training.power_rows`, `dial_training.simulate`): its rows, the gap one row detects with 80 % power at
+    each rate (seed noise from the confirmation grid's ten seeds of A and C), and the share of simulated null
+    grids (no gap anywhere) in which the family called any row, with its binomial standard error; above it, the
+    rule's healthy margin (10 % of FP32 attention's mean final loss in ``dial``, the stored grid by default), past
+    which a family would read 'no power'. A Markdown table."""
+    dial = results.load("dial_training") if dial is None else dial
+    sd = D.noise_sd()
+    sim = D.simulate(sd, n_sims=n_sims, seed=seed)
+    lrs = [float(x) for x in dial["small_lrs"]]
+    c = np.asarray(dial["small_val_final"])[list(map(str, dial["small_variants"])).index("C")]
+    margin = " / ".join(f"{0.1 * float(np.nanmean(c[lrs.index(lr)])):.3f}" for lr in sorted(D.LRS))
+    lines = ["| family | rows | gap detected with 80 % power, 4e-3 / 8e-3 | null grids with a call |",
+             "|---|---|---|---|", f"| the healthy margin ('no power' above it) | — | {margin} nats | — |"]
+    for r in D.power_rows(sd):
+        f, rate_ = r["family"], sim["family_rate"][r["family"]]
+        se = (rate_ * (1 - rate_) / n_sims) ** 0.5
+        gaps = " / ".join(f"{r['detectable_nats'][f'{lr:g}']:.3f}" for lr in sorted(D.LRS))
+        lines.append("| " + " | ".join(md_cell(x) for x in (
+            f"{FAMILY_WORDS.get(f, f)} ({f})", r["rows"], f"{gaps} {r['unit']}",
+            f"{100 * rate_:.1f} % ± {100 * se:.1f} % of {n_sims}")) + " |")
+    return "\n".join(lines)
+
+
+def rows_table(dial: Mapping | None) -> str:
+    """Every judged row of the dial (family, row, mean and 95 % t interval of the paired per-seed statistic in
+    nats, Holm-adjusted p within the family, word) as a Markdown table; a sentence while nothing is judged."""
+    calls = ((dial or {}).get("analysis") or {}).get("calls") or {}
+    if not calls:
+        return "Nothing is judged yet: the rule waits for every arm's ten seeds at both rates."
+    lines = ["| family | row | mean [95 % interval] | Holm p | call |", "|---|---|---|---|---|"]
+    for f, fam in calls.items():
+        for k, r in fam.items():
+            if not isinstance(r, dict) or r.get("estimate") is None:
+                continue
+            lo, hi = r["ci"]
+            lines.append("| " + " | ".join(md_cell(x) for x in (
+                f"{FAMILY_WORDS.get(f, f)} ({f})", row_label(f, k), f"{r['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                f"{r['p_adjusted']:.2g}", r["verdict"])) + " |")
+    return "\n".join(lines)
+
+
 def interim(dial: Mapping | None, rows=("A_3 − C", "A_3 − SR_3", "A_3 − SR_4")) -> str:
     """Descriptive, before the rule can judge: the named rows of the interim description (held-out loss, arm minus
     arm, paired by seed) with mean and 95 % t interval at each learning rate where every seed of the grid is stored
     for them; the other rates with at least two seeds by their seed count (their numbers are in the figure)."""
+    if ((dial or {}).get("analysis") or {}).get("calls"):
+        return ""  # judged: `status` gives the calls with their numbers
     got = ((dial or {}).get("analysis") or {}).get("interim") or {}
     n_all = len((dial or {}).get("small_seeds", []))
     full, partial = [], []
@@ -127,7 +326,17 @@ def facts(load: Callable | None = None) -> dict[str, str]:
     dial = load_or_none(load, "dial_training")
     return {"sr_ten": sr_ten_seeds(load_or_none(load, "confirmation")),
             "sr_noise": sr_noise(load_or_none(load, "sr_confound")),
-            "dial_status": status(dial), "dial_interim": interim(dial), **cards(dial)}
+            "dial_status": status(dial), "dial_interim": interim(dial), "dial_word": verdict_word(dial), **cards(dial)}
+
+
+def verdict_word(dial: Mapping | None) -> str:
+    """C0-dial's word: H8's family through `DIAL_RULE` once every row is judged, else not yet tested."""
+    h8 = (((dial or {}).get("analysis") or {}).get("calls") or {}).get("H8") or {}
+    rows = [r for r in h8.values() if isinstance(r, dict)]
+    if not rows or any(r.get("estimate") is None for r in rows):
+        return NOT_TESTED
+    return dial_verdict([r["verdict"] for r in rows])
+
 
 
 def _cards_days(dial: Mapping | None) -> tuple[list[str], list[str]]:

@@ -18,9 +18,8 @@ from pathlib import Path
 import nbformat
 
 from lpfail import results
-from lpfail.book import beyond_report, symptom_report
+from lpfail.book import beyond_report, dial_report, symptom_report
 from lpfail.book.text import listing
-from lpfail.book.training_claims import judge_dial
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
                                  load_or_none)
 
@@ -182,16 +181,18 @@ def proxy_words(conf: Mapping | None) -> str:
 
 
 def dial_words(load: Callable) -> str:
-    """Where the precision dial stands (`lpfail.experiments.dial_training`), in a clause."""
+    """Where the precision dial stands (`lpfail.experiments.dial_training`), in a sentence: pending with its count
+    of runs, or its verdict and what it found."""
     dial = load_or_none(load, "dial_training")
+    what = "The precision dial, our test of whether the bias is what harms,"
     if dial is None:
-        return "its test, the precision dial, has no stored run yet"
-    v = judge_dial(dial)
-    if v.verdict == NOT_TESTED:
-        return (f"its test, the precision dial, is pending: {int(dial['runs_stored'])} of "
-                f"{int(dial['runs_planned'])} runs ({{doc}}`ch. 1 <01_symptom>`)")
-    return (f"its test, the precision dial (biased against unbiased rounding at equal precision, ten fresh seeds), "
-            f"reads *{v.verdict}* ({{doc}}`ch. 1 <01_symptom>`)")
+        return f"{what} has no stored run yet."
+    word = dial_report.verdict_word(dial)
+    if word == NOT_TESTED:
+        return (f"{what} is pending: {int(dial['runs_stored'])} of {int(dial['runs_planned'])} runs "
+                f"({{doc}}`ch. 1 <01_symptom>`).")
+    f = dial_report.finding_short(dial)
+    return f"{f[0].upper()}{f[1:]} (the precision dial: *{word}*, {{doc}}`ch. 1 <01_symptom>`)."
 
 
 def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
@@ -203,10 +204,10 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     ten = ten_seed_words(conf)
     h5 = ((conf["analysis"].get("sizes") or {}).get("small") or {}).get("H5") if conf is not None else None
     if _is(by.get("C3a"), REPRODUCED) and _is(by.get("C3b"), REPRODUCED):
-        real = ("The rounding bias that Qiu and Yao blame for BF16 training failures is real: on tied "
-                "rows, BF16 flash attention rounds P̄V away from zero, bit for bit.")
+        real = ("The rounding bias the paper blames is real: on tied rows, BF16 flash attention rounds P̄V away "
+                "from zero, bit for bit.")
     else:
-        real = f"The rounding bias that Qiu and Yao blame: {_status(by, 'C3a', 'C3b')}."
+        real = f"The rounding bias the paper blames: {_status(by, 'C3a', 'C3b')}."
     train = f"On {proxy_words(conf)}, it trains worse than FP32 attention"
     if not _is(by.get("C0"), REPRODUCED):
         train = f"On {proxy_words(conf)}, whether it harms training: {_status(by, 'C0')}"
@@ -221,7 +222,7 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     chain = ("The chain from bias to failure is not shown"
              if all(_is(by.get(c), NOT_REPRODUCED, CONTRADICTED, NOT_TESTED) for c in ("C1b", "C2")) else
              f"The chain from bias to failure: {_status(by, 'C1b', 'C2')}")
-    return f"{real} {train}. {chain}; {dial_words(load)}."
+    return f"{real} {train}. {chain}. {dial_words(load)}"
 
 
 def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
@@ -231,7 +232,7 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     ten = ten_seed_words(load_or_none(load, "confirmation")) or {}
     out = []
     if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
-        out.append("**SDPA, FlashAttention, cuDNN:** no change needed; they round tied rows toward zero "
+        out.append("**SDPA, FlashAttention, cuDNN:** no change; ties round toward zero "
                    "({doc}`ch. 6 <06_beyond>`).")
     else:
         out.append(f"**GPU with a production kernel:** its tied rows read {_status(by, 'K-bias:sdpa_flash')} "
@@ -239,16 +240,18 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     out.append("**BF16 accumulators** (the paper's code, PyTorch's CPU flash back end): accumulate in FP32"
                + ("; that closed at least half of the gap on ten seeds" if ten.get("D") == "supported" else
                          "; that is not shown to close the gap on our proxy") + " ({doc}`ch. 1 <01_symptom>`).")
-    out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; if O "
-               "must stay BF16, use the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else
-                                                  f" ({_status(by, 'Robust')})") + " ({doc}`ch. 5 <05_fix>`).")
+    ks, lrs = dial_report.supported_at(load_or_none(load, "dial_training"))
+    below = ("; below 7 fraction bits, round O stochastically ({doc}`ch. 1 <01_symptom>`)" if ks else "")
+    out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; else "
+               "the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else f" ({_status(by, 'Robust')})")
+               + " ({doc}`ch. 5 <05_fix>`)" + below + ".")
     alarm = load_or_none(load, "precision_alarm")
     lead = ((alarm["analysis"].get("lead") or {}) if alarm is not None and "analysis" in alarm else {})
     div = [d for d in lead.values() if d.get("divergence_step") == d.get("divergence_step")]  # not NaN
     fired = [d for d in div if d.get("alarm_step") is not None]
-    out.append("**Monitor** the largest logit and the tied rows (`lpfail.Monitor`)"
-               + (f"; its alarm warned before {len(fired)} of {len(div)} divergences, so read it as a record"
-                  if div else "") + " ({doc}`ch. 7 <07_diagnose>`).")
+    out.append("**Monitor** with `lpfail.Monitor`"
+               + (f"; its alarm preceded {len(fired)} of {len(div)} divergences" if div else "")
+               + " ({doc}`ch. 7 <07_diagnose>`).")
     qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else f"reads {_status(by, 'C0-qk')}"
     if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED):
         fix = "are not shown to help training"
@@ -270,7 +273,7 @@ LINKS = [
     ("One layer carries it", "ch. 2", ("C1b",)),
     ("dW_Q's error adds up along\none direction, step after step", "ch. 3", ("C2",)),
     ("‖W_Q‖ and the logits grow;\ntraining fails", "ch. 1", ("failure",)),
-    ("Without the bias, training\nis stable", "ch. 1, 5", ("C0-bias", "Fix-b")),
+    ("Without the bias, training\nis stable", "ch. 1, 5", ("C0-bias", "C0-dial", "Fix-b")),
 ]
 CHAIN_STATUSES = ("reproduced", "partly", "not shown", "contradicted", "not testable here")
 

@@ -36,7 +36,7 @@ from lpfail import bf16
 from lpfail.book.symptom_report import max_over_layers
 
 # -- one palette --------------------------------------------------------------------------------------------------
-#: The colour of each variant (by its letter in lpfail.experiments.variants and the chapters' tables).
+#: The colour of each variant (by its letter in lpfail.sweep.variants and the chapters' tables).
 PALETTE = {
     "A": "#d62728",       # the paper's arithmetic (PAPER_BF16)
     "C": "#000000",       # FP32 attention

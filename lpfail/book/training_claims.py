@@ -14,6 +14,7 @@ import numpy as np
 
 from lpfail import sweep
 from lpfail.book import dial_report, symptom_report
+from lpfail.book.dial_report import DIAL_RULE
 from lpfail.book.claims import FIX_STAT, TEN, c0_size, fix_b, size_judgement
 from lpfail.book import confirmation_report as CR
 from lpfail.book.confirmation_report import h5_text, h5_word, h6_text
@@ -486,26 +487,10 @@ def claims(load, stored) -> list[Verdict]:
 DIAL_STATEMENT = ("At equal precision the paper's biased rounding trains worse than unbiased rounding: with V and "
                   "the output path at K = 5, 4 and 3 fraction bits, rounding to nearest (A_K) ends above stochastic "
                   "rounding at K bits (SR_K, noisier) and at K + 1 bits (SR_{K+1}, less noisy).")
-#: H8's twelve rows → one verdict (written 2026-12-06, when 79 of the grid's 265 runs, every arm at 8e-3 on
-#: seeds 20–25, had been seen as an interim description; the family's rule itself was fixed on 2026-12-04).
 DIAL_DIFFERS = ("The paper does not test a precision below BF16's: the dial turns the tied-row bias up by rounding V and "
                 "the output path to K < 7 fraction bits (BF16's exponent kept), on a 4 × 256 model for 1,000 steps "
                 "instead of GPT-2 small for billions of tokens.")
 DIAL_TEST = "paired Student t test, two-sided, on ten fresh seeds, Holm within H8's family"
-DIAL_RULE = ("H8's family (12 rows, Holm within it) → verdict: every row supported → reproduced; some supported and "
-             "none refuted, or both words among the rows → partly; some refuted and none supported → contradicted; "
-             "every row inconclusive → not reproduced ('no power' says so); the grid incomplete → not yet tested")
-
-
-def dial_verdict(words: list[str]) -> str:
-    """One verdict from H8's row words (`DIAL_RULE`)."""
-    if words and all(w == "supported" for w in words):
-        return REPRODUCED
-    if "supported" in words:
-        return PARTLY
-    if "refuted" in words:
-        return CONTRADICTED
-    return NOT_REPRODUCED
 
 
 def judge_dial(dial: Mapping | None) -> Verdict:
@@ -513,10 +498,8 @@ def judge_dial(dial: Mapping | None) -> Verdict:
     grid's 1,000-step part is stored (the interim description beside it, no call)."""
     prox = {"size": "4 layers × 256 wide", "steps": "1,000 per run",
             "lr": listing_rates(D.LRS)}
-    calls = ((dial or {}).get("analysis") or {}).get("calls") or {}
-    h8 = calls.get("H8") or {}
-    judged = all(isinstance(r, dict) and r.get("estimate") is not None for r in h8.values())
-    if dial is None or not h8 or not judged:
+    word = dial_report.verdict_word(dial)
+    if word == NOT_TESTED:
         ev = f"{dial_report.status(dial)} {dial_report.interim(dial)} See {{doc}}`01_symptom`."
         if dial is not None:
             ev += f" {provenance_line(dial)}."
@@ -524,12 +507,13 @@ def judge_dial(dial: Mapping | None) -> Verdict:
                        note=f"{int((dial or {}).get('runs_stored', 0))} of "
                             f"{int((dial or {}).get('runs_planned', 265))} runs stored",
                        seeds=None, test=DIAL_TEST, proxy=prox, family=D.FAMILIES["H8"])
-    words = [r["verdict"] for r in h8.values()]
-    rows = "; ".join(f"{k}: {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}], Holm p "
-                     f"{r['p_adjusted']:.2g} — {r['verdict']}" for k, r in h8.items())
-    return Verdict("C0-dial", DIAL_STATEMENT, dial_verdict(words),
+    h8 = dial_report.h8_rows(dial)
+    rows = "; ".join(f"{dial_report.row_label('H8', k)} = {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}], "
+                     f"Holm p {r['p_adjusted']:.2g}: {r['verdict']}" for k, r in h8.items())
+    return Verdict("C0-dial", DIAL_STATEMENT, word,
                    f"H8 on ten paired seeds: {rows}. See {{doc}}`01_symptom`; {provenance_line(dial)}.", DIAL_RULE,
-                   DIAL_DIFFERS, seeds=len(D.SEEDS), test=DIAL_TEST, proxy=prox, family=D.FAMILIES["H8"])
+                   DIAL_DIFFERS, seeds=len(D.SEEDS), test=DIAL_TEST, proxy=prox, family=D.FAMILIES["H8"],
+                   headline=dial_report.family_summary("H8", h8))
 
 
 def listing_rates(lrs) -> str:

@@ -3,7 +3,7 @@
 The paper's `train.py` compiles its model (`compile = True`), and inductor fuses the official attention's
 elementwise chains, skipping some of the BF16 roundings that eager PyTorch performs (chapter 4, "What the paper's
 GPUs computed"). `PAPER_BF16` is the eager arithmetic; `PAPER_BF16_COMPILED` is the compiled one. This experiment
-runs the compiled arithmetic through the grid of `lpfail.experiments.lr_sweep` at its smaller size (4 × 256):
+runs the compiled arithmetic through the learning-rate grid (`lpfail.sweep.lr`) at its smaller size (4 × 256):
 the same 6 learning rates, 3 seeds, initializations, batches and training setting as A (PAPER_BF16) and C (FP32),
 whose runs lr_sweep stored and which are reused, not rerun.
 
@@ -13,7 +13,7 @@ C      ``reference(FP32)``                            the control (lr_sweep's ru
 A_comp ``reference(PAPER_BF16_COMPILED)``             the official code under torch.compile (18 new runs)
 ====== ============================================== ===================================================
 
-The runs are lr_sweep runs (`lpfail.experiments.variants`, the same part files, keyed by a hash of their TrainConfig). The
+The runs are lr_sweep runs (`lpfail.sweep.variants`, the same part files, keyed by a hash of their TrainConfig). The
 preset is read by name when a run starts: run this only after `official_check` on a GPU has confirmed the preset
 (≥ 99.9 % bit agreement with the compiled official code); a run of an earlier preset has another TrainConfig hash
 only if the preset's string changed, so check `PAPER_BF16_COMPILED`'s string against the one in the stored runs.
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from lpfail import results
-from lpfail.experiments import lr_sweep as L
-from lpfail.experiments.variants import VARIANTS
+from lpfail.sweep import lr as L
+from lpfail.sweep.variants import VARIANTS
 from lpfail.sweep import register_grid
 from lpfail.sweep.stats import interval, judge, sensitivity_draws
 
@@ -64,7 +64,7 @@ class CompiledSweepConfig(L.LRSweepConfig):
 
 
 def judge_compiled(res: dict) -> dict:
-    """The pre-registered analysis of a compiled_sweep result (the arrays `lr_sweep.assemble` builds)."""
+    """The pre-registered analysis of a compiled_sweep result (the arrays `lpfail.sweep.lr.assemble` builds)."""
     variants = [str(v) for v in np.asarray(res["small_variants"])]
     for v in ("A", "C", "A_comp"):
         if v not in variants:

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpfail.experiments import lr_sweep as L
 from lpfail.sweep import GridBase, Run, register_grid, stats
+from lpfail.sweep import lr as L
+from lpfail.sweep.variants import check as check_variants
 
 # -- the pre-registration (fixed 2026-12-01, before any run it judges) ------------------------------------------
 PREREGISTERED_ON = "2026-12-01"
@@ -130,7 +131,7 @@ class ConfirmationConfig(L.LRSweepConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        L.check_variants(self.gpt2_variants, "ConfirmationConfig.gpt2_variants")
+        check_variants(self.gpt2_variants, "ConfirmationConfig.gpt2_variants")
         if list(self.gpt2_lrs) != sorted(self.gpt2_lrs) or len(set(self.gpt2_lrs)) != len(self.gpt2_lrs):
             raise ValueError(f"ConfirmationConfig.gpt2_lrs must increase (got {self.gpt2_lrs})")
         if self.gpt2[2] % self.gpt2[1]:

@@ -3,8 +3,8 @@
 The `lr_sweep` experiment (chapter 1) measures the LR sensitivity S of each attention arithmetic on a grid of
 6 learning rates × 3 seeds at two sizes. This experiment runs the *cures* of the failing arithmetic A
 (PAPER_BF16) on the same grid, seeds, batches and training setting, at the smaller size only, and compares each
-cure's sensitivity with A's and with the FP32 control C. It is lr_sweep's machinery with other variants
-(`lpfail.experiments.lr_sweep.VARIANTS`): the runs are lr_sweep runs, stored in the same part files under
+cure's sensitivity with A's and with the FP32 control C. It is the learning-rate grid (`lpfail.sweep.lr`) with
+other variants (`lpfail.sweep.variants.VARIANTS`): the runs are lr_sweep runs, stored in the same part files under
 ``results/lr_sweep_parts/`` and keyed by a hash of their TrainConfig, so every variant lr_sweep already ran
 (A, C, S, D, B, A_sr, A_qk) is reused, not rerun.
 
@@ -53,8 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lpfail.experiments import lr_sweep as ls
-from lpfail.experiments.variants import VARIANTS, check as check_variants
+from lpfail.sweep import lr as ls
+from lpfail.sweep.variants import VARIANTS, check as check_variants
 from lpfail.sweep import lookup, register_grid
 from lpfail.sweep.stats import bootstrap_seed_indices, effective_loss, interval, judge, sensitivities
 
@@ -178,7 +178,7 @@ def partial_analysis(cfg: CuresConfig | None = None, directory=None) -> dict:
         return {"status": status, "analysis": None, "parts": []}
     sub = CuresConfig(variants=judged)
     lk = lookup(cures_grid(sub), directory)
-    out = ls.assemble(sub.sweep(), lk.have, lk.parts, analysed=False)
+    out = ls.assemble(sub.sweep(), lk.have, lk.parts)
     return {"status": status, "analysis": analyse(out), "parts": out["parts"]}
 
 

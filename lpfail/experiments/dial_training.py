@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lpfail import results
-from lpfail.experiments import lr_sweep as L
+from lpfail.sweep import lr as L
 from lpfail.sweep import GridBase, Run, register_grid, stats
 from lpfail.sweep.store import Store
 

@@ -1,8 +1,8 @@
 """Fix-b: the fixes in training, on the `lr_sweep` experiment's grid (chapter 5, Fix; GPU).
 
 The paper's Fix-b claim: with its fix (Algorithm 3), training that failed is stable. Here three fixes run through
-the grid of `lpfail.experiments.lr_sweep` at its smaller size (4 × 256), with the same learning rates, seeds and
-therefore the same initializations and batches as A (PAPER_BF16) and C (FP32):
+the learning-rate grid of `lpfail.experiments.lr_sweep` (`lpfail.sweep.lr`) at its smaller size (4 × 256), with the
+same learning rates, seeds and therefore the same initializations and batches as A (PAPER_BF16) and C (FP32):
 
 ====== ============================================== ===================================================
 B      ``reference(PAPER_BF16_OFFICIAL_FIX)``         the official fixed code (clamp 1e-10, its masking)
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lpfail.experiments import lr_sweep as L
+from lpfail.sweep import lr as L
 from lpfail.sweep import register_grid
 from lpfail.sweep.stats import interval, judge, sensitivity_draws
 
@@ -62,7 +62,7 @@ class FixTrainingConfig(L.LRSweepConfig):
 
 
 def judge_fixes(res: dict) -> dict:
-    """The pre-registered analysis of a fix_training result (the arrays `lr_sweep.assemble` builds)."""
+    """The pre-registered analysis of a fix_training result (the arrays `lpfail.sweep.lr.assemble` builds)."""
     d, variants = sensitivity_draws(res)
     out = {"preregistered_on": PREREGISTERED_ON, "rule": FIX_RULE, "hypotheses": dict(FIX_HYPOTHESES),
            "S": {v: {"S": d[v][0], "ci": list(interval(d[v][1]))} for v in variants}}

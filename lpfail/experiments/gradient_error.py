@@ -221,9 +221,9 @@ def a_run_config(out_dir: str, lr: float = 3.2e-2, seed: int = 0, checkpoint_eve
     """lr_sweep's run of A at (lr, seed), smaller size, with a checkpoint every `checkpoint_every` steps, all
     kept (for the GPU checks and `substitution.replay_branch`): the same run, so its final held-out loss must
     equal lr_sweep's stored one."""
-    from lpfail.experiments import lr_sweep
+    from lpfail.sweep import lr as L
 
-    tc = lr_sweep.train_config(lr_sweep.LRSweepConfig(), lr_sweep.Point("small", "A", lr, seed), out_dir)
+    tc = L.train_config(L.LRSweepConfig(), L.Point("small", "A", lr, seed), out_dir)
     return dataclasses.replace(tc, checkpoint_every=checkpoint_every, keep_checkpoints=0)
 
 

@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from lpfail.experiments import lr_sweep as L
+from lpfail.sweep import lr as L
 from lpfail.sweep import GridBase, Run, Store, register_grid, summarize_run
 from lpfail.sweep.stats import binomial_interval
 

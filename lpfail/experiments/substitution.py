@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from lpfail import results
-from lpfail.experiments import lr_sweep
-from lpfail.sweep import GridBase, Run, Store, lookup, register_grid
+from lpfail.sweep import GridBase, Run, Store, lookup, register_grid, stats
+from lpfail.sweep import lr as L
 from lpfail.sweep.store import final_val
 from lpfail.sweep.stats import (bootstrap_seed_indices, effective_loss, gap_word, half_gap_seeds, interval, judge,
                                 mean_draws)
@@ -49,8 +49,8 @@ SEEN = ("lr_sweep's results (A, C, D, B, S, A_sr at every learning rate), from w
         "(none of them matched FP32 attention at 3e-2).")
 LRS = (1.6e-2, 3.2e-2)  # where lr_sweep's A − C gap lies (+0.10, +0.42 at the smaller size)
 SEEDS = (0, 1, 2)
-CONFIDENCE = lr_sweep.CONFIDENCE
-N_BOOTSTRAP = lr_sweep.N_BOOTSTRAP
+CONFIDENCE = stats.CONFIDENCE
+N_BOOTSTRAP = stats.N_BOOTSTRAP
 RULE = ("At each learning rate, L is the final held-out loss (a non-finite run counts as the loss at init). A row "
         "'closes the gap' when the 95 % bootstrap interval (10,000 resamples of the seeds, paired across rows) of "
         "(L_row − L_C) − ½·(L_A − L_C) lies entirely below 0, 'does not close it' when it lies entirely above 0, "
@@ -203,9 +203,9 @@ class Point:
     def key(self) -> str:
         return f"{self.row}/lr{self.lr:.6g}/s{self.seed}"
 
-    def baseline(self) -> lr_sweep.Point | None:
+    def baseline(self) -> L.Point | None:
         """The lr_sweep point this point is (A and C only)."""
-        return lr_sweep.Point("small", self.row, self.lr, self.seed) if self.row in ("A", "C") else None
+        return L.Point("small", self.row, self.lr, self.seed) if self.row in ("A", "C") else None
 
 
 def head_choice(lr_sweep_result, lr: float, seed: int, k: int = HEADS_PER_ROW) -> tuple[int, tuple[int, ...]]:
@@ -244,10 +244,10 @@ class SubstitutionConfig:
         bad = [r for r in self.rows if r not in known]
         if bad:
             raise ValueError(f"SubstitutionConfig: unknown row(s) {bad}; rows: {sorted(known)}")
-        if not set(self.lrs) <= set(lr_sweep.LRSweepConfig().lrs):
+        if not set(self.lrs) <= set(L.LRSweepConfig().lrs):
             raise ValueError(f"SubstitutionConfig.lrs must be lr_sweep learning rates (got {self.lrs}): the "
                              "baselines A and C come from lr_sweep")
-        if not self.seeds or not set(self.seeds) <= set(lr_sweep.LRSweepConfig().seeds):
+        if not self.seeds or not set(self.seeds) <= set(L.LRSweepConfig().seeds):
             raise ValueError(f"SubstitutionConfig.seeds must be lr_sweep seeds (got {self.seeds})")
 
     def row_objects(self) -> list[Row]:
@@ -290,10 +290,10 @@ def plan(c: SubstitutionConfig | AmendmentConfig, baselines: bool = True) -> lis
 def train_config(c: SubstitutionConfig | AmendmentConfig, p: Point, out_dir: str, lr_sweep_result=None):
     """The TrainConfig of one point: lr_sweep's smaller-size A at this lr and seed, with the row's attention.
     A and C are lr_sweep's own configs. Head rows need the stored lr_sweep result (`head_choice`)."""
-    base_c = lr_sweep.LRSweepConfig()
+    base_c = L.LRSweepConfig()
     if p.row in ("A", "C"):
-        return lr_sweep.train_config(base_c, p.baseline(), out_dir)
-    tc = lr_sweep.train_config(base_c, lr_sweep.Point("small", "A", p.lr, p.seed), out_dir)
+        return L.train_config(base_c, p.baseline(), out_dir)
+    tc = L.train_config(base_c, L.Point("small", "A", p.lr, p.seed), out_dir)
     row = row_by_name(p.row)
     if row.kind == "policy":
         return dataclasses.replace(tc, attention=f"reference({row_policy(row).name})")
@@ -320,10 +320,10 @@ def grid_runs(c: SubstitutionConfig | AmendmentConfig, baselines: bool = True, l
     out = []
     if lr_sweep_result is None and any(r.kind.startswith("heads") for r in c.row_objects()):
         lr_sweep_result = results.load("lr_sweep")
-    base_c = lr_sweep.LRSweepConfig()
+    base_c = L.LRSweepConfig()
     for p in plan(c, baselines):
         if p.row in ("A", "C"):
-            out.append(dataclasses.replace(lr_sweep.grid_run(base_c, p.baseline()), name=p.key))
+            out.append(dataclasses.replace(L.grid_run(base_c, p.baseline()), name=p.key))
         else:
             out.append(Run(p.key, STORE, train_config(c, p, "", lr_sweep_result), group=p.row, seed=p.seed,
                            checkpoint_every=base_c.checkpoint_every))
@@ -344,7 +344,7 @@ class SubstitutionGrid(GridBase):
         self.amendment = isinstance(config, AmendmentConfig)
         self.name = "substitution_amendment" if self.amendment else "substitution"
         self._lsr = lr_sweep_result
-        self.curve_points = lr_sweep.LRSweepConfig().curve_points
+        self.curve_points = L.LRSweepConfig().curve_points
         if self.amendment:
             self.check_groups = tuple(config.rows)
 
@@ -403,7 +403,7 @@ def stored_for(c: SubstitutionConfig | AmendmentConfig, directory: Path | None =
 # -- the analysis -------------------------------------------------------------------------------------------------------
 def final_losses(c: SubstitutionConfig, have: dict[str, dict], names: list[str], lr: float) -> np.ndarray:
     """(len(names), seeds) effective final held-out losses (min(L, L_init), non-finite → L_init; NaN if absent)."""
-    max_steps, out = lr_sweep.LRSweepConfig().max_steps, np.full((len(names), len(c.seeds)), np.nan)
+    max_steps, out = L.LRSweepConfig().max_steps, np.full((len(names), len(c.seeds)), np.nan)
     for i, n in enumerate(names):
         for k, s in enumerate(c.seeds):
             if (r := have.get(Point(n, lr, s).key)) is not None:

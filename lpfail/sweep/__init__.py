@@ -23,7 +23,10 @@ checkpoints) and writes every finished run's summary into a new part file at onc
 keeps what it finished and parts from several machines merge; `checks` verifies that CUDA-graph capture and
 resuming change no bit before a long call; `collect` stores ``results/NAME.{json,npz}`` from the parts on any
 machine, with the runs' GPUs, commits and dates as its provenance; `quick.run_quick` trains the quick profile
-and says whether its headline lies where the stored seeds predict. The framework never imports an experiment:
+and says whether its headline lies where the stored seeds predict. `lr` is the learning-rate grid that lr_sweep,
+fix_training, cures, compiled_sweep, confirmation, dial_training and precision_alarm build on (`LRSweepConfig`,
+`plan`, `train_config`, `STORE`, `LRGrid`, `assemble`), with its attention variants in `variants`, so that those
+experiments import the framework, not one another. The framework never imports an experiment:
 `get(NAME)` asks `lpfail.results.registry()` to import the experiment package, whose modules register their
 grids.
 """

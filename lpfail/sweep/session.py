@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import io
 import json
 import os
 import shutil
@@ -127,8 +128,9 @@ def start(names: list[str], budget_s: float, checks: bool, skip: tuple[str, ...]
     env = {**os.environ, "LPFAIL_SWEEP_UNCAPTURED": ",".join(sorted(uncaptured)), "PYTHONUNBUFFERED": "1"}
     log(f"starting the driver for {', '.join(names)}: budget {budget_s:.0f} s, uncaptured {sorted(uncaptured) or 'none'}"
         + (f", skipping groups {list(skip)}" if skip else ""))
-    proc = subprocess.Popen([sys.executable, "-m", "lpfail.sweep.session", "_drive", *names, "--budget",
-                             str(budget_s), *[f"--skip={p}" for p in skip]], stdout=open(BASE / "drive.log", "a"), stderr=subprocess.STDOUT,
+    cmd = [sys.executable, "-m", "lpfail.sweep.session", "_drive", *names, "--budget", str(budget_s),
+           *[f"--skip={p}" for p in skip]]
+    proc = subprocess.Popen(cmd, stdout=open(BASE / "drive.log", "a"), stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, start_new_session=True, cwd=results.REPO_ROOT)
     (BASE / "drive.pid").write_text(str(proc.pid))
 
@@ -196,7 +198,27 @@ def collect(out: Path):
         for f in [*sorted(BASE.glob("checks-*.json")), BASE / "drive.log"]:
             if f.is_file():
                 tf.add(f, arcname=f"session/{f.name}")
-    log(f"collected {n} new or changed part/checks files into {out / 'grids.tgz'}")
+        tails = crashed_tails(BASE / "runs")
+        for name, text in tails.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"session/crashed/{name}.txt")
+            info.size, info.mtime = len(data), int(time.time())
+            tf.addfile(info, io.BytesIO(data))
+    log(f"collected {n} new or changed part/checks files into {out / 'grids.tgz'}"
+        + (f", and the last lines of {len(tails)} crashed runs" if tails else ""))
+
+
+def crashed_tails(runs: Path, most: int = 24, chars: int = 4000) -> dict[str, str]:
+    """The end of each run's stdout.txt that holds a Python traceback (a crash, not a stop at the budget): at most
+    `most` runs, the last `chars` characters of each, so that a call's archive says why its runs failed."""
+    out = {}
+    for f in sorted(runs.glob("*/stdout.txt")) if runs.is_dir() else []:
+        text = f.read_text(errors="replace")
+        if "Traceback (most recent call last)" in text:
+            out[f.parent.name] = text[-chars:]
+            if len(out) >= most:
+                break
+    return out
 
 
 def quick(names: list[str], out: Path, budget_s: float):

@@ -1,5 +1,6 @@
-"""The attention variants of the learning-rate grid, shared by every experiment built on its runs (`lr_sweep`,
-`fix_training`, `cures`, `compiled_sweep`, `substitution`'s baselines, `verdicts`).
+"""The attention variants of the learning-rate grid (`lpfail.sweep.lr`), shared by every experiment built on its
+runs (`lr_sweep`, `fix_training`, `cures`, `compiled_sweep`, `confirmation`, `dial_training`, `precision_alarm`,
+`substitution`'s baselines, the verdict page). Framework data, not an experiment: it imports none.
 
 A variant is the training run's attention (a `TrainConfig.attention` spec), whether the model has QK-norm, a
 label, and any further TrainConfig fields (the cures' z-loss and soft-cap). Every variant runs the pure-PyTorch
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lpfail import precision as _precision
+from lpfail.precision import DIAL_KS, arm_a, arm_d, arm_r, arm_sr
 
 
 @dataclass(frozen=True)
@@ -62,20 +64,18 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-# The precision dial's arms (lpfail.experiments.dial, experiment `dial_training`): K fraction bits at BF16's exponent.
-# At K = 7 each arm is its base policy (A_7 is A, SR_7 is A_sr), so only K < 7 is listed; the policy string is
+# The precision dial's arms (`lpfail.precision.arm_a` …; experiment `dial_training`): K fraction bits at BF16's
+# exponent. At K = 7 each arm is its base policy (A_7 is A, SR_7 is A_sr), so only K < 7 is listed; the policy string is
 # spelled out, so a run's TrainConfig hash names every knob of its arm.
 def _dial_variants() -> dict[str, Variant]:
-    from lpfail.experiments import dial
-
     words = {"A": ("the paper's arithmetic at {k} bits", "A_{k}: PAPER_BF16 with V and the output path at {k} bits"),
              "SR": ("the paper's arithmetic at {k} bits, stochastically rounded",
                     "SR_{k}: A_{k} with the output path rounded stochastically"),
              "D": ("production arithmetic at {k} bits", "D_{k}: FA2_BF16 with V and O at {k} bits"),
              "R": ("the robust fix at {k} bits", "R_{k}: A_{k} with the robust fix")}
     out = {}
-    for arm, make in (("A", dial.arm_a), ("SR", dial.arm_sr), ("D", dial.arm_d), ("R", dial.arm_r)):
-        for k in dial.KS:
+    for arm, make in (("A", arm_a), ("SR", arm_sr), ("D", arm_d), ("R", arm_r)):
+        for k in DIAL_KS:
             if k < 7:
                 w, label = words[arm]
                 out[f"{arm}_{k}"] = Variant(f"reference({make(k)})", False, label.format(k=k), words=w.format(k=k))
