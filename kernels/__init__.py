@@ -170,7 +170,11 @@ class Tuning:
                    FlashAttention-2's way; dQ's last FP32 bits vary run to run). Needs ``grad_acc="fp32"``;
                    ``"fused"``: the split backward's two halves in one launch, no atomics — program j makes dK_j,
                    dV_j and then dQ_j, which under the causal mask gives every program the same work (n + 1
-                   blocks); the bits of the split backward with the same tiles (deterministic, any grad_acc).
+                   blocks); the bits of the split backward with the same tiles (deterministic, any grad_acc);
+                   ``"dq_atomic"``: the five-matmul backward (`bwd.launch_dq_atomic`): dQ's partials added into
+                   an FP32 buffer by TMA reduce-add where descriptors are on (``tma``), else pointer atomics, and
+                   an epilogue kernel; not deterministic, so it gives way to ``"fused"`` under
+                   `deterministic` and for a 16-bit grad_acc (which it cannot round as the policy says).
     * ``tie``      the fix's tie test: ``"max2"`` (a (max, second max) reduction) or ``"count"`` (a count of the
                    scores at or above r_m − ε after the max, no second running value); same m' bit for bit;
                    ``"auto"``: count at head dim ≤ 64, max2 above (the cheaper form for each as measured on a GPU,
@@ -187,7 +191,7 @@ class Tuning:
     tie: str = "max2"
     ftz_exp: bool = False
 
-    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic", "fused"),
+    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic", "fused", "dq_atomic"),
                 "tie": ("max2", "count", "auto")}
 
     def __hash__(self):  # computed once: a tuning keys every launch's caches
@@ -247,7 +251,7 @@ def deterministic(tuning: Tuning) -> Tuning:
     """The tuning a call runs: under ``torch.use_deterministic_algorithms(True)`` the atomic backward, whose dQ
     varies in its last FP32 bits from run to run, gives way to the fused backward (the same tiles without atomics,
     bit for bit run to run), so a user's deterministic training stays deterministic; any other tuning as given."""
-    if tuning.bwd == "atomic" and torch.are_deterministic_algorithms_enabled():
+    if tuning.bwd in ("atomic", "dq_atomic") and torch.are_deterministic_algorithms_enabled():
         return dataclasses.replace(tuning, bwd="fused")
     return tuning
 
@@ -610,6 +614,10 @@ def launch_backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: 
                     tuning: Tuning = DEFAULT_TUNING):
     """Launch the backward: δ (its own pass, or a pass over K, V for "dP.P" / "dO.O_hp"), then the split dK/dV
     and dQ kernels, or the atomic kernel (dK, dV and dQ in one; dQ summed in FP32 and cast after)."""
+    if tuning.bwd == "dq_atomic":   # five matmuls (kernels/bwd.py), or the fused backward where it can't run
+        if _bwd.dq_atomic_honours(kp):
+            return _bwd.launch_dq_atomic(do, q, k, v, o, lse, kp, causal, scale, tuning)
+        tuning = dataclasses.replace(tuning, bwd="fused")
     B, H, N, D = q.shape
     do = do.contiguous()
     aligned = _aligned(q, k, v, do, o, lse)
