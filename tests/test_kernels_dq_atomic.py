@@ -43,6 +43,12 @@ def rel(x, ref):
     return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
+def same(x, y):
+    """dK or dV of the five-matmul kernel against the dK/dV kernel's on the same tiles: bit for bit in the interpreter;
+    on a GPU within FP32 noise (the compiler may schedule the larger kernel's dots apart)."""
+    return torch.equal(x, y) if not CUDA else rel(x, y) < 1e-6
+
+
 def kernel_fn(policy, causal, tuning):
     return lambda a, b, c: kernels.flash_attention(a, b, c, policy, causal=causal, tuning=tuning)
 
@@ -98,7 +104,7 @@ def test_other_delta_sources(delta):
     policy = FP32.replace(delta=delta)
     split = grads(kernel_fn(policy, True, kernels.Tuning()), q, k, v, do)
     got = grads(kernel_fn(policy, True, DQA), q, k, v, do)
-    assert torch.equal(got[2], split[2]) and torch.equal(got[3], split[3]) and rel(got[1], split[1]) < 1e-6
+    assert same(got[2], split[2]) and same(got[3], split[3]) and rel(got[1], split[1]) < 1e-6
 
 
 def test_gqa_and_the_drop_in():
@@ -128,7 +134,7 @@ def test_descriptor_path(desc_reduce):
         bwd.dq_atomic_consts = real
     assert seen == [True]
     base = grads(kernel_fn(FP32, True, kernels.Tuning(tma=True)), q, k, v, do)
-    assert torch.equal(ptr[2], base[2]) and torch.equal(ptr[3], base[3]) and rel(ptr[1], base[1]) < 1e-6
+    assert same(ptr[2], base[2]) and same(ptr[3], base[3]) and rel(ptr[1], base[1]) < 1e-6
     assert rel(ptr[1], truth(q, k, v, do, True)[1]) < 2e-5
 
 
