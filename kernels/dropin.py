@@ -30,7 +30,7 @@ def deterministic(tuning: Tuning) -> Tuning:
     """The tuning a call runs: under ``torch.use_deterministic_algorithms(True)`` the atomic backward, whose dQ
     varies in its last FP32 bits from run to run, gives way to the fused backward (the same tiles without atomics,
     bit for bit run to run), so a user's deterministic training stays deterministic; any other tuning as given."""
-    if tuning.bwd == "atomic" and torch.are_deterministic_algorithms_enabled():
+    if tuning.bwd in ("atomic", "dq_atomic") and torch.are_deterministic_algorithms_enabled():
         return dataclasses.replace(tuning, bwd="fused")
     return tuning
 

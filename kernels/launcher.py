@@ -213,6 +213,10 @@ def launch_backward(do, q, k, v, o, lse, kp: KernelPolicy, causal: bool, scale: 
                     tuning: Tuning = DEFAULT_TUNING):
     """Launch the backward: δ (its own pass, or a pass over K, V for "dP.P" / "dO.O_hp"), then the split dK/dV
     and dQ kernels, or the atomic kernel (dK, dV and dQ in one; dQ summed in FP32 and cast after)."""
+    if tuning.bwd == "dq_atomic":   # five matmuls (kernels/bwd.py), or the fused backward where it can't run
+        if _bwd.dq_atomic_honours(kp):
+            return _bwd.launch_dq_atomic(do, q, k, v, o, lse, kp, causal, scale, tuning)
+        tuning = dataclasses.replace(tuning, bwd="fused")
     B, H, N, D = q.shape
     do = do.contiguous()
     aligned = _aligned(q, k, v, do, o, lse)

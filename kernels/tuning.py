@@ -26,7 +26,11 @@ class Tuning:
                    FlashAttention-2's way; dQ's last FP32 bits vary run to run). Needs ``grad_acc="fp32"``;
                    ``"fused"``: the split backward's two halves in one launch, no atomics — program j makes dK_j,
                    dV_j and then dQ_j, which under the causal mask gives every program the same work (n + 1
-                   blocks); the bits of the split backward with the same tiles (deterministic, any grad_acc).
+                   blocks); the bits of the split backward with the same tiles (deterministic, any grad_acc);
+                   ``"dq_atomic"``: the five-matmul backward (`bwd.launch_dq_atomic`): dQ's partials added into
+                   an FP32 buffer by TMA reduce-add where descriptors are on (``tma``), else pointer atomics, and
+                   an epilogue kernel; not deterministic, so it gives way to ``"fused"`` under
+                   `deterministic` and for a 16-bit grad_acc (which it cannot round as the policy says).
     * ``tie``      the fix's tie test: ``"max2"`` (a (max, second max) reduction) or ``"count"`` (a count of the
                    scores at or above r_m − ε after the max, no second running value); same m' bit for bit;
                    ``"auto"``: count at head dim ≤ 64, max2 above (the cheaper form for each as measured on a GPU,
@@ -43,7 +47,7 @@ class Tuning:
     tie: str = "max2"
     ftz_exp: bool = False
 
-    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic", "fused"),
+    _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic", "fused", "dq_atomic"),
                 "tie": ("max2", "count", "auto")}
 
     def __hash__(self):  # computed once: a tuning keys every launch's caches
