@@ -1,6 +1,7 @@
 """Triton flash attention, backward pass (FlashAttention-2, Algorithm 2) with the policy's δ source.
 
-Explained in chapter 5 ("Fix"); the launcher and the `autograd.Function` are in `kernels/__init__.py`.
+Explained in chapter 5 ("Fix"); the launcher is in `kernels/launcher.py`, the `autograd.Function` in
+`kernels/autograd.py`.
 Order as in Triton's fused-attention tutorial: helpers → δ preprocess → the dK/dV loop → the dQ loop.
 
 P is recomputed from the stored log-sum-exp L = m + log ℓ (so the forward's fix needs nothing here), in FP32,
@@ -11,7 +12,9 @@ by the same `SUB_FMA` rule as the forward. δ (DELTA) comes from one of three so
 * ``"dP.P"``    δ = rowsum(dP ∘ P), dP = dO Vᵀ, equal in exact arithmetic — `_bwd_delta_dpp` (a pass over K, V).
 
 Two kernels then make the gradients without atomics: `_bwd_dkdv` (one program per key block, walking the
-query blocks) and `_bwd_dq` (one program per query block, walking the key blocks). Operands of every dot are
+query blocks) and `_bwd_dq` (one program per query block, walking the key blocks); or one fused kernel doing both
+(`_bwd_fused_kernel`); or, at the end of this file, the five-matmul backward (`_bwd_dq_atomic_kernel`, dQ added with
+atomics, `launch_dq_atomic`). Operands of every dot are
 rounded to MATMUL, the dots accumulate in FP32.
 
 The gradient accumulators follow the policy's tiles, not the hardware's. With a 16-bit `grad_acc` (GACC) the
@@ -27,10 +30,15 @@ each hardware tile's product is added straight to the accumulator, as before (th
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
+
+import torch
 import triton
 import triton.language as tl
 
-from .fwd import (INTERPRET, LOG2E, _bench, _bh_offset, _config, _imin, _load_rows, _load_tile, _round,
+from .fwd import (INTERPRET, LOG2E, TUNE_ENV, _bench, _bh_offset, _config, _imin, _load_rows, _load_tile, _round,
                   _rows_mask, _rows_source, _space_configs, _tune)
 
 #: Every reduction tile of the backward (BLOCK_M of the dK/dV kernel, BLOCK_N of the dQ kernel, in every
@@ -542,3 +550,243 @@ FUSED_TUNERS = {space: triton.autotune(configs=_fused_configs(space), key=_FUSED
                                        prune_configs_by={"early_config_prune": _fp32_prune(_FUSED_SMALL)})(
                     _bwd_fused_kernel)
                 for space in FUSED_SPACES}
+
+
+# -- the five-matmul backward (`lpfail.kernels.Tuning(bwd="dq_atomic")`) ----------------------------------------
+# FlashAttention-2/3's way of making dQ. The split and fused backwards (above) run seven matmuls per (query tile, key
+# tile) pair: the dK/dV walk recomputes S = QKᵀ and dP = dO Vᵀ and makes Pᵀ dO and dSᵀ Q, and the dQ walk recomputes S
+# and dP once more for dS K. Here one program per key block walks the query tiles as `_bwd_dkdv_kernel` does and also
+# makes dQ_partial = dS K (the fifth matmul) for each query tile, which it adds into a zeroed FP32 dQ accumulator (B,
+# H, N, D) with atomics; an epilogue kernel (`dq_epilogue`) then rounds that FP32 dQ to the output dtype.
+#
+# * The adds: where tensor descriptors are on (``DESC_ATOMIC``: the tuning's ``tma`` in the backward, a power-of-two
+#   head dim, 16-byte aligned tensors, a GPU), through the descriptor's ``atomic_add`` (Triton 3.6 lowers it to a TMA
+#   reduce-add, ``cp.reduce.async.bulk.tensor``, on sm_90, as FA3 adds dQ); else `tl.atomic_add` on pointers (FA2's
+#   way; the interpreter's only way: Triton 3.6's interpreter has no descriptor reduce).
+# * What is computed: dK and dV by the code of `_bwd_dkdv_kernel` (the same tiles give the same bits); dQ = Σ_j dS_ij
+#   K_j in FP32, the sum the split backward makes for an FP32 ``grad_acc``, in another order: by key tile of this
+#   kernel's BLOCK_N and in whatever order the programs' atomics land, so dQ's last FP32 bits (and, after the
+#   epilogue's rounding, rarely its last BF16 bit) vary from run to run. dS keeps the softmax scale inside, dS =
+#   round_ds((P·α)(dP − δ)), as the other backwards do: deferring α to the epilogue would move the policy's ``ds``
+#   rounding (and FP32's), so nothing is deferred and the epilogue only converts.
+# * The causal mask: key block j skips the query tiles above the diagonal, masks only the query tiles that cross it
+#   and runs the rest unmasked (as `_dkdv_program`).
+# * A 16-bit ``grad_acc`` rounds dQ once per policy key block *in key order*, which FP32 atomics cannot reproduce;
+#   `dq_atomic_honours` says no and the launcher runs the fused backward instead (deterministic, the policy's
+#   arithmetic), as it does under ``torch.use_deterministic_algorithms(True)`` (atomics are not deterministic).
+
+#: Tests only: run the descriptor path (``DESC_ATOMIC``) under the interpreter too, whose builder then needs a
+#: descriptor reduce (Triton 3.6's has none; tests/test_kernels_dq_atomic.py adds one for the test).
+DESC_ATOMIC_IN_INTERPRETER = False
+
+
+@triton.jit
+def _dqa_tiles(dk, dv, k, k_raw, v, Q_src, DO_src, LSE, DELTA, DQ, DQ_desc, stride_qm, stride_dm, offs_n, offs_m0,
+               offs_d, lo, hi, N_CTX, scale,
+               BLOCK_M: tl.constexpr, MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr,
+               PBAR: tl.constexpr, PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
+               SUB_FMA: tl.constexpr, MASK: tl.constexpr, DOT_PREC: tl.constexpr, PV_PREC: tl.constexpr,
+               DS_PREC: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr, FTZ: tl.constexpr,
+               DESC_ATOMIC: tl.constexpr, DQ_W: tl.constexpr, D_VALID: tl.constexpr = 0):
+    """Query tiles lo:hi of one key block: `_kv_side_tiles`'s FP32-grad_acc arithmetic (Sᵀ, Pᵀ dO, dPᵀ, dSᵀ Q,
+    held transposed), plus dQ_partial = dS K added into the FP32 accumulator (rows of DQ_W values at DQ, or through
+    DQ_desc). MASK: the tiles crossing the causal diagonal."""
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m0
+        row_ok = offs_m < N_CTX
+        q = _load_tile(Q_src, start_m, offs_m, N_CTX, stride_qm, True, TMA, D_VALID)            # (M, D)
+        do = _load_tile(DO_src, start_m, offs_m, N_CTX, stride_dm, True, TMA, D_VALID).to(MATMUL)
+        lse = tl.load(LSE + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(DELTA + offs_m, mask=row_ok, other=0.0)
+        kq = tl.dot(k, tl.trans(q.to(MATMUL)), input_precision=DOT_PREC)                        # Sᵀ: (N, M)
+        pT = _recompute_p(kq, lse[None, :], scale, QK_OUT, SCORES, SUB_FMA, RAW, FTZ)
+        if MASK:
+            pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
+        pbarT = _round(pT, PBAR).to(PV_DT)
+        dv += tl.dot(pbarT, do.to(PV_DT), input_precision=PV_PREC)                               # Pᵀ dO
+        dpT = _round(tl.dot(v, tl.trans(do), input_precision=DOT_PREC), DP)                     # dPᵀ = V dOᵀ
+        dsT = _round((pT * scale) * (dpT - delta[None, :]), DS).to(DS_DT)
+        dk += tl.dot(dsT, q.to(DS_DT), input_precision=DS_PREC)                                  # dSᵀ Q
+        dq_part = tl.dot(tl.trans(dsT), k_raw.to(DS_DT), input_precision=DS_PREC)                # dS K: (M, D)
+        if DESC_ATOMIC:
+            DQ_desc.atomic_add([start_m, 0], dq_part)       # TMA reduce-add; rows past N_CTX are clipped
+        else:
+            tl.atomic_add(DQ + offs_m[:, None] * DQ_W + offs_d[None, :], dq_part, sem="relaxed",
+                          mask=_rows_mask(row_ok[:, None], offs_d, D_VALID))
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dq_atomic_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ,
+                          stride_qz, stride_qh, stride_qm, stride_qd,
+                          stride_kz, stride_kh, stride_kn, stride_kd,
+                          stride_vz, stride_vh, stride_vn, stride_vd,
+                          stride_dz, stride_dh, stride_dm, stride_dd,
+                          H, N_CTX, scale,
+                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          MATMUL: tl.constexpr, QK_OUT: tl.constexpr, SCORES: tl.constexpr, PBAR: tl.constexpr,
+                          PV_DT: tl.constexpr, DP: tl.constexpr, DS: tl.constexpr, DS_DT: tl.constexpr,
+                          SUB_FMA: tl.constexpr, CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+                          PV_PREC: tl.constexpr, DS_PREC: tl.constexpr, RAW: tl.constexpr,
+                          TMA: tl.constexpr = False, ORDER: tl.constexpr = 0, FTZ: tl.constexpr = False,
+                          DESC_ATOMIC: tl.constexpr = False, D_VALID: tl.constexpr = 0):
+    """dK_j, dV_j of key block j (BLOCK_N keys) and its share Σ_i dS_ij K_j of every dQ_i, added into DQ: FP32,
+    contiguous (B, H, N, D) with D = D_VALID or HEAD_DIM, zeroed before. DK shares K's strides, DV V's.
+    DESC_ATOMIC: the adds through a tensor descriptor over DQ (TMA reduce-add; needs D_VALID = 0)."""
+    tl.static_assert(not (TMA and D_VALID), "a head dim narrower than the tile (D_VALID) is read without TMA")
+    tl.static_assert(not (DESC_ATOMIC and D_VALID), "descriptor atomics need a head dim that fills its tile")
+    start_n, off_hz, n_blocks = _grid_pos(ORDER)
+    DQ_W: tl.constexpr = D_VALID if D_VALID else HEAD_DIM
+    Q += _bh_offset(off_hz, H, stride_qz, stride_qh)
+    DO += _bh_offset(off_hz, H, stride_dz, stride_dh)
+    DQ += off_hz.to(tl.int64) * N_CTX * DQ_W
+    k_base = _bh_offset(off_hz, H, stride_kz, stride_kh)
+    v_base = _bh_offset(off_hz, H, stride_vz, stride_vh)
+    LSE += off_hz.to(tl.int64) * N_CTX
+    DELTA += off_hz.to(tl.int64) * N_CTX
+
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n[:, None] < N_CTX
+    k_raw = _load_rows(K + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N_CTX,
+                       True, D_VALID)                                                  # (BLOCK_N, D)
+    k = k_raw.to(MATMUL)
+    v = _load_rows(V + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N_CTX,
+                   True, D_VALID).to(MATMUL)
+    Q_src = _rows_source(Q, stride_qm, stride_qd, N_CTX, offs_m0, offs_d, BLOCK_M, HEAD_DIM, TMA)
+    DO_src = _rows_source(DO, stride_dm, stride_dd, N_CTX, offs_m0, offs_d, BLOCK_M, HEAD_DIM, TMA)
+    if DESC_ATOMIC:
+        DQ_desc = tl.make_tensor_descriptor(DQ, shape=[N_CTX, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                            block_shape=[BLOCK_M, HEAD_DIM])
+    else:
+        DQ_desc = DQ
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    # causal: the query tiles above the diagonal are skipped, those crossing it masked, those below it run unmasked
+    lo = start_n * BLOCK_N if CAUSAL else 0
+    mid = _imin(lo + BLOCK_N, N_CTX) if CAUSAL else 0
+    dk, dv = _dqa_tiles(dk, dv, k, k_raw, v, Q_src, DO_src, LSE, DELTA, DQ, DQ_desc, stride_qm, stride_dm, offs_n,
+                        offs_m0, offs_d, lo, mid, N_CTX, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT, DP,
+                        DS, DS_DT, SUB_FMA, True, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, DESC_ATOMIC, DQ_W,
+                        D_VALID)
+    dk, dv = _dqa_tiles(dk, dv, k, k_raw, v, Q_src, DO_src, LSE, DELTA, DQ, DQ_desc, stride_qm, stride_dm, offs_n,
+                        offs_m0, offs_d, mid, N_CTX, N_CTX, scale, BLOCK_M, MATMUL, QK_OUT, SCORES, PBAR, PV_DT,
+                        DP, DS, DS_DT, SUB_FMA, False, DOT_PREC, PV_PREC, DS_PREC, RAW, TMA, FTZ, DESC_ATOMIC,
+                        DQ_W, D_VALID)
+    tl.store(DK + k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+             _round(dk, DK.dtype.element_ty).to(DK.dtype.element_ty), mask=_rows_mask(col_ok, offs_d, D_VALID))
+    tl.store(DV + v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+             _round(dv, DV.dtype.element_ty).to(DV.dtype.element_ty), mask=_rows_mask(col_ok, offs_d, D_VALID))
+
+
+@triton.jit
+def dq_epilogue(DQ_ACC, DQ, stride_qz, stride_qh, stride_qm, stride_qd, H, N_CTX,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, D_VALID: tl.constexpr = 0):
+    """dQ in the output's dtype (Q's strides) from the FP32 accumulator (contiguous rows of D_VALID or HEAD_DIM
+    values): one rounding to nearest even, nothing else (the scale is inside dS)."""
+    DQ_W: tl.constexpr = D_VALID if D_VALID else HEAD_DIM
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = _load_rows(DQ_ACC + off_hz.to(tl.int64) * N_CTX * DQ_W + offs_m[:, None] * DQ_W + offs_d[None, :],
+                     offs_m, N_CTX, True, D_VALID)
+    tl.store(DQ + _bh_offset(off_hz, H, stride_qz, stride_qh) + offs_m[:, None] * stride_qm
+             + offs_d[None, :] * stride_qd, _round(acc, DQ.dtype.element_ty).to(DQ.dtype.element_ty),
+             mask=_rows_mask(offs_m[:, None] < N_CTX, offs_d, D_VALID))
+
+
+#: Autotune spaces, (BLOCK_M, BLOCK_N, warps, stages, maxnreg). The dK/dV kernel's v1 space first (its first config
+#: gives the split backward's dK/dV tiles), then FA2-tutorial-like tiles of 32 query rows (the extra dS K product
+#: and its FP32 (BLOCK_M, D) tile raise register pressure at d 128); "sm90" adds deeper pipelines.
+DQA_SPACES = {"v1": ((64, 128, 8, 2, None), (32, 128, 4, 3, None), (64, 64, 4, 3, None), (32, 128, 8, 2, None)),
+              "sm90": ((64, 128, 8, 3, None), (32, 128, 8, 3, None), (32, 64, 4, 3, None), (64, 64, 4, 2, None))}
+_DQA_SMALL = triton.Config({"BLOCK_M": 16, "BLOCK_N": 32}, num_warps=4, num_stages=1)
+
+
+def _dqa_configs(space: str = "v1"):
+    """The interpreter's one config has the dK/dV kernel's interpreter tiles (32 × 64), so that CPU tests compare
+    dK and dV with the split backward's bit for bit."""
+    return _space_configs(DQA_SPACES, space, [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}, num_warps=4,
+                                                            num_stages=1)])
+
+
+_DQA_KEY = ["N_CTX", "HEAD_DIM", "D_VALID", "CAUSAL", "MATMUL", "PV_DT", "DS_DT", "SUB_FMA", "RAW", "TMA", "ORDER",
+            "FTZ", "DESC_ATOMIC"]
+#: space → the five-matmul kernel's autotuner. Each launch adds into DQ, so the autotuner zeroes it before every
+#: timed launch and before the one it keeps.
+DQA_TUNERS = {space: triton.autotune(configs=_dqa_configs(space), key=_DQA_KEY, do_bench=_bench,
+                                     prune_configs_by={"early_config_prune": _fp32_prune(_DQA_SMALL)},
+                                     reset_to_zero=["DQ"])(_bwd_dq_atomic_kernel)
+              for space in DQA_SPACES}
+
+_DQA_TL = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
+
+
+def dq_atomic_honours(kp) -> bool:
+    """Whether this backward computes what `kp` asks, and may run now: an FP32 ``grad_acc`` (a 16-bit one rounds
+    dQ once per policy key block in key order, which atomics cannot) and ``torch.use_deterministic_algorithms``
+    off. Where not, `lpfail.kernels.launch_backward` runs the fused backward (the same arithmetic, deterministic)."""
+    return kp.grad_acc == tl.float32 and not torch.are_deterministic_algorithms_enabled()
+
+
+@functools.lru_cache(maxsize=1024)
+def dq_atomic_consts(kv_items: tuple, desc_atomic: bool) -> dict:
+    """The kernel's constexprs from the dK/dV kernel's plan (`lpfail.kernels.bwd_plan`'s "kv"): the same, without
+    the 16-bit-accumulator and atomic switches of `_bwd_dkdv_kernel`, with DESC_ATOMIC."""
+    kv = dict(kv_items)
+    return {**{k: v for k, v in kv.items() if k not in ("GACC", "DQ_ATOMIC")}, "DESC_ATOMIC": desc_atomic}
+
+
+def _dqa_grid(order: int, n: int, bh: int, block: str):
+    """(blocks, B·H), or (B·H, blocks) for ORDER 1, as the package's other backward launches."""
+    if order:
+        return lambda meta: (bh, -(-n // meta[block]))
+    return lambda meta: (-(-n // meta[block]), bh)
+
+
+def launch_dq_atomic(do, q, k, v, o, lse, kp, causal: bool, scale: float, tuning):
+    """δ (and the FP32 dQ accumulator zeroed in the same pass), the five-matmul kernel, the epilogue; returns dQ (Q's
+    dtype), dK, dV. Called by `lpfail.kernels.launch_backward` for ``Tuning(bwd="dq_atomic")`` where
+    `dq_atomic_honours`."""
+    from lpfail.kernels import launcher as _k   # the launch helpers (read at call time: tools stub `launch`)
+
+    B, H, N, D = q.shape
+    do = do.contiguous()
+    aligned = not ((q.data_ptr() | k.data_ptr() | v.data_ptr() | do.data_ptr() | o.data_ptr() | lse.data_ptr()) & 15)
+    if tuning.tma and (not aligned or D & (D - 1)):   # as in `lpfail.kernels.launch_backward`
+        tuning = dataclasses.replace(tuning, tma=False)
+    key, consts, key_block, _ = _k.bwd_plan(N, D, causal, kp, scale, q.dtype, do.dtype, os.environ.get(TUNE_ENV),
+                                            INTERPRET, tuning)
+    desc_atomic = bool(tuning.tma) and (not INTERPRET or DESC_ATOMIC_IN_INTERPRETER)
+    if tuning.tma and not INTERPRET:
+        _k._ensure_tma_allocator()
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    key = (key, B, H, strides, o.stride(), aligned, torch.cuda.current_device() if q.is_cuda else None)
+    bh, width, d_valid = B * H, consts["kv"]["HEAD_DIM"], consts["kv"]["D_VALID"]
+    delta = torch.empty((B, H, N), device=q.device, dtype=torch.float32)
+    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)   # contiguous (B, H, N, D)
+    if kp.delta in ("dP.P", "dO.O_hp"):   # δ from a pass over K, V (as the other backwards); then zero dQ
+        mode = 1 if kp.delta == "dP.P" else 2
+        dq_kernel = _bwd_dq if tuning.space == "v1" else DQ_TUNERS[tuning.space]
+        grid = _dqa_grid(consts["kv"]["ORDER"], N, bh, "BLOCK_M")
+        _k.launch(dq_kernel, grid, (key, mode), (q, k, v, do, lse, delta, q, *strides, H, N, key_block, scale),
+                  consts["dpp" if mode == 1 else "o_hp"])
+        dq_acc.zero_()
+    else:
+        prod = "fp32" if torch.float32 in (o.dtype, do.dtype) or "fp32" == kp.delta_prod else kp.delta_prod
+        _k.launch(_bwd_delta_dot, (-(-N // 64), bh), (key, o.dtype, True),
+                  (o, do, delta, dq_acc, *o.stride(), *do.stride(), H, N),
+                  dict(HEAD_DIM=width, D_VALID=d_valid, BLOCK_M=64, PROD=_DQA_TL[prod], ZERO_DQ=True))
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    kv = consts["kv"]
+    _k.launch(DQA_TUNERS[tuning.space], _dqa_grid(kv["ORDER"], N, bh, "BLOCK_N"), (key, "dq_atomic", desc_atomic),
+              (q, k, v, do, lse, delta, dk, dv, dq_acc, *strides, H, N, scale),
+              dq_atomic_consts(tuple(kv.items()), desc_atomic))
+    dq = torch.empty_like(q)
+    _k.launch(dq_epilogue, (-(-N // 64), bh), (key, "epilogue"), (dq_acc, dq, *dq.stride(), H, N),
+              dict(HEAD_DIM=width, D_VALID=d_valid, BLOCK_M=64))
+    return dq, dk, dv

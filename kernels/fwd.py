@@ -1,7 +1,7 @@
 """Triton flash attention, forward pass, with the precision policy's cast points as compile-time knobs.
 
-Explained in chapter 5 ("Fix") of the book; the launcher and the `autograd.Function` are in
-`kernels/__init__.py`. File order follows Triton's fused-attention tutorial: device helpers → the inner loop
+Explained in chapter 5 ("Fix") of the book; the launcher is in `kernels/launcher.py`, the `autograd.Function` in
+`kernels/autograd.py`. File order follows Triton's fused-attention tutorial: device helpers → the inner loop
 over key blocks → the forward kernel → its launcher.
 
 One program owns BLOCK_M query rows of one (batch, head) and walks the key blocks, keeping the running row

@@ -12,6 +12,8 @@ import torch
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
+#: The modules of `lpfail.kernels` that `load_kernels` reloads, in import order.
+MODULES = ("fwd", "bwd", "runtime", "tuning", "policy", "launcher", "autograd", "dropin")
 
 
 def load_kernels():
@@ -19,6 +21,7 @@ def load_kernels():
     if not CUDA:
         os.environ["TRITON_INTERPRET"] = "1"
         if "lpfail.kernels" in sys.modules and not sys.modules["lpfail.kernels"].interpreted():
-            for name in ("lpfail.kernels.fwd", "lpfail.kernels.bwd", "lpfail.kernels"):
+            # every module of the package, each after the modules whose names it binds
+            for name in (*(f"lpfail.kernels.{m}" for m in MODULES), "lpfail.kernels"):
                 importlib.reload(sys.modules[name])
     return importlib.import_module("lpfail.kernels")

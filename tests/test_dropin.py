@@ -137,7 +137,7 @@ def test_error_without_gpu_names_the_reference_call_that_computes_the_same(monke
         ((policy,), dict(causal=False, scale=0.3))
     expected = kernels.flash_attention(q, k, v, *args, **kwargs).cpu()
     q, k, v = q.cpu(), k.cpu(), v.cpu()
-    monkeypatch.setattr(kernels, "interpreted", lambda: False)
+    monkeypatch.setattr(kernels.runtime, "interpreted", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU") as err:
         kernels.flash_attention(q, k, v, *args, **kwargs)
     call = re.search(r"computes the same: (lpfail\.attention\.attention\(.*\))\. ", str(err.value)).group(1)

@@ -21,7 +21,7 @@ kernels = load_kernels()
 import triton  # noqa: E402  (after load_kernels: under TRITON_INTERPRET=1 on a CPU)
 import triton.language as tl  # noqa: E402
 
-_max2 = kernels._fwd._max2   # a global of `_max2_probe` below (the interpreter runs it as Python)
+_max2 = kernels.fwd._max2   # a global of `_max2_probe` below (the interpreter runs it as Python)
 
 try:  # the pure-PyTorch reference (the oracle for policy-matching tests), when it is there
     from lpfail.attention import attention as reference_attention
@@ -107,7 +107,7 @@ def test_scores_in_units_of_alpha_change_no_bit(policy, monkeypatch):
     kp = kernels.kernel_policy(policy)
     runs, asked = [], []
     for raw in (True, False):
-        monkeypatch.setattr(kernels, "_raw_units", lambda kp, scale, raw=raw: asked.append(raw) or raw)
+        monkeypatch.setattr(kernels.launcher, "_raw_units", lambda kp, scale, raw=raw: asked.append(raw) or raw)
         kernels.fwd_plan.cache_clear(), kernels.bwd_plan.cache_clear()  # the plans cache RAW: recompute them
         o, lse = kernels.launch_forward(q, k, v, kp, True, 0.125)
         runs.append((o.cpu(), lse.cpu()))
@@ -333,7 +333,7 @@ def test_interpreter_refuses_bf16_dots():
 
 
 def test_no_cuda_and_no_interpreter_is_a_clear_runtime_error(monkeypatch):
-    monkeypatch.setattr(kernels, "interpreted", lambda: False)
+    monkeypatch.setattr(kernels.runtime, "interpreted", lambda: False)
     q = torch.randn(1, 1, 16, 64)
     with pytest.raises(RuntimeError, match="CUDA GPU.*lpfail.attention"):
         kernels.flash_attention(q, q, q, FP32)
@@ -452,24 +452,24 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
     captured = []
-    monkeypatch.setattr(kernels, "launch", lambda kernel, grid, key, a, kw, stream=None: captured.append(
+    monkeypatch.setattr(kernels.launcher, "launch", lambda kernel, grid, key, a, kw, stream=None: captured.append(
         (grid, key, a, kw)))
     q, k, v, _ = inputs(2, 3, 100, 64, seed=5)
     kernels.launch_forward(q, k, v, kernels.kernel_policy(FP32.with_fix()), True, 0.125)
     grid, key, args, kwargs = captured[0]
-    jit = JITFunction(getattr(kernels._fwd._attn_fwd.fn, "fn", kernels._fwd._attn_fwd.fn))
+    jit = JITFunction(getattr(kernels.fwd._attn_fwd.fn, "fn", kernels.fwd._attn_fwd.fn))
     backend = make_backend(GPUTarget("cuda", 90, 32))
     binder = create_function_from_signature(jit.signature, jit.params, backend)
     jit.device_caches[0] = ({}, {}, None, backend, binder)
     meta = {"BLOCK_M": 64, "num_warps": 4, "num_stages": 3}
     kwargs = {**kwargs, "enable_fp_fusion": False, **meta}
-    monkeypatch.setattr(kernels._fwd, "INTERPRET", False)
+    monkeypatch.setattr(kernels.fwd, "INTERPRET", False)
     monkeypatch.setattr(driver, "_active", _FakeDriver())
     compiled = _FakeCompiled()
     monkeypatch.setenv(kernels.DIRECT_ENV, "0")
-    assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None      # switched off
+    assert kernels.launcher._direct_entry(jit, compiled, args, kwargs, key) is None      # switched off
     monkeypatch.delenv(kernels.DIRECT_ENV, raising=False)
-    entry = kernels._direct_entry(jit, compiled, args, kwargs, key)             # on by default (GPU-checked)
+    entry = kernels.launcher._direct_entry(jit, compiled, args, kwargs, key)             # on by default (GPU-checked)
     assert entry is not None
     monkeypatch.undo()   # the real launch again (and the driver, the interpreter flag, the switch)
     monkeypatch.setattr(driver, "_active", _FakeDriver())
@@ -484,26 +484,26 @@ def test_direct_launch_passes_the_arguments_triton_binds(monkeypatch):
     assert len(call[9:]) == len(bound) == len(jit.params)
     assert all(a is b for a, b in zip(call[9:], bound))
     # refusals: a misaligned tensor, the switch, a binder whose bound order is not args then constexprs
-    monkeypatch.setattr(kernels._fwd, "INTERPRET", False)
+    monkeypatch.setattr(kernels.fwd, "INTERPRET", False)
     monkeypatch.setenv(kernels.DIRECT_ENV, "1")
     bad = (q.flatten()[1:1 + q.numel() - 8].view(-1),) + args[1:]
-    assert kernels._direct_entry(jit, compiled, bad, kwargs, key) is None
+    assert kernels.launcher._direct_entry(jit, compiled, bad, kwargs, key) is None
     monkeypatch.setenv(kernels.DIRECT_ENV, "0")
-    assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None
+    assert kernels.launcher._direct_entry(jit, compiled, args, kwargs, key) is None
     monkeypatch.setenv(kernels.DIRECT_ENV, "1")
     jit.device_caches[0] = ({}, {}, None, backend, lambda *a, **kw: ({"x": 0, **dict(enumerate(a))}, None, None))
-    assert kernels._direct_entry(jit, compiled, args, kwargs, key) is None
+    assert kernels.launcher._direct_entry(jit, compiled, args, kwargs, key) is None
 
 
 def test_autotune_env_is_read_from_the_environment(monkeypatch):
     """The launch plans key on LPFAIL_KERNELS_AUTOTUNE read from os.environ's own store (cheaper than a lookup):
     the same value os.environ.get gives, set, changed and unset."""
-    assert kernels._TUNE_KEY == kernels._fwd.TUNE_ENV.encode()
-    monkeypatch.delenv(kernels._fwd.TUNE_ENV, raising=False)
-    assert kernels._tune_env() is None
+    assert kernels.launcher._TUNE_KEY == kernels.fwd.TUNE_ENV.encode()
+    monkeypatch.delenv(kernels.fwd.TUNE_ENV, raising=False)
+    assert kernels.launcher._tune_env() is None
     for value in ("0", "1"):
-        monkeypatch.setenv(kernels._fwd.TUNE_ENV, value)
-        assert kernels._tune_env() == value == __import__("os").environ.get(kernels._fwd.TUNE_ENV)
+        monkeypatch.setenv(kernels.fwd.TUNE_ENV, value)
+        assert kernels.launcher._tune_env() == value == __import__("os").environ.get(kernels.fwd.TUNE_ENV)
 
 
 # -- the tuning levers (issue 25): how the kernels run, never what they compute --------------------------------
@@ -557,8 +557,8 @@ def _probe_with_tie(q, k, policy, tie):
     scale = 1.0 / math.sqrt(D)
     p = torch.full((M, N), float("nan"), device=q.device, dtype=torch.float32)
     extra = {} if kernels.interpreted() else {"enable_fp_fusion": kp.sub_fma}
-    kernels._fwd._probe_pbar[(1,)](q, k, p, q.stride(0), k.stride(0), p.stride(0), M, N, scale, kp.eps, kp.beta,
-                                   *kernels._shift_args(kp, 1.0), HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64,
+    kernels.fwd._probe_pbar[(1,)](q, k, p, q.stride(0), k.stride(0), p.stride(0), M, N, scale, kp.eps, kp.beta,
+                                   *kernels.policy.shift_args(kp, 1.0), HEAD_DIM=D, BLOCK_M=64, BLOCK_N=64,
                                    MATMUL=kp.matmul, QK_OUT=kp.qk_out, SCORES=kp.scores, EXP_IN=kp.exp_in,
                                    PBAR=kp.pbar, ACC=kp.acc, SUB_FMA=kp.sub_fma, FIX=kp.fix_mode,
                                    DOT_PREC=kp.dot_prec, TIE=tie, POW2=math.frexp(scale)[0] == 0.5, **extra)
@@ -640,12 +640,12 @@ def test_tie_auto_and_tma_bwd_pick_the_code_they_say():
     fix, robust = kernels.kernel_policy(fa2.with_fix()), kernels.kernel_policy(fa2.with_bounded_fix())
     auto = kernels.Tuning(tie="auto")
     for kp in (fix, robust):
-        assert kernels._fwd_levers(kp, 0.125, True, auto, 64)["TIE"] == 1
-        assert kernels._fwd_levers(kp, 128 ** -0.5, True, auto, 128)["TIE"] == 0
-        assert kernels._fwd_levers(kp, 128 ** -0.5, True, kernels.Tuning(tie="count"), 128)["TIE"] == 1
-    assert kernels._fwd_levers(kernels.kernel_policy(fa2), 0.125, True, auto, 64)["TIE"] == 0
+        assert kernels.launcher._fwd_levers(kp, 0.125, True, auto, 64)["TIE"] == 1
+        assert kernels.launcher._fwd_levers(kp, 128 ** -0.5, True, auto, 128)["TIE"] == 0
+        assert kernels.launcher._fwd_levers(kp, 128 ** -0.5, True, kernels.Tuning(tie="count"), 128)["TIE"] == 1
+    assert kernels.launcher._fwd_levers(kernels.kernel_policy(fa2), 0.125, True, auto, 64)["TIE"] == 0
     t = kernels.Tuning(tma="bwd")
-    assert kernels._fwd_levers(fix, 0.125, True, t, 64)["TMA"] is False
+    assert kernels.launcher._fwd_levers(fix, 0.125, True, t, 64)["TMA"] is False
     _, consts, _, _ = kernels.bwd_plan(256, 64, True, fix, 0.125, torch.bfloat16, torch.bfloat16, None, True, t)
     assert consts["kv"]["TMA"] is True and consts["dq"]["TMA"] is True
     assert kernels.Tuning.parse(str(t)) == t and kernels.Tuning.parse(str(kernels.NEXT_LEVERS)) == kernels.NEXT_LEVERS

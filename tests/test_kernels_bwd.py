@@ -198,12 +198,12 @@ def test_fused_backward_gives_the_split_bits(policy, n, causal):
     (q, k, v, do), o, lse = reference_forward(policy, n, causal)
     kp, lse = kernels.kernel_policy(policy), lse.squeeze(-1).contiguous()
     split = kernels.launch_backward(do, q, k, v, o, lse, kp, causal, 0.125, kernels.Tuning())
-    launches, real = [], kernels.launch
-    kernels.launch = lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw))[1]
+    launches, real = [], kernels.launcher.launch
+    kernels.launcher.launch = lambda kernel, *a, **kw: (launches.append(kernel), real(kernel, *a, **kw))[1]
     try:
         fused = kernels.launch_backward(do, q, k, v, o, lse, kp, causal, 0.125, kernels.Tuning(bwd="fused"))
     finally:
-        kernels.launch = real
+        kernels.launcher.launch = real
     for name, x, y in zip(("dQ", "dK", "dV"), fused, split):
         assert x.dtype == y.dtype and bit_mismatch(x, y) == 0, name
     assert launches[-1] is bwd.FUSED_TUNERS["v1"] and len(launches) == 2

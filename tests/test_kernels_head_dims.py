@@ -32,8 +32,8 @@ PADDED = (48, 80, 96, 112)
 
 def test_head_dims_are_the_multiples_of_16_up_to_128():
     assert kernels.HEAD_DIMS == tuple(range(16, 129, 16))
-    assert [kernels._head_tile(d) for d in PADDED] == [(64, 48), (128, 80), (128, 96), (128, 112)]
-    assert [kernels._head_tile(d) for d in (16, 32, 64, 128)] == [(16, 0), (32, 0), (64, 0), (128, 0)]
+    assert [kernels.policy.head_tile(d) for d in PADDED] == [(64, 48), (128, 80), (128, 96), (128, 112)]
+    assert [kernels.policy.head_tile(d) for d in (16, 32, 64, 128)] == [(16, 0), (32, 0), (64, 0), (128, 0)]
 
 
 @pytest.mark.parametrize("d", [8, 40, 72, 100, 144, 256])

@@ -22,7 +22,8 @@ from lpfail.kernels import NEXT_LEVERS, Tuning
 
 jobs = g.compile_jobs("cpu")
 kinds = collections.Counter(j[0][0] for j in jobs)
-assert set(kinds) == {"fwd", "dq", "dkdv", "delta", "fused"} and 200 < len(jobs) < 800, (len(jobs), kinds)
+assert set(kinds) == {"fwd", "dq", "dkdv", "delta", "fused", "dqa", "dqep"} and 200 < len(jobs) < 900, (len(jobs),
+                                                                                                kinds)
 assert len({repr(j) for j in jobs}) == len(jobs)
 pickle.loads(pickle.dumps(jobs))
 consts = [dict(j[2]) for j in jobs if j[0][0] == "fwd"]
@@ -35,6 +36,11 @@ assert any(c["TMA"] == ("raw", True) for c in fused) and all("ORDER" not in c fo
 assert all(g._decode(v) is not None for j in jobs for _, v in j[2])
 warps = {dict(j[3]).get("num_warps") for j in jobs if j[3]}
 assert warps == {4, 8}, warps
+dqa = [dict(j[2]) for j in jobs if j[0][0] == "dqa"]                              # the five-matmul backward
+assert {c["DESC_ATOMIC"] for c in dqa} == {("raw", True), ("raw", False)} and any(j[0] == ("dqa", "sm90") for j in jobs)
+assert any(dict(j[2])["HEAD_DIM"] == ("raw", 64) for j in jobs if j[0][0] == "dqep")
+assert g._uses_failed("next_fma_dqa", {"dqatma"}) and not g._uses_failed("fma_dqa_ptr", {"dqatma"})
+assert g._uses_failed("fma_dqa_ptr", {"dqa"}) and g.EXTRA_SHAPES == ((8, 12, 1024, 64),)
 assert g._uses_failed("next_fma", {"fused"}) and g._uses_failed("fma_tmab_fused", {"tmab"})
 assert g._uses_failed("next_fma_robust", {"auto"}) and not g._uses_failed("fma_tmab_fused", {"tma"})
 assert not g._uses_failed("base_fma", {"tma", "next"}) and not g._uses_failed("sdpa_cudnn", {"tma"})

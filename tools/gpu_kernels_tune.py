@@ -14,7 +14,9 @@ Phases, each under the one deadline (a phase that would start too late is skippe
   3. optionally (--pytest) the gpu-marked kernel tests (LPFAIL_KERNELS_AUTOTUNE=0), output in tests.txt;
   4. timings: BF16, causal, width 2048, d 64 and 128, N 1k–8k, 16k tokens per call, fwd and fwd+bwd, every
      method of a shape timed together in interleaved rounds (`ROUNDS`; each cell keeps its rounds and spread),
-     variant (autotuned in its space: the split backward, the fused one, NEXT_LEVERS: the default since 2026-12-04)
+     variant (autotuned in its space: the split backward, the fused one, NEXT_LEVERS: the default since 2026-12-04,
+     the five-matmul backward `Tuning(bwd="dq_atomic")` on NEXT_LEVERS (TMA reduce-adds) and alone (pointer
+     atomics); first GPT-2 small's step shape (8, 12, 1024, 64), `EXTRA_SHAPES`)
      beside SDPA cuDNN and flash; each timed variant's forward is compared bit
      for bit with its base's on the timed inputs, its gradients for closeness;
   5. the fix's cost: Algorithm 3 and the robust fix against the same kernel without a fix, alternating timings
@@ -65,6 +67,11 @@ METHODS = {
     "fma_fused_sm90": (FMA, Tuning(bwd="fused", space="sm90"), "base_fma"),
     "fma_tmab_fused": (FMA, Tuning(tma="bwd", bwd="fused"), "base_fma"),
     "next_fma": (FMA, NEXT, "base_fma"), "next_sub": (SUB, NEXT, "base_sub"),
+    # the five-matmul backward: beside the fused default, with TMA reduce-adds (NEXT's tma="bwd") and,
+    # without descriptors, with pointer atomics
+    "next_fma_dqa": (FMA, dataclasses.replace(NEXT, bwd="dq_atomic"), "base_fma"),
+    "next_sub_dqa": (SUB, dataclasses.replace(NEXT, bwd="dq_atomic"), "base_sub"),
+    "fma_dqa_ptr": (FMA, Tuning(bwd="dq_atomic"), "base_fma"),
 }
 #: the fix's cost: (method without a fix, method with it), timed in alternation; the tie test's two explicit forms
 #: beside "auto" (at each head dim one of them is auto's code: a repeat that shows the pairs' noise)
@@ -82,8 +89,11 @@ PAIRS = (("base_fma", "base_fma_alg3"), ("next_fma", "next_fma_alg3"), ("next_fm
          ("next_sub", "next_sub_alg3"))
 #: the checks' levers (phase 2), each against the default tuning
 LEVERS = {"tma": Tuning(tma=True), "tmab": Tuning(tma="bwd"), "count": Tuning(tie="count"), "auto": Tuning(tie="auto"),
-          "ftz": Tuning(ftz_exp=True), "fused": Tuning(bwd="fused"), "next": NEXT}
+          "ftz": Tuning(ftz_exp=True), "fused": Tuning(bwd="fused"), "next": NEXT,
+          "dqa": Tuning(bwd="dq_atomic"), "dqatma": Tuning(bwd="dq_atomic", tma="bwd")}
 HEAD_DIMS, SEQ_LENS, TOKENS, WIDTH = (64, 128), (1024, 2048, 4096, 8192), 16384, 2048
+#: shapes timed besides the grid, (batch, heads, N, d): GPT-2 small's training step (batch 8, 12 heads of 64)
+EXTRA_SHAPES = ((8, 12, 1024, 64),)
 MODES = ("fwd", "fwd_bwd")
 
 
@@ -134,6 +144,8 @@ def _compile_variants():
     checked += [(FA2_BF16.replace(out="fp32", l_from=lf), Tuning()) for lf in ("p", "pbar")]
     out = [(p, t, d, 16, True, d ** -0.5, True) for p, t in dict.fromkeys(timed) for d in HEAD_DIMS]
     out += [(p, t, d, 16, True, d ** -0.5, False) for p, t in dict.fromkeys(checked) for d in HEAD_DIMS]
+    out += [(p, t, d, h, True, d ** -0.5, True) for p, t in dict.fromkeys(timed) for _, h, _, d in EXTRA_SHAPES
+            if h % 16]                                       # ↑ EXTRA_SHAPES' head counts, where not 16's code
     out += [(p, Tuning(), 64, 1, False, 1.0, True) for p in (SUB, SUB.replace(l_from="pbar"), FMA,
                                                              FMA.replace(l_from="pbar"))]
     out += [(p, t, 64, 1, True, 0.125, True) for p in (SUB, SUB.with_bounded_fix()) for t in (Tuning(), NEXT)]
@@ -144,8 +156,8 @@ def _record_launches(policy, tuning, d, heads=16, causal=True, scale=None, devic
     """The launches (kernel, args, constexprs) of one forward and one backward, recorded instead of made (on CPU
     tensors for a dry run: nothing is launched)."""
     rec = []
-    real = kernels.launch
-    kernels.launch = lambda kernel, grid, key, args, consts, stream=None: rec.append((kernel, args, consts))
+    real = kernels.launcher.launch     # what launch_forward and launch_backward call
+    kernels.launcher.launch = lambda kernel, grid, key, args, consts, stream=None: rec.append((kernel, args, consts))
     scale = d ** -0.5 if scale is None else scale
     try:
         q, k, v = (torch.empty(1, heads, 1024, d, device=device, dtype=torch.bfloat16) for _ in range(3))
@@ -155,18 +167,19 @@ def _record_launches(policy, tuning, d, heads=16, causal=True, scale=None, devic
         lse = torch.empty(q.shape[:-1], device=device, dtype=torch.float32)
         kernels.launch_backward(q, q, k, v, o, lse, kp, causal, scale, tuning)
     finally:
-        kernels.launch = real
+        kernels.launcher.launch = real
     return rec
 
 
 def _tuner_id(kernel):
     from lpfail.kernels import bwd, fwd
     for table, name in ((fwd.FWD_TUNERS, "fwd"), (bwd.DQ_TUNERS, "dq"), (bwd.DKDV_TUNERS, "dkdv"),
-                        (bwd.FUSED_TUNERS, "fused")):
+                        (bwd.FUSED_TUNERS, "fused"), (bwd.DQA_TUNERS, "dqa")):
         for key, tuner in table.items():
             if tuner is kernel:
                 return name, key
-    return ("delta", None) if kernel is bwd._bwd_delta_dot else None
+    plain = {bwd._bwd_delta_dot: "delta", bwd.dq_epilogue: "dqep"}
+    return (plain[kernel], None) if kernel in plain else None
 
 
 def _encode(x):
@@ -186,7 +199,7 @@ def compile_jobs(device="cuda"):
             tid = _tuner_id(kernel)
             if tid is None:
                 continue
-            cfgs = [None] if tid[0] == "delta" else kernel.early_config_prune(kernel.configs, {}, **consts)
+            cfgs = [None] if tid[0] in ("delta", "dqep") else kernel.early_config_prune(kernel.configs, {}, **consts)
             for cfg in cfgs if every else cfgs[:1]:
                 job = (tid, tuple(_encode(a) for a in args), tuple((k, _encode(v)) for k, v in consts.items()),
                        tuple(sorted(cfg.all_kwargs().items())) if cfg else ())
@@ -211,7 +224,8 @@ def run_job(job):
     (name, key), args, consts, cfg = job
     jit = {"fwd": lambda: fwd.FWD_TUNERS[key].fn, "dq": lambda: bwd.DQ_TUNERS[key].fn,
            "dkdv": lambda: bwd.DKDV_TUNERS[key].fn, "fused": lambda: bwd.FUSED_TUNERS[key].fn,
-           "delta": lambda: bwd._bwd_delta_dot}[name]()
+           "delta": lambda: bwd._bwd_delta_dot, "dqa": lambda: bwd.DQA_TUNERS[key].fn,
+           "dqep": lambda: bwd.dq_epilogue}[name]()
     t0 = time.time()
     try:
         jit.warmup(*[_decode(a) for a in args], grid=(1,), **{k: _decode(v) for k, v in consts}, **dict(cfg))
@@ -278,8 +292,9 @@ def check_levers(d, out):
     """Each lever against the default kernel, on tied rows (the fix fires) with a partial last tile."""
     q, k, v, do = _inputs(d, tied=True, seed=d)
     fails = []
-    for policy, levers in ((FMA.with_fix(), ("tma", "tmab", "count", "auto", "fused", "next")),
-                           (SUB.with_bounded_fix(), ("tma", "tmab", "count", "auto", "ftz", "fused", "next"))):
+    for policy, levers in ((FMA.with_fix(), ("tma", "tmab", "count", "auto", "fused", "next", "dqa", "dqatma")),
+                           (SUB.with_bounded_fix(), ("tma", "tmab", "count", "auto", "ftz", "fused", "next", "dqa",
+                                                     "dqatma"))):
         base = _grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, tuning=Tuning()), q, k, v, do)
         for lever in levers:
             t = LEVERS[lever]
@@ -369,13 +384,14 @@ def _uses_failed(name: str, failed: set) -> bool:
         return False
     t = spec[1]
     on = {"tma": t.tma is True, "tmab": bool(t.tma), "count": t.tie == "count", "auto": t.tie == "auto",
-          "ftz": t.ftz_exp, "fused": t.bwd == "fused", "next": t == NEXT}
+          "ftz": t.ftz_exp, "fused": t.bwd == "fused", "next": t == NEXT,
+          "dqa": t.bwd == "dq_atomic", "dqatma": t.bwd == "dq_atomic" and bool(t.tma)}
     return any(on.get(f, False) for f in failed)
 
 
 # -- phases 4 and 5: timings ------------------------------------------------------------------------------------
-def _sets(d, n, count=3):
-    b, h = max(1, TOKENS // n), WIDTH // d
+def _sets(d, n, count=3, bh=None):
+    b, h = bh or (max(1, TOKENS // n), WIDTH // d)
     g = torch.Generator(device="cuda").manual_seed(1000 * d + n)
     return [tuple(torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(i < 3)
                   for i in range(4)) for _ in range(count)]
@@ -413,15 +429,17 @@ def _guard(name, sets, base_out):
 ROUNDS = 5
 
 
-def time_shape(d, n, names, reps, record, dl, seen):
+def time_shape(d, n, names, reps, record, dl, seen, bh=None):
     """Every method at one (d, N): guards first (which also autotune), then per mode the methods timed together
-    in interleaved rounds (`ROUNDS` × reps // ROUNDS timings each; the median of the round medians)."""
-    sets = _sets(d, n)
-    b, h = max(1, TOKENS // n), WIDTH // d
+    in interleaved rounds (`ROUNDS` × reps // ROUNDS timings each; the median of the round medians). `bh`: (batch,
+    heads) instead of the grid's (16k tokens, width 2048); its cells' keys end in " B=b H=h"."""
+    sets = _sets(d, n, bh=bh)
+    b, h = bh or (max(1, TOKENS // n), WIDTH // d)
+    where = f" B={b} H={h}" if bh else ""
     outs, cells = {}, {}
     for name in names:
         if dl.left() < 30:
-            record["errors"].append(f"deadline: {name} d={d} N={n} not timed")
+            record["errors"].append(f"deadline: {name} d={d} N={n}{where} not timed")
             continue
         spec = METHODS.get(name)
         base = spec[2] if spec else None
@@ -430,9 +448,9 @@ def time_shape(d, n, names, reps, record, dl, seen):
             outs[name], guard = _guard(name, sets, outs.get(base)) if not name.startswith("sdpa_") else (None, {})
             cells[name] = {"guard": guard, "picks": _new_picks(seen)}
         except Exception as e:  # noqa: BLE001 - a back end missing on this build: recorded, the rest goes on
-            record["cells"][f"{name} d={d} N={n}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            record["cells"][f"{name} d={d} N={n}{where}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         if guard and not guard.get("ok", True):
-            print(f"GUARD FAILED: {name} d={d} N={n}: {json.dumps(guard)}", flush=True)
+            print(f"GUARD FAILED: {name} d={d} N={n}{where}: {json.dumps(guard)}", flush=True)
     for mode in MODES:
         if not cells or dl.left() < 15:
             break
@@ -440,7 +458,7 @@ def time_shape(d, n, names, reps, record, dl, seen):
             got = time_interleaved({name: method_fn(name) for name in cells}, sets, mode, ROUNDS,
                                    max(1, reps // ROUNDS), 3)
         except Exception as e:  # noqa: BLE001 - one method failing its timing: time the others one by one
-            record["errors"].append(f"interleaved d={d} N={n} {mode}: {type(e).__name__}: {str(e)[:200]}")
+            record["errors"].append(f"interleaved d={d} N={n}{where} {mode}: {type(e).__name__}: {str(e)[:200]}")
             got = {}
             for name in cells:
                 try:
@@ -451,8 +469,8 @@ def time_shape(d, n, names, reps, record, dl, seen):
             cells[name][mode] = {"ms": t["ms"], "rounds_ms": t["rounds"], "spread": t["spread"],
                                  "tflops": flops(b, h, n, d, True, mode) / (t["ms"] * 1e-3) / 1e12}
     for name, cell in cells.items():
-        record["cells"][f"{name} d={d} N={n}"] = cell
-        log(dl, f"d={d} N={n} {name:14s} " + "  ".join(
+        record["cells"][f"{name} d={d} N={n}{where}"] = cell
+        log(dl, f"d={d} N={n}{where} {name:14s} " + "  ".join(
             f"{m} {cell[m]['tflops']:6.1f} (±{50 * cell[m]['spread']:.0f} %)" for m in MODES if m in cell)
             + (f" {cell.get('error', '')}"))
     return sets
@@ -484,6 +502,9 @@ def run_timings(dl: Deadline, bench: dict, pairs_rec: dict, failed: set, reps: i
     names = [m for m in METHODS if not _uses_failed(m, failed)]
     pairs = [p for p in PAIRS if not (_uses_failed(p[0], failed) or _uses_failed(p[1], failed))]
     seen = set()
+    for b, h, n, d in EXTRA_SHAPES:   # first: the training step's shape (small, quick)
+        time_shape(d, n, names, reps, bench, dl, seen, bh=(b, h))
+        torch.cuda.empty_cache()
     for d in HEAD_DIMS:
         for n in SEQ_LENS:
             sets = time_shape(d, n, names, reps, bench, dl, seen)
@@ -576,6 +597,13 @@ def summary(bench: dict, pairs: dict, host: dict, checks: dict) -> str:
                              for n in SEQ_LENS]
             fmt = lambda xs: " / ".join("  -  " if math.isnan(x) else f"{100 * x:+5.1f}%" for x in xs)  # noqa: E731
             lines.append(f"  {fix + '/' + base:32s} d={d:3d} {fmt(get('fwd'))} ; {fmt(get('fwd_bwd'))}")
+    for b, h, n, d in EXTRA_SHAPES:
+        lines.append(f"B={b} H={h} N={n} d={d}: TFLOP/s fwd ; fwd+bwd")
+        for name in METHODS:
+            c = cells.get(f"{name} d={d} N={n} B={b} H={h}", {})
+            if any(m in c for m in MODES):
+                lines.append(f"  {name:14s} " + " ; ".join(f"{c[m]['tflops']:4.0f}" if m in c else "  - "
+                                                            for m in MODES))
     if host:
         keys = [k for k, v in host.items() if isinstance(v, dict)]
         lines.append("host µs per call (median): " + ", ".join(f"{k} {host[k]['median_us']:.0f}" for k in keys))

@@ -50,7 +50,7 @@ def counts(text: str) -> collections.Counter:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--d", type=int, default=64)
-    ap.add_argument("--kernel", default="fwd", choices=("fwd", "dkdv", "dq"))
+    ap.add_argument("--kernel", default="fwd", choices=("fwd", "dkdv", "dq", "dqa"))
     ap.add_argument("--variants", default="FA2_BF16,FA2_BF16+fix,FA2_BF16+robust,fma,fma+fix,fma+robust")
     ap.add_argument("--tunings", default="default", help=f"comma-separated names of {list(cc.TUNINGS)}")
     ap.add_argument("--config", type=int, default=0, help="index into the kernel's pruned autotune configs")
