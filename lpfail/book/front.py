@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 
 from lpfail import results
-from lpfail.book import beyond_report, diagnose, dial_report, symptom_report
+from lpfail.book import beyond_report, dial_report, symptom_report
 from lpfail.book.text import listing
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
                                  load_or_none)
@@ -225,23 +225,6 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     return f"{real} {train}. {chain}. {dial_words(load)}"
 
 
-def _alarm_words(load: Callable) -> str:
-    """The monitor line's clause on the precision alarm: from its test on fresh seeds where stored (it flags the
-    paper's arithmetic, not a run's failure, when it fires in every run of that arithmetic, those that never diverge
-    included), else from the first rule's evaluation."""
-    f = diagnose.fresh_facts(load_or_none(load, "precision_alarm_fresh"))
-    if f is not None:
-        if f["a_alarmed"] == f["a_runs"] and f["quiet"]["runs"] and f["quiet"]["alarms"] == f["quiet"]["runs"]:
-            return "; its alarm flags the paper's arithmetic, not when a run fails"
-        hit = f["decision"].get("hit")
-        return f"; its alarm preceded {hit['k']} of {hit['n']} divergences" if hit else ""
-    alarm = load_or_none(load, "precision_alarm")
-    lead = ((alarm["analysis"].get("lead") or {}) if alarm is not None and "analysis" in alarm else {})
-    div = [d for d in lead.values() if d.get("divergence_step") == d.get("divergence_step")]  # not NaN
-    fired = [d for d in div if d.get("alarm_step") is not None]
-    return f"; its alarm preceded {len(fired)} of {len(div)} divergences" if div else ""
-
-
 def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     """**What to do**, by situation: one line each, linked to its evidence and worded by the verdicts it rests on."""
     load = load or results.load
@@ -262,7 +245,8 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; else "
                "the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else f" ({_status(by, 'Robust')})")
                + " ({doc}`ch. 5 <05_fix>`)" + below + ".")
-    out.append("**Monitor** with `lpfail.Monitor`" + _alarm_words(load) + " ({doc}`ch. 7 <07_diagnose>`).")
+    # neither alert tells a failure from the arithmetic or the rate (chapter 7's tests): the advice is the comparison
+    out.append("**Monitor** with `lpfail.Monitor`; check an alert against FP32 attention ({doc}`ch. 7 <07_diagnose>`).")
     qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else f"reads {_status(by, 'C0-qk')}"
     if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED):
         fix = "are not shown to help training"
