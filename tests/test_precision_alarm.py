@@ -312,9 +312,8 @@ def test_chapter_7s_first_screen_and_lab_table_come_from_the_fresh_test():
     pa = {"scalars": {"analysis": {"alarm_step": {"A@0.032/s1": None, "C@0.032/s1": None}}}}
     partial = {"complete": False, "runs_stored": 2, "runs_planned": 5}
     assert dg.fresh_facts(partial) is None and dg.fresh_lead_table(partial) is None
-    assert dg.kit_found(partial, pa).endswith("fired in 0 of 2 runs: on this proxy the error is large but changes "
-                                              "sign. A second rule, on the error's size, waits for its test on fresh "
-                                              "seeds.")
+    assert dg.kit_found(partial, pa).endswith("fired in 0 of 2 runs: the error is large but changes sign. A second "
+                                              "rule, on the error's size, waits for its test on fresh seeds.")
     an = P.evaluate_scaled(runs)
     an_first = {"alarm_step": {k: None for k in an["alarm_step"]}}
     fresh = {"complete": True, "runs_stored": 5, "runs_planned": 5, "analysis": an, "first_rule": an_first}
@@ -323,7 +322,7 @@ def test_chapter_7s_first_screen_and_lab_table_come_from_the_fresh_test():
     assert f["missed"] == [(0.016, 1, 50.0, 70)] and f["lead"] == (430.0, 430.0)
     text = dg.kit_found(fresh, pa)
     assert "fired in 0 of 7 runs" in text and "before 1 of 2 [" in text and "is undecided (the hit rate" in text
-    assert "fires in 2 of 2 runs of the paper's arithmetic (at step 70 in 2): it says" in text   # no quiet A run
+    assert "fires in all 2 runs of the paper's arithmetic: it recognises" in text   # no A run without divergence
     para = dg.scaled_rule_text({"scaled_development": an}, fresh)
     assert "The divergence it missed: at 0.016, seed 1, A left C at step 50, the alarm came at step 70." in para
     table = dg.fresh_lead_table(fresh).splitlines()

@@ -329,24 +329,23 @@ def kit_found(fresh, pa) -> str:
         steps += list(fresh["first_rule"]["alarm_step"].values())
     n_fired = sum(v is not None for v in steps)
     first = (f"The precision alarm's first rule (does the gradient error keep one direction?) fired in {n_fired} of "
-             f"{len(steps)} runs" + (": on this proxy the error is large but changes sign." if n_fired == 0 else "."))
+             f"{len(steps)} runs" + (": the error is large but changes sign." if n_fired == 0 else "."))
     if f is None:
         return first + " A second rule, on the error's size, waits for its test on fresh seeds."
     d, q = f["decision"], f["quiet"]
     hit = _rate(d["hit"]) if d.get("hit") else "no divergence"
-    fal, fired = d["false_alarm"], f["fired_steps"]
-    by = f"at step {f['earliest']} in {f['at_earliest']}" + (f", by step {fired[-1]} in all"
-                                                           if fired and fired[-1] != f["earliest"] else "")
-    open_parts = (f" ({listing([_FOUND_PARTS.get(x, x) for x in d['undecided']])} not decided by the runs)"
+    fal = d["false_alarm"]
+    open_parts = (f" ({listing([_FOUND_PARTS.get(x, x) for x in d['undecided']])} not decided)"
                   if d["word"] == "undecided" else "")
-    quiet = f", the {q['runs']} that never diverge included" if q["runs"] else ""
-    return (f"{first} A second rule, on the error's size per unit of logit (`lpfail.monitor.scaled_fires`), was "
-            f"registered, then tested on {f['runs']} fresh runs: it fired at least {P.LEAD_STEPS} steps before "
-            f"{hit} divergences of the paper's arithmetic, on {_rate(fal['C'])} FP32-attention runs and on "
-            f"{_rate(fal['D'])} production runs; its goal (at least {100 * P.SCALED_GOAL['hit']:.0f} % hit, at most "
-            f"{100 * P.SCALED_GOAL['false_alarm']:.0f} % false alarms) is {d['word']}{open_parts}. It fires in "
-            f"{f['a_alarmed']} of {f['a_runs']} runs of the paper's arithmetic ({by}){quiet}: it says that a model's "
-            "attention computes like the paper's, not when the run will fail.")
+    every = "all" if f["a_alarmed"] == f["a_runs"] else f"{f['a_alarmed']} of"
+    quiet = (f", the {q['runs']} that never diverge included" if q["runs"] and q["alarms"] == q["runs"] else
+             f", {q['alarms']} of the {q['runs']} that never diverge" if q["runs"] else "")
+    return (f"{first} Its second rule, the error's size per unit of logit (`lpfail.monitor.scaled_fires`), tested on "
+            f"{f['runs']} fresh runs, fired at least {P.LEAD_STEPS} steps before {hit} divergences, in "
+            f"{_rate(fal['C'])} FP32-attention runs and {_rate(fal['D'])} production runs: its goal (at least "
+            f"{100 * P.SCALED_GOAL['hit']:.0f} % hit, at most {100 * P.SCALED_GOAL['false_alarm']:.0f} % false "
+            f"alarms) is {d['word']}{open_parts}. It fires in {every} {f['a_runs']} runs of the paper's arithmetic"
+            f"{quiet}: it recognises that arithmetic, not a coming failure.")
 
 
 def fresh_lead_table(fresh) -> str | None:
