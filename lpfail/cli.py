@@ -1,4 +1,4 @@
-"""Command line: ``python -m lpfail list | run NAME [--set key=value ...] | show NAME | bench kernels | train |
+"""Command line: ``python -m lpfail list | run NAME [--set key=value ...] | show NAME | bench kernels|step | train |
 sweep NAME status|plan|checks|drive|collect`` (the last: `lpfail.sweep.cli`).
 
 ``python -m lpfail train [--preset tiny|probe|gpt2-small|gpt2-medium] [--set key=value ...]`` trains (see
@@ -128,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--no-store", action="store_true", help="run without writing the result")
     p_show = sub.add_parser("show", help="show a stored result's provenance and contents")
     p_show.add_argument("name")
-    p_bench = sub.add_parser("bench", help="run a benchmark (GPU): `bench kernels`")
-    p_bench.add_argument("what", choices=["kernels"])
+    p_bench = sub.add_parser("bench", help="run a benchmark (GPU): `bench kernels` (the attention table), `bench step` "
+                                           "(GPT-2 small's training step, SDPA against the drop-in)")
+    p_bench.add_argument("what", choices=["kernels", "step"])
     p_bench.add_argument("--set", action="append", metavar="KEY=VALUE")
     p_train = sub.add_parser("train", help="train a GPT (single process, or under torchrun: data-parallel)")
     p_train.add_argument("--preset", help="tiny | probe | gpt2-small | gpt2-medium (default: TrainConfig's)")
