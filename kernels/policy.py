@@ -12,6 +12,7 @@ from lpfail.precision import _ACC_FIELDS, DIAL, SAFE_SHIFT, BoundedMax, Precisio
 
 from . import runtime
 from .runtime import TL
+from .tuning import cached_hash, state_without_hash
 
 if runtime.IMPORT_ERROR is None:
     from . import bwd as _bwd
@@ -72,15 +73,8 @@ class KernelPolicy:
     shift_hi: float = 0.0
     l_pbar: bool = False        # L_PBAR constexpr: ℓ summed from P̄ (the policy's l_from="pbar")
 
-    def __hash__(self):  # the dataclass's hash, computed once (it keys every launch's caches)
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", h)
-        return h
-
-    def __getstate__(self):  # a pickle must not carry this process's string hashes
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    __hash__ = cached_hash            # computed once: it keys every launch's caches
+    __getstate__ = state_without_hash
 
 
 def wider(a: str, b: str) -> str:

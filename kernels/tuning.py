@@ -5,6 +5,22 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 
+def cached_hash(self) -> int:
+    """A frozen dataclass's hash over its fields, computed once and kept on the instance (`KernelPolicy` and `Tuning`
+    key every launch's caches); a class takes it with ``__hash__ = cached_hash``."""
+    h = self.__dict__.get("_hash")
+    if h is None:
+        h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+        object.__setattr__(self, "_hash", h)
+    return h
+
+
+def state_without_hash(self) -> dict:
+    """The pickled state of a `cached_hash` class: without the kept hash (a pickle must not carry this process's
+    string hashes)."""
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
 class Tuning:
     """How the kernels are scheduled and tuned, never what they compute (speed levers, measured side by side by
@@ -50,15 +66,8 @@ class Tuning:
     _CHOICES = {"space": ("v1", "sm90"), "order": ("head", "lpt"), "bwd": ("split", "atomic", "fused", "dq_atomic"),
                 "tie": ("max2", "count", "auto")}
 
-    def __hash__(self):  # computed once: a tuning keys every launch's caches
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
-            object.__setattr__(self, "_hash", h)
-        return h
-
-    def __getstate__(self):  # a pickle must not carry this process's string hashes
-        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    __hash__ = cached_hash            # computed once: it keys every launch's caches
+    __getstate__ = state_without_hash
 
     def __post_init__(self):
         for name, allowed in self._CHOICES.items():
