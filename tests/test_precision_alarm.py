@@ -328,3 +328,8 @@ def test_chapter_7s_first_screen_and_lab_table_come_from_the_fresh_test():
     table = dg.fresh_lead_table(fresh).splitlines()
     assert table[0].startswith("| learning rate | seed | A leaves C at step | second rule's alarm at step |")
     assert table[2] == "| 0.016 | 1 | 50 | 70 | never |" and table[3] == "| 0.032 | 1 | 500 | 70 | never |"
+    # a rule that never fires in the paper's arithmetic is said so, with no step
+    quiet = {**fresh, "analysis": {**an, "alarm_step": {k: None for k in an["alarm_step"]}}}
+    assert "It fires in none of the 2 runs of the paper's arithmetic." in dg.kit_found(quiet, pa)
+    assert "It fires in none of the 2 runs of the paper's arithmetic; the logit alert" in dg.scaled_rule_text(
+        {"scaled_development": an}, quiet)

@@ -278,12 +278,13 @@ def scaled_rule_text(res: dict, fresh: dict | None = None) -> str:
                if ev["word"] == "undecided" else ".")
             + (f" The divergence it missed: {miss}." if len(f["missed"]) == 1 else
                f" The divergences it missed: {miss}." if f["missed"] else "")
-            + f" As on the runs it was chosen on, it fires in {f['a_alarmed']} of {f['a_runs']} runs of the paper's "
-            f"arithmetic, at step {f['earliest']} in {f['at_earliest']}"
-            + (f", the {f['quiet']['runs']} that never diverge included" if f["quiet"]["runs"] else "") + ", so "
-            "its hits measure which arithmetic a model runs, not a forecast of the failure; the logit alert, beside "
-            f"it, precedes {f['logit']['hits']} of {f['logit']['diverged']} divergences and fires in "
-            f"{f['logit']['false']['C'][0]} of {f['logit']['false']['C'][1]} FP32 runs.")
+            + (f" It fires in none of the {f['a_runs']} runs of the paper's arithmetic;" if not f["a_alarmed"] else
+               f" As on the runs it was chosen on, it fires in {f['a_alarmed']} of {f['a_runs']} runs of the paper's "
+               f"arithmetic, at step {f['earliest']} in {f['at_earliest']}"
+               + (f", the {f['quiet']['runs']} that never diverge included" if f["quiet"]["runs"] else "") + ", so "
+               "its hits measure which arithmetic a model runs, not a forecast of the failure;")
+            + f" the logit alert, beside it, precedes {f['logit']['hits']} of {f['logit']['diverged']} divergences and "
+            f"fires in {f['logit']['false']['C'][0]} of {f['logit']['false']['C'][1]} FP32 runs.")
 
 
 def fresh_facts(fresh) -> dict | None:
@@ -310,7 +311,7 @@ def fresh_facts(fresh) -> dict | None:
             "missed": missed, "lead": (min(leads), max(leads)) if leads else None,
             "logit": {"hits": la["hits"], "diverged": la["diverged"],
                       "false": {v: tuple(x) for v, x in la["false_alarms"].items()}},
-            "seeds": len(P.SCALED_GRID["seeds"]), "runs": int(fresh.get("runs_stored", 0)),
+            "runs": int(fresh.get("runs_stored", 0)),
             "device": meta.get("device", "a GPU"), "when": str(meta.get("created", ""))[:10]}
 
 
@@ -337,7 +338,8 @@ def kit_found(fresh, pa) -> str:
     fal = d["false_alarm"]
     open_parts = (f" ({listing([_FOUND_PARTS.get(x, x) for x in d['undecided']])} not decided)"
                   if d["word"] == "undecided" else "")
-    every = "all" if f["a_alarmed"] == f["a_runs"] else f"{f['a_alarmed']} of"
+    every = ("none of the" if not f["a_alarmed"] else "all" if f["a_alarmed"] == f["a_runs"]
+             else f"{f['a_alarmed']} of")
     quiet = (f", the {q['runs']} that never diverge included" if q["runs"] and q["alarms"] == q["runs"] else
              f", {q['alarms']} of the {q['runs']} that never diverge" if q["runs"] else "")
     return (f"{first} Its second rule, the error's size per unit of logit (`lpfail.monitor.scaled_fires`), tested on "
@@ -345,7 +347,7 @@ def kit_found(fresh, pa) -> str:
             f"{_rate(fal['C'])} FP32-attention runs and {_rate(fal['D'])} production runs: its goal (at least "
             f"{100 * P.SCALED_GOAL['hit']:.0f} % hit, at most {100 * P.SCALED_GOAL['false_alarm']:.0f} % false "
             f"alarms) is {d['word']}{open_parts}. It fires in {every} {f['a_runs']} runs of the paper's arithmetic"
-            f"{quiet}: it recognises that arithmetic, not a coming failure.")
+            + (f"{quiet}: it recognises that arithmetic, not a coming failure." if f["a_alarmed"] else "."))
 
 
 def fresh_lead_table(fresh) -> str | None:
