@@ -332,8 +332,10 @@ class Result(Mapping):
 
 
 def _short_git(git) -> str:
-    """A commit, or the space-separated commits of runs from several trees, each to 12 hex digits: 'a1b2… and c3d4…'."""
-    return " and ".join(g[:12] for g in str(git).split()) or "?"
+    """A commit, or the space-separated commits of runs from several trees, each to 12 hex digits: 'a1b2…',
+    'a1b2… and c3d4…', 'a1b2…, c3d4… and e5f6…'."""
+    gits = [g[:12] for g in str(git).split()] or ["?"]
+    return gits[0] if len(gits) == 1 else ", ".join(gits[:-1]) + " and " + gits[-1]
 
 
 def _split(name: str, data: dict) -> tuple[dict, dict]:

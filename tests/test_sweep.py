@@ -196,6 +196,8 @@ def test_parts_provenance():
     # the result's one-line provenance names every tree its runs came from, not the first twelve characters
     line = results.Result({}, {"name": "g", "config_hash": "h", **p}).provenance
     assert "(git 048e3378a0dc and 5112e531be60, 16 s," in line, line
+    three = results.Result({}, {"name": "g", "config_hash": "h", **p, "git": "a1 b2 c3"}).provenance
+    assert "(git a1, b2 and c3, 16 s," in three, three
 
 
 # -- a tiny grid end to end ----------------------------------------------------------------------------------------
