@@ -226,6 +226,9 @@ SCALED_SEEN = (
     "an evaluation. No run of seeds 30–49 existed.")
 
 
+#: The rule itself — `ScaledRule`, `SCALED_RULE` (threshold 5e-4, 8 measurements in a row, logit floor 1),
+#: `scaled_statistic`, `scaled_fires` — was written here with this registration and moved unchanged into `lpfail.alarm`
+#: after its evaluation, so that users of the monitor can apply it; it is imported above.
 #: Its evaluation grid: the first grid's rates, variants and monitor on twenty seeds no grid has trained.
 SCALED_GRID = {"size": "small", "lrs": GRID["lrs"], "variants": GRID["variants"], "seeds": tuple(range(30, 50))}
 #: A hit: the alarm at least this many steps before A's divergence (`divergence_steps`, against C, same rate and seed).
