@@ -188,6 +188,8 @@ def test_the_tested_rule_applies_to_a_monitors_records():
     from lpfail.monitor import ScaledRule, scaled_fires, scaled_statistic
 
     assert P.scaled_fires is scaled_fires and P.SCALED_RULE == ScaledRule()
+    # the values registered on 2026-12-06 (a library default must not drift from the tested rule)
+    assert (P.SCALED_RULE.threshold, P.SCALED_RULE.consecutive, P.SCALED_RULE.logit_floor) == (5e-4, 8, 1.0)
     bf16, _ = _steps(_gpt(), 4, policy=PAPER_BF16)
     fp32, _ = _steps(_gpt(), 4)
     lo = ScaledRule(threshold=1e-5, consecutive=3)
