@@ -333,3 +333,10 @@ def test_chapter_7s_first_screen_and_lab_table_come_from_the_fresh_test():
     assert "It fires in none of the 2 runs of the paper's arithmetic." in dg.kit_found(quiet, pa)
     assert "It fires in none of the 2 runs of the paper's arithmetic; the logit alert" in dg.scaled_rule_text(
         {"scaled_development": an}, quiet)
+    saw = dg.kit_saw(fresh, pa)
+    assert saw.startswith("The precision alarm's first rule, on whether the gradient error keeps one direction, "
+                          "fired in none of its 7 runs:")
+    assert ("fired in 2 of the 2 fresh runs of the paper's arithmetic by step 70, whether or not the run went on to "
+            "fail, in 0 of 2 runs of FP32 attention and in 1 of 1 of production arithmetic. On this proxy") in saw
+    assert dg.kit_saw(quiet, pa).endswith("cannot warn of a precision failure before it happens.")
+    assert dg.kit_saw(partial, pa).endswith("cannot warn of a precision failure before it happens.")

@@ -350,6 +350,33 @@ def kit_found(fresh, pa) -> str:
             + (f"{quiet}: it recognises that arithmetic, not a coming failure." if f["a_alarmed"] else "."))
 
 
+def kit_saw(fresh, pa) -> str:
+    """Chapter 7's "What we saw" item on the precision alarm (both rules), from the stored tests."""
+    f = fresh_facts(fresh)
+    steps = list(_alarm_scalars(pa)["analysis"]["alarm_step"].values())
+    if f is not None:
+        steps += list(fresh["first_rule"]["alarm_step"].values())
+    n_fired = sum(v is not None for v in steps)
+    first = (f"The precision alarm's first rule, on whether the gradient error keeps one direction, fired in "
+             f"{'none' if n_fired == 0 else n_fired} of its {len(steps)} runs: the error is large in the paper's "
+             "arithmetic but does not keep one direction, and production arithmetic, which does not fail, has "
+             "errors of the same size.")
+    if f is None:
+        return first + " On this proxy the kit cannot warn of a precision failure before it happens."
+    fal, q = f["decision"]["false_alarm"], f["quiet"]
+    if not f["a_alarmed"]:
+        return (first + f" Its second rule, on the error's size per unit of logit, fired in none of the {f['a_runs']} "
+                "fresh runs of the paper's arithmetic. On this proxy the kit cannot warn of a precision failure "
+                "before it happens.")
+    return (first + f" Its second rule, on the error's size per unit of logit, fired in {f['a_alarmed']} of the "
+            f"{f['a_runs']} fresh runs of the paper's arithmetic by step {f['fired_steps'][-1]}, whether or not the "
+            "run went on to fail" + (f" ({q['alarms']} of the {q['runs']} that never diverge alarmed)" if q["runs"]
+                                     else "")
+            + f", in {fal['C']['k']} of {fal['C']['n']} runs of FP32 attention and in {fal['D']['k']} of "
+            f"{fal['D']['n']} of production arithmetic. On this proxy the kit can tell that a model's attention "
+            "computes the way the paper's failing code does; it cannot tell that a failure is coming.")
+
+
 def fresh_lead_table(fresh) -> str | None:
     """Per run of the paper's arithmetic in the fresh grid: the step its loss left FP32 attention's (same rate and
     seed), the second rule's alarm and the logit alert ('never' where none) — a Markdown table; None while the
