@@ -197,14 +197,24 @@ def alarm_lead_table(res: dict) -> str:
     steps of the precision alarm and of the logit alert ('never' where none) — a Markdown table."""
     sc = _alarm_scalars(res)
     per_run = sc["description"]["runs"]
+    return _lead_table(sc["analysis"]["lead"], lambda key, d: per_run[f"A@{key}"]["logit_alert"],
+                       "precision alarm at step")
+
+
+def _lr_seed(key: str) -> tuple[float, int]:
+    """(learning rate, seed) of a lead key "0.016/s30"."""
+    lr, seed = key.split("/s")
+    return float(lr), int(seed)
+
+
+def _lead_table(lead: dict, logit, alarm_header: str) -> str:
+    """Per run of the paper's arithmetic, by rate and seed: the step its loss left FP32 attention's, the alarm's step
+    and the logit alert's (`logit(key, row)`), 'never' where none — a Markdown table."""
     rows = []
-    for key, d in sorted(sc["analysis"]["lead"].items(), key=lambda kv: (float(kv[0].split("/")[0]),
-                                                                         int(kv[0].split("/s")[1]))):
+    for key, d in sorted(lead.items(), key=lambda kv: _lr_seed(kv[0])):
         lr, seed = key.split("/s")
-        logit = per_run[f"A@{key}"]["logit_alert"]
-        rows.append([lr, seed, _steps(d["divergence_step"]), _steps(d["alarm_step"]), _steps(logit)])
-    return md_table(["learning rate", "seed", "A leaves C at step", "precision alarm at step",
-                     "logit alert at step"], rows)
+        rows.append([lr, seed, _steps(d["divergence_step"]), _steps(d["alarm_step"]), _steps(logit(key, d))])
+    return md_table(["learning rate", "seed", "A leaves C at step", alarm_header, "logit alert at step"], rows)
 
 
 def alarm_figure(res: dict):
@@ -300,8 +310,8 @@ def fresh_facts(fresh) -> dict | None:
     earliest = min(fired) if fired else None
     leads = [d["alarm_lead"] for d in an["lead"].values()
              if d["divergence_step"] is not None and d["alarm_lead"] is not None and d["alarm_lead"] >= P.LEAD_STEPS]
-    missed = [(float(k.split("/s")[0]), int(k.split("/s")[1]), d["divergence_step"], d["alarm_step"])
-              for k, d in sorted(an["lead"].items()) if d["divergence_step"] is not None
+    missed = [(*_lr_seed(k), d["divergence_step"], d["alarm_step"])
+              for k, d in sorted(an["lead"].items(), key=lambda kv: _lr_seed(kv[0])) if d["divergence_step"] is not None
               and (d["alarm_lead"] is None or d["alarm_lead"] < P.LEAD_STEPS)]
     meta = getattr(fresh, "meta", {}) or {}
     la = an["logit_alert"]
@@ -320,17 +330,23 @@ def _rate(r: dict) -> str:
     return f"{r['k']} of {r['n']} [{span(100 * r['ci'][0], 100 * r['ci'][1], '.0f', sep='–')} %]"
 
 
+def _first_rule_tally(pa, fresh=None) -> tuple[int, int]:
+    """(runs in which the first rule fired, runs): its own grid (`pa`) and, where given, the complete fresh grid's
+    evaluation of it beside the second rule."""
+    steps = list(_alarm_scalars(pa)["analysis"]["alarm_step"].values())
+    if fresh is not None:
+        steps += list(fresh["first_rule"]["alarm_step"].values())
+    return sum(v is not None for v in steps), len(steps)
+
+
 def kit_found(fresh, pa) -> str:
     """Chapter 7's first-screen finding about the precision alarm, from the stored first test (`pa` =
     `results.load("precision_alarm")`) and fresh test (`fresh_alarm`, `fresh_facts`); while the fresh grid is
     incomplete, the first rule's outcome alone."""
     f = fresh_facts(fresh)
-    steps = list(_alarm_scalars(pa)["analysis"]["alarm_step"].values())
-    if f is not None:
-        steps += list(fresh["first_rule"]["alarm_step"].values())
-    n_fired = sum(v is not None for v in steps)
+    n_fired, n_runs = _first_rule_tally(pa, fresh if f is not None else None)
     first = (f"The precision alarm's first rule (does the gradient error keep one direction?) fired in {n_fired} of "
-             f"{len(steps)} runs" + (": the error is large but changes sign." if n_fired == 0 else "."))
+             f"{n_runs} runs" + (": the error is large but changes sign." if n_fired == 0 else "."))
     if f is None:
         return first + " A second rule, on the error's size, waits for its test on fresh seeds."
     d, q = f["decision"], f["quiet"]
@@ -353,12 +369,9 @@ def kit_found(fresh, pa) -> str:
 def kit_saw(fresh, pa) -> str:
     """Chapter 7's "What we saw" item on the precision alarm (both rules), from the stored tests."""
     f = fresh_facts(fresh)
-    steps = list(_alarm_scalars(pa)["analysis"]["alarm_step"].values())
-    if f is not None:
-        steps += list(fresh["first_rule"]["alarm_step"].values())
-    n_fired = sum(v is not None for v in steps)
+    n_fired, n_runs = _first_rule_tally(pa, fresh if f is not None else None)
     first = (f"The precision alarm's first rule, on whether the gradient error keeps one direction, fired in "
-             f"{'none' if n_fired == 0 else n_fired} of its {len(steps)} runs: the error is large in the paper's "
+             f"{'none' if n_fired == 0 else n_fired} of its {n_runs} runs: the error is large in the paper's "
              "arithmetic but does not keep one direction, and production arithmetic, which does not fail, has "
              "errors of the same size.")
     if f is None:
@@ -383,13 +396,7 @@ def fresh_lead_table(fresh) -> str | None:
     grid is incomplete."""
     if not fresh or not fresh.get("complete", False):
         return None
-    rows = []
-    for key, d in sorted(fresh["analysis"]["lead"].items(), key=lambda kv: (float(kv[0].split("/s")[0]),
-                                                                            int(kv[0].split("/s")[1]))):
-        lr, seed = key.split("/s")
-        rows.append([lr, seed, _steps(d["divergence_step"]), _steps(d["alarm_step"]), _steps(d["logit_alert"])])
-    return md_table(["learning rate", "seed", "A leaves C at step", "second rule's alarm at step",
-                     "logit alert at step"], rows)
+    return _lead_table(fresh["analysis"]["lead"], lambda key, d: d["logit_alert"], "second rule's alarm at step")
 
 
 #: The parts of the alarm's decision in words.
