@@ -66,3 +66,32 @@ def test_dry_run_compile_jobs_methods_and_summary():
                          timeout=600)
     print(run.stdout[-2000:])
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+FOCUS_SCRIPT = r"""
+import collections, sys
+sys.path.insert(0, "tools")
+import gpu_kernels_tune as g
+from lpfail.kernels import NEXT_LEVERS
+
+g.focus(g.FOCUS_DROPIN)
+assert list(g.METHODS) == ["sdpa_cudnn", "sdpa_flash", "next_sub", "next_sub_dqa"], list(g.METHODS)
+assert g.METHODS["next_sub"][2] is None and g.METHODS["next_sub_dqa"][2] == "next_sub"   # guarded against the default
+assert g.METHODS["next_sub"][1] == NEXT_LEVERS and g.METHODS["next_sub_dqa"][1].bwd == "dq_atomic"
+assert g.FIX_METHODS["next_sub_dqa_robust"][1] == g.METHODS["next_sub_dqa"][1]
+assert g.FIX_METHODS["next_sub_dqa_robust"][0] == g.FIX_METHODS["next_sub_robust"][0]
+assert set(g.LEVERS) == {"fused", "next", "dqa", "dqatma"} and len(g.PAIRS) == 2
+jobs = g.compile_jobs("cpu")
+kinds = collections.Counter(j[0][0] for j in jobs)
+assert {"fwd", "fused", "dqa", "dqep"} <= set(kinds) and 20 < len(jobs), (len(jobs), kinds)
+print("OK", len(jobs), dict(kinds))
+"""
+
+
+def test_focus_dropin_times_only_the_dropins_methods():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    run = subprocess.run([sys.executable, "-c", FOCUS_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    print(run.stdout[-2000:])
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]

@@ -83,6 +83,16 @@ FIX_METHODS = {
     "next_fma_robust_max2": (FMA.with_bounded_fix(), dataclasses.replace(NEXT, tie="max2"), "next_fma_robust"),
     "next_sub_robust": (SUB.with_bounded_fix(), NEXT, None),
     "next_sub_alg3": (SUB.with_fix(), NEXT, None),
+    "next_sub_dqa_robust": (SUB.with_bounded_fix(), dataclasses.replace(NEXT, bwd="dq_atomic"), None),
+}
+#: `--focus dropin`: what issue 42's targets need and nothing else — the drop-in's arithmetic (subtract form) with the
+#: default deterministic backward and the five-matmul one, each with and without the robust fix, beside SDPA's two
+#: back ends (the lever exploration above is left out, so that every shape fits one call)
+FOCUS_DROPIN = {
+    "methods": ("sdpa_cudnn", "sdpa_flash", "next_sub", "next_sub_dqa"),
+    "fix_methods": ("next_sub_robust", "next_sub_dqa_robust"),
+    "pairs": (("next_sub", "next_sub_robust"), ("next_sub_dqa", "next_sub_dqa_robust")),
+    "levers": ("fused", "next", "dqa", "dqatma"),
 }
 PAIRS = (("base_fma", "base_fma_alg3"), ("next_fma", "next_fma_alg3"), ("next_fma", "next_fma_robust"),
          ("next_fma", "next_fma_robust_count"), ("next_fma", "next_fma_robust_max2"), ("next_sub", "next_sub_robust"),
@@ -297,6 +307,8 @@ def check_levers(d, out):
                                                      "dqatma"))):
         base = _grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, tuning=Tuning()), q, k, v, do)
         for lever in levers:
+            if lever not in LEVERS:   # left out by --focus
+                continue
             t = LEVERS[lever]
             try:
                 got = _grads(lambda a, b, c: kernels.flash_attention(a, b, c, policy, tuning=t), q, k, v, do)
@@ -652,6 +664,20 @@ def run_pytest(dl: Deadline, record: dict) -> None:
     log(dl, "pytest: " + (text.strip().splitlines() or ["no output"])[-1])
 
 
+def focus(spec: dict) -> None:
+    """Narrow the module's tables to `spec` (`FOCUS_DROPIN`): the timed methods, the fix methods, the pairs and the
+    checked levers; a timed method whose base is left out is guarded against the first kernel timed instead."""
+    global METHODS, FIX_METHODS, PAIRS, LEVERS
+    first = next(m for m in spec["methods"] if METHODS[m] is not None)
+    METHODS = {m: (METHODS[m] if METHODS[m] is None or METHODS[m][2] in (None, *spec["methods"]) or m == first
+                   else (*METHODS[m][:2], first)) for m in spec["methods"]}
+    if METHODS[first] is not None:
+        METHODS[first] = (*METHODS[first][:2], None)
+    FIX_METHODS = {m: FIX_METHODS[m] for m in spec["fix_methods"]}
+    PAIRS = tuple(spec["pairs"])
+    LEVERS = {k: LEVERS[k] for k in spec["levers"]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=520.0, help="seconds for every phase together")
@@ -659,7 +685,11 @@ def main(argv=None) -> int:
     ap.add_argument("--pair-reps", type=int, default=40)
     ap.add_argument("--pytest", action="store_true", help="also run the gpu-marked kernel tests (≈ 90 s)")
     ap.add_argument("--no-precompile", action="store_true")
+    ap.add_argument("--focus", choices=["all", "dropin"], default="all",
+                    help="dropin: only the drop-in's methods and fix pairs (FOCUS_DROPIN), no normaliser, no host times")
     args = ap.parse_args(argv)
+    if args.focus == "dropin":
+        focus(FOCUS_DROPIN)
     dl = Deadline(args.budget)
     OUT.mkdir(parents=True, exist_ok=True)
     checks = {"environment": _environment(), "args": vars(args)}
@@ -672,10 +702,10 @@ def main(argv=None) -> int:
         _phase(dl, checks, "pytest", run_pytest, dl, checks)
     bench, pairs, host = {"cells": {}, "errors": []}, {"pairs": {}, "errors": []}, {}
     # the cheap phases first, so that the timings use whatever the budget leaves and none of these is lost
-    if dl.left() > 120:
+    if dl.left() > 120 and args.focus == "all":
         _phase(dl, checks, "normaliser", normaliser, dl, checks)
         _write("checks.json", checks)
-    if dl.left() > 100:
+    if dl.left() > 100 and args.focus == "all":
         _phase(dl, checks, "host", host_times, dl, host)
         _write("host.json", host)
     try:
