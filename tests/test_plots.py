@@ -53,3 +53,20 @@ def test_the_causal_chain_reads_on_a_phone():
     links = [{"text": "Biased rounding of P̄V", "chapter": "ch. 4", "status": s} for s in plots.STATUS_COLORS]
     (p,) = plots.panel_images(plots.causal_chain(links))
     assert p["width_in"] <= plots.MAX_PANEL_IN and p["min_pt"] >= plots.MIN_PT
+
+
+def test_step_figure_draws_each_method_and_mode_from_a_stored_shape():
+    import numpy as np
+    pytest.importorskip("triton")
+    methods = ["sdpa", "dropin", "dropin_robust", "dropin_dqa", "dropin_dqa_robust"]
+    tps = np.full((2, 5, 3), 100.0)
+    tps[:, 1:] = 92.0
+    tps[1, 4] = np.nan                        # a method not measured compiled: no bar, no error
+    res = {"tokens_per_s": tps, "methods": np.array(methods), "modes": np.array(["eager", "compiled"])}
+    fig = plots.step_figure(res)
+    ax = fig.axes[0]
+    bars = [p for p in ax.patches if p.get_width() > 0 and p.get_height() < 1]
+    assert len(bars) == 4 * 2 - 1 and {round(b.get_width(), 3) for b in bars} == {0.92}
+    assert [t.get_text() for t in ax.get_yticklabels()] == [plots.WORDS[m] for m in methods[1:]]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["eager", "compiled"]
+    plt.close(fig)

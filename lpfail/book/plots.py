@@ -58,6 +58,8 @@ PALETTE = {
     # implementations measured in chapters 5 and 6 (each its own colour; the arithmetic they share is in words)
     "sdpa_cudnn": "#393b79", "sdpa_efficient": "#6b6ecf", "sdpa_math": "#17607d",
     "triton_sub": "#e6a000", "triton_fma": "#a05195", "mimic_exp2_fma": "#5b8c2a",
+    # the drop-in in a training step (kernels.bench_step): the five-matmul backward, without and with the robust fix
+    "dropin_dqa": "#8c6d31", "dropin_dqa_robust": "#2b6f8f",
     # the precision dial's arms (lpfail.experiments.dial): each arm its family's hue, darker as K falls (fewer bits)
     "A_6": "#f4a6a6", "A_5": "#e8686a", "A_4": "#b31b1b", "A_3": "#6e0a0a",
     "SR_6": "#f7c6e3", "SR_5": "#e98fc4", "SR_4": "#c2448f", "SR_3": "#7a1f5a",
@@ -68,7 +70,7 @@ PALETTE = {
 ALIASES = {"ref_PAPER_BF16": "A", "PAPER_BF16": "A", "nofix": "A", "triton_paper": "A", "reference_paper": "A",
            "FP32": "C", "ref_FA2_BF16": "D", "FA2_BF16": "D", "triton": "triton_sub",
            "official": "B", "alg3": "Bp", "fix": "Bp", "triton_fix": "Bp", "A_fix": "B",
-           "robust": "R", "sdpa_flash": "S", "sdpa": "S"}
+           "robust": "R", "sdpa_flash": "S", "sdpa": "S", "dropin": "triton_sub", "dropin_robust": "R"}
 #: Line style of each variant where two share a figure's axes often (solid otherwise).
 LINESTYLE = {"A_sr": "--", "C_qk": "--", "S": ":", "reference_paper": ":", "A_comp": "-."}
 #: Each variant in words (the legend and the glossary say the same).
@@ -86,6 +88,8 @@ WORDS = {"A": "the paper's arithmetic", "C": "FP32 attention", "D": "production 
          "triton": "our kernel, FA2 arithmetic", "triton_fix": "our kernel + Algorithm 3",
          "triton_paper": "our kernel, the paper's arithmetic",
          "reference_paper": "the reference, the paper's arithmetic",
+         "dropin": "drop-in, no fix", "dropin_robust": "drop-in + robust fix",
+         "dropin_dqa": "drop-in, five-matmul backward", "dropin_dqa_robust": "drop-in + robust fix, five-matmul",
          **{f"A_{k}": f"the paper's arithmetic at {k} bits" for k in (6, 5, 4, 3)},
          **{f"SR_{k}": f"stochastic rounding at {k} bits" for k in (6, 5, 4, 3)},
          **{f"D_{k}": f"production arithmetic at {k} bits" for k in (6, 5, 4, 3)},
@@ -382,6 +386,42 @@ def kernel_bench_figure(res, mode: str = "fwd_bwd",
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"head dim {int(d)}, {mode.replace('_', ' + ')}")
     axes[0][0].legend()
+    fig.tight_layout()
+    return fig
+
+
+def step_figure(res) -> plt.Figure:
+    """GPT-2 small's training step with the drop-in in SDPA's place (`bench_step`): each method's tokens/s against
+    SDPA's in the same round (median over rounds, the whisker their range), eager (solid) and compiled (hatched),
+    with SDPA at 1 and the target's bound dashed."""
+    from lpfail.kernels.bench_step import STEP_TARGETS, ratios  # here: lpfail.kernels imports Triton
+    rs, modes = ratios(res), [str(m) for m in res["modes"]]
+    methods = [str(m) for m in res["methods"] if str(m) != "sdpa"]
+    fig, ax = plt.subplots(figsize=(6.4, 0.75 + 0.62 * len(methods)))
+    h = 0.8 / max(1, len(modes))
+    lo = 1.0
+    for i, m in enumerate(methods):
+        for a, mode in enumerate(modes):
+            d = rs[(m, mode)]
+            if not np.isfinite(d["ratio"]):
+                continue
+            y = i + (a - (len(modes) - 1) / 2) * h
+            err = [[d["ratio"] - d["range"][0]], [d["range"][1] - d["ratio"]]]
+            ax.barh(y, d["ratio"], height=h * 0.9, color=color(m), alpha=1.0 if mode == "eager" else 0.55,
+                    hatch=None if mode == "eager" else "//", edgecolor="white", xerr=err,
+                    error_kw={"lw": 1, "capsize": 2})
+            lo = min(lo, d["range"][0])
+    ax.axvline(1.0, color=color("sdpa"), lw=1.2)
+    for bound in sorted({b for _, _, b in STEP_TARGETS}):
+        ax.axvline(bound, color="0.3", ls="--", lw=1)
+    ax.set_yticks(range(len(methods)), [WORDS.get(m, m) for m in methods])
+    ax.invert_yaxis()
+    ax.set_xlim(max(0.0, lo - 0.05), 1.06)
+    ax.set_xlabel("tokens/s ÷ SDPA's (same round)")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(facecolor="0.45", alpha=1.0 if mode == "eager" else 0.55,
+                             hatch=None if mode == "eager" else "//", edgecolor="white", label=mode)
+                       for mode in modes], loc="lower right")
     fig.tight_layout()
     return fig
 
