@@ -48,7 +48,7 @@ class BenchStepConfig:
     lr: float = 6e-4
     device: str = "cuda"
     compile_backend: str = "inductor"
-    time_budget_s: float = 480.0   # stop timing (leaving NaN) after this long, so that a device call ends in time
+    time_budget_s: float = 400.0   # stop timing (leaving NaN) after this long, so that a device call ends in time
 
     def __post_init__(self):
         unknown = [m for m in self.methods if m not in METHODS]

@@ -503,3 +503,30 @@ def test_a_run_that_ends_unfinished_after_the_deadline_is_stopped_not_failed(tmp
 
     assert sweep_with(deadline_passed=True) == "stopped"   # ended with rc 1 while the driver stopped the others
     assert sweep_with(deadline_passed=False) == "failed"   # a crash before the deadline stays a failure
+
+
+def test_no_run_is_started_that_the_sweeps_pace_says_cannot_finish(tmp_path):
+    import io
+    import time
+
+    from lpfail.sweep import driver
+    from lpfail.train import TrainConfig
+
+    said = []
+    specs = [driver.RunSpec(n, TrainConfig.preset("tiny", max_steps=50, out_dir=str(tmp_path / n))) for n in "abc"]
+    sw = driver._Sweep(specs, 1, 1e6, True, None, 0.0, said.append, [], None, None)
+    assert sw.expected_s(specs[1]) == 0.0                     # no run finished yet: only min_start_s applies
+    sw.queue.remove(specs[0])
+    sw.running["a"] = (_Ended(0), specs[0], time.monotonic() - 10.0, io.StringIO(), "")
+    sw.status["a"]["resumed_from"] = None
+    real = driver.run_state
+    driver.run_state = lambda spec: "done"
+    try:
+        sw.reap()
+    finally:
+        driver.run_state = real
+    assert sw.status["a"]["state"] == "done" and len(sw.pace) == 1 and abs(sw.pace[0] - 10.0 / 50) < 0.05
+    assert 9.5 < sw.expected_s(specs[1]) < 11.0
+    assert sw._next_that_fits(5.0) is None and len(sw.queue) == 2          # 5 s left: neither b nor c can finish
+    assert said[-2:] == [m for m in said if "not starting" in m][-2:] and "not starting b" in said[-2], said
+    assert sw._next_that_fits(20.0) is specs[1] and sw.queue == [specs[2]]

@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -148,7 +149,9 @@ def sweep(specs: list[RunSpec], parallel: int, budget_s: float, cont: bool = Tru
 
     cont         continue a run from its newest checkpoint (True), or start every unfinished run afresh
                  (False: its directory is wiped). Finished runs ("completed" or "nonfinite") are never rerun.
-    min_start_s  no run is started with less than this left of the budget (it would only be stopped).
+    min_start_s  no run is started with less than this left of the budget (it would only be stopped); once runs
+                 of this sweep have finished, none is started either that their pace (seconds per step, the
+                 median over them) says cannot reach its last step before the deadline (`_Sweep.expected_s`).
     gpus         GPU ids to spread the runs over (each process gets CUDA_VISIBLE_DEVICES = the GPU with the
                  fewest running processes); None or []: leave CUDA_VISIBLE_DEVICES alone.
     control      a JSON file read while the sweep runs, to steer it from outside: {"stop_at": unix time}
@@ -191,6 +194,8 @@ class _Sweep:
         self.env.setdefault("OMP_NUM_THREADS", "1")  # N processes share the CPU cores
         self.env.setdefault("PYTHONUNBUFFERED", "1")
         self.status: dict[str, dict] = {}
+        self.pace: list[float] = []   # seconds per step of each run that finished in this sweep
+        self._said_short: set[str] = set()
         self.queue: list[RunSpec] = []
         self.running: dict[str, tuple] = {}
         self._seen_mtime = None
@@ -234,10 +239,38 @@ class _Sweep:
             load[g] = load.get(g, 0) + 1
         return min(self.gpus, key=lambda x: load.get(x, 0))
 
+    def _steps_left(self, spec: RunSpec) -> int | None:
+        """Steps a run has still to train (from its newest checkpoint when continuing), None when unknown."""
+        total = getattr(spec.cfg, "max_steps", None)
+        if not isinstance(total, int):
+            return None
+        ck = latest_checkpoint(spec.dir) if self.cont and spec.dir.exists() else None
+        return total - (int(ck.stem.split("_")[1]) if ck is not None else 0)
+
+    def expected_s(self, spec: RunSpec) -> float:
+        """Seconds the run should take at the pace of the runs finished so far in this sweep (0 before any)."""
+        steps = self._steps_left(spec)
+        if not self.pace or steps is None:
+            return 0.0
+        return statistics.median(self.pace) * steps
+
+    def _next_that_fits(self, left: float) -> RunSpec | None:
+        """The first queued run expected to finish in the `left` seconds (removed from the queue), else None."""
+        for i, spec in enumerate(self.queue):
+            need = self.expected_s(spec)
+            if need <= left:
+                return self.queue.pop(i)
+            if spec.name not in self._said_short:
+                self._said_short.add(spec.name)
+                self.log(f"sweep: not starting {spec.name}: ≈ {need:.0f} s at this sweep's pace, {left:.0f} s left")
+        return None
+
     def start_what_fits(self):
         now = time.monotonic()
         while self.queue and len(self.running) < self.parallel and self.deadline - now > self.min_start_s:
-            spec = self.queue.pop(0)
+            spec = self._next_that_fits(self.deadline - now)
+            if spec is None:
+                break
             spec.dir.mkdir(parents=True, exist_ok=True)
             cfg_path = spec.dir / "train_config.json"
             cfg_path.write_text(json.dumps(spec.cfg.to_dict(), indent=1) + "\n")
@@ -274,6 +307,9 @@ class _Sweep:
                 continue
             elif rc == 0 and run_state(spec) == "done":
                 state = "done"
+                ran = getattr(spec.cfg, "max_steps", None)
+                if isinstance(ran, int) and ran - (self.status[name]["resumed_from"] or 0) > 0:
+                    self.pace.append((now - started) / (ran - (self.status[name]["resumed_from"] or 0)))
             else:
                 state = "stopped" if past else "failed"
             out.close()
