@@ -243,14 +243,15 @@ def step_targets(res) -> list[dict]:
     return out
 
 
-def step_markdown(res) -> str:
-    """One table: per method, tokens/s and the ratio to SDPA (median over rounds, [range]) in each mode."""
+def step_markdown(res, names: dict | None = None) -> str:
+    """One table: per method, tokens/s and the ratio to SDPA (median over rounds, [range]) in each mode; `names`:
+    method → the words shown for it (default: its name as code)."""
     from lpfail.book.text import md_table
 
     rs, modes = ratios(res), [str(m) for m in res["modes"]]
     rows = []
     for j, m in enumerate(str(x) for x in res["methods"]):
-        cells = [f"`{m}`"]
+        cells = [names[m] if names and m in names else f"`{m}`"]
         for mode in modes:
             d = rs[(m, mode)]
             cells += (["not measured", ""] if not np.isfinite(d["tokens_per_s"]) else

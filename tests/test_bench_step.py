@@ -89,3 +89,20 @@ def test_bad_configs_are_refused():
     with pytest.raises(ValueError, match="modes"):
         BS.BenchStepConfig(modes=("jit",))
     assert BS.BenchStepConfig().batch * BS.BenchStepConfig().block_size == 16 * 1024   # the step
+
+
+def test_step_facts_say_the_target_the_range_and_the_card():
+    from lpfail.book import fix_report as FR
+
+    class Stored(dict):
+        meta = {"device": "NVIDIA H200", "created": "2026-12-07T01:32:37+00:00"}
+
+    tps = np.full((2, 5, 4), 300e3)
+    tps[:, 1:] = [[[291e3] * 4, [297e3] * 4, [288e3] * 4, [295.5e3] * 4]]
+    tps[1, 2] = 291e3                                          # the robust fix misses compiled only
+    res = Stored(tokens_per_s=tps, methods=np.array(list(BS.METHODS)), modes=np.array(["eager", "compiled"]))
+    f = FR.step_facts(res)
+    assert f["step_robust_eager"] == "0.99×" and f["step_robust_compiled"] == "0.97×"
+    assert f["step_met"] == "met in one mode only" and f["step_all_range"] == "0.960×–0.990×"
+    assert f["step_card"] == "NVIDIA H200" and f["step_when"] == "2026-12-07"
+    assert f["step_sdpa"] == "300 k tokens/s eager and 300 k tokens/s compiled"

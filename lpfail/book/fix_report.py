@@ -247,7 +247,8 @@ def kernel_facts(bench: Mapping) -> dict[str, str]:
     t_fma = {t["target"]: t for t in targets(bench, "triton_fma")}
     big = [r for r in sub + fma if r["n"] >= 2048]
     cud = [r[k] for r in big for k in ("fwd_vs_cudnn", "fwd_bwd_vs_cudnn")]
-    return {"fix_cost_range": pct(sub, "fix_cost_fwd_bwd"), "fix_cost_fwd_range": pct(sub, "fix_cost_fwd"),
+    gpt2 = next((r for r in sub if r["n"] == STEP_SHAPE[0] and r["head_dim"] == STEP_SHAPE[1]), None)
+    return {**({} if gpt2 is None else _step_shape_facts(bench)),"fix_cost_range": pct(sub, "fix_cost_fwd_bwd"), "fix_cost_fwd_range": pct(sub, "fix_cost_fwd"),
             "fix_cost_fma_range": pct(fma, "fix_cost_fwd_bwd"), "fix_cost_fma_fwd_range": pct(fma, "fix_cost_fwd"),
             "fwd_flash_sub": ratio(t_sub["fwd / SDPA flash"]), "fwd_flash_fma": ratio(t_fma["fwd / SDPA flash"]),
             "fb_flash_sub": ratio(t_sub["fwd+bwd / SDPA flash"]), "fb_flash_fma": ratio(t_fma["fwd+bwd / SDPA flash"]),
@@ -255,6 +256,38 @@ def kernel_facts(bench: Mapping) -> dict[str, str]:
             "paper_speedup": span(t_sub["PAPER_BF16 kernel / reference"]["worst"],
                                   t_sub["PAPER_BF16 kernel / reference"]["best"], ".1f", unit="×"),
             "bench_card": str(bench.meta.get("device")), "bench_when": str(bench.meta.get("created"))[:10]}
+
+
+#: (N, d) of GPT-2 small's attention, the shape that decides the training step's speed
+STEP_SHAPE = (1024, 64)
+
+
+def _step_shape_facts(bench: Mapping) -> dict[str, str]:
+    """Our kernel (production arithmetic) at GPT-2 small's attention shape: its time per pass against cuDNN's."""
+    names, modes = [str(m) for m in bench["methods"]], [str(m) for m in bench["modes"]]
+    i = [int(d) for d in bench["head_dims"]].index(STEP_SHAPE[1])
+    j = [int(n) for n in bench["seq_lens"]].index(STEP_SHAPE[0])
+    ms = lambda m, mode: float(bench["ms"][i, j, names.index(m), modes.index(mode)])  # noqa: E731
+    return {f"gpt2_{mode}_time_cudnn": f"{ms('triton', mode) / ms('sdpa_cudnn', mode):.2f}×" for mode in ("fwd", "bwd")}
+
+
+def step_facts(step: Mapping) -> dict[str, str]:
+    """From the stored ``bench_step``: the drop-in's training step against SDPA's, its targets, card and date."""
+    from lpfail.kernels.bench_step import ratios, step_targets  # here: lpfail.kernels imports Triton
+
+    rs = ratios(step)
+    t = {(r["method"], r["mode"]): r for r in step_targets(step)}
+    met = [r["met"] for r in t.values()]
+    drop = [v["ratio"] for (m, _), v in rs.items() if m != "sdpa" and np.isfinite(v["ratio"])]
+    out = {f"step_robust_{mode}": f"{t[('dropin_robust', mode)]['ratio']:.2f}×" for mode in ("eager", "compiled")
+           if ("dropin_robust", mode) in t}
+    out["step_met"] = ("met in both modes" if all(met) else "missed in both modes" if not any(met) else
+                       "met in one mode only")
+    out["step_all_range"] = span(min(drop), max(drop), ".3f", sep="–", unit="×") if drop else "not measured"
+    out["step_sdpa"] = listing(f"{rs[('sdpa', mode)]['tokens_per_s'] / 1e3:,.0f} k tokens/s {mode}"
+                               for mode in (str(m) for m in step["modes"]))
+    out["step_card"], out["step_when"] = str(step.meta.get("device")), str(step.meta.get("created"))[:10]
+    return out
 
 
 def robust_cost_facts(rcost: Mapping) -> dict[str, str]:
@@ -278,7 +311,7 @@ def facts(load=None) -> dict[str, str]:
     load = load or results.load
     out = {}
     for name, fn in (("fix_sweep", sweep_facts), ("fix_training", training_facts), ("bench_kernels", kernel_facts),
-                     ("robust_cost", robust_cost_facts)):
+                     ("robust_cost", robust_cost_facts), ("bench_step", step_facts)):
         res = load_or_none(load, name)
         if res is not None:
             out.update(fn(res))

@@ -421,7 +421,8 @@ def step_figure(res) -> plt.Figure:
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(facecolor="0.45", alpha=1.0 if mode == "eager" else 0.55,
                              hatch=None if mode == "eager" else "//", edgecolor="white", label=mode)
-                       for mode in modes], loc="lower right")
+                       for mode in modes], loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(modes))
+    ax.xaxis.set_major_locator(plt.MaxNLocator(5))
     fig.tight_layout()
     return fig
 
