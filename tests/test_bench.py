@@ -57,10 +57,10 @@ def test_targets_without_alternating_timings_are_unknown():
 def test_targets_figure_draws_both_panels():
     import matplotlib
     matplotlib.use("Agg")
-    from lpfail.book import plots
+    from lpfail.book import kernel_plots as KP
     res = fake()
     res["methods"] = np.array(METHODS)
-    fig = plots.kernel_targets_figure(res)
+    fig = KP.kernel_targets_figure(res)
     axes = fig.axes
     assert len(axes) == 4
     labels = [line.get_label() for line in axes[1].get_lines()]

@@ -63,7 +63,8 @@ def test_step_figure_draws_each_method_and_mode_from_a_stored_shape():
     tps[:, 1:] = 92.0
     tps[1, 4] = np.nan                        # a method not measured compiled: no bar, no error
     res = {"tokens_per_s": tps, "methods": np.array(methods), "modes": np.array(["eager", "compiled"])}
-    fig = plots.step_figure(res)
+    from lpfail.book import kernel_plots as KP
+    fig = KP.step_figure(res)
     ax = fig.axes[0]
     bars = [p for p in ax.patches if p.get_width() > 0 and p.get_height() < 1]
     assert len(bars) == 4 * 2 - 1 and {round(b.get_width(), 3) for b in bars} == {0.92}
