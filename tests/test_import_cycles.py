@@ -90,3 +90,11 @@ def test_no_import_cycle_inside_lpfail():
     found = cycles(graph)
     assert not found, "import cycles (each a set of modules that import each other): " + "; ".join(
         " ↔ ".join(c) for c in found)
+
+
+def test_no_book_module_over_700_lines():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "lpfail" / "book"
+    long = {p.name: n for p in root.glob("*.py") if (n := len(p.read_text().splitlines())) > 700}
+    assert not long, f"lpfail/book modules over 700 lines (split them by page or job): {long}"
