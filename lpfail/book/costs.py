@@ -39,7 +39,7 @@ from lpfail.train import PRESETS, TrainConfig
 PAPER_TOKENS_TO_FAILURE = 3.5e9
 
 #: Experiments that run one process on one GPU (``cuda:0``); the others record how many they used.
-SINGLE_GPU = ("bench_kernels", "train_speed")
+SINGLE_GPU = ("bench_kernels", "bench_step", "train_speed")
 
 #: The attentions of the full-setting estimate, in the order of the page's table.
 FULL_SETTING_ATTENTIONS = ("reference(PAPER_BF16)", "triton(PAPER_BF16)", "sdpa")
