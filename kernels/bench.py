@@ -295,6 +295,7 @@ def bench_kernels(cfg: BenchKernelsConfig) -> dict:
 
 #: The kernels' speed targets, at N ≥ 2048 (both head dims): (ratio name, bound, "min" = at least / "max" = at most)
 TARGETS = (("fwd / SDPA flash", 1.2, "min"), ("fwd+bwd / SDPA flash", 1.0, "min"),
+           ("fwd+bwd / cuDNN", 0.95, "min"),
            ("fix cost, fwd+bwd", 0.03, "max"), ("PAPER_BF16 kernel / reference", 5.0, "min"))
 TARGET_MIN_N = 2048
 
@@ -477,6 +478,7 @@ def targets(res, method: str = "triton") -> list[dict]:
     rows = summary(res, method)
     big = [r for r in rows if r["n"] >= TARGET_MIN_N]
     keys = {"fwd / SDPA flash": ("fwd_vs_flash", big), "fwd+bwd / SDPA flash": ("fwd_bwd_vs_flash", big),
+            "fwd+bwd / cuDNN": ("fwd_bwd_vs_cudnn", big),
             "fix cost, fwd+bwd": ("fix_cost_fwd_bwd", big), "PAPER_BF16 kernel / reference": ("paper_speedup", rows)}
     out = []
     for name, bound, kind in TARGETS:
