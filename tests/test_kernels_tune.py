@@ -59,13 +59,18 @@ print("OK", len(jobs), dict(kinds))
 """
 
 
-def test_dry_run_compile_jobs_methods_and_summary():
+def _run_script(script: str) -> None:
+    """`script` in a fresh interpreter without Triton's interpreter switch; it must print OK."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     print(run.stdout[-2000:])
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_dry_run_compile_jobs_methods_and_summary():
+    _run_script(SCRIPT)
 
 
 FOCUS_SCRIPT = r"""
@@ -89,9 +94,4 @@ print("OK", len(jobs), dict(kinds))
 
 
 def test_focus_dropin_times_only_the_dropins_methods():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    run = subprocess.run([sys.executable, "-c", FOCUS_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
-    print(run.stdout[-2000:])
-    assert run.returncode == 0 and "OK" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    _run_script(FOCUS_SCRIPT)
