@@ -2,7 +2,7 @@
 SDPA (cuDNN and flash), the fix's cost with alternating timings, the host time per call, and chapter 6's
 normaliser experiment. Run on the GPU machine from the repo root (it fits one call of ≤ 9 minutes):
 
-    LPFAIL_GIT=<commit> OUT=$OUT timeout 560 python3 tools/gpu_kernels_tune.py [--budget 520] [--pytest]
+    LPFAIL_GIT=<commit> OUT=$OUT timeout 560 python3 tools/gpu_kernels_tune.py [--budget 520] [--pytest] [--focus dropin]
 
 Phases, each under the one deadline (a phase that would start too late is skipped and said so):
   1. compile: every kernel variant the later phases launch is compiled ahead, in parallel worker processes
@@ -686,7 +686,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pytest", action="store_true", help="also run the gpu-marked kernel tests (≈ 90 s)")
     ap.add_argument("--no-precompile", action="store_true")
     ap.add_argument("--focus", choices=["all", "dropin"], default="all",
-                    help="dropin: only the drop-in's methods and fix pairs (FOCUS_DROPIN), no normaliser, no host times")
+                    help="dropin: only the drop-in's methods and fix pairs (FOCUS_DROPIN); no normaliser, "
+                         "no host times")
     args = ap.parse_args(argv)
     if args.focus == "dropin":
         focus(FOCUS_DROPIN)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
 
 from lpfail.book.plots import WORDS, color
 
@@ -65,7 +66,6 @@ def step_figure(res) -> plt.Figure:
     ax.invert_yaxis()
     ax.set_xlim(max(0.0, lo - 0.05), 1.06)
     ax.set_xlabel("tokens/s ÷ SDPA's (same round)")
-    from matplotlib.patches import Patch
     ax.legend(handles=[Patch(facecolor="0.45", alpha=1.0 if mode == "eager" else 0.55,
                              hatch=None if mode == "eager" else "//", edgecolor="white", label=mode)
                        for mode in modes], loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=len(modes))
