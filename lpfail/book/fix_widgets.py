@@ -12,60 +12,12 @@ import html
 
 import ipywidgets as W
 import numpy as np
-import torch
 
-from lpfail import attention as attn
+from lpfail import results
 from lpfail.book.text import nowrap_numbers  # a number never breaks at its hyphen-minus
 from lpfail.book.twin import HTML as _HTML, switcher_html
-from lpfail.experiments.rounding import RowSpec, make_rows, mean_ci
-from lpfail.precision import PAPER_BF16, PAPER_BF16_OFFICIAL_FIX, BoundedMax, DynamicMax
+from lpfail.experiments.fix_gallery import GALLERY, fix_state, states  # noqa: F401  (GALLERY: the states)
 
-#: The twin's precomputed states: (title, r_m, n_ties, β, ε, spread).
-GALLERY = [
-    ("Two ties at 16: the chapter-4 rows; Algorithm 3 removes the bias", 16.0, 2, 2.0, 1e-3, 1.0),
-    ("Ties at 100: Algorithm 3's ℓ underflows (0/0); the clamp silences the row", 100.0, 2, 2.0, 1e-3, 1.0),
-    ("Ties at −100: Algorithm 3's m' = 0, every P̄ underflows", -100.0, 2, 2.0, 1e-3, 1.0),
-    ("Ties at 1000, BF16 spacing 4: the robust fix still moves m", 1000.0, 2, 2.0, 1e-3, 1.0),
-    ("β = 1.001 at 0.5: β·r_m rounds back to r_m, P̄ = 1, the bias stays", 0.5, 2, 1.001, 1e-3, 1.0),
-    ("Eight ties at 16", 16.0, 8, 2.0, 1e-3, 1.0),
-    ("β = 8 at 16: P̄ = e^−112 underflows for Algorithm 3", 16.0, 2, 8.0, 1e-3, 1.0),
-    ("Spread 0.25: the other logits crowd the maximum, ε = 0.1 counts them as ties", 16.0, 2, 2.0, 0.1, 0.25),
-]
-
-
-def rows(r_m: float, n_ties: int, spread: float, n_rows: int = 64, seed: int = 0):
-    """Scores (rows, 1, 512) as BF16 values with `n_ties` keys tied near r_m, V (rows, 512, 64)."""
-    spec = RowSpec(n_ties=int(n_ties), gap=16.0)
-    s, v, _ = make_rows(spec, n_rows, seed)
-    top = s.amax(dim=-1, keepdim=True)
-    s = (top.double() + spread * (s.double() - top.double()) + (r_m - spec.gap)).to(torch.bfloat16).float()
-    return s, v
-
-
-def fix_policies(beta: float, eps: float) -> dict:
-    return {"no fix": PAPER_BF16, "Algorithm 3": PAPER_BF16.replace(fix=DynamicMax(beta, eps)),
-            "official (clamp)": PAPER_BF16_OFFICIAL_FIX.replace(fix=DynamicMax(beta, eps)),
-            "robust": PAPER_BF16.replace(fix=BoundedMax(beta, eps) if beta >= 1.0 else None)}
-
-
-def fix_state(r_m: float, n_ties: int, beta: float, eps: float, spread: float, n_rows: int = 64) -> list[dict]:
-    """Per policy: m' and P̄ of the tied keys, ℓ and |O − O_exact|/|O_exact| of row 0, the bias over rows."""
-    s, v = rows(r_m, n_ties, spread, n_rows)
-    o_true = (torch.softmax(s.double(), -1) @ v.double())[:, 0]
-    out = []
-    for name, policy in fix_policies(beta, eps).items():
-        res = attn.forward_from_scores(s, v, policy)
-        o = res.o.double()[:, 0]
-        top = s[:1, 0].amax(-1, keepdim=True)
-        pbar = attn.exp_scores(top, res.m[:1, 0].reshape(1, 1), policy).to(policy.dtype("pbar"))
-        finite = torch.isfinite(o).all(-1)
-        err = (o - o_true).mean(-1)[finite].numpy()
-        bias = mean_ci(err) if err.size >= 2 else (float("nan"), float("nan"))
-        rel = ((o[0] - o_true[0]).norm() / o_true[0].norm()).item()
-        out.append({"policy": name, "m": float(res.m[0].reshape(())), "pbar": float(pbar.reshape(())),
-                    "l": float(res.l[0].reshape(())), "rel_err": rel, "bias": bias[0], "bias_ci": bias[1],
-                    "nonfinite": float((~finite).double().mean())})
-    return out
 
 
 def _num(x: float, fmt: str) -> str:
@@ -74,10 +26,17 @@ def _num(x: float, fmt: str) -> str:
 
 
 def state_html(r_m, n_ties, beta, eps, spread) -> str:
+    """The table of one state, computed now (the live explorer)."""
+    return table_html((r_m, n_ties, beta, eps, spread), fix_state(r_m, n_ties, beta, eps, spread))
+
+
+def table_html(params, sts: list[dict]) -> str:
+    """One state's table from `fix_state`'s list (computed now, or stored by `fix_gallery`)."""
+    r_m, n_ties, beta, eps, spread = params
     head = ("<tr><th>policy</th><th>m′ (row 0)</th><th>P̄ at a tie</th><th>ℓ</th><th>error of row 0</th>"
             "<th>bias, 64 rows (± 95 % CI)</th><th>non-finite rows</th></tr>")
     body = []
-    for st in fix_state(r_m, n_ties, beta, eps, spread):
+    for st in sts:
         bad = st["nonfinite"] > 0 or not np.isfinite(st["rel_err"]) or st["rel_err"] > 0.5
         style = " style='color:#c0392b'" if bad else ""
         bias = (f"{st['bias']:+.2e} ± {st['bias_ci']:.1e}" if np.isfinite(st["bias"]) else
@@ -91,9 +50,11 @@ def state_html(r_m, n_ties, beta, eps, spread) -> str:
             f"<table class='lpfail-table'>{head}{''.join(body)}</table>")
 
 
-def fix_twin(cases=GALLERY):
-    """Kernel-free twin of `fix_explorer`: the gallery's states behind one <select>."""
-    return _HTML(switcher_html("fix_explorer", [(t, state_html(*a)) for t, *a in cases], label="case"))
+def fix_twin(res=None):
+    """Kernel-free twin of `fix_explorer`: the gallery's states behind one <select>, from the stored `fix_gallery`
+    (computed once under the pinned CPU numerics; `GALLERY` lists the states)."""
+    res = results.load("fix_gallery") if res is None else res
+    return _HTML(switcher_html("fix_explorer", [(t, table_html(a, sts)) for t, a, sts in states(res)], label="case"))
 
 
 def fix_explorer():
