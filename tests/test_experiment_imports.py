@@ -22,6 +22,10 @@ ALLOWED = {
     ("prod_kernels", "rounding"): "machinery: chapter 4's synthetic tied rows",
     ("sr_confound", "rounding"): "machinery: chapter 4's synthetic tied rows",
     ("sr_confound", "cures"): "machinery: `cures.gradient_errors`",
+    ("fix_gallery", "rounding"): "machinery: chapter 4's synthetic tied rows",
+    ("beyond_cpu", "rounding"): "machinery: chapter 4's synthetic tied rows",
+    ("beyond_cpu", "prod_kernels"): "machinery: `prod_kernels.truth` and `point_stats`, the table's statistic",
+    ("beyond_cpu", "cures"): "machinery: `cures.gradient_errors`, the table's statistic",
     ("train_speed", "train_ddp"): "machinery: the GPT-2 small speed config (`train_ddp._speed_cfg`)",
 }
 

@@ -31,7 +31,7 @@ def test_the_stored_gallery_is_fix_state_of_every_case():
 def test_the_twin_reads_the_stored_gallery():
     from lpfail.book import fix_widgets
 
-    html = fix_widgets.fix_twin().data
+    html = fix_widgets.fix_twin()._repr_html_()
     assert html.count("<table") == len(G.GALLERY) and "non-finite" in html
 
 
@@ -41,7 +41,7 @@ def test_beyond_cpu_tables_from_a_small_run():
     assert out["knob_away"].shape == (len(B.KNOBS), 2) and np.isfinite(out["knob_away"]).all()
     assert out["cure_errors"].shape == (2, 3)
     a, c = out["cure_errors"]
-    assert (c < 1e-5).all() and (a > 1e-4).all()                # FP32 against float64, BF16 far from it
+    assert (c < a).all() and (a > 1e-3).all()                   # FP32 attention closer to float64 than the paper
     rows = B.knob_rows(out)
     assert rows[0][0] == "`FA2_BF16`" and " ± " in rows[0][1] and len(B.cure_rows(out)) == 2
     stored = results.load("beyond_cpu")
