@@ -111,3 +111,19 @@ def test_the_librarys_own_pins_reproduce_fix_rows_stored_thresholds():
     assert got.pop("deviations") == []
     stored = results.load("fix_rows")
     assert got == {k: stored[k] for k in ("b_suppress_m", "bp_nonfinite_m", "bp_inaccurate_m")}
+
+
+def test_headlines_agree_but_for_one_unit_of_a_last_digit_and_no_more():
+    import sys
+    sys.path.insert(0, str(REPO / "tools"))
+    from cpu_invariance import agreement
+
+    assert agreement({"a": "7.1e-03"}, {"a": "7.1e-03"}) == "same"
+    assert agreement({"a": "7.1e-03", "b": "12 %"}, {"a": "7.0e-03", "b": "13 %"}) == "same but for a last digit"
+    # what the check exists to catch: chapter 7's chaotic run of aeeda67 (3.280 against 3.283, 54.8 against 62.8)
+    assert agreement({"loss": "3.280"}, {"loss": "3.283"}) == "DIFFERENT"
+    assert agreement({"alert": "54.8"}, {"alert": "62.8"}) == "DIFFERENT"
+    assert agreement({"a": "2.76 × 10⁻⁵"}, {"a": "3.02 × 10⁻⁵"}) == "DIFFERENT"      # over-precise
+    assert agreement({"a": "0.017"}, {"a": "0.0171"}) == "DIFFERENT"                   # printed otherwise
+    assert agreement({"a": "toward zero"}, {"a": "none"}) == "DIFFERENT"
+    assert agreement({"a": "1"}, {"b": "1"}) == "DIFFERENT"

@@ -52,18 +52,19 @@ def row_side(cfg: SRConfoundConfig, policy: Precision, seed: int) -> dict:
             "rms_true": float(np.sqrt(np.mean(err.o_true ** 2)))}
 
 
-def _sci(x) -> str:
-    """1.3175e-3 → '1.32 × 10⁻³' (three significant digits, as the verdict page writes it)."""
-    m, e = f"{float(x):.2e}".split("e")
+def _sci(x, digits: int = 3) -> str:
+    """1.3175e-3 → '1.32 × 10⁻³' (three significant digits, as the verdict page writes it; `digits` others)."""
+    m, e = f"{float(x):.{digits - 1}e}".split("e")
     return f"{m} × 10{str(int(e)).translate(str.maketrans('-0123456789', '⁻⁰¹²³⁴⁵⁶⁷⁸⁹'))}"
 
 
 def headline(res) -> dict[str, str]:
     """What the verdict page states from an `sr_confound` result (C0-bias's confound sentence), as it prints it:
-    O's bias on tied rows for A and A_sr and their RMS errors (three significant digits), the RMS error's rise
+    O's bias on tied rows for A and A_sr and their RMS errors (three significant digits; A_sr's bias, a residue
+    at the noise's scale that moves in its second digit with the instruction set, one), the RMS error's rise
     (``.0f`` %), and dQ's mean relative error for A, A_sr and FP32 attention C (``.4f``)."""
     g = lambda k: float(np.nanmean(np.asarray(res[k], dtype=np.float64)))  # noqa: E731
-    return {"bias_A": _sci(res["rows_A_bias"]), "bias_A_sr": _sci(res["rows_A_sr_bias"]),
+    return {"bias_A": _sci(res["rows_A_bias"]), "bias_A_sr": _sci(res["rows_A_sr_bias"], 1),
             "rms_A": _sci(res["rows_A_rms"]), "rms_A_sr": _sci(res["rows_A_sr_rms"]),
             "rms_rise": f"{100 * (float(res['rows_A_sr_rms']) / float(res['rows_A_rms']) - 1):.0f} %",
             "dq_A": f"{g('grad_A_dq'):.4f}", "dq_A_sr": f"{g('grad_A_sr_dq'):.4f}", "dq_C": f"{g('grad_C_dq'):.4f}"}
