@@ -45,7 +45,7 @@ def step_figure(res) -> plt.Figure:
     from lpfail.kernels.bench_step import STEP_TARGETS, ratios  # here: lpfail.kernels imports Triton
     rs, modes = ratios(res), [str(m) for m in res["modes"]]
     methods = [str(m) for m in res["methods"] if str(m) != "sdpa"]
-    fig, ax = plt.subplots(figsize=(6.4, 0.75 + 0.62 * len(methods)))
+    fig, ax = plt.subplots(figsize=(4.6, 1.1 + 0.62 * len(methods)))
     h = 0.8 / max(1, len(modes))
     lo = 1.0
     for i, m in enumerate(methods):

@@ -89,7 +89,7 @@ WORDS = {"A": "the paper's arithmetic", "C": "FP32 attention", "D": "production 
          "triton_paper": "our kernel, the paper's arithmetic",
          "reference_paper": "the reference, the paper's arithmetic",
          "dropin": "drop-in, no fix", "dropin_robust": "drop-in + robust fix",
-         "dropin_dqa": "drop-in, five-matmul backward", "dropin_dqa_robust": "drop-in + robust fix, five-matmul",
+         "dropin_dqa": "five-matmul backward", "dropin_dqa_robust": "five-matmul + robust fix",
          **{f"A_{k}": f"the paper's arithmetic at {k} bits" for k in (6, 5, 4, 3)},
          **{f"SR_{k}": f"stochastic rounding at {k} bits" for k in (6, 5, 4, 3)},
          **{f"D_{k}": f"production arithmetic at {k} bits" for k in (6, 5, 4, 3)},
