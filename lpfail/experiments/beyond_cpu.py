@@ -49,12 +49,7 @@ def headline(res) -> dict[str, str]:
     return out
 
 
-def check(cfg: BeyondCPUConfig) -> BeyondCPUConfig:
-    """The two-settings check's config: the stored one (seconds)."""
-    return cfg
-
-
-@experiment("beyond_cpu", config=BeyondCPUConfig, chapter="lab_06_beyond", headline=headline, check=check,
+@experiment("beyond_cpu", config=BeyondCPUConfig, chapter="lab_06_beyond", headline=headline,
             description="chapter 6's lab: the reference's knobs on tied rows and each cure on one call (CPU)")
 def beyond_cpu(cfg: BeyondCPUConfig) -> dict:
     from lpfail import attention as attn

@@ -101,12 +101,7 @@ def headline(res) -> dict[str, str]:
     return out
 
 
-def check(cfg: FixGalleryConfig) -> FixGalleryConfig:
-    """The two-settings check's config: the stored one (a second)."""
-    return cfg
-
-
-@experiment("fix_gallery", config=FixGalleryConfig, chapter="05_fix", headline=headline, check=check,
+@experiment("fix_gallery", config=FixGalleryConfig, chapter="05_fix", headline=headline,
             description="chapter 5's gallery: each fix on tied rows, per state of the explorer (CPU)")
 def fix_gallery(cfg: FixGalleryConfig) -> dict:
     names = list(fix_policies(2.0, 1e-3))
