@@ -156,10 +156,8 @@ _NUMBER = re.compile(r"[-+−]?\d+(?:[.,]\d+)*(?:[eE][-+]?\d+)?")
 
 def _last_unit(text: str) -> float:
     """One unit of the last printed digit of a number as printed ('7.1e-03' → 1e-4, '0.0170' → 1e-4, '12' → 1)."""
-    mant, _, exp = text.replace(",", "").replace("−", "-").partition("e") if "e" in text.lower() else \
-        (text.replace(",", "").replace("−", "-"), "", "0")
-    decimals = len(mant.split(".")[1]) if "." in mant else 0
-    return 10.0 ** (int(exp or 0) - decimals)
+    mant, _, exp = text.replace(",", "").replace("−", "-").lower().partition("e")
+    return 10.0 ** (int(exp or 0) - len(mant.partition(".")[2]))
 
 
 def _value(text: str) -> float:

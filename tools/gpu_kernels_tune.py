@@ -669,10 +669,13 @@ def focus(spec: dict) -> None:
     checked levers; a timed method whose base is left out is guarded against the first kernel timed instead."""
     global METHODS, FIX_METHODS, PAIRS, LEVERS
     first = next(m for m in spec["methods"] if METHODS[m] is not None)
-    METHODS = {m: (METHODS[m] if METHODS[m] is None or METHODS[m][2] in (None, *spec["methods"]) or m == first
-                   else (*METHODS[m][:2], first)) for m in spec["methods"]}
-    if METHODS[first] is not None:
-        METHODS[first] = (*METHODS[first][:2], None)
+
+    def rebased(m):
+        if METHODS[m] is None:
+            return None
+        policy, tuning, base = METHODS[m]
+        return policy, tuning, None if m == first else base if base in (None, *spec["methods"]) else first
+    METHODS = {m: rebased(m) for m in spec["methods"]}
     FIX_METHODS = {m: FIX_METHODS[m] for m in spec["fix_methods"]}
     PAIRS = tuple(spec["pairs"])
     LEVERS = {k: LEVERS[k] for k in spec["levers"]}

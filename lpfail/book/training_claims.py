@@ -24,6 +24,7 @@ from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTL
 from lpfail.experiments import confirmation as CF
 from lpfail.experiments import lr_sweep as L
 from lpfail.experiments import dial_training as D
+from lpfail.experiments.sr_confound import sci
 from lpfail.sweep.lr import LRSweepConfig
 
 
@@ -133,13 +134,6 @@ def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
         "criterion is reported beside it and no longer decides",
         _sweep_differs(res), note=note, old=oldtxt)
 
-def _sci(x, digits: int = 3) -> str:
-    """1.3175e-3 → '1.32 × 10⁻³' (three significant digits; `digits` others)."""
-    m, e = f"{float(x):.{digits - 1}e}".split("e")
-    sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-    return f"{m} × 10{str(int(e)).translate(sup)}"
-
-
 def confound_text(sr: Mapping | None) -> str:
     """What stochastic rounding adds beside the bias it removes, from the stored ``sr_confound`` ('' without it)."""
     if sr is None:
@@ -147,8 +141,8 @@ def confound_text(sr: Mapping | None) -> str:
     g = lambda k: float(np.nanmean(np.asarray(sr[k], dtype=np.float64)))  # noqa: E731
     rise = 100 * (float(sr["rows_A_sr_rms"]) / float(sr["rows_A_rms"]) - 1)
     return (f"The test is confounded: stochastic rounding removes the bias but adds noise. On chapter 4's tied rows "
-            f"it cuts O's bias from {_sci(sr['rows_A_bias'])} to about {_sci(sr['rows_A_sr_bias'], 1)}, and raises "
-            f"O's RMS error by {rise:.0f} % ({_sci(sr['rows_A_rms'])} → {_sci(sr['rows_A_sr_rms'])}) and "
+            f"it cuts O's bias from {sci(sr['rows_A_bias'])} to about {sci(sr['rows_A_sr_bias'], 1)}, and raises "
+            f"O's RMS error by {rise:.0f} % ({sci(sr['rows_A_rms'])} → {sci(sr['rows_A_sr_rms'])}) and "
             f"dQ's relative error from {g('grad_A_dq'):.4f} to {g('grad_A_sr_dq'):.4f} (FP32 attention "
             f"{g('grad_C_dq'):.4f}; `sr_confound`). So a gap that survives stochastic rounding may come from the "
             "added variance, not only from a harm that the bias does not explain.")

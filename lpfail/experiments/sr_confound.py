@@ -52,7 +52,7 @@ def row_side(cfg: SRConfoundConfig, policy: Precision, seed: int) -> dict:
             "rms_true": float(np.sqrt(np.mean(err.o_true ** 2)))}
 
 
-def _sci(x, digits: int = 3) -> str:
+def sci(x, digits: int = 3) -> str:
     """1.3175e-3 → '1.32 × 10⁻³' (three significant digits, as the verdict page writes it; `digits` others)."""
     m, e = f"{float(x):.{digits - 1}e}".split("e")
     return f"{m} × 10{str(int(e)).translate(str.maketrans('-0123456789', '⁻⁰¹²³⁴⁵⁶⁷⁸⁹'))}"
@@ -64,8 +64,8 @@ def headline(res) -> dict[str, str]:
     at the noise's scale that moves in its second digit with the instruction set, one), the RMS error's rise
     (``.0f`` %), and dQ's mean relative error for A, A_sr and FP32 attention C (``.4f``)."""
     g = lambda k: float(np.nanmean(np.asarray(res[k], dtype=np.float64)))  # noqa: E731
-    return {"bias_A": _sci(res["rows_A_bias"]), "bias_A_sr": _sci(res["rows_A_sr_bias"], 1),
-            "rms_A": _sci(res["rows_A_rms"]), "rms_A_sr": _sci(res["rows_A_sr_rms"]),
+    return {"bias_A": sci(res["rows_A_bias"]), "bias_A_sr": sci(res["rows_A_sr_bias"], 1),
+            "rms_A": sci(res["rows_A_rms"]), "rms_A_sr": sci(res["rows_A_sr_rms"]),
             "rms_rise": f"{100 * (float(res['rows_A_sr_rms']) / float(res['rows_A_rms']) - 1):.0f} %",
             "dq_A": f"{g('grad_A_dq'):.4f}", "dq_A_sr": f"{g('grad_A_sr_dq'):.4f}", "dq_C": f"{g('grad_C_dq'):.4f}"}
 

@@ -51,6 +51,11 @@ def latest_checkpoint(run_dir) -> Path | None:
     return ck[-1] if ck else None
 
 
+def checkpoint_step(ck: Path) -> int:
+    """The step a checkpoint ``ckpt_<step>.pt`` was written at."""
+    return int(ck.stem.split("_")[1])
+
+
 def run_state(spec: RunSpec) -> str:
     """"done" (completed or non-finite), "partial" (has a checkpoint to continue from) or "new"."""
     p = spec.dir / "run.json"
@@ -245,7 +250,7 @@ class _Sweep:
         if not isinstance(total, int):
             return None
         ck = latest_checkpoint(spec.dir) if self.cont and spec.dir.exists() else None
-        return total - (int(ck.stem.split("_")[1]) if ck is not None else 0)
+        return total - (checkpoint_step(ck) if ck is not None else 0)
 
     def expected_s(self, spec: RunSpec) -> float:
         """Seconds the run should take at the pace of the runs finished so far in this sweep (0 before any)."""
@@ -278,7 +283,7 @@ class _Sweep:
             ck = latest_checkpoint(spec.dir) if self.cont else None
             if ck is not None:
                 cmd += ["--resume", str(ck)]
-                self.status[spec.name]["resumed_from"] = int(ck.stem.split("_")[1])
+                self.status[spec.name]["resumed_from"] = checkpoint_step(ck)
             out = open(spec.dir / "stdout.txt", "a")
             out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
             out.flush()
@@ -307,9 +312,10 @@ class _Sweep:
                 continue
             elif rc == 0 and run_state(spec) == "done":
                 state = "done"
-                ran = getattr(spec.cfg, "max_steps", None)
-                if isinstance(ran, int) and ran - (self.status[name]["resumed_from"] or 0) > 0:
-                    self.pace.append((now - started) / (ran - (self.status[name]["resumed_from"] or 0)))
+                total = getattr(spec.cfg, "max_steps", None)
+                trained = total - (self.status[name]["resumed_from"] or 0) if isinstance(total, int) else 0
+                if trained > 0:
+                    self.pace.append((now - started) / trained)
             else:
                 state = "stopped" if past else "failed"
             out.close()
