@@ -468,6 +468,44 @@ def test_a_retired_streams_run_is_read_but_not_stored_and_a_current_one_wins_ove
     assert [p["file"] for p in lk.parts] == ["part-20260102T000000-0.json"]
 
 
+class _JudgedGrid(_OneRunGrid):
+    """One run whose result is a judged statistic read from the run's summary."""
+    name = "one_run_judged"
+    config = {"what": "a test grid"}
+
+    def result(self, have, parts):
+        (summary,) = have.values()
+        return {"analysis": {"claims": {"H2": {"estimate": summary["x"], "ci": [0.0, 1.0], "verdict": summary["v"],
+                                               "per_seed": [1.0]}}}}
+
+
+def test_collect_records_what_a_rerun_of_retired_runs_changed(tmp_path):
+    """Once a retired stream's run is trained again, `collect` stores the result from the current run and, under
+    ``before_rerun``, the judged statistics the retired runs gave (`lookup(retired_first=True)`): the before → after
+    record of a rerun. Nothing is recorded while no run has been trained again."""
+    from lpfail.sweep.grid import lookup
+    from lpfail.sweep.store import retired_hashes
+
+    c = L.LRSweepConfig(**TINY)
+    run = L.grid_run(c, L.Point("small", "A_sr", 1e-3, 0))
+    (old,) = retired_hashes(run.config)
+    grid = _JudgedGrid(run)
+    part = L.STORE.part(tmp_path)
+    part.path = part.path.with_name("part-20260101T000000-0.json")
+    part.add({"key": run.key, "run_hash": old, "x": 0.25, "v": "inconclusive"})
+    assert sweep.before_rerun(grid, lookup(grid, tmp_path), tmp_path) is None
+    part = L.STORE.part(tmp_path)
+    part.path = part.path.with_name("part-20260102T000000-0.json")
+    part.add({"key": run.key, "run_hash": run.hash, "x": 0.5, "v": "refuted"})
+    lk_old = lookup(grid, tmp_path, retired_first=True)
+    assert lk_old.have[run.id]["x"] == 0.25 and lk_old.retired == {run.id} and not lk_old.missing
+    stored = sweep.collect(grid, tmp_path)
+    assert stored["analysis"]["claims"]["H2"]["estimate"] == 0.5
+    assert stored["before_rerun"] == {
+        "runs": 1, "groups": [run.group], "parts": ["part-20260101T000000-0.json"],
+        "stats": {"analysis/claims/H2": {"estimate": 0.25, "ci": [0.0, 1.0], "verdict": "inconclusive"}}}
+
+
 def test_the_stored_a_sr_runs_are_read_as_retired():
     """lr_sweep's 36 A_sr runs were trained with the retired stream: read (the stored result re-collects from them,
     test_stored_grid_result_recollects_identically) and listed as still to train."""

@@ -780,3 +780,20 @@ def test_the_dial_claim_waits_for_every_h8_row_then_maps_the_family_by_its_rule(
     res["small_val_final"][D.ARMS.index("SR_3"), 0, 0] = np.nan
     res["analysis"] = D.analyse(res)
     assert TC.judge_dial(res).verdict == NOT_TESTED
+
+
+def test_a_rerun_is_shown_before_and_after_on_the_claim():
+    """Where a grid's retired-stream runs were trained again, the C0-bias row says what H2 read before and after
+    (`training_claims.rerun_text`, from the result's ``before_rerun``); nothing where no run was retrained."""
+    from lpfail.book.training_claims import rerun_text
+
+    h2 = {"estimate": 0.06, "ci": [0.03, 0.09], "p_adjusted": 0.012, "verdict": "refuted", "per_seed": [0.1]}
+    res = {"analysis": {"claims": {"H2": h2}}}
+    assert rerun_text(res) == "" and rerun_text(None) == ""
+    res["before_rerun"] = {"runs": 78, "groups": ["A_sr"], "parts": ["p.json"], "stats": {
+        "analysis/claims/H2": {"estimate": 0.047, "ci": [0.018, 0.075], "p_adjusted": 0.096, "verdict": "inconclusive"}}}
+    text = rerun_text(res)
+    assert "78 stochastic-rounding runs" in text
+    assert ("H2 before → after: +0.047 [+0.018, +0.075], Holm p 0.096, inconclusive → +0.060 [+0.030, +0.090], "
+            "Holm p 0.012, refuted.") in text
+    assert rerun_text(res, "H3") == ""

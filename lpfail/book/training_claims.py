@@ -161,6 +161,25 @@ def retired_text(grid: str = "confirmation") -> str:
             "the new stream, this verdict rests on one draw of the rounding and may move with another.")
 
 
+def rerun_text(res: Mapping | None, name: str = "H2") -> str:
+    """Before → after of hypothesis ``name`` where the grid's retired-stream runs were trained again
+    (`lpfail.sweep.before_rerun`, stored in the result as ``before_rerun``); '' where nothing was retrained."""
+    before = (res or {}).get("before_rerun")
+    if not before:
+        return ""
+    now = sweep.verdict_stats(res)
+    key = next((k for k in before["stats"] if k.rsplit("/", 1)[-1] == name and k in now), None)
+    if key is None:
+        return ""
+    b, a = before["stats"][key], now[key]
+    say = lambda h: (f"{interval({'point': h.get('estimate', h.get('point')), 'ci': h.get('ci')})}"  # noqa: E731
+                     + (f", Holm p {h['p_adjusted']:.2g}" if h.get("p_adjusted") is not None else "")
+                     + f", {h['verdict']}")
+    return (f"Its {before['runs']} stochastic-rounding runs were trained again on a stream each run owns (the "
+            f"retired one drew from torch's generator and could not be repeated bit for bit). {name} before → "
+            f"after: {say(b)} → {say(a)}.")
+
+
 def judge_bias_not_noise(res: Mapping, sr: Mapping | None = None) -> Verdict:
     """C0-bias, by H2: stochastic rounding of A's output path (P̄V, Ō, O: the same 8-bit mantissas without the
     bias) closes at least half of the A − C gap. Needs H1 supported ("no gap to close" → not yet tested).
@@ -456,8 +475,9 @@ def claims(load, stored) -> list[Verdict]:
         sr = load_or_none(load, "sr_confound")
         bias = few_seeds(judge_bias_not_noise(lr, sr), lr)
         if confirmed(conf, "C0-bias"):
-            bias = judge_confirmed(conf, bias, "C0-bias", " ".join(filter(None, (confound_text(sr), retired_text()))))
-        elif retired := retired_text("lr_sweep"):
+            extra = (confound_text(sr), retired_text(), rerun_text(conf))
+            bias = judge_confirmed(conf, bias, "C0-bias", " ".join(filter(None, extra)))
+        elif retired := retired_text("lr_sweep") or rerun_text(lr):
             bias = dataclasses.replace(bias, evidence=f"{bias.evidence} {retired}")
         qk = few_seeds(judge_qk_norm(lr), lr)
         if confirmed(conf, "C0-qk"):

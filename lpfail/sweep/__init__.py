@@ -33,11 +33,12 @@ grids.
 from lpfail.sweep import stats
 from lpfail.sweep.declare import register_grid
 from lpfail.sweep.grid import GRIDS, Grid, GridBase, Lookup, Run, SweepIncomplete, get, lookup, names
-from lpfail.sweep.run import collect, drive, graph_checks, run_experiment, status, status_text
+from lpfail.sweep.run import (before_rerun, collect, drive, graph_checks, run_experiment, status, status_text,
+                              verdict_stats)
 from lpfail.sweep.store import (Part, Store, part_files, part_name, parts_provenance, read_part, run_hash,
                                  summarize_run, used_parts)
 
-__all__ = ["GRIDS", "Grid", "GridBase", "Lookup", "Part", "Run", "Store", "SweepIncomplete", "collect", "drive",
-           "get", "graph_checks", "lookup", "names", "part_files", "part_name", "parts_provenance", "read_part",
-           "register_grid", "run_experiment", "run_hash", "stats", "status", "status_text", "summarize_run",
-           "used_parts"]
+__all__ = ["GRIDS", "Grid", "GridBase", "Lookup", "Part", "Run", "Store", "SweepIncomplete", "before_rerun",
+           "collect", "drive", "get", "graph_checks", "lookup", "names", "part_files", "part_name",
+           "parts_provenance", "read_part", "register_grid", "run_experiment", "run_hash", "stats", "status",
+           "status_text", "summarize_run", "used_parts", "verdict_stats"]

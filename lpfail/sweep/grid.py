@@ -139,8 +139,12 @@ class Lookup:
                 f"nothing stored. Run `{again}` on a GPU machine")
 
 
-def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = None) -> Lookup:
-    """The grid's runs found in their stores (a run counts when its key and its TrainConfig hash match)."""
+def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = None,
+           retired_first: bool = False) -> Lookup:
+    """The grid's runs found in their stores (a run counts when its key and its TrainConfig hash match).
+    ``retired_first``: where a run is stored under a retired stream as well as the current one, read the retired
+    one — the grid as it stood before its runs were trained again (`lpfail.sweep.run.collect`'s record of what the
+    rerun changed); ``missing`` still lists only the runs without a current version."""
     from lpfail.sweep.store import retired_hashes
 
     runs = grid.runs() if runs is None else runs
@@ -149,13 +153,15 @@ def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = N
     have, missing, retired, used = {}, [], set(), {f: set() for f in stores}
     for r in runs:
         versions = loaded[r.store.folder][0].get(r.key, [])
-        found = next((fs for fs in versions if fs[1].get("run_hash") == r.hash), None)
-        if found is None:
+        current = next((fs for fs in versions if fs[1].get("run_hash") == r.hash), None)
+        old = retired_hashes(r.config) if current is None or retired_first else set()
+        former = next((fs for fs in versions if fs[1].get("run_hash") in old), None)
+        if current is None:
             missing.append(r)
-            old = retired_hashes(r.config)
-            found = next((fs for fs in versions if fs[1].get("run_hash") in old), None) if old else None
-            if found is None:
-                continue
+        found = former if former is not None and (retired_first or current is None) else current
+        if found is None:
+            continue
+        if found is former:
             retired.add(r.id)
         have[r.id] = found[1]
         used[r.store.folder].add(found[0])

@@ -145,8 +145,42 @@ def collect(grid: Grid, directory: Path | None = None, partial: bool = False) ->
     if unchanged(grid, lk, directory):
         return None
     data = grid.result(lk.have, lk.parts)
+    before = before_rerun(grid, lk, directory)
+    if before is not None:
+        data["before_rerun"] = before
     return results.save(grid.name, grid.config, data, 0.0, directory,
                         provenance=parts_provenance(lk.parts, none=getattr(grid, "no_parts", "")))
+
+
+#: The fields of a judged statistic that the record of a rerun keeps (`verdict_stats`).
+_KEPT = ("estimate", "point", "ci", "n", "p_adjusted", "verdict")
+
+
+def verdict_stats(data, path: str = "") -> dict[str, dict]:
+    """Every judged statistic in a grid's result — each mapping with a ``verdict`` — as {path: its estimate,
+    interval, n, Holm-adjusted p and verdict, those it has}; paths join the keys with "/" (``analysis/claims/H2``)."""
+    out: dict[str, dict] = {}
+    if isinstance(data, dict):
+        if "verdict" in data and path:
+            out[path] = {k: data[k] for k in _KEPT if k in data}
+        for k, v in data.items():
+            if isinstance(v, dict) and k != "before_rerun":
+                out.update(verdict_stats(v, f"{path}/{k}" if path else str(k)))
+    return out
+
+
+def before_rerun(grid: Grid, lk: Lookup, directory: Path | None = None) -> dict | None:
+    """What the grid's result said before runs of a retired random stream were trained again: the result
+    assembled from the retired versions where both are stored (`lookup(retired_first=True)`), reduced to its
+    judged statistics (`verdict_stats`) — the "before" of a before → after record. None when no run has been
+    trained again, or when the old versions do not make up a whole grid."""
+    old = lookup(grid, directory, lk.runs, retired_first=True)
+    again = old.retired - lk.retired
+    if not again or not old.complete:
+        return None
+    return {"runs": len(again), "groups": sorted({r.group for r in lk.runs if r.id in again}),
+            "parts": sorted(p["file"] for p in old.parts),
+            "stats": verdict_stats(grid.result(old.have, old.parts))}
 
 
 def unchanged(grid: Grid, lk: Lookup, directory: Path | None = None) -> bool:
