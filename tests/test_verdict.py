@@ -793,7 +793,7 @@ def test_a_rerun_is_shown_before_and_after_on_the_claim():
     res["before_rerun"] = {"runs": 78, "groups": ["A_sr"], "parts": ["p.json"], "stats": {
         "analysis/claims/H2": {"estimate": 0.047, "ci": [0.018, 0.075], "p_adjusted": 0.096, "verdict": "inconclusive"}}}
     text = rerun_text(res)
-    assert "78 stochastic-rounding runs" in text
+    assert "The 78 stochastic-rounding runs (A_sr)" in text
     assert ("H2 before → after: +0.047 [+0.018, +0.075], Holm p 0.096, inconclusive → +0.060 [+0.030, +0.090], "
             "Holm p 0.012, refuted.") in text
     assert rerun_text(res, "H3") == ""

@@ -175,9 +175,9 @@ def rerun_text(res: Mapping | None, name: str = "H2") -> str:
     say = lambda h: (f"{interval({'point': h.get('estimate', h.get('point')), 'ci': h.get('ci')})}"  # noqa: E731
                      + (f", Holm p {h['p_adjusted']:.2g}" if h.get("p_adjusted") is not None else "")
                      + f", {h['verdict']}")
-    return (f"Its {before['runs']} stochastic-rounding runs were trained again on a stream each run owns (the "
-            f"retired one drew from torch's generator and could not be repeated bit for bit). {name} before → "
-            f"after: {say(b)} → {say(a)}.")
+    return (f"The {before['runs']} stochastic-rounding runs (A_sr) behind it were trained again on a stream each "
+            f"run owns (the retired one drew from torch's generator and could not be repeated bit for bit). {name} "
+            f"before → after: {say(b)} → {say(a)}.")
 
 
 def judge_bias_not_noise(res: Mapping, sr: Mapping | None = None) -> Verdict:

@@ -11,6 +11,7 @@ checks when a captured step did not reproduce the uncaptured one).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from lpfail import results
@@ -160,11 +161,11 @@ def verdict_stats(data, path: str = "") -> dict[str, dict]:
     """Every judged statistic in a grid's result — each mapping with a ``verdict`` — as {path: its estimate,
     interval, n, Holm-adjusted p and verdict, those it has}; paths join the keys with "/" (``analysis/claims/H2``)."""
     out: dict[str, dict] = {}
-    if isinstance(data, dict):
+    if isinstance(data, Mapping):
         if "verdict" in data and path:
             out[path] = {k: data[k] for k in _KEPT if k in data}
         for k, v in data.items():
-            if isinstance(v, dict) and k != "before_rerun":
+            if isinstance(v, Mapping) and k != "before_rerun":
                 out.update(verdict_stats(v, f"{path}/{k}" if path else str(k)))
     return out
 
