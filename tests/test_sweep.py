@@ -506,12 +506,18 @@ def test_collect_records_what_a_rerun_of_retired_runs_changed(tmp_path):
         "stats": {"analysis/claims/H2": {"estimate": 0.25, "ci": [0.0, 1.0], "verdict": "inconclusive"}}}
 
 
-def test_the_stored_a_sr_runs_are_read_as_retired():
-    """lr_sweep's 36 A_sr runs were trained with the retired stream: read (the stored result re-collects from them,
-    test_stored_grid_result_recollects_identically) and listed as still to train."""
+def test_the_stored_a_sr_runs_left_to_train_are_read_as_retired():
+    """lr_sweep's 16 large A_sr runs not yet trained again (2026-12-07) are read from the retired stream (the stored
+    result re-collects from them, test_stored_grid_result_recollects_identically) and listed as still to train; the
+    confirmation grid's 60 have been retrained, and its result records what that changed (`before_rerun`)."""
     lk = sweep.lookup(sweep.get("lr_sweep"))
-    assert len(lk.retired) == 36 and all("/A_sr/" in i for i in lk.retired)
+    assert len(lk.retired) == 16 and all(i.startswith("large/A_sr/") for i in lk.retired)
     assert {r.id for r in lk.missing} == lk.retired
+    conf = sweep.lookup(sweep.get("confirmation"))
+    assert not conf.retired and not conf.missing
+    before = results.load("confirmation")["before_rerun"]
+    assert before["runs"] == 60 and before["groups"] == ["A_sr"]
+    assert before["stats"]["analysis/claims/H2"]["verdict"] == "inconclusive"
 
 
 class _Ended:
