@@ -74,3 +74,32 @@ def test_advice_follows_the_calls():
     assert "toward zero" not in front.advice(_vs(**{"K-bias:sdpa_flash": verdict.REPRODUCED}))[0]
     assert a[3].startswith("**Monitor**") and "against FP32 attention" in a[3]   # neither alert tells a failure
 
+
+
+def test_the_thesis_words_stochastic_rounding_by_its_call():
+    """H2 refuted: the thesis says stochastic rounding closes significantly less than half; inconclusive: that
+    removing the bias is not shown to close it — never the weaker sentence for the stronger evidence."""
+    conf = results.load("confirmation")
+    claims = conf["analysis"]["claims"]
+
+    def with_h2(word):
+        return {**dict(conf), "analysis": {**conf["analysis"], "claims": {**claims, "H2": {**claims["H2"],
+                                                                                          "verdict": word}}}}
+    refuted = front.thesis(_vs(), _load(confirmation=with_h2("refuted")))
+    assert "stochastic rounding, which removes the bias but adds noise, closes significantly less than half" in refuted
+    unshown = front.thesis(_vs(), _load(confirmation=with_h2("inconclusive")))
+    assert "removing the bias is not shown to" in unshown and "stochastic rounding" not in unshown
+
+
+def test_the_remedies_of_the_bias_are_worded_by_their_calls():
+    from lpfail.book import confirmation_report as CR, dial_report
+
+    a = {"claims": {"H2": {"verdict": "refuted"}, "HB": {"verdict": "inconclusive"}, "HR": {"verdict": "inconclusive"}}}
+    assert CR.bias_cures_said(a) == ("Stochastic rounding closes significantly less than half of it; the official "
+                                     "fix and the robust fix leave too much of it for the rule to call")
+    a["claims"]["HR"]["verdict"] = "supported"
+    assert CR.bias_cures_said(a).startswith("The robust fix closes at least half of it; stochastic rounding closes")
+    h2 = {"estimate": 0.04, "ci": [0.02, 0.06], "n": 10, "p_adjusted": 0.008, "verdict": "refuted"}
+    assert dial_report.sr_says({"analysis": {"claims": {"H2": h2}}}).startswith("It does not: it closes significantly")
+    assert dial_report.sr_says({"analysis": {"claims": {"H2": {**h2, "verdict": "inconclusive"}}}}).startswith(
+        "It is not shown to: (S(A_sr)")

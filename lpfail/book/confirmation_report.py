@@ -155,18 +155,40 @@ def t_text(d, fmt: str = "+.3f") -> str:
 CLOSING = ("D", "S", "B", "A_sr")
 
 
+#: The remedies that remove the output path's bias, by their ten-seed half-gap hypothesis.
+BIAS_REMEDIES = {"H2": "stochastic rounding", "HB": "the official fix", "HR": "the robust fix"}
+
+
+def bias_cures_said(a: Mapping) -> str:
+    """What ten seeds say of the remedies that remove the bias (`BIAS_REMEDIES`), grouped by their calls:
+    'Stochastic rounding closes significantly less than half of it; the official fix and the robust fix leave too
+    much of it for the rule to call' ('' where none is judged)."""
+    claims = a.get("claims") or {}
+    by: dict[str, list[str]] = {}
+    for h, name in BIAS_REMEDIES.items():
+        if (claims.get(h) or {}).get("verdict") in ("supported", "refuted", "inconclusive"):
+            by.setdefault(claims[h]["verdict"], []).append(name)
+    words = {"supported": ("closes", "close", "at least half of it"),
+             "refuted": ("closes", "close", "significantly less than half of it"),
+             "inconclusive": ("leaves", "leave", "too much of it for the rule to call")}
+    parts = [f"{listing(names)} {words[w][len(names) > 1]} {words[w][2]}"
+             for w in ("supported", "refuted", "inconclusive") if (names := by.get(w))]
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:]
+
+
 def closing_facts(conf: Mapping, lrs: tuple[float, ...] = (0.016, 0.032)) -> dict[str, str]:
     """What chapter 1's "What does close the gap" quotes, on every seed of the confirmation grid's smaller size:
     S(A) − S(C) (``ten_gap_S``) and per variant of `CLOSING` its own gap S(X) − S(C) (``ten_own_X``), both with
     95 % Student t intervals over the paired seeds, the share of S(A) − S(C) it closes from the two means
     (``ten_share_X``, a point estimate) and X − C in final held-out loss at ``lrs`` (``ten_X_minus_C_LR``, t
-    intervals); ``ten_n_all``: the seed count. Empty without A and C."""
+    intervals); ``ten_n_all``: the seed count; ``bias_cures_said``: `bias_cures_said`. Empty without A and C."""
     d = CF._size(conf, "small")
     if d is None or not {"A", "C"} <= set(d["eff"]):
         return {}
     s = {v: stats.seed_sensitivity(e) for v, e in d["eff"].items()}
     gap = s["A"] - s["C"]
-    out = {"ten_gap_S": t_text(gap), "ten_n_all": f"{gap.size}"}
+    out = {"ten_gap_S": t_text(gap), "ten_n_all": f"{gap.size}", "bias_cures_said": bias_cures_said(conf["analysis"])}
     for v in CLOSING:
         if v not in s:
             continue

@@ -32,6 +32,16 @@ def sr_ten_seeds(conf: Mapping | None) -> str:
             f"seeds, Holm-adjusted p {h['p_adjusted']:.2g}: {h['verdict']}")
 
 
+def sr_says(conf: Mapping | None) -> str:
+    """Whether stochastic rounding closes half of the gap on ten seeds, in a sentence worded by H2's call."""
+    h = ((conf or {}).get("analysis", {}).get("claims") or {}).get("H2") or {}
+    stat = sr_ten_seeds(conf)
+    if h.get("estimate") is None:
+        return f"It is {stat}."
+    return {"refuted": f"It does not: it closes significantly less than half of it; {stat}.",
+            "supported": f"It does: {stat}."}.get(h["verdict"], f"It is not shown to: {stat}.")
+
+
 def sr_noise(sr: Mapping | None) -> str:
     """How much stochastic rounding raises O's RMS error on chapter 4's tied rows (``sr_confound``)."""
     if sr is None:
@@ -324,7 +334,8 @@ def facts(load: Callable | None = None) -> dict[str, str]:
     """The glued values of chapter 1's dial section."""
     load = load or results.load
     dial = load_or_none(load, "dial_training")
-    return {"sr_ten": sr_ten_seeds(load_or_none(load, "confirmation")),
+    conf = load_or_none(load, "confirmation")
+    return {"sr_ten": sr_ten_seeds(conf), "sr_says": sr_says(conf),
             "sr_noise": sr_noise(load_or_none(load, "sr_confound")),
             "dial_status": status(dial), "dial_interim": interim(dial), "dial_word": verdict_word(dial), **cards(dial)}
 

@@ -216,9 +216,12 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     if ten is not None:
         works = [{"D": "FP32 accumulation", "A_qk": "QK-norm"}[v] for v in ("D", "A_qk") if ten[v] == "supported"]
         biased = [v for v in ("A_sr", "B", "R") if ten[v] == "supported"]
-        train += (f"; {listing(works)} close at least half of the gap" if works else "") + (
-            "" if biased else (", removing the bias is not shown to" if works else "; removing the bias is not "
-                               "shown to close it"))
+        train += f"; {listing(works)} close at least half of the gap" if works else ""
+        if ten.get("A_sr") == "refuted" and not biased:
+            train += ("; stochastic rounding, which removes the bias but adds noise, closes significantly less than "
+                      "half of it")
+        elif not biased:
+            train += ", removing the bias is not shown to" if works else "; removing the bias is not shown to close it"
     chain = ("The chain from bias to failure is not shown"
              if all(_is(by.get(c), NOT_REPRODUCED, CONTRADICTED, NOT_TESTED) for c in ("C1b", "C2")) else
              f"The chain from bias to failure: {_status(by, 'C1b', 'C2')}")
