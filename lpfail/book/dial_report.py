@@ -38,7 +38,7 @@ def sr_says(conf: Mapping | None) -> str:
     stat = sr_ten_seeds(conf)
     if h.get("estimate") is None:
         return f"It is {stat}."
-    return {"refuted": f"It does not: it closes significantly less than half of it; {stat}.",
+    return {"refuted": f"It does not: it closes significantly less than half; {stat}.",
             "supported": f"It does: {stat}."}.get(h["verdict"], f"It is not shown to: {stat}.")
 
 
