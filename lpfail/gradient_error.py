@@ -265,23 +265,49 @@ def delta_terms(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torc
     alpha = d ** -0.5
     x64 = x.detach().double()
     if qkv is None:
-        q_in, k_in, v_in = (_heads(x64, w.detach().double(), n_head).to(input_dtype) for w in (w_q, w_k, w_v))
-    else:
-        q_in, k_in, v_in = (a.detach() for a in qkv)
-        input_dtype = q_in.dtype
-    do_in = do.detach().to(input_dtype)
-    q64, k64, v64 = q_in.double(), k_in.double(), v_in.double()
-    mask = _causal(t, x.device)
-    p64 = torch.softmax((q64 @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf), dim=-1)
-    d_hp = (do_in.double() * (p64 @ v64)).sum(-1, keepdim=True)                      # (B, H, T, 1) exact δ
-    pk = p64 @ k64
+        qkv = tuple(_heads(x64, w.detach().double(), n_head).to(input_dtype) for w in (w_q, w_k, w_v))
+    errors, p64 = _delta_errors(qkv, do, policies)
+    pk = p64 @ qkv[1].detach().double()
     out = {}
-    for name, policy in policies.items():
-        fwd = flash_forward(q_in, k_in, v_in, policy)
-        dd = delta_lp(do_in, fwd.o, policy).double() - d_hp                          # (B, H, T, 1)
-        term = alpha * torch.einsum("bht,bhtd,btc->hdc", dd[..., 0], pk, x64)
-        out[name] = {"term": term, "sum_dd": [float(v) for v in dd.sum(dim=(0, 2, 3))]}
+    for name, dd in errors.items():                                                  # (B, H, T)
+        term = alpha * torch.einsum("bht,bhtd,btc->hdc", dd, pk, x64)
+        out[name] = {"term": term, "sum_dd": [float(v) for v in dd.sum(dim=(0, 2))]}
     return out
+
+
+def _delta_errors(qkv: tuple, do: torch.Tensor, policies: dict, sr_key=None) -> tuple[dict, torch.Tensor]:
+    """({name: δ under the policy (from its own forward's O) − the exact δ, (B, H, T) float64}, the exact
+    softmax P (B, H, T, T) float64), for causal attention of q, k, v (B, H, T, D: their dtype is the input's) and
+    dO; `sr_key`: the bits of a stochastic-rounding policy's forward."""
+    q_in, k_in, v_in = (a.detach() for a in qkv)
+    do_in = do.detach().to(q_in.dtype)
+    q64, k64, v64 = q_in.double(), k_in.double(), v_in.double()
+    alpha = q_in.shape[-1] ** -0.5
+    mask = _causal(q_in.shape[-2], q_in.device)
+    p64 = torch.softmax((q64 @ k64.transpose(-1, -2) * alpha).masked_fill(~mask, -math.inf), dim=-1)
+    d_hp = (do_in.double() * (p64 @ v64)).sum(-1)                                      # (B, H, T) exact δ
+    errors = {}
+    for name, policy in policies.items():
+        fwd = flash_forward(q_in, k_in, v_in, policy, sr_key=sr_key)
+        errors[name] = delta_lp(do_in, fwd.o, policy).double()[..., 0] - d_hp
+    return errors, p64
+
+
+def delta_signature(cap: dict, policy: Precision, sr_key=None) -> dict:
+    """The paper's δ error in one captured layer (`capture_layer`), split by the tie at the row maximum: per head,
+    Σ (δ_lp − δ_hp) over the rows whose BF16 maximum is tied (`tied_rows`), the same over all rows, and the
+    number of tied rows. The paper's mechanism predicts the tied rows' sum to keep one sign (positive in its
+    failing layer) step after step; an unbiased rounding, none. δ_lp is the run's own arithmetic (`policy`) on the
+    captured q, k, v and dO; `sr_key` gives a stochastic-rounding policy its bits (the caller's, so that the
+    diagnostic draws nothing from torch's generators). Returns {"delta_tied", "delta_all", "delta_n_tied"}: H
+    floats each."""
+    q, k, _ = cap["qkv"]
+    errors, _ = _delta_errors(cap["qkv"], cap["do"], {"run": policy}, sr_key)
+    dd = errors["run"]                                                                  # (B, H, T)
+    tied = tied_rows(q, k, q.shape[-1] ** -0.5, _causal(q.shape[-2], q.device))
+    return {"delta_tied": [float(v) for v in (dd * tied).sum(dim=(0, 2))],
+            "delta_all": [float(v) for v in dd.sum(dim=(0, 2))],
+            "delta_n_tied": [int(v) for v in tied.sum(dim=(0, 2))]}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -45,6 +45,7 @@ def test_the_grid_has_every_arm_at_both_rates_and_the_long_horizon():
     long = [r for r in runs if r.key.startswith("long/")]
     assert len(short) == len(D.ARMS) * len(D.LRS) * len(D.SEEDS) == 240
     assert len(long) == 25 and all(r.config.max_steps == 10_000 and r.config.diag_every == 1000 for r in long)
+    assert all(r.config.delta_every == 1000 for r in long)  # the mechanism's signature with the diagnostics
     assert short[0].key == "small/C/lr0.008/s20"  # 8e-3 first, whole seeds together
 
 
@@ -141,3 +142,21 @@ def test_the_dial_figure_draws_each_stored_arm_with_its_interval_and_says_the_se
     drawn = {tuple(np.round(line.get_ydata(), 6)) for line in fig.axes[0].lines if len(line.get_ydata()) > 1}
     assert (0.01, 0.02, 0.03, 0.04) in drawn  # A_K at K = 7, 5, 4, 3: arms 1–4 of the grid, C + 0.01·i
     matplotlib.pyplot.close(fig)
+
+
+def test_the_long_runs_delta_signature_reaches_the_result_per_layer():
+    """A long run's δ signature (per diagnostic step, layer and head in its summary) lands in ``long_delta_*``
+    (variant, seed, diagnostic step, layer), summed over heads; steps it was not taken at stay NaN."""
+    c = D.DialConfig()
+    layers, heads = c.small[0], c.small[1]
+    tied = [[[0.5 * (h + 1) for h in range(heads)] for _ in range(layers)], [[-1.0] * heads for _ in range(layers)]]
+    r = {"status": "completed", "val_step": [0, c.long_steps], "val_loss": [5.0, 2.0], "diag_step": [0, 2000],
+         "delta_tied": tied, "delta_all": tied, "delta_n_tied": [[[3] * heads] * layers] * 2}
+    out = D.long_arrays(c, {D.long_key("A_3", 20, c): r})
+    i = list(c.long_variants).index("A_3")
+    got = out["long_delta_tied"][i, 0]
+    assert got.shape == (c.long_steps // c.long_diag_every + 1, layers)
+    np.testing.assert_array_equal(got[0], [sum(0.5 * (h + 1) for h in range(heads))] * layers)
+    np.testing.assert_array_equal(got[2], [-heads] * layers)
+    assert np.isnan(got[1]).all() and np.isnan(out["long_delta_tied"][i, 1]).all()
+    np.testing.assert_array_equal(out["long_delta_n_tied"][i, 0, 2], [3 * heads] * layers)

@@ -14,6 +14,7 @@ import pytest
 from lpfail import results, sweep
 from lpfail.experiments import lr_sweep as L
 from lpfail.sweep import quick as Q
+from lpfail.sweep import run as sweep_run
 from lpfail.sweep import stats
 
 REPO = Path(__file__).resolve().parent.parent
@@ -369,7 +370,7 @@ NOT_REPRODUCED = {"symptom": ("driver", "root"), "symptom_sweep": tuple(f"p{k}_{
 def test_stored_grid_result_recollects_identically(name):
     grid = sweep.get(name)
     lk = sweep.lookup(grid)
-    arrays, scalars = results._split(name, grid.result(lk.have, lk.parts))
+    arrays, scalars = results._split(name, sweep_run.assemble(grid, lk))
     fresh = {**arrays, **json.loads(json.dumps(scalars, allow_nan=True))}
     stored = results.load(name)
     skip = set(NOT_REPRODUCED.get(name, ())) | {"parts"}
@@ -507,12 +508,18 @@ def test_collect_records_what_a_rerun_of_retired_runs_changed(tmp_path):
 
 
 def test_the_stored_a_sr_runs_left_to_train_are_read_as_retired():
-    """lr_sweep's 16 large A_sr runs not yet trained again (2026-12-07) are read from the retired stream (the stored
-    result re-collects from them, test_stored_grid_result_recollects_identically) and listed as still to train; the
-    confirmation grid's 60 have been retrained, and its result records what that changed (`before_rerun`)."""
+    """lr_sweep's 16 large A_sr runs not yet trained again (2026-12-07) are listed as still to train, and until they
+    are, the grid reads every A_sr run from the retired stream (its stored result re-collects from them,
+    test_stored_grid_result_recollects_identically); the confirmation grid's 60 have been retrained, and its result
+    records what that changed (`before_rerun`)."""
     lk = sweep.lookup(sweep.get("lr_sweep"))
-    assert len(lk.retired) == 16 and all(i.startswith("large/A_sr/") for i in lk.retired)
-    assert {r.id for r in lk.missing} == lk.retired
+    left = {r.id for r in lk.missing}
+    assert len(left) == 16 and all(i.startswith("large/A_sr/") for i in left)
+    # one stream per grid: until the 16 are trained, all 36 A_sr runs are read from the retired stream
+    assert left < lk.retired and len(lk.retired) == 36 and all("/A_sr/" in i for i in lk.retired)
+    assert not sweep.lookup(sweep.get("lr_sweep"), retired_first=False).retired - left
+    st = sweep.status(sweep.get("lr_sweep"))
+    assert (st["stored"], st["retired"], st["read_retired"]) == (182, 16, 36)
     conf = sweep.lookup(sweep.get("confirmation"))
     assert not conf.retired and not conf.missing
     before = results.load("confirmation")["before_rerun"]

@@ -127,10 +127,11 @@ def long_key(v: str, seed: int, c: DialConfig) -> str:
 
 def long_config(c: DialConfig, v: str, seed: int):
     """A long-horizon run's TrainConfig: the 1,000-step run's, stretched to `long_steps` (warm-up as before, the
-    cosine decay over the whole run), evaluated and diagnosed every `long_diag_every` steps."""
+    cosine decay over the whole run), evaluated and diagnosed every `long_diag_every` steps, the δ signature
+    (`lpfail.gradient_error.delta_signature`) with the diagnostics."""
     base = L.train_config(c, L.Point("small", v, float(c.long_lr), int(seed)), "")
     return dataclasses.replace(base, max_steps=c.long_steps, val_every=c.long_diag_every,
-                               diag_every=c.long_diag_every)
+                               diag_every=c.long_diag_every, delta_every=c.long_diag_every)
 
 
 def plan(c: DialConfig) -> list[L.Point]:
@@ -206,7 +207,9 @@ class DialGrid(GridBase):
 
 def long_arrays(c: DialConfig, have: dict) -> dict:
     """The long horizon's (variant, seed) arrays: stored, final and initial held-out loss, the criterion's outcome,
-    and the held-out loss, largest logit, tied fraction and ‖W_Q‖ every `long_diag_every` steps."""
+    and the held-out loss, largest logit, tied fraction and ‖W_Q‖ every `long_diag_every` steps; per layer at the
+    same steps, the δ signature summed over heads (``long_delta_tied``, ``long_delta_all``: Σ (δ_lp − δ_hp) over
+    rows with a tied maximum and over all rows; ``long_delta_n_tied``: the tied rows counted)."""
     shape = (len(c.long_variants), len(c.long_seeds))
     n = c.long_steps // c.long_diag_every + 1
     out = {"long_variants": np.array(c.long_variants), "long_seeds": np.array(c.long_seeds),
@@ -215,6 +218,8 @@ def long_arrays(c: DialConfig, have: dict) -> dict:
            "long_val_final": np.full(shape, np.nan), "long_val_curve": np.full((*shape, n), np.nan),
            "long_max_logit": np.full((*shape, n), np.nan), "long_tied_frac": np.full((*shape, n), np.nan),
            "long_wq": np.full((*shape, n), np.nan)}
+    for k in ("long_delta_tied", "long_delta_all", "long_delta_n_tied"):  # summed over heads: (variant, seed, n, layer)
+        out[k] = np.full((*shape, n, c.small[0]), np.nan)
     for i, v in enumerate(c.long_variants):
         for j, s in enumerate(c.long_seeds):
             r = have.get(long_key(v, s, c))
@@ -231,6 +236,9 @@ def long_arrays(c: DialConfig, have: dict) -> dict:
                 vals = [np.nanmax(np.asarray(x, dtype=np.float64)) for x in r.get(k_in, [])]
                 for st, x in zip(r.get("diag_step", []), vals):
                     out[k_out][i, j, int(st) // c.long_diag_every] = x
+            for k in ("delta_tied", "delta_all", "delta_n_tied"):
+                for st, x in zip(r.get("diag_step", []), r.get(k, [])):
+                    out[f"long_{k}"][i, j, int(st) // c.long_diag_every] = np.asarray(x, dtype=np.float64).sum(-1)
     return out
 
 

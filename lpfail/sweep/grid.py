@@ -140,22 +140,30 @@ class Lookup:
 
 
 def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = None,
-           retired_first: bool = False) -> Lookup:
+           retired_first: bool | None = None) -> Lookup:
     """The grid's runs found in their stores (a run counts when its key and its TrainConfig hash match).
-    ``retired_first``: where a run is stored under a retired stream as well as the current one, read the retired
-    one — the grid as it stood before its runs were trained again (`lpfail.sweep.run.collect`'s record of what the
-    rerun changed); ``missing`` still lists only the runs without a current version."""
+
+    A grid is read from one random stream, never two: while any of its runs is stored only under a retired
+    stream (`lpfail.sweep.store.retired_hashes`), every run that has a retired version is read from it — the grid
+    as it stood before its runs were trained again — and ``missing`` lists the runs still without a current
+    version (``retired_first=None``, the default). ``retired_first=True`` reads the retired versions wherever they
+    exist (`lpfail.sweep.run.collect`'s record of what a rerun changed); ``False``, the current ones."""
     from lpfail.sweep.store import retired_hashes
 
     runs = grid.runs() if runs is None else runs
     stores = {r.store.folder: r.store for r in runs} | {grid.store.folder: grid.store}
     loaded = {f: s.load_versions(directory) for f, s in stores.items()}
-    have, missing, retired, used = {}, [], set(), {f: set() for f in stores}
+    found_all = []
     for r in runs:
         versions = loaded[r.store.folder][0].get(r.key, [])
         current = next((fs for fs in versions if fs[1].get("run_hash") == r.hash), None)
-        old = retired_hashes(r.config) if current is None or retired_first else set()
-        former = next((fs for fs in versions if fs[1].get("run_hash") in old), None)
+        old = retired_hashes(r.config)
+        former = next((fs for fs in versions if fs[1].get("run_hash") in old), None) if old else None
+        found_all.append((r, current, former))
+    if retired_first is None:
+        retired_first = any(current is None and former is not None for _, current, former in found_all)
+    have, missing, retired, used = {}, [], set(), {f: set() for f in stores}
+    for r, current, former in found_all:
         if current is None:
             missing.append(r)
         found = former if former is not None and (retired_first or current is None) else current

@@ -145,12 +145,18 @@ def collect(grid: Grid, directory: Path | None = None, partial: bool = False) ->
         raise SweepIncomplete(lk.missing_text(grid.name, again_command(grid)))
     if unchanged(grid, lk, directory):
         return None
+    data = assemble(grid, lk, directory)
+    return results.save(grid.name, grid.config, data, 0.0, directory,
+                        provenance=parts_provenance(lk.parts, none=getattr(grid, "no_parts", "")))
+
+
+def assemble(grid: Grid, lk: Lookup, directory: Path | None = None) -> dict:
+    """The grid's result from the runs ``lk`` found, with `before_rerun` where runs were trained again."""
     data = grid.result(lk.have, lk.parts)
     before = before_rerun(grid, lk, directory)
     if before is not None:
         data["before_rerun"] = before
-    return results.save(grid.name, grid.config, data, 0.0, directory,
-                        provenance=parts_provenance(lk.parts, none=getattr(grid, "no_parts", "")))
+    return data
 
 
 #: The fields of a judged statistic that the record of a rerun keeps (`verdict_stats`).
@@ -211,16 +217,19 @@ def run_experiment(grid: Grid) -> dict:
 
 # -- what is stored ------------------------------------------------------------------------------------------------
 def status(grid: Grid, directory: Path | None = None) -> dict:
-    """Runs stored and planned, per group, and the parts that hold them; ``retired``: runs read only from a retired
-    random stream (`Lookup.retired`), not counted as stored."""
+    """Runs stored (under the current stream) and planned, per group, and the parts the grid is read from;
+    ``retired``: runs still stored only under a retired random stream, to be trained again; ``read_retired``: runs
+    the grid is read from a retired stream for meanwhile (`lookup`: one stream per grid)."""
     lk = lookup(grid, directory)
+    todo = {r.id for r in lk.missing}
     per: dict[str, list[int]] = {}
     for r in lk.runs:
         n = per.setdefault(r.group, [0, 0])
-        n[0] += r.id in lk.have and r.id not in lk.retired
+        n[0] += r.id not in todo
         n[1] += 1
-    return {"name": grid.name, "stored": len(lk.have) - len(lk.retired), "planned": len(lk.runs), "per_group": per,
-            "missing": [r.key for r in lk.missing], "parts": lk.parts, "retired": len(lk.retired)}
+    return {"name": grid.name, "stored": len(lk.runs) - len(todo), "planned": len(lk.runs), "per_group": per,
+            "missing": [r.key for r in lk.missing], "parts": lk.parts, "retired": len(todo & lk.retired),
+            "read_retired": len(lk.retired)}
 
 
 def status_text(grid: Grid, directory: Path | None = None) -> str:
@@ -230,7 +239,11 @@ def status_text(grid: Grid, directory: Path | None = None) -> str:
     head = f"{st['name']}: {st['stored']} of {st['planned']} runs stored"
     if st["retired"]:
         head += (f" ({st['retired']} more read from a retired stochastic-rounding stream, to be trained again: "
-                 "lpfail.sr_stream.RETIRED_SPELLINGS)")
+                 "lpfail.sr_stream.RETIRED_SPELLINGS")
+        if st["read_retired"] > st["retired"]:
+            head += (f"; until they are, the grid reads all {st['read_retired']} runs that have a retired version "
+                     "from it, one stream for the whole grid")
+        head += ")"
     if st["missing"]:
         head += f"; next missing: {st['missing'][0]}"
     return f"{head}\n  by group: {groups}\n  parts: {parts or 'none'}"

@@ -310,6 +310,9 @@ def summarize_run(run_dir, tc, key: str, curve_points: int) -> dict:
     }
     for k in ("max_logit", "tied_frac", "wq", "wqk"):
         out[k] = _nan_list(diag[k]) if k in diag else []
+    for k in ("delta_tied", "delta_all", "delta_n_tied"):  # the δ signature, only where the run took it
+        if k in diag:
+            out[k] = _nan_list(diag[k])
     return out
 
 

@@ -81,6 +81,11 @@ class TrainConfig:
     log_every: int = 1  # write a log.jsonl record every this many steps (1: every step)
     diag_every: int = 100  # diagnostics every this many steps; 0 = never
     diag_rows: int = 4  # sequences of the first micro-batch the logit statistics look at
+    delta_every: int = 0  # the δ signature (`lpfail.gradient_error.delta_signature`: per layer and head, the δ
+    #                       error on rows with a tied maximum and on all rows) every this many steps, on the
+    #                       step's first diag_rows sequences, in the diagnostic record; 0 = never. A multiple of
+    #                       diag_every; needs one reference(POLICY) attention for every head. Changes nothing the
+    #                       run computes
     checkpoint_every: int = 0  # 0 = never (a final checkpoint is still written when > 0)
     keep_checkpoints: int = 0  # keep only the newest this many (0 = all: branching needs old ones)
     out_dir: str = ""  # "" = keep everything in memory
@@ -151,6 +156,17 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.z_loss must be a finite number >= 0 (got {self.z_loss})")
         if not (math.isfinite(self.logit_softcap) and self.logit_softcap >= 0):
             raise ValueError(f"TrainConfig.logit_softcap must be a finite number >= 0, 0 = off (got {self.logit_softcap})")
+        if self.delta_every < 0:
+            raise ValueError(f"TrainConfig.delta_every must be >= 0 (got {self.delta_every})")
+        if self.delta_every:
+            if not self.diag_every or self.delta_every % self.diag_every:
+                raise ValueError(f"TrainConfig.delta_every ({self.delta_every}) must be a multiple of diag_every "
+                                 f"({self.diag_every}): the δ signature goes into the diagnostic record")
+            spec = self.attention_table()
+            if len(spec) != 1 or spec[0][2].backend != "reference":
+                raise ValueError("TrainConfig.delta_every needs one reference(POLICY) attention for every head (no "
+                                 f"overrides): the δ signature recomputes that policy's δ (got {self.attention!r}"
+                                 f"{' with overrides' if len(spec) > 1 else ''})")
         if self.checkpoint_every and not self.out_dir:
             raise ValueError("TrainConfig.checkpoint_every needs an out_dir to write checkpoints into")
         self.attention_table()  # parse the specs now: unknown backends and policies fail here

@@ -87,7 +87,8 @@ def _val_arrays(records: list[dict]) -> dict[str, np.ndarray]:
 
 def read_diag(out_dir) -> dict:
     """diag.jsonl as arrays: step (n,), spectral {weight name: (n,)}, wq and wqk (n, layers, heads),
-    max_logit and tied_frac (n, layers), max_logit_per_head and tied_frac_per_head (n, layers, heads)."""
+    max_logit and tied_frac (n, layers), max_logit_per_head and tied_frac_per_head (n, layers, heads); with
+    ``delta_every``, delta_tied, delta_all and delta_n_tied (n, layers, heads), NaN where not taken."""
     return _diag_arrays(_read_jsonl(Path(out_dir) / "diag.jsonl"))
 
 
@@ -99,7 +100,15 @@ def _diag_arrays(records: list[dict]) -> dict:
     for k in ("wq", "wqk", "max_logit", "tied_frac", "max_logit_per_head", "tied_frac_per_head"):
         if k in records[0]:
             out[k] = np.array([r[k] for r in records], dtype=np.float64)
+    for k in DELTA_KEYS:  # only at every delta_every-th diagnostic step: NaN at the others
+        shape = next((np.shape(r[k]) for r in records if k in r), None)
+        if shape is not None:
+            out[k] = np.array([r[k] if k in r else np.full(shape, np.nan) for r in records], dtype=np.float64)
     return out
+
+
+#: The δ signature's fields of a diagnostic record (`lpfail.train.step.delta_record`), each (layers, heads).
+DELTA_KEYS = ("delta_tied", "delta_all", "delta_n_tied")
 
 
 @dataclass

@@ -22,8 +22,8 @@ from lpfail.train.config import TrainConfig, check_resume
 from lpfail.train.log import (RunFiles, TrainResult, check_out_dir, checkpoint_path, load_checkpoint,
                               save_checkpoint)
 from lpfail.train.step import (GRAPH_WARMUP, CapturedStep, Dist, EagerStep, apply_hparams, build_optimizer,
-                               capture_logits, deterministic_numerics, device_lr, diagnostics, is_finite, lr_factor,
-                               nonfinite_error, set_lr, validation_loss)
+                               capture_logits, delta_record, deterministic_numerics, device_lr, diagnostics, is_finite,
+                               lr_factor, nonfinite_error, set_lr, validation_loss)
 from lpfail.train.watch import open_monitor
 
 
@@ -111,6 +111,8 @@ def train_loop(cfg, dist: Dist, device, resume_from, replay, replay_from, progre
             if run.record is not None:
                 run.record.write(step, offsets)
             diag_now = bool(cfg.diag_every) and step % cfg.diag_every == 0
+            with unwatched():
+                dsig = _delta_if_due(run, step, offsets)
             _capture_if_due(run, step)
             try:
                 loss_v, gn_v, drec_pre, cap_rec = _forward_backward(run, offsets, diag_now and run.lead)
@@ -127,7 +129,8 @@ def train_loop(cfg, dist: Dist, device, resume_from, replay, replay_from, progre
             rec = {"step": step, "loss": loss_v, "grad_norm": gn_v, "lr": cfg.lr * factor,
                    "tokens_per_s": cfg.tokens_per_step / dt if dt > 0 else None, "time_s": dt}
             if diag_now and run.lead:
-                drec = {"step": step, **(drec_pre if drec_pre is not None else diagnostics(run.raw, cap_rec))}
+                drec = {"step": step, **(drec_pre if drec_pre is not None else diagnostics(run.raw, cap_rec)),
+                        **(dsig or {})}
                 result.diag.append(drec)
                 run.files.write("diag", drec)
             if not (is_finite(loss_v) and is_finite(gn_v)):
@@ -333,6 +336,16 @@ def _capture_if_due(run: _Run, step: int):
     except RuntimeError as e:
         raise RuntimeError(f"capturing the training step as a CUDA graph failed ({e}); "
                            "LPFAIL_NO_CAPTURE=1 runs the same arithmetic uncaptured") from e
+
+
+def _delta_if_due(run: _Run, step: int, offsets: np.ndarray) -> dict | None:
+    """The δ signature of the step's first `diag_rows` sequences (`delta_record`), every `delta_every` steps on
+    the lead rank, before the step changes the weights; None when not due."""
+    cfg = run.cfg
+    if not (cfg.delta_every and run.lead and step % cfg.delta_every == 0):
+        return None
+    x, y = step_rows(run.tokens, offsets[:min(cfg.diag_rows, run.micro)], cfg.block_size)
+    return delta_record(run.raw, x.to(run.device), y.to(run.device), cfg, step, run.amp)
 
 
 def _forward_backward(run: _Run, offsets: np.ndarray, diag: bool):

@@ -272,6 +272,30 @@ class CapturedStep:
         return self.loss.item(), self.grad_norm.item()
 
 
+def delta_record(raw: GPT, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig, step: int, amp) -> dict:
+    """The δ signature of every layer (`lpfail.gradient_error.delta_signature`) on the rows x → y, under the run's
+    reference policy, with the weights the step is about to use: {"delta_tied", "delta_all", "delta_n_tied"}, each
+    (layers, heads). A stochastic-rounding policy draws its bits from a key of the run's seed and the step, so the
+    diagnostic takes nothing from any generator; the model's gradients are left as they were."""
+    from lpfail.gradient_error import capture_layer, delta_signature
+    from lpfail.sr_stream import RoundingKey
+
+    policy = cfg.attention_table()[0][2].policy
+    key = RoundingKey(cfg.init_seed, step, (DELTA_SITE,))
+    out: dict[str, list] = {"delta_tied": [], "delta_all": [], "delta_n_tied": []}
+    for layer in range(len(raw.transformer.h)):
+        with amp:
+            cap = capture_layer(raw, x, y, layer)
+        sig = delta_signature(cap, policy, key.at(layer))
+        for k in out:
+            out[k].append(sig[k])
+    return out
+
+
+#: The call-site word of the δ signature's stochastic roundings (no attention call of the model uses it).
+DELTA_SITE = 0xDE17A
+
+
 def diagnostics(model: GPT, cap) -> dict:
     """One diagnostic record: weight spectral norms, per-head query norms and, from `cap`, the logit statistics."""
     hq = head_query_norms(model)
