@@ -1,7 +1,9 @@
 """Chapter 1's dial section: where the grid stands and the interim description, from an assembled grid."""
 import numpy as np
+import pytest
 
 from lpfail.book import dial_report as DR
+from lpfail.book import dial_report as R
 from lpfail.experiments import dial_training as D
 
 
@@ -135,3 +137,51 @@ def test_power_table_has_every_family_with_its_detectable_gap_and_null_rate():
     assert all(row.count("|") == 5 for row in table) and "% of 40" in table[-1]
     assert table[2].startswith("| the healthy margin ('no power' above it) | — | 0.15")  # 10 % of C's 1.5 nats
     assert table[4].startswith("| bias, not noise (H8) | 12 | ")
+
+
+def _long_result(arms=("C", "A_3", "SR_3"), seeds=5):
+    """dial_training's long-horizon arrays for `seeds` stored seeds of `arms` (the others not stored), through
+    `long_arrays` from run summaries: A_3 ends 0.1 above C with a positive tied-row δ error, SR_3 with none."""
+    c = D.DialConfig()
+    layers, heads = c.small[0], c.small[1]
+    have = {}
+    for s in c.long_seeds[:seeds]:
+        for arm in arms:
+            up = {"C": 0.0, "A_3": 0.1, "SR_3": 0.02}[arm]
+            sign = {"C": 0.0, "A_3": 1.0, "SR_3": -0.5 if s % 2 else 0.5}[arm]
+            steps = list(range(0, c.long_steps + 1, c.long_diag_every))
+            have[D.long_key(arm, s, c)] = {
+                "status": "completed", "val_step": steps,
+                "val_loss": [5.0 - 3 * k / len(steps) + up for k in range(len(steps))],
+                "diag_step": steps, "wq": [[[1.0 + k] * heads] * layers for k in range(len(steps))],
+                "max_logit": [[10.0] * layers] * len(steps), "tied_frac": [[0.1] * layers] * len(steps),
+                "delta_tied": [[[sign * 1e-6] * heads] * layers] * len(steps),
+                "delta_all": [[[sign * 2e-6] * heads] * layers] * len(steps),
+                "delta_n_tied": [[[40] * heads] * layers] * len(steps)}
+    out = D.long_arrays(c, have)
+    out["analysis"] = {"H11": D.long_summary(out)}
+    return out
+
+
+def test_the_long_horizon_is_drawn_and_said_only_once_runs_are_stored():
+    empty = _long_result(seeds=0)
+    assert R.long_figure(empty) is None and R.long_words(empty) == ""
+    res = _long_result()
+    fig = R.long_figure(res)
+    assert fig is not None and len(fig.axes) == 4
+    titles = [ax.get_title() for ax in fig.axes[:3]]
+    assert titles == ["held-out loss (nats)", "largest ‖W_Q‖ of a head", "running Σ of the δ error on tied rows"]
+    # the running sum: A_3's grows to 11 checkpoints × 16 heads·layers × 1e-6
+    a3 = [ln for ln in fig.axes[2].lines if ln.get_linewidth() == 1.8 and ln.get_color() == R.plots.color("A_3")]
+    assert a3 and a3[0].get_ydata()[-1] == pytest.approx(11 * 16 * 1e-6)
+    labels = [t.get_text() for t in fig.axes[3].get_legend().get_texts()]
+    assert labels == ["C (5 seeds)", "A_3 (5 seeds)", "SR_3 (5 seeds)"]
+    words = R.long_words(res)
+    assert words.startswith("Over 10,000 steps at 8e-3 (H11, descriptive): C: 5 seeds, 0 failed; A_3: 5 seeds, "
+                            "+0.100 [+0.100, +0.100] against C, 0 failed, tied-row δ error positive over the run in "
+                            "5 of 5; SR_3: 5 seeds, +0.020")
+    assert "positive over the run in 3 of 5." in words
+    # with two of five seeds stored, no difference is given (H11 compares all five), the rest is said
+    part = R.long_words(_long_result(seeds=2))
+    assert "against C" not in part and "A_3: 2 seeds, 0 failed, tied-row δ error positive over the run in 2 of 2" in part
+    R.plt.close("all")

@@ -438,3 +438,80 @@ def dial_figure(res) -> plt.Figure:
     plots.legend_axes(legend_ax, handles, labels, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# -- the long horizon (H11, descriptive) ---------------------------------------------------------------------------
+def _long(res: Mapping) -> tuple[list[str], np.ndarray, np.ndarray] | None:
+    """(arms, stored (arm, seed), diagnostic steps) of the long horizon, or None while no long run is stored."""
+    if "long_stored" not in res or not np.asarray(res["long_stored"], dtype=bool).any():
+        return None
+    arms = [str(v) for v in np.asarray(res["long_variants"])]
+    n = np.asarray(res["long_val_curve"]).shape[-1]
+    return arms, np.asarray(res["long_stored"], dtype=bool), np.arange(n) * (D.LONG_STEPS // (n - 1))
+
+
+def long_figure(res: Mapping) -> plt.Figure | None:
+    """The long horizon (stored `dial_training`): per arm, against the step, the held-out loss, the largest ‖W_Q‖
+    of any head and the running sum over checkpoints of the δ error on rows with a tied maximum (Σ over layers
+    and heads of Σ (δ_lp − δ_hp); the paper's Fig. 5a measures the same running sum over steps) — each seed faint,
+    the mean over the stored seeds bold. None while no long run is stored (a page shows nothing instead of an
+    empty figure)."""
+    got = _long(res)
+    if got is None:
+        return None
+    arms, stored, steps = got
+    dd = np.nansum(np.asarray(res["long_delta_tied"], dtype=np.float64), axis=-1)     # (arm, seed, step)
+    have_dd = np.isfinite(np.asarray(res["long_delta_tied"], dtype=np.float64)).any(axis=-1)
+    panels = (("held-out loss (nats)", np.asarray(res["long_val_curve"], dtype=np.float64)),
+              ("largest ‖W_Q‖ of a head", np.asarray(res["long_wq"], dtype=np.float64)),
+              ("running Σ of the δ error on tied rows", np.where(have_dd, np.cumsum(np.where(have_dd, dd, 0.0),
+                                                                                     axis=-1), np.nan)))
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(3.4 * len(panels) + 2.6, 3.3),
+                             gridspec_kw={"width_ratios": [3.4] * len(panels) + [2.6]})
+    handles, labels = [], []
+    for ax, (title, y) in zip(axes[:-1], panels):
+        for i, arm in enumerate(arms):
+            rows = y[i][stored[i]]
+            if not rows.size:
+                continue
+            for r in rows:
+                ax.plot(steps, r, color=plots.color(arm), lw=0.6, alpha=0.35)
+            (h,) = ax.plot(steps, np.nanmean(rows, axis=0), color=plots.color(arm), lw=1.8)
+            label = f"{arm} ({int(stored[i].sum())} seeds)"
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[2].axhline(0.0, color="0.5", lw=0.8)
+    plots.legend_axes(axes[-1], handles, labels, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def long_words(res: Mapping | None) -> str:
+    """H11 in a sentence, from the stored long runs: per arm its final held-out loss minus FP32 attention's (mean
+    and 95 % t interval over the paired seeds), the runs failed by chapter 1's criterion, and in how many seeds
+    the δ error on tied rows, summed over the run, is positive; '' while no long run is stored."""
+    got = _long(res or {})
+    if got is None:
+        return ""
+    arms, stored, _ = got
+    h11 = (res["analysis"].get("H11") or {})
+    dd = np.asarray(res["long_delta_tied"], dtype=np.float64)
+    parts = []
+    for i, arm in enumerate(arms):
+        row = h11.get(arm) or {}
+        n = int(stored[i].sum())
+        if not n:
+            continue
+        bits = [f"{n} seed{'s' if n != 1 else ''}"]
+        if "minus_c" in row:
+            bits.append(f"{row['minus_c']:+.3f} [{row['ci'][0]:+.3f}, {row['ci'][1]:+.3f}] against C")
+        bits.append(f"{row.get('failed', 0)} failed")
+        total = np.nansum(dd[i][stored[i]], axis=(-1, -2))
+        if arm != "C" and np.isfinite(dd[i][stored[i]]).any():
+            bits.append(f"tied-row δ error positive over the run in {int((total > 0).sum())} of {n}")
+        parts.append(f"{arm}: {', '.join(bits)}")
+    return ("Over 10,000 steps at 8e-3 (H11, descriptive): " + "; ".join(parts) + ".") if parts else ""
