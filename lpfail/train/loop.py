@@ -111,8 +111,7 @@ def train_loop(cfg, dist: Dist, device, resume_from, replay, replay_from, progre
             if run.record is not None:
                 run.record.write(step, offsets)
             diag_now = bool(cfg.diag_every) and step % cfg.diag_every == 0
-            with unwatched():
-                dsig = _delta_if_due(run, step, offsets)
+            dsig = _delta_if_due(run, step, offsets, unwatched)
             _capture_if_due(run, step)
             try:
                 loss_v, gn_v, drec_pre, cap_rec = _forward_backward(run, offsets, diag_now and run.lead)
@@ -338,14 +337,15 @@ def _capture_if_due(run: _Run, step: int):
                            "LPFAIL_NO_CAPTURE=1 runs the same arithmetic uncaptured") from e
 
 
-def _delta_if_due(run: _Run, step: int, offsets: np.ndarray) -> dict | None:
+def _delta_if_due(run: _Run, step: int, offsets: np.ndarray, unwatched) -> dict | None:
     """The δ signature of the step's first `diag_rows` sequences (`delta_record`), every `delta_every` steps on
-    the lead rank, before the step changes the weights; None when not due."""
+    the lead rank, before the step changes the weights, unseen by a monitor (`unwatched`); None when not due."""
     cfg = run.cfg
     if not (cfg.delta_every and run.lead and step % cfg.delta_every == 0):
         return None
     x, y = step_rows(run.tokens, offsets[:min(cfg.diag_rows, run.micro)], cfg.block_size)
-    return delta_record(run.raw, x.to(run.device), y.to(run.device), cfg, step, run.amp)
+    with unwatched():
+        return delta_record(run.raw, x.to(run.device), y.to(run.device), cfg, step, run.amp)
 
 
 def _forward_backward(run: _Run, offsets: np.ndarray, diag: bool):
