@@ -218,8 +218,7 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
         biased = [v for v in ("A_sr", "B", "R") if ten[v] == "supported"]
         train += f"; {listing(works)} close at least half of the gap" if works else ""
         if ten.get("A_sr") == "refuted" and not biased:
-            train += ("; stochastic rounding, which removes the bias but adds noise, closes significantly less than "
-                      "half of it")
+            train += "; stochastic rounding (unbiased, noisier) closes less than half"
         elif not biased:
             train += ", removing the bias is not shown to" if works else "; removing the bias is not shown to close it"
     chain = ("The chain from bias to failure is not shown"
