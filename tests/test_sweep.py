@@ -520,6 +520,10 @@ def test_the_stored_a_sr_runs_left_to_train_are_read_as_retired():
     assert not sweep.lookup(sweep.get("lr_sweep"), retired_first=False).retired - left
     st = sweep.status(sweep.get("lr_sweep"))
     assert (st["stored"], st["retired"], st["read_retired"]) == (182, 16, 36)
+    from lpfail.sweep import cli
+
+    states = [ln.split("\t")[3] for ln in cli._plan(sweep.get("lr_sweep")).splitlines()]
+    assert (states.count("retired"), states.count("stored, read retired"), states.count("stored")) == (16, 20, 162)
     conf = sweep.lookup(sweep.get("confirmation"))
     assert not conf.retired and not conf.missing
     before = results.load("confirmation")["before_rerun"]

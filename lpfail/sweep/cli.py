@@ -43,10 +43,12 @@ def parser() -> argparse.ArgumentParser:
 
 def _plan(grid) -> str:
     lk = G.lookup(grid)
+    todo = {r.id for r in lk.missing}
     lines = []
     for r in lk.runs:
         over = ";".join(getattr(r.config, "overrides", ()) or ())
-        state = "retired" if r.id in lk.retired else "stored" if r.id in lk.have else "missing"
+        state = ("retired" if r.id in todo and r.id in lk.have else "missing" if r.id in todo else
+                 "stored, read retired" if r.id in lk.retired else "stored")
         lines.append(f"{r.key}\t{r.group}\t{r.seed}\t{state}\t"
                      f"{r.config.attention}{(' ' + over) if over else ''}")
     return "\n".join(lines)

@@ -104,10 +104,10 @@ class GridBase:
 @dataclass
 class Lookup:
     """Which runs of a grid are stored: ``have`` {run id: summary}, ``missing`` [Run], ``parts`` (the
-    provenance of every part that holds one of them, all stores together). ``retired``: the ids of runs found only
-    under a retired spelling of their policy (`lpfail.sweep.store.retired_hashes`, a random stream this code no
-    longer has): in ``have``, so that a grid's stored result can be read again, and in ``missing`` too, since the
-    current stream's run has still to be trained."""
+    provenance of every part that holds one of them, all stores together). ``retired``: the ids of runs read from a
+    retired spelling of their policy (`lpfail.sweep.store.retired_hashes`, a random stream this code no longer
+    has), in ``have`` so that a grid's stored result can be read again — those with no current version (also in
+    ``missing``: still to train) and, while any run has none, those with one too (`lookup`: one stream per grid)."""
 
     have: dict[str, dict]
     missing: list[Run]
