@@ -20,11 +20,14 @@ from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY
 from lpfail.experiments import dial_training as D
 
 
+def _h2(conf: Mapping | None) -> Mapping:
+    """The confirmation grid's H2 (stochastic rounding closes half of the gap), {} without it."""
+    return ((conf or {}).get("analysis", {}).get("claims") or {}).get("H2") or {}
+
+
 def sr_ten_seeds(conf: Mapping | None) -> str:
     """Stochastic rounding's half-gap statistic on the confirmation grid's ten seeds, with its call (H2)."""
-    if conf is None:
-        return "not yet measured on ten seeds"
-    h = (conf["analysis"].get("claims") or {}).get("H2") or {}
+    h = _h2(conf)
     if h.get("estimate") is None:
         return "not yet measured on ten seeds"
     lo, hi = h["ci"]
@@ -34,7 +37,7 @@ def sr_ten_seeds(conf: Mapping | None) -> str:
 
 def sr_says(conf: Mapping | None) -> str:
     """Whether stochastic rounding closes half of the gap on ten seeds, in a sentence worded by H2's call."""
-    h = ((conf or {}).get("analysis", {}).get("claims") or {}).get("H2") or {}
+    h = _h2(conf)
     stat = sr_ten_seeds(conf)
     if h.get("estimate") is None:
         return f"It is {stat}."

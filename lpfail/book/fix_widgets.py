@@ -19,7 +19,6 @@ from lpfail.book.twin import HTML as _HTML, switcher_html
 from lpfail.experiments.fix_gallery import GALLERY, fix_state, states  # noqa: F401  (GALLERY: the states)
 
 
-
 def _num(x: float, fmt: str) -> str:
     """A number of the table, or what it is when it is not one (never 'nan')."""
     return format(x, fmt) if np.isfinite(x) else "non-finite"

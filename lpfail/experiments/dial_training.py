@@ -27,6 +27,7 @@ from lpfail import results
 from lpfail.sweep import lr as L
 from lpfail.sweep import GridBase, Run, register_grid, stats
 from lpfail.sweep.store import Store
+from lpfail.train.log import DELTA_KEYS
 
 # -- the pre-registration (fixed 2026-12-04, before any run of this grid) ---------------------------------------------
 PREREGISTERED_ON = "2026-12-04"
@@ -218,8 +219,8 @@ def long_arrays(c: DialConfig, have: dict) -> dict:
            "long_val_final": np.full(shape, np.nan), "long_val_curve": np.full((*shape, n), np.nan),
            "long_max_logit": np.full((*shape, n), np.nan), "long_tied_frac": np.full((*shape, n), np.nan),
            "long_wq": np.full((*shape, n), np.nan)}
-    for k in ("long_delta_tied", "long_delta_all", "long_delta_n_tied"):  # summed over heads: (variant, seed, n, layer)
-        out[k] = np.full((*shape, n, c.small[0]), np.nan)
+    for k in DELTA_KEYS:  # summed over heads: (variant, seed, n, layer)
+        out[f"long_{k}"] = np.full((*shape, n, c.small[0]), np.nan)
     for i, v in enumerate(c.long_variants):
         for j, s in enumerate(c.long_seeds):
             r = have.get(long_key(v, s, c))
@@ -236,7 +237,7 @@ def long_arrays(c: DialConfig, have: dict) -> dict:
                 vals = [np.nanmax(np.asarray(x, dtype=np.float64)) for x in r.get(k_in, [])]
                 for st, x in zip(r.get("diag_step", []), vals):
                     out[k_out][i, j, int(st) // c.long_diag_every] = x
-            for k in ("delta_tied", "delta_all", "delta_n_tied"):
+            for k in DELTA_KEYS:
                 for st, x in zip(r.get("diag_step", []), r.get(k, [])):
                     out[f"long_{k}"][i, j, int(st) // c.long_diag_every] = np.asarray(x, dtype=np.float64).sum(-1)
     return out

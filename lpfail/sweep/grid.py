@@ -107,13 +107,15 @@ class Lookup:
     provenance of every part that holds one of them, all stores together). ``retired``: the ids of runs read from a
     retired spelling of their policy (`lpfail.sweep.store.retired_hashes`, a random stream this code no longer
     has), in ``have`` so that a grid's stored result can be read again — those with no current version (also in
-    ``missing``: still to train) and, while any run has none, those with one too (`lookup`: one stream per grid)."""
+    ``missing``: still to train) and, while any run has none, those with one too (`lookup`: one stream per grid).
+    ``superseded``: the ids of runs stored under both a retired and the current stream (trained again)."""
 
     have: dict[str, dict]
     missing: list[Run]
     parts: list[dict]
     runs: list[Run]
     retired: set[str] = dataclasses.field(default_factory=set)
+    superseded: set[str] = dataclasses.field(default_factory=set)
 
     @property
     def complete(self) -> bool:
@@ -174,7 +176,8 @@ def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = N
         have[r.id] = found[1]
         used[r.store.folder].add(found[0])
     parts = [m for f in stores for m in loaded[f][1] if m["file"] in used[f]]
-    return Lookup(have, missing, parts, runs, retired)
+    superseded = {r.id for r, current, former in found_all if current is not None and former is not None}
+    return Lookup(have, missing, parts, runs, retired, superseded)
 
 
 # -- the registry of grids ---------------------------------------------------------------------------------------

@@ -181,9 +181,11 @@ def before_rerun(grid: Grid, lk: Lookup, directory: Path | None = None) -> dict 
     assembled from the retired versions where both are stored (`lookup(retired_first=True)`), reduced to its
     judged statistics (`verdict_stats`) — the "before" of a before → after record. None when no run has been
     trained again, or when the old versions do not make up a whole grid."""
+    again = lk.superseded - lk.retired  # none while the grid is still read from the retired stream
+    if not again:
+        return None
     old = lookup(grid, directory, lk.runs, retired_first=True)
-    again = old.retired - lk.retired
-    if not again or not old.complete:
+    if not old.complete:
         return None
     return {"runs": len(again), "groups": sorted({r.group for r in lk.runs if r.id in again}),
             "parts": sorted(p["file"] for p in old.parts),

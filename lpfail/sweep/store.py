@@ -290,6 +290,7 @@ def _nan_list(a) -> list:
 def summarize_run(run_dir, tc, key: str, curve_points: int) -> dict:
     """What a part keeps of one run (small: ~5 kB as JSON)."""
     from lpfail.train import read_diag, read_log, read_status, read_val
+    from lpfail.train.log import DELTA_KEYS
 
     run_dir = Path(run_dir)
     st = read_status(run_dir)
@@ -310,7 +311,7 @@ def summarize_run(run_dir, tc, key: str, curve_points: int) -> dict:
     }
     for k in ("max_logit", "tied_frac", "wq", "wqk"):
         out[k] = _nan_list(diag[k]) if k in diag else []
-    for k in ("delta_tied", "delta_all", "delta_n_tied"):  # the δ signature, only where the run took it
+    for k in DELTA_KEYS:  # the δ signature, only where the run took it
         if k in diag:
             out[k] = _nan_list(diag[k])
     return out

@@ -85,6 +85,10 @@ def _val_arrays(records: list[dict]) -> dict[str, np.ndarray]:
                                  dtype=np.float64)}
 
 
+#: The δ signature's fields of a diagnostic record (`lpfail.train.step.delta_record`), each (layers, heads).
+DELTA_KEYS = ("delta_tied", "delta_all", "delta_n_tied")
+
+
 def read_diag(out_dir) -> dict:
     """diag.jsonl as arrays: step (n,), spectral {weight name: (n,)}, wq and wqk (n, layers, heads),
     max_logit and tied_frac (n, layers), max_logit_per_head and tied_frac_per_head (n, layers, heads); with
@@ -106,9 +110,6 @@ def _diag_arrays(records: list[dict]) -> dict:
             out[k] = np.array([r[k] if k in r else np.full(shape, np.nan) for r in records], dtype=np.float64)
     return out
 
-
-#: The δ signature's fields of a diagnostic record (`lpfail.train.step.delta_record`), each (layers, heads).
-DELTA_KEYS = ("delta_tied", "delta_all", "delta_n_tied")
 
 
 @dataclass

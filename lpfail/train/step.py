@@ -26,6 +26,7 @@ from lpfail.attention import NonFiniteInputError
 from lpfail.model import GPT, head_query_norms, logit_capture, weight_spectral_norms
 from lpfail.train.batches import step_rows
 from lpfail.train.config import TrainConfig
+from lpfail.train.log import DELTA_KEYS
 
 
 @dataclass
@@ -282,7 +283,7 @@ def delta_record(raw: GPT, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig, s
 
     policy = cfg.attention_table()[0][2].policy
     key = RoundingKey(cfg.init_seed, step, (DELTA_SITE,))
-    out: dict[str, list] = {"delta_tied": [], "delta_all": [], "delta_n_tied": []}
+    out: dict[str, list] = {k: [] for k in DELTA_KEYS}
     for layer in range(len(raw.transformer.h)):
         with amp:
             cap = capture_layer(raw, x, y, layer)
