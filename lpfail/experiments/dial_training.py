@@ -42,6 +42,12 @@ SEEN = ("Every result stored in the repository on 2026-12-04: the confirmation g
         "chapter 1's criterion, and a quick stochastic-rounding emulation gave a non-finite gradient at step 111, "
         "never investigated. No run of seeds 20–29, of any arm at K < 7, of the counter-based stochastic "
         "rounding in training, or of 10,000 steps existed.")
+#: A dated addition, written before any long run (none of the 25 had been trained; all 240 short runs had been seen).
+AMENDED_ON = "2026-12-07"
+AMENDMENT = ("the long runs also record the δ signature every 1,000 steps (`TrainConfig.delta_every`: per layer and "
+             "head, Σ (δ_lp − δ_hp) on rows with a tied maximum and on all rows), descriptive beside H11, with no rule "
+             "of its own; their other settings are unchanged. Seen then: all 240 short runs and H8's calls; no long "
+             "run had been trained.")
 SEEDS = tuple(range(20, 30))
 LRS = (4e-3, 8e-3)
 KS_A = (7, 5, 4, 3)      # A_K: the dose (H7)
