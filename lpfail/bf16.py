@@ -489,6 +489,9 @@ def round_stochastic(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
     if dtype == torch.bfloat16:
         shift = 23 - k
         if x.dtype == torch.float32:
+            fused = None if key is None else key.round_fp32(x, shift)   # one Triton kernel on CUDA, same bits
+            if fused is not None:
+                return fused
             u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF   # the fp32 bit pattern
             noise = _draw(u.shape, shift, 0, x.device, generator, key)
             return _patterns_to_bf16(_round_pattern(u, shift, "stochastic", noise))

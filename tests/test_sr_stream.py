@@ -254,3 +254,101 @@ def test_an_sr_run_resumes_bit_exactly(tmp_path):
     cont = train(TrainConfig.from_dict({**cfg.to_dict(), "out_dir": str(tmp_path / "b")}), progress=False,
                  resume_from=tmp_path / "a" / "ckpt_0000003.pt")
     assert np.array_equal(whole.losses, cont.losses)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the fused kernel (`RoundingKey.round_fp32`): the PyTorch path's bits in one pass
+# ---------------------------------------------------------------------------------------------------
+FUSED_KEYS = [RoundingKey(0), RoundingKey(7, torch.tensor(123456789012), (1, 2, 3)), RoundingKey((1 << 64) - 1, 5, (9,)),
+              RoundingKey(3, (1 << 40) + 17, (0, 11, 2, 5, 1))]
+
+
+def _torch_path(x, shift, key, monkeypatch):
+    monkeypatch.setenv("LPFAIL_SR_FUSED", "0")
+    out = round_stochastic(x, torch.bfloat16, mantissa=23 - shift, key=key)
+    monkeypatch.delenv("LPFAIL_SR_FUSED")
+    return out.view(torch.int16)
+
+
+@pytest.mark.parametrize("shift", range(16, 23))
+def test_the_fused_kernel_gives_the_pytorch_path_s_bits_in_the_interpreter(shift, monkeypatch):
+    """Every K = 7 … 1 (shift 16 … 22), four keys (a step tensor, a seed of 2^64 − 1, a step above 2^32, sites of
+    0 … 5 words), over zeros, ±inf, NaN, the largest values, subnormals and normals of every exponent, and a
+    strided input: the kernel run by Triton's interpreter returns round_stochastic's bits."""
+    from lpfail.sr_stream import check_tensor
+
+    x = check_tensor("cpu").reshape(64, 128)
+    for key in FUSED_KEYS:
+        for inp in (x, x.t()):  # the kernel reads the contiguous copy, as the PyTorch path does
+            got = key.round_fp32(inp, shift, interpret=True)
+            assert got.dtype == torch.bfloat16 and got.shape == inp.shape
+            assert torch.equal(got.view(torch.int16), _torch_path(inp, shift, key, monkeypatch))
+
+
+def test_the_fused_kernel_is_used_only_where_it_applies(monkeypatch):
+    """None (the PyTorch path) on the CPU, for FP64 input, outside shift 16 … 22 and under LPFAIL_SR_FUSED=0."""
+    k = FUSED_KEYS[1]
+    x = torch.randn(100)
+    assert k.round_fp32(x, 16) is None                       # not CUDA
+    assert k.round_fp32(x.double(), 16, interpret=True) is None
+    assert k.round_fp32(x, 15, interpret=True) is None and k.round_fp32(x, 23, interpret=True) is None
+    assert k.round_fp32(x[:0], 16, interpret=True).numel() == 0
+    monkeypatch.setenv("LPFAIL_SR_FUSED", "0")
+    assert k.round_fp32(x, 16, interpret=True) is None
+
+
+def test_a_fused_kernel_that_differs_is_turned_off_with_a_warning(monkeypatch):
+    """The once-per-process check (`_checked`): the real kernel passes it in the interpreter; a kernel that returns
+    other bits fails it, with a RuntimeWarning, and the answer is kept for that device and shift."""
+    from lpfail import sr_stream
+
+    monkeypatch.setattr(sr_stream, "_CHECKED", {})
+    assert sr_stream._checked(sr_stream._fused_kernel(), torch.device("cpu"), 18)
+
+    class Zeros:
+        def __getitem__(self, grid):
+            return lambda x, out, *args, **kw: out.zero_()
+
+    with pytest.warns(RuntimeWarning, match="differs from the PyTorch path"):
+        assert not sr_stream._checked(Zeros(), torch.device("cpu"), 19)
+    assert sr_stream._CHECKED == {("cpu", 18): True, ("cpu", 19): False}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shift", [16, 18, 20])
+def test_the_fused_kernel_gives_the_same_bits_on_the_card_eager_and_captured(shift, monkeypatch):
+    """On CUDA: round_stochastic with a key takes the fused kernel (after its check) and returns the PyTorch
+    path's bits, eagerly and replayed from a CUDA graph whose step buffer advances between replays."""
+    from lpfail import sr_stream
+
+    monkeypatch.setattr(sr_stream, "_CHECKED", {})
+    x = sr_stream.check_tensor("cuda").reshape(64, 128) * 1.0
+    step = torch.zeros((), dtype=torch.int64, device="cuda")
+    key = RoundingKey(11, step, (4, 2))
+    assert key.round_fp32(x, shift) is not None and sr_stream._CHECKED == {("cuda:0", shift): True}
+    for k in FUSED_KEYS[:3]:
+        k = RoundingKey(k.seed, k.step.cuda() if isinstance(k.step, torch.Tensor) else k.step, k.site)
+        assert torch.equal(round_stochastic(x, mantissa=23 - shift, key=k).view(torch.int16),
+                           _torch_path(x, shift, k, monkeypatch))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        round_stochastic(x, mantissa=23 - shift, key=key)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = round_stochastic(x, mantissa=23 - shift, key=key)
+    for n in range(3):
+        step.fill_(n * 1000 + 1)
+        g.replay()
+        assert torch.equal(out.view(torch.int16), _torch_path(x, shift, key, monkeypatch))
+
+
+@pytest.mark.gpu
+def test_an_sr_run_is_the_same_with_and_without_the_fused_kernel(monkeypatch):
+    """A captured stochastic-rounding training run on the card gives the same losses with the fused kernel and
+    with the PyTorch path (LPFAIL_SR_FUSED=0)."""
+    a = _train(max_steps=8, cuda_graph=True)
+    monkeypatch.setenv("LPFAIL_SR_FUSED", "0")
+    b = _train(max_steps=8, cuda_graph=True)
+    assert np.array_equal(a.losses, b.losses) and np.array_equal(a.grad_norms, b.grad_norms)
