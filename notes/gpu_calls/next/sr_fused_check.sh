@@ -1,0 +1,43 @@
+#!/bin/bash
+# First call of the next session (before any stochastic-rounding run trains with the fused kernel, 0.5.3):
+#   LPFAIL_GIT=<commit> bash notes/gpu_calls/next/sr_fused_check.sh            (≈ 200–300 s)
+# 1. Timing, alone on the card: lr_sweep's large A_sr config, 120 steps captured, fused and PyTorch path
+#    (LPFAIL_SR_FUSED=0), each in its own process; the losses of the two must be equal (printed).
+# 2. The fused kernel's gpu tests (tests/test_sr_stream.py -m gpu: eager, captured, a training run, fused = PyTorch).
+# 3. Beside 2: the stored stochastic-rounding runs (PyTorch path: confirmation's A_sr, the dial's SR_3 … SR_6, with
+#    C and A_3 beside them as controls; all from an H100) trained again for 300 steps with the fused kernel and
+#    compared bit for bit (`lpfail.sweep.rerun`).
+# Then: asr_long_start.sh (the driver) in the next call if 2 and 3 pass; with LPFAIL_SR_FUSED=0 exported if not.
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 LPFAIL_CPU_PINS=0 CUBLAS_WORKSPACE_CONFIG=:4096:8
+mkdir -p $OUT/f
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > $OUT/f/gpu.txt 2>&1
+cat > /tmp/sr_time.py <<'PY'
+import dataclasses, json, os, sys, tempfile, time
+import numpy as np
+from lpfail.sweep import grid as G
+from lpfail.train import train
+g = G.get("lr_sweep")
+run = [r for r in g.runs() if r.key == "large/A_sr/lr0.008/s0"][0]
+tc = dataclasses.replace(run.config, max_steps=120, val_every=0, diag_every=0, checkpoint_every=0, out_dir=tempfile.mkdtemp())
+t = time.time(); res = train(tc, progress=False); dt = time.time() - t
+print(json.dumps({"fused": os.environ.get("LPFAIL_SR_FUSED", "1"), "seconds_120_steps": round(dt, 2),
+                  "losses": [float(x) for x in res.losses[-3:]], "status": res.status}), flush=True)
+PY
+for F in 1 0; do LPFAIL_SR_FUSED=$F timeout 150 python3 /tmp/sr_time.py 2>&1 | tail -1; done | tee $OUT/f/timing.txt
+cat > /tmp/sr_rerun.py <<'PY'
+import json, sys
+from pathlib import Path
+from lpfail.sweep import rerun
+from lpfail.sweep.session import machine_info
+items = [i for i in rerun.plan(300, grids=("confirmation", "dial_training"))
+         if i.run.group in ("A_sr", "SR_3", "SR_4", "SR_5", "SR_6", "C", "A_3") and i.run.config.n_layer == 4]
+rows = rerun.execute(items, Path("/tmp/lpfail_sr_rerun"), 230, len(items))
+Path(sys.argv[1]).write_text(json.dumps({"machine": machine_info(), "rows": rows}, indent=1) + "\n")
+print("\n".join(f"{r['key']}: {rerun.word(r)}" for r in rows))
+PY
+( timeout 280 python3 /tmp/sr_rerun.py $OUT/f/sr_rerun.json > $OUT/f/sr_rerun.log 2>&1; echo "rc $?" >> $OUT/f/sr_rerun.log ) &
+timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_sr_stream.py > $OUT/f/tests.log 2>&1; echo "tests rc $?"
+tail -4 $OUT/f/tests.log
+wait
+echo "== reruns"; grep -v "^\[" $OUT/f/sr_rerun.log | tail -20
