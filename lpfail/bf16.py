@@ -380,7 +380,8 @@ def round_mantissa(x: torch.Tensor, mantissa: int, mode: str = "rne", generator:
     Input: float32, or bf16 / fp16 (widened to fp32 exactly). float64 is rounded exactly too: to nearest even
     through a round-to-odd to fp32 (`_round_to_odd_fp32`), stochastically by `round_stochastic`'s exact
     comparison. Random bits come from `key` (`lpfail.sr_stream.RoundingKey`, counter-based) when given, else from
-    torch.randint with `generator`.
+    torch.randint with `generator`. On CUDA, FP32 input rounded to nearest or with a key runs as one fused Triton
+    kernel with the same bits (`lpfail.fused`).
 
     >>> round_mantissa(torch.tensor([1.0625, 1.1875, 1.09375]), 3).tolist()   # K = 3: spacing 1/8 in [1, 2)
     [1.0, 1.25, 1.125]
@@ -402,8 +403,36 @@ def round_mantissa(x: torch.Tensor, mantissa: int, mode: str = "rne", generator:
     if x.dtype == torch.float64:
         u = _round_to_odd_fp32(x)
     else:
-        u = x.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        x = x.float()
+        fast = _fused_rne(x, 23 - k) if mode == "rne" else None   # one Triton kernel on CUDA, same bits
+        if fast is not None:
+            return fast
+        u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     return _patterns_to_bf16(_round_pattern(u, 23 - k, mode))
+
+
+def _fused_rne(x: torch.Tensor, shift: int, interpret: bool = False) -> torch.Tensor | None:
+    """`round_mantissa`'s round to nearest even of the FP32 tensor x as one fused Triton kernel
+    (`lpfail.round_kernels.rne_fp32_to_bf16`), or None where it does not apply (`lpfail.fused.usable`, its check
+    not passed on x's device): the caller then takes the PyTorch path. `interpret`: Triton's interpreter, unchecked."""
+    from lpfail import fused
+
+    name = "rne_fp32_to_bf16"
+    kern = fused.kernel(name) if fused.usable(x, shift, interpret) else None
+    if kern is None:
+        return None
+    if not interpret and not fused.checked(name, x.device, shift, lambda: _compare_rne(kern, x.device, shift)):
+        return None
+    return fused.launch(kern, x, shift)
+
+
+def _compare_rne(kern, device, shift: int) -> bool:
+    """The fused round to nearest against `_round_pattern` on `lpfail.fused.check_tensor`."""
+    from lpfail import fused
+
+    x = fused.check_tensor(device)
+    want = _patterns_to_bf16(_round_pattern(x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF, shift, "rne"))
+    return torch.equal(fused.launch(kern, x, shift).view(torch.int16), want.view(torch.int16))
 
 
 #: 16-bit formats `round_stochastic` rounds to: (fraction bits, exponent bias).
@@ -489,9 +518,10 @@ def round_stochastic(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
     if dtype == torch.bfloat16:
         shift = 23 - k
         if x.dtype == torch.float32:
-            fused = None if key is None else key.round_fp32(x, shift)   # one Triton kernel on CUDA, same bits
-            if fused is not None:
-                return fused
+            fused = getattr(key, "round_fp32", None)   # a RoundingKey: one Triton kernel on CUDA, same bits
+            fast = None if fused is None else fused(x, shift)
+            if fast is not None:
+                return fast
             u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF   # the fp32 bit pattern
             noise = _draw(u.shape, shift, 0, x.device, generator, key)
             return _patterns_to_bf16(_round_pattern(u, shift, "stochastic", noise))

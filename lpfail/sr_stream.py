@@ -30,7 +30,7 @@ On a CUDA device the commonest use, an FP32 tensor rounded stochastically to bf1
 exponent), runs as one fused Triton kernel (`RoundingKey.round_fp32`): the same integers as `bits` followed by
 `lpfail.bf16`'s pattern rounding, computed element by element in registers instead of ≈ 40 elementwise int64
 kernels over the whole tensor. Integer arithmetic is exact, so the result is the same bits; tests compare the two
-paths in Triton's interpreter, and on a card before a run relies on it. ``LPFAIL_SR_FUSED=0`` turns the kernel off.
+paths in Triton's interpreter, and `lpfail.fused` checks them on the card before a process relies on the kernel.
 
 Public surface::
 
@@ -42,7 +42,6 @@ Public surface::
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -151,88 +150,43 @@ class RoundingKey:
 
     def round_fp32(self, x: torch.Tensor, shift: int, interpret: bool = False) -> torch.Tensor | None:
         """`lpfail.bf16.round_stochastic` of the FP32 tensor `x` to bf16's exponent with 23 − `shift` fraction bits
-        (shift 16 … 22: bf16 and its K-bit formats), as one fused Triton kernel: draw 0, part 0 of this key's
-        bits, added to the low bits of each FP32 pattern, then truncated — the same bits as the PyTorch path.
-        None where the kernel does not apply (not CUDA, unless `interpret` in Triton's interpreter; no Triton;
-        2^31 elements or more; ``LPFAIL_SR_FUSED=0``): the caller then takes the PyTorch path."""
-        if x.dtype != torch.float32 or not 16 <= shift <= 22 or x.numel() >= 1 << 31:
-            return None
-        if not (x.is_cuda or interpret) or os.environ.get("LPFAIL_SR_FUSED", "1") == "0":
-            return None
-        kernel = _fused_kernel()
-        if kernel is None or not (interpret or _checked(kernel, x.device, shift)):
-            return None
-        return self._launch(kernel, x, shift)
+        (shift 16 … 22: bf16 and its K-bit formats), as one fused Triton kernel (`lpfail.round_kernels`): draw 0,
+        part 0 of this key's bits added to the low bits of each FP32 pattern, then truncated — the PyTorch path's
+        bits. None where it does not apply (`lpfail.fused.usable`; its check not passed on this device): the
+        caller then takes the PyTorch path. `interpret`: in Triton's interpreter, unchecked (the tests)."""
+        from lpfail import fused
 
-    def _launch(self, kernel, x: torch.Tensor, shift: int) -> torch.Tensor:
-        x = x.contiguous()
-        out = torch.empty(x.shape, dtype=torch.int16, device=x.device)
-        n = x.numel()
-        if n == 0:
-            return out.view(torch.bfloat16)
+        kern = fused.kernel("sr_fp32_to_bf16") if fused.usable(x, shift, interpret) else None
+        if kern is None:
+            return None
+        name = "sr_fp32_to_bf16"
+        if not interpret and not fused.checked(name, x.device, shift, lambda: _compare(kern, x.device, shift)):
+            return None
+        return self._launch(kern, x, shift)
+
+    def _launch(self, kern, x: torch.Tensor, shift: int) -> torch.Tensor:
+        from lpfail import fused
+
         a = fold((self.seed, len(self.site), *self.site, 0, 0))
         step = self.step if isinstance(self.step, torch.Tensor) else torch.tensor(self.step, dtype=torch.int64)
-        if step.device != x.device:
-            step = step.to(x.device)
-        block = 1024
-        kernel[(-(-n // block),)](x, out, step, n, a, mix32(a ^ _T0), SHIFT=shift, BLOCK=block)
-        return out.view(torch.bfloat16)
+        return fused.launch(kern, x, shift, pre=(step.to(x.device),), post=(a, mix32(a ^ _T0)))
 
 
-_KERNEL: list = []
+def _compare(kern, device, shift: int) -> bool:
+    """The fused kernel against the PyTorch path on `lpfail.fused.check_tensor`, under three keys (a step tensor
+    above 2^32 among them)."""
+    from lpfail.bf16 import _patterns_to_bf16, _round_pattern
+    from lpfail.fused import check_tensor
 
-
-def _fused_kernel():
-    """`lpfail.sr_kernel.sr_fp32_to_bf16`, imported on first use (Triton is imported only then: the tests set its
-    interpreter mode before that), or None without Triton."""
-    if not _KERNEL:
-        try:
-            from lpfail.sr_kernel import sr_fp32_to_bf16
-        except ImportError:
-            sr_fp32_to_bf16 = None
-        _KERNEL.append(sr_fp32_to_bf16)
-    return _KERNEL[0]
-
-
-_CHECKED: dict = {}
-
-
-def check_tensor(device) -> torch.Tensor:
-    """FP32 values for the fused kernel's check: zeros, ±inf, NaN, the largest finite values, subnormals and
-    normals over the whole exponent range, 8,192 in all (several blocks of the kernel)."""
-    g = torch.Generator().manual_seed(20261207)
-    x = torch.randn(8192, generator=g) * torch.exp2(torch.randint(-149, 128, (8192,), generator=g).float())
-    x[:10] = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 3.4028235e38, -3.4028235e38, 1e-45, -1e-45,
-                           1.0])
-    return x.to(device)
-
-
-def _checked(kernel, device, shift: int) -> bool:
-    """Whether the fused kernel gives the PyTorch path's bits on `device` at `shift`, checked once per process,
-    device and shift on `check_tensor` under three keys (a step tensor among them). Never checked while a CUDA graph
-    is being captured (the check reads its answer back): until it has run eagerly, the PyTorch path is taken. A
-    mismatch turns the kernel off for that device and shift, with a warning: the results stay the PyTorch path's."""
-    ck = (str(device), shift)
-    if ck not in _CHECKED:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    x = check_tensor(device)
+    u = x.view(torch.int32).to(torch.int64) & M32
+    keys = (RoundingKey(0), RoundingKey(7, torch.tensor(123456789012, device=device), (1, 2, 3)),
+            RoundingKey((1 << 64) - 1, 5, (9,)))
+    for key in keys:
+        want = _patterns_to_bf16(_round_pattern(u, shift, "stochastic", key.bits(x.shape, shift, device=device)))
+        if not torch.equal(key._launch(kern, x, shift).view(torch.int16), want.view(torch.int16)):
             return False
-        from lpfail.bf16 import _patterns_to_bf16, _round_pattern
-
-        x = check_tensor(device)
-        u = x.view(torch.int32).to(torch.int64) & M32
-        keys = (RoundingKey(0), RoundingKey(7, torch.tensor(123456789012, device=device), (1, 2, 3)),
-                RoundingKey((1 << 64) - 1, 5, (9,)))
-        same = True
-        for key in keys:  # the PyTorch path of round_stochastic, against the kernel
-            want = _patterns_to_bf16(_round_pattern(u, shift, "stochastic", key.bits(x.shape, shift, device=device)))
-            same = same and torch.equal(key._launch(kernel, x, shift).view(torch.int16), want.view(torch.int16))
-        _CHECKED[ck] = same
-        if not same:
-            import warnings
-
-            warnings.warn(f"lpfail.sr_stream: the fused stochastic-rounding kernel differs from the PyTorch path on "
-                          f"{device} at shift {shift}; using the PyTorch path (same bits, slower)", RuntimeWarning)
-    return _CHECKED[ck]
+    return True
 
 
 class SRStream(nn.Module):

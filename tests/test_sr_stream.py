@@ -263,10 +263,17 @@ FUSED_KEYS = [RoundingKey(0), RoundingKey(7, torch.tensor(123456789012), (1, 2, 
               RoundingKey(3, (1 << 40) + 17, (0, 11, 2, 5, 1))]
 
 
+def _torch_rne(x, shift, monkeypatch):
+    monkeypatch.setenv("LPFAIL_FUSED_ROUNDING", "0")
+    out = round_mantissa(x, 23 - shift)
+    monkeypatch.delenv("LPFAIL_FUSED_ROUNDING")
+    return out.view(torch.int16)
+
+
 def _torch_path(x, shift, key, monkeypatch):
-    monkeypatch.setenv("LPFAIL_SR_FUSED", "0")
+    monkeypatch.setenv("LPFAIL_FUSED_ROUNDING", "0")
     out = round_stochastic(x, torch.bfloat16, mantissa=23 - shift, key=key)
-    monkeypatch.delenv("LPFAIL_SR_FUSED")
+    monkeypatch.delenv("LPFAIL_FUSED_ROUNDING")
     return out.view(torch.int16)
 
 
@@ -275,7 +282,7 @@ def test_the_fused_kernel_gives_the_pytorch_path_s_bits_in_the_interpreter(shift
     """Every K = 7 … 1 (shift 16 … 22), four keys (a step tensor, a seed of 2^64 − 1, a step above 2^32, sites of
     0 … 5 words), over zeros, ±inf, NaN, the largest values, subnormals and normals of every exponent, and a
     strided input: the kernel run by Triton's interpreter returns round_stochastic's bits."""
-    from lpfail.sr_stream import check_tensor
+    from lpfail.fused import check_tensor
 
     x = check_tensor("cpu").reshape(64, 128)
     for key in FUSED_KEYS:
@@ -286,46 +293,73 @@ def test_the_fused_kernel_gives_the_pytorch_path_s_bits_in_the_interpreter(shift
 
 
 def test_the_fused_kernel_is_used_only_where_it_applies(monkeypatch):
-    """None (the PyTorch path) on the CPU, for FP64 input, outside shift 16 … 22 and under LPFAIL_SR_FUSED=0."""
+    """None (the PyTorch path) on the CPU, for FP64 input, outside shift 16 … 22 and under LPFAIL_FUSED_ROUNDING=0."""
     k = FUSED_KEYS[1]
     x = torch.randn(100)
     assert k.round_fp32(x, 16) is None                       # not CUDA
     assert k.round_fp32(x.double(), 16, interpret=True) is None
     assert k.round_fp32(x, 15, interpret=True) is None and k.round_fp32(x, 23, interpret=True) is None
     assert k.round_fp32(x[:0], 16, interpret=True).numel() == 0
-    monkeypatch.setenv("LPFAIL_SR_FUSED", "0")
+    monkeypatch.setenv("LPFAIL_FUSED_ROUNDING", "0")
     assert k.round_fp32(x, 16, interpret=True) is None
 
 
 def test_a_fused_kernel_that_differs_is_turned_off_with_a_warning(monkeypatch):
-    """The once-per-process check (`_checked`): the real kernel passes it in the interpreter; a kernel that returns
-    other bits fails it, with a RuntimeWarning, and the answer is kept for that device and shift."""
-    from lpfail import sr_stream
+    """The once-per-process check (`lpfail.fused.checked`): both real kernels pass it in the interpreter; a kernel
+    that returns other bits fails it, with a RuntimeWarning, and the answer is kept per kernel, device and shift."""
+    from lpfail import bf16, fused, sr_stream
 
-    monkeypatch.setattr(sr_stream, "_CHECKED", {})
-    assert sr_stream._checked(sr_stream._fused_kernel(), torch.device("cpu"), 18)
+    monkeypatch.setattr(fused, "_CHECKED", {})
+    sr, rne = fused.kernel("sr_fp32_to_bf16"), fused.kernel("rne_fp32_to_bf16")
+    cpu = torch.device("cpu")
+    assert fused.checked("sr_fp32_to_bf16", cpu, 18, lambda: sr_stream._compare(sr, cpu, 18))
+    assert fused.checked("rne_fp32_to_bf16", cpu, 18, lambda: bf16._compare_rne(rne, cpu, 18))
 
     class Zeros:
         def __getitem__(self, grid):
             return lambda x, out, *args, **kw: out.zero_()
 
     with pytest.warns(RuntimeWarning, match="differs from the PyTorch path"):
-        assert not sr_stream._checked(Zeros(), torch.device("cpu"), 19)
-    assert sr_stream._CHECKED == {("cpu", 18): True, ("cpu", 19): False}
+        assert not fused.checked("rne_fp32_to_bf16", cpu, 19, lambda: bf16._compare_rne(Zeros(), cpu, 19))
+    assert not sr_stream._compare(Zeros(), cpu, 19)
+    assert fused._CHECKED == {("sr_fp32_to_bf16", "cpu", 18): True, ("rne_fp32_to_bf16", "cpu", 18): True,
+                              ("rne_fp32_to_bf16", "cpu", 19): False}
+    assert fused.checked("rne_fp32_to_bf16", cpu, 19, lambda: 1 / 0) is False  # kept: not checked again
+
+
+@pytest.mark.parametrize("shift", range(16, 23))
+def test_the_fused_round_to_nearest_gives_the_pytorch_path_s_bits_in_the_interpreter(shift, monkeypatch):
+    """`round_mantissa`'s round to nearest even (K = 7 … 1) as the fused kernel, in Triton's interpreter: the
+    PyTorch path's bits over `check_tensor`, contiguous and strided; at K = 7 also ``.to(torch.bfloat16)``'s."""
+    from lpfail.bf16 import _fused_rne
+    from lpfail.fused import check_tensor
+
+    x = check_tensor("cpu").reshape(64, 128)
+    for inp in (x, x.t()):
+        got = _fused_rne(inp, shift, interpret=True)
+        want = round_mantissa(inp, 23 - shift)  # on the CPU: the PyTorch path
+        assert got.shape == inp.shape and torch.equal(got.view(torch.int16), want.view(torch.int16))
+        if shift == 16:
+            ref = inp.to(torch.bfloat16).view(torch.int16)
+            nan = torch.isnan(inp)
+            assert torch.equal(got.view(torch.int16)[~nan], ref[~nan])
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shift", [16, 18, 20])
 def test_the_fused_kernel_gives_the_same_bits_on_the_card_eager_and_captured(shift, monkeypatch):
-    """On CUDA: round_stochastic with a key takes the fused kernel (after its check) and returns the PyTorch
-    path's bits, eagerly and replayed from a CUDA graph whose step buffer advances between replays."""
-    from lpfail import sr_stream
+    """On CUDA: round_stochastic with a key and round_mantissa to nearest take the fused kernels (after their
+    checks) and return the PyTorch path's bits, eagerly and (stochastic) replayed from a CUDA graph whose step
+    buffer advances between replays."""
+    from lpfail import fused
 
-    monkeypatch.setattr(sr_stream, "_CHECKED", {})
-    x = sr_stream.check_tensor("cuda").reshape(64, 128) * 1.0
+    monkeypatch.setattr(fused, "_CHECKED", {})
+    x = fused.check_tensor("cuda").reshape(64, 128)
     step = torch.zeros((), dtype=torch.int64, device="cuda")
     key = RoundingKey(11, step, (4, 2))
-    assert key.round_fp32(x, shift) is not None and sr_stream._CHECKED == {("cuda:0", shift): True}
+    assert key.round_fp32(x, shift) is not None and fused._CHECKED == {("sr_fp32_to_bf16", "cuda:0", shift): True}
+    assert torch.equal(round_mantissa(x, 23 - shift).view(torch.int16), _torch_rne(x, shift, monkeypatch))
+    assert fused._CHECKED[("rne_fp32_to_bf16", "cuda:0", shift)]
     for k in FUSED_KEYS[:3]:
         k = RoundingKey(k.seed, k.step.cuda() if isinstance(k.step, torch.Tensor) else k.step, k.site)
         assert torch.equal(round_stochastic(x, mantissa=23 - shift, key=k).view(torch.int16),
@@ -346,9 +380,9 @@ def test_the_fused_kernel_gives_the_same_bits_on_the_card_eager_and_captured(shi
 
 @pytest.mark.gpu
 def test_an_sr_run_is_the_same_with_and_without_the_fused_kernel(monkeypatch):
-    """A captured stochastic-rounding training run on the card gives the same losses with the fused kernel and
-    with the PyTorch path (LPFAIL_SR_FUSED=0)."""
+    """A captured stochastic-rounding training run on the card gives the same losses with the fused kernels and
+    with the PyTorch path (LPFAIL_FUSED_ROUNDING=0)."""
     a = _train(max_steps=8, cuda_graph=True)
-    monkeypatch.setenv("LPFAIL_SR_FUSED", "0")
+    monkeypatch.setenv("LPFAIL_FUSED_ROUNDING", "0")
     b = _train(max_steps=8, cuda_graph=True)
     assert np.array_equal(a.losses, b.losses) and np.array_equal(a.grad_norms, b.grad_norms)

@@ -1,30 +1,33 @@
 #!/bin/bash
-# First call of the next session (before any stochastic-rounding run trains with the fused kernel, 0.5.3):
+# First call of the next session (before any run trains with the fused rounding kernels of 0.5.3):
 #   LPFAIL_GIT=<commit> bash notes/gpu_calls/next/sr_fused_check.sh            (≈ 200–300 s)
-# 1. Timing, alone on the card: lr_sweep's large A_sr config, 120 steps captured, fused and PyTorch path
-#    (LPFAIL_SR_FUSED=0), each in its own process; the losses of the two must be equal (printed).
-# 2. The fused kernel's gpu tests (tests/test_sr_stream.py -m gpu: eager, captured, a training run, fused = PyTorch).
+# 1. Timing, alone on the card, 120 captured steps each of lr_sweep's large A_sr and the dial's SR_3 and A_3, with
+#    the fused kernels and with the PyTorch path (LPFAIL_FUSED_ROUNDING=0), each in its own process; the last
+#    losses of the two must be equal (printed).
+# 2. The fused kernels' gpu tests (tests/test_sr_stream.py -m gpu: eager, captured, a training run; fused = PyTorch).
 # 3. Beside 2: the stored stochastic-rounding runs (PyTorch path: confirmation's A_sr, the dial's SR_3 … SR_6, with
 #    C and A_3 beside them as controls; all from an H100) trained again for 300 steps with the fused kernel and
 #    compared bit for bit (`lpfail.sweep.rerun`).
-# Then: asr_long_start.sh (the driver) in the next call if 2 and 3 pass; with LPFAIL_SR_FUSED=0 exported if not.
+# Then: asr_long_start.sh (the driver) in the next call if 2 and 3 pass; with LPFAIL_FUSED_ROUNDING=0 exported if not.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 LPFAIL_CPU_PINS=0 CUBLAS_WORKSPACE_CONFIG=:4096:8
 mkdir -p $OUT/f
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > $OUT/f/gpu.txt 2>&1
 cat > /tmp/sr_time.py <<'PY'
 import dataclasses, json, os, sys, tempfile, time
-import numpy as np
 from lpfail.sweep import grid as G
 from lpfail.train import train
-g = G.get("lr_sweep")
-run = [r for r in g.runs() if r.key == "large/A_sr/lr0.008/s0"][0]
-tc = dataclasses.replace(run.config, max_steps=120, val_every=0, diag_every=0, checkpoint_every=0, out_dir=tempfile.mkdtemp())
+grid, key = sys.argv[1], sys.argv[2]
+run = [r for r in G.get(grid).runs() if r.key == key][0]
+tc = dataclasses.replace(run.config, max_steps=120, val_every=0, diag_every=0, checkpoint_every=0,
+                         out_dir=tempfile.mkdtemp())
 t = time.time(); res = train(tc, progress=False); dt = time.time() - t
-print(json.dumps({"fused": os.environ.get("LPFAIL_SR_FUSED", "1"), "seconds_120_steps": round(dt, 2),
-                  "losses": [float(x) for x in res.losses[-3:]], "status": res.status}), flush=True)
+print(json.dumps({"run": key, "fused": os.environ.get("LPFAIL_FUSED_ROUNDING", "1"), "seconds_120_steps": round(dt, 2),
+                  "last_losses": [float(x) for x in res.losses[-3:]], "status": res.status}), flush=True)
 PY
-for F in 1 0; do LPFAIL_SR_FUSED=$F timeout 150 python3 /tmp/sr_time.py 2>&1 | tail -1; done | tee $OUT/f/timing.txt
+for R in "lr_sweep large/A_sr/lr0.008/s0" "dial_training small/SR_3/lr0.008/s20" "dial_training small/A_3/lr0.008/s20"; do
+  for F in 1 0; do LPFAIL_FUSED_ROUNDING=$F timeout 100 python3 /tmp/sr_time.py $R 2>&1 | tail -1; done
+done | tee $OUT/f/timing.txt
 cat > /tmp/sr_rerun.py <<'PY'
 import json, sys
 from pathlib import Path
