@@ -29,9 +29,11 @@ _CHECKED: dict = {}
 
 def usable(x: torch.Tensor, shift: int, interpret: bool = False) -> bool:
     """An FP32 tensor of fewer than 2^31 elements, rounded to 16 … 22 dropped bits, on CUDA (or in Triton's
-    interpreter when `interpret`), with the kernels not turned off."""
+    interpreter when `interpret`), with the kernels not turned off, outside torch.compile (whose compiler fuses the
+    PyTorch path's elementwise ops by itself)."""
     return (x.dtype == torch.float32 and 16 <= shift <= 22 and x.numel() < 1 << 31
-            and (x.is_cuda or interpret) and os.environ.get(OFF_VAR, "1") != "0")
+            and (x.is_cuda or interpret) and os.environ.get(OFF_VAR, "1") != "0"
+            and not torch.compiler.is_compiling())
 
 
 def kernel(name: str):

@@ -293,7 +293,8 @@ def test_the_fused_kernel_gives_the_pytorch_path_s_bits_in_the_interpreter(shift
 
 
 def test_the_fused_kernel_is_used_only_where_it_applies(monkeypatch):
-    """None (the PyTorch path) on the CPU, for FP64 input, outside shift 16 … 22 and under LPFAIL_FUSED_ROUNDING=0."""
+    """None (the PyTorch path) on the CPU, for FP64 input, outside shift 16 … 22, under LPFAIL_FUSED_ROUNDING=0 and
+    inside torch.compile."""
     k = FUSED_KEYS[1]
     x = torch.randn(100)
     assert k.round_fp32(x, 16) is None                       # not CUDA
@@ -302,6 +303,15 @@ def test_the_fused_kernel_is_used_only_where_it_applies(monkeypatch):
     assert k.round_fp32(x[:0], 16, interpret=True).numel() == 0
     monkeypatch.setenv("LPFAIL_FUSED_ROUNDING", "0")
     assert k.round_fp32(x, 16, interpret=True) is None
+    monkeypatch.delenv("LPFAIL_FUSED_ROUNDING")
+    seen = []
+
+    def f(x):
+        seen.append(k.round_fp32(x, 16, interpret=True))  # traced by torch.compile: the PyTorch path
+        return x + 1
+
+    torch.compile(f, backend="eager")(x)
+    assert seen == [None]
 
 
 def test_a_fused_kernel_that_differs_is_turned_off_with_a_warning(monkeypatch):
