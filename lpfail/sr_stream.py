@@ -156,10 +156,10 @@ class RoundingKey:
         caller then takes the PyTorch path. `interpret`: in Triton's interpreter, unchecked (the tests)."""
         from lpfail import fused
 
-        kern = fused.kernel("sr_fp32_to_bf16") if fused.usable(x, shift, interpret) else None
+        name = "sr_fp32_to_bf16"
+        kern = fused.kernel(name) if fused.usable(x, shift, interpret) else None
         if kern is None:
             return None
-        name = "sr_fp32_to_bf16"
         if not interpret and not fused.checked(name, x.device, shift, lambda: _compare(kern, x.device, shift)):
             return None
         return self._launch(kern, x, shift)
