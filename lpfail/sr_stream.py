@@ -28,9 +28,10 @@ rounds.
 
 On a CUDA device the commonest use, an FP32 tensor rounded stochastically to bf16 (or to K bits of bf16's
 exponent), runs as one fused Triton kernel (`RoundingKey.round_fp32`): the same integers as `bits` followed by
-`lpfail.bf16`'s pattern rounding, computed element by element in registers instead of ≈ 40 elementwise int64
-kernels over the whole tensor. Integer arithmetic is exact, so the result is the same bits; tests compare the two
-paths in Triton's interpreter, and `lpfail.fused` checks them on the card before a process relies on the kernel.
+`lpfail.bf16`'s pattern rounding, computed element by element in registers instead of a chain of PyTorch ops
+(82 per call, most of them elementwise int64 over the whole tensor). Integer arithmetic is exact, so the result
+is the same bits; tests compare the two paths in Triton's interpreter, and `lpfail.fused` checks them on the card
+before a process relies on the kernel.
 
 Public surface::
 
