@@ -417,13 +417,7 @@ def _fused_rne(x: torch.Tensor, shift: int, interpret: bool = False) -> torch.Te
     not passed on x's device): the caller then takes the PyTorch path. `interpret`: Triton's interpreter, unchecked."""
     from lpfail import fused
 
-    name = "rne_fp32_to_bf16"
-    kern = fused.kernel(name) if fused.usable(x, shift, interpret) else None
-    if kern is None:
-        return None
-    if not interpret and not fused.checked(name, x.device, shift, lambda: _compare_rne(kern, x.device, shift)):
-        return None
-    return fused.launch(kern, x, shift)
+    return fused.apply("rne_fp32_to_bf16", x, shift, interpret, _compare_rne, lambda k: fused.launch(k, x, shift))
 
 
 def _compare_rne(kern, device, shift: int) -> bool:

@@ -10,6 +10,7 @@ taken. ``LPFAIL_FUSED_ROUNDING=0`` turns the kernels off.
     usable(x, shift, interpret=False) -> whether a fused kernel may round x at shift (FP32, CUDA, 16 ≤ shift ≤ 22)
     kernel(name)                       -> the jit kernel of `lpfail.round_kernels`, or None without Triton
     checked(name, device, shift, compare) -> the once-per-process check (compare() -> bool runs it)
+    apply(name, x, shift, interpret, compare, go) -> go(kernel) where usable and checked, else None
     launch(kernel, x, shift, pre, post) -> bf16 tensor of x's shape: kernel[grid](x, out, *pre, n, *post, ...)
     check_tensor(device)               -> the check's FP32 values
 """
@@ -47,6 +48,17 @@ def kernel(name: str):
         else:
             _KERNELS[name] = getattr(round_kernels, name)
     return _KERNELS[name]
+
+
+def apply(name: str, x: torch.Tensor, shift: int, interpret: bool, compare, go):
+    """``go(kernel)`` for kernel `name` where it may round x at `shift` (`usable`, then `checked` with
+    ``compare(kernel, device, shift)`` unless `interpret`), else None: the caller then takes the PyTorch path."""
+    kern = kernel(name) if usable(x, shift, interpret) else None
+    if kern is None:
+        return None
+    if not interpret and not checked(name, x.device, shift, lambda: compare(kern, x.device, shift)):
+        return None
+    return go(kern)
 
 
 def launch(kern, x: torch.Tensor, shift: int, pre: tuple = (), post: tuple = ()) -> torch.Tensor:

@@ -157,13 +157,7 @@ class RoundingKey:
         caller then takes the PyTorch path. `interpret`: in Triton's interpreter, unchecked (the tests)."""
         from lpfail import fused
 
-        name = "sr_fp32_to_bf16"
-        kern = fused.kernel(name) if fused.usable(x, shift, interpret) else None
-        if kern is None:
-            return None
-        if not interpret and not fused.checked(name, x.device, shift, lambda: _compare(kern, x.device, shift)):
-            return None
-        return self._launch(kern, x, shift)
+        return fused.apply("sr_fp32_to_bf16", x, shift, interpret, _compare, lambda k: self._launch(k, x, shift))
 
     def _launch(self, kern, x: torch.Tensor, shift: int) -> torch.Tensor:
         from lpfail import fused
