@@ -210,6 +210,11 @@ def _bf16_input(x):
     raise TypeError(f"expected a bf16 value: a float or a tensor (got {type(x).__name__})")
 
 
+def _fp32_patterns(x: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of an fp32 tensor as int64 in [0, 2^32) (contiguous, x's shape)."""
+    return x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
 def _patterns_to_bf16(p: torch.Tensor) -> torch.Tensor:
     """int64 tensor of 16-bit patterns (0..65535) -> bf16 tensor."""
     p = p.to(torch.int64)
@@ -274,7 +279,7 @@ def round_bf16(x: torch.Tensor, mode: str = "rne", generator: torch.Generator | 
                         ".to(torch.float32) first (from float64 that is itself a rounding)")
     if mode not in ROUNDING_MODES:
         raise ValueError(f"mode must be one of {ROUNDING_MODES} (got {mode!r})")
-    u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF   # the fp32 bit pattern
+    u = _fp32_patterns(x)
     if mode == "rne":
         lsb = (u >> 16) & 1                                              # lowest kept bit
         r = (u + 0x7FFF + lsb) >> 16                                     # > half: carry; = half: to even
@@ -333,7 +338,7 @@ def _round_to_odd_fp32(x: torch.Tensor) -> torch.Tensor:
     to nearest even directly; beyond fp32's largest value the truncation is that largest value (odd), which a
     K-bit format rounds on to ±inf as it must."""
     y = x.to(torch.float32)
-    u = y.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    u = _fp32_patterns(y)
     sign, mag = u & 0x80000000, u & 0x7FFFFFFF
     ya, xa = y.double().abs(), x.abs()
     mag = torch.where(ya > xa, mag - 1, mag)                             # rounded away from zero: step back
@@ -407,7 +412,7 @@ def round_mantissa(x: torch.Tensor, mantissa: int, mode: str = "rne", generator:
         fast = _fused_rne(x, 23 - k) if mode == "rne" else None   # one Triton kernel on CUDA, same bits
         if fast is not None:
             return fast
-        u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        u = _fp32_patterns(x)
     return _patterns_to_bf16(_round_pattern(u, 23 - k, mode))
 
 
@@ -425,7 +430,7 @@ def _compare_rne(kern, device, shift: int) -> bool:
     from lpfail import fused
 
     x = fused.check_tensor(device)
-    want = _patterns_to_bf16(_round_pattern(x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF, shift, "rne"))
+    want = _patterns_to_bf16(_round_pattern(_fp32_patterns(x), shift, "rne"))
     return torch.equal(fused.launch(kern, x, shift).view(torch.int16), want.view(torch.int16))
 
 
@@ -516,7 +521,7 @@ def round_stochastic(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
             fast = None if fused is None else fused(x, shift)
             if fast is not None:
                 return fast
-            u = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF   # the fp32 bit pattern
+            u = _fp32_patterns(x)
             noise = _draw(u.shape, shift, 0, x.device, generator, key)
             return _patterns_to_bf16(_round_pattern(u, shift, "stochastic", noise))
         return _stochastic_bf16_from_fp64(x, k, generator, key)

@@ -170,11 +170,11 @@ class RoundingKey:
 def _compare(kern, device, shift: int) -> bool:
     """The fused kernel against the PyTorch path on `lpfail.fused.check_tensor`, under three keys (a step tensor
     above 2^32 among them)."""
-    from lpfail.bf16 import _patterns_to_bf16, _round_pattern
+    from lpfail.bf16 import _fp32_patterns, _patterns_to_bf16, _round_pattern
     from lpfail.fused import check_tensor
 
     x = check_tensor(device)
-    u = x.view(torch.int32).to(torch.int64) & M32
+    u = _fp32_patterns(x)
     keys = (RoundingKey(0), RoundingKey(7, torch.tensor(123456789012, device=device), (1, 2, 3)),
             RoundingKey((1 << 64) - 1, 5, (9,)))
     for key in keys:

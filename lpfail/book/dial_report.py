@@ -467,8 +467,7 @@ def long_figure(res: Mapping) -> plt.Figure | None:
     have_dd = np.isfinite(np.asarray(res["long_delta_tied"], dtype=np.float64)).any(axis=-1)
     panels = (("held-out loss (nats)", np.asarray(res["long_val_curve"], dtype=np.float64)),
               ("largest ‖W_Q‖ of a head", np.asarray(res["long_wq"], dtype=np.float64)),
-              ("running Σ of the δ error on tied rows", np.where(have_dd, np.cumsum(np.where(have_dd, dd, 0.0),
-                                                                                     axis=-1), np.nan)))
+              ("running Σ of the δ error on tied rows", np.where(have_dd, np.cumsum(dd, axis=-1), np.nan)))
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(3.4 * len(panels) + 2.6, 3.3),
                              gridspec_kw={"width_ratios": [3.4] * len(panels) + [2.6]})
     handles, labels = [], []

@@ -111,7 +111,6 @@ def _diag_arrays(records: list[dict]) -> dict:
     return out
 
 
-
 @dataclass
 class TrainResult:
     """What a run returns (on every rank): its status, the per-step log and the diagnostics, in memory."""
