@@ -26,7 +26,7 @@ print(json.dumps({"run": key, "fused": os.environ.get("LPFAIL_FUSED_ROUNDING", "
                   "last_losses": [float(x) for x in res.losses[-3:]], "status": res.status}), flush=True)
 PY
 for R in "lr_sweep large/A_sr/lr0.008/s0" "dial_training small/SR_3/lr0.008/s20" "dial_training small/A_3/lr0.008/s20"; do
-  for F in 1 0; do LPFAIL_FUSED_ROUNDING=$F timeout 100 python3 /tmp/sr_time.py $R 2>&1 | tail -1; done
+  for F in 1 0; do LPFAIL_FUSED_ROUNDING=$F timeout 90 python3 /tmp/sr_time.py $R 2>&1 | tail -1; done
 done | tee $OUT/f/timing.txt
 cat > /tmp/sr_rerun.py <<'PY'
 import json, sys
@@ -39,8 +39,31 @@ rows = rerun.execute(items, Path("/tmp/lpfail_sr_rerun"), 230, len(items))
 Path(sys.argv[1]).write_text(json.dumps({"machine": machine_info(), "rows": rows}, indent=1) + "\n")
 print("\n".join(f"{r['key']}: {rerun.word(r)}" for r in rows))
 PY
+if [ -n "${START_DRIVER:-}" ]; then  # issue 38's driver now, the checks below beside it (see call23.sh)
+  python3 - $OUT/f/timing.txt > $OUT/f/decision.txt <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+by = {}
+for r in rows: by.setdefault(r["run"], {})[r["fused"]] = r
+same = [k for k, v in by.items() if "1" in v and "0" in v and v["1"]["last_losses"] == v["0"]["last_losses"]]
+ok = len(same) == 3
+big = by.get("lr_sweep large/A_sr/lr0.008/s0".split()[1], {})
+ratio = big["1"]["seconds_120_steps"] / big["0"]["seconds_120_steps"] if len(big) == 2 else None
+print(json.dumps({"fused_ok": ok, "pairs_equal": same, "large_asr_ratio": ratio}))
+PY
+  cat $OUT/f/decision.txt
+  grep -q '"fused_ok": true' $OUT/f/decision.txt || export LPFAIL_FUSED_ROUNDING=0
+  mkdir -p $OUT/a
+  LPFAIL_SWEEP_PARALLEL=${PARALLEL:-8} bash tools/gpu.sh start lr_sweep --budget ${BUDGET:-1200} > $OUT/a/start.log 2>&1
+  echo "start rc $? (lr_sweep, ${PARALLEL:-8} at a time, fused ${LPFAIL_FUSED_ROUNDING:-1})" >> $OUT/a/start.log
+  tail -3 $OUT/a/start.log
+fi
 ( timeout 280 python3 /tmp/sr_rerun.py $OUT/f/sr_rerun.json > $OUT/f/sr_rerun.log 2>&1; echo "rc $?" >> $OUT/f/sr_rerun.log ) &
 timeout 280 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE tests/test_sr_stream.py > $OUT/f/tests.log 2>&1; echo "tests rc $?"
 tail -4 $OUT/f/tests.log
 wait
 echo "== reruns"; grep -v "^\[" $OUT/f/sr_rerun.log | tail -20
+if [ -n "${START_DRIVER:-}" ]; then
+  W=$(( 570 - SECONDS )); [ $W -gt 30 ] || W=30
+  bash tools/gpu.sh wait lr_sweep --wait $W 2>&1 | tail -6
+fi
