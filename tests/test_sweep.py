@@ -507,28 +507,30 @@ def test_collect_records_what_a_rerun_of_retired_runs_changed(tmp_path):
         "stats": {"analysis/claims/H2": {"estimate": 0.25, "ci": [0.0, 1.0], "verdict": "inconclusive"}}}
 
 
-def test_the_stored_a_sr_runs_left_to_train_are_read_as_retired():
-    """lr_sweep's 16 large A_sr runs not yet trained again (2026-12-07) are listed as still to train, and until they
-    are, the grid reads every A_sr run from the retired stream (its stored result re-collects from them,
-    test_stored_grid_result_recollects_identically); the confirmation grid's 60 have been retrained, and its result
-    records what that changed (`before_rerun`)."""
+def test_the_retrained_a_sr_runs_are_read_from_the_current_stream_and_recorded():
+    """Every A_sr run of lr_sweep and confirmation has been trained again on the run-owned stream (the last 16,
+    lr_sweep's large ones, on 2026-12-07): nothing is left to train, no run is read from the retired stream, and
+    each result records what the rerun changed (`before_rerun`). Each part's provenance counts the runs read from
+    it — a part of runs trained again holds no new key, and once counted 0."""
     lk = sweep.lookup(sweep.get("lr_sweep"))
-    left = {r.id for r in lk.missing}
-    assert len(left) == 16 and all(i.startswith("large/A_sr/") for i in left)
-    # one stream per grid: until the 16 are trained, all 36 A_sr runs are read from the retired stream
-    assert left < lk.retired and len(lk.retired) == 36 and all("/A_sr/" in i for i in lk.retired)
-    assert not sweep.lookup(sweep.get("lr_sweep"), retired_first=False).retired - left
+    assert not lk.missing and not lk.retired
+    assert len(lk.superseded) == 36 and all("/A_sr/" in i for i in lk.superseded)
     st = sweep.status(sweep.get("lr_sweep"))
-    assert (st["stored"], st["retired"], st["read_retired"]) == (182, 16, 36)
+    assert (st["stored"], st["retired"], st["read_retired"]) == (198, 0, 0)
+    assert sum(p["runs"] for p in lk.parts) == 198
+    newest = max(lk.parts, key=lambda p: p["created"])
+    assert newest["runs"] == 16 and all(k.startswith("large/A_sr/") for k in newest["keys"])
     from lpfail.sweep import cli
 
     states = [ln.split("\t")[3] for ln in cli._plan(sweep.get("lr_sweep")).splitlines()]
-    assert (states.count("retired"), states.count("stored, read retired"), states.count("stored")) == (16, 20, 162)
-    conf = sweep.lookup(sweep.get("confirmation"))
-    assert not conf.retired and not conf.missing
-    before = results.load("confirmation")["before_rerun"]
-    assert before["runs"] == 60 and before["groups"] == ["A_sr"]
-    assert before["stats"]["analysis/claims/H2"]["verdict"] == "inconclusive"
+    assert states.count("stored") == 198 and len(states) == 198
+    for name, n, before_h2 in (("lr_sweep", 36, "refuted"), ("confirmation", 60, "inconclusive")):
+        grid = sweep.lookup(sweep.get(name))
+        assert not grid.retired and not grid.missing
+        before = results.load(name)["before_rerun"]
+        assert before["runs"] == n and before["groups"] == ["A_sr"]
+        h2 = [v for k, v in before["stats"].items() if k.endswith("/H2")]
+        assert [v["verdict"] for v in h2] == [before_h2]
 
 
 class _Ended:

@@ -164,7 +164,8 @@ def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = N
         found_all.append((r, current, former))
     if retired_first is None:
         retired_first = any(current is None and former is not None for _, current, former in found_all)
-    have, missing, retired, used = {}, [], set(), {f: set() for f in stores}
+    have, missing, retired = {}, [], set()
+    used: dict[str, dict[str, list[str]]] = {f: {} for f in stores}  # folder → part file → the keys read from it
     for r, current, former in found_all:
         if current is None:
             missing.append(r)
@@ -174,8 +175,10 @@ def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = N
         if found is former:
             retired.add(r.id)
         have[r.id] = found[1]
-        used[r.store.folder].add(found[0])
-    parts = [m for f in stores for m in loaded[f][1] if m["file"] in used[f]]
+        used[r.store.folder].setdefault(found[0], []).append(r.key)
+    # each part's provenance counts the runs read from it (a part of runs trained again holds no new key)
+    parts = [m | {"runs": len(used[f][m["file"]]), "keys": sorted(used[f][m["file"]])}
+             for f in stores for m in loaded[f][1] if m["file"] in used[f]]
     superseded = {r.id for r, current, former in found_all if current is not None and former is not None}
     return Lookup(have, missing, parts, runs, retired, superseded)
 
