@@ -185,3 +185,19 @@ def test_the_long_horizon_is_drawn_and_said_only_once_runs_are_stored():
     part = R.long_words(_long_result(seeds=2))
     assert "against C" not in part and "A_3: 2 seeds, 0 failed, tied-row δ error positive over the run in 2 of 2" in part
     R.plt.close("all")
+
+
+def test_the_long_horizon_says_how_many_runs_it_has_and_where_its_diagnostics_stop():
+    assert R.long_facts(_long_result(seeds=0))["long_status"].startswith("None of the ")
+    assert R.long_facts(None) == {"long_status": "No long run is stored yet.", "long_last_diag": "none"}
+    part = R.long_facts(_long_result(seeds=2))
+    n, planned = 2 * 3, 5 * 5  # the fixture stores three of the five arms
+    assert part["long_status"].startswith(f"{n} of the {planned} long runs are stored so far")
+    assert "H11 is described once every arm has its five" in part["long_status"]
+    full = _long_result()
+    full["long_stored"] = np.ones_like(full["long_stored"])
+    assert R.long_facts(full)["long_status"] == f"All {planned} long runs are stored."
+    res = _long_result()
+    res["long_wq"][..., -1] = np.nan  # no record at the last step: the diagnostics stop one interval before
+    step = int(R._long(res)[2][-2])
+    assert R.long_facts(res)["long_last_diag"] == f"{step:,}"

@@ -797,3 +797,23 @@ def test_a_rerun_is_shown_before_and_after_on_the_claim():
     assert ("H2 before → after: +0.047 [+0.018, +0.075], Holm p 0.096, inconclusive → +0.060 [+0.030, +0.090], "
             "Holm p 0.012, refuted.") in text
     assert rerun_text(res, "H3") == ""
+
+
+def test_the_stored_c0_bias_row_records_both_reruns():
+    """On the stored results, C0-bias says what each retraining of its A_sr runs changed: the confirmation grid's
+    60 (which decide it) in its evidence, lr_sweep's 36 (the old criterion beside it) in the old criterion's."""
+    from lpfail import results
+    from lpfail.book import training_claims as TC
+
+    def load(name):
+        try:
+            return results.load(name)
+        except results.ResultError:
+            return None
+
+    if load("confirmation") is None or load("lr_sweep") is None:
+        pytest.skip("the training results are not stored in this checkout")
+    row = next(v for v in TC.claims(load, set()) if v.claim == "C0-bias")
+    assert "The 60 stochastic-rounding runs (A_sr) behind it were trained again" in row.evidence
+    assert "The 36 stochastic-rounding runs (A_sr) behind it were trained again" in row.old
+    assert "H2 before → after" in row.old and "could not be repeated" in row.old

@@ -7,6 +7,7 @@ that is missing makes its sentence say so.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 
 import matplotlib.pyplot as plt
@@ -453,6 +454,25 @@ def _long(res: Mapping) -> tuple[list[str], np.ndarray, np.ndarray] | None:
     return arms, np.asarray(res["long_stored"], dtype=bool), np.arange(n) * (D.LONG_STEPS // (n - 1))
 
 
+def long_facts(res: Mapping | None) -> dict[str, str]:
+    """The long horizon's state for a page: ``long_status`` (how many of its runs are stored, in a sentence) and
+    ``long_last_diag`` (the last step with diagnostics in any stored run: a run records them every
+    `long_diag_every` steps before its last step, so ‖W_Q‖ and δ stop one interval before the held-out loss)."""
+    got = _long(res or {})
+    planned = int(np.asarray((res or {}).get("long_stored", np.zeros(0))).size)
+    if got is None:
+        return {"long_status": f"None of the {planned} long runs is stored yet." if planned else
+                "No long run is stored yet.", "long_last_diag": "none"}
+    arms, stored, steps = got
+    n = int(stored.sum())
+    status = (f"All {planned} long runs are stored." if n == planned else
+              f"{n} of the {planned} long runs are stored so far; the legend counts the seeds behind each line, and "
+              "H11 is described once every arm has its five.")
+    seen = np.isfinite(np.asarray(res["long_wq"], dtype=np.float64))[stored].any(axis=0)
+    return {"long_status": status, "long_last_diag": f"{int(steps[np.flatnonzero(seen)[-1]]):,}" if seen.any()
+            else "none"}
+
+
 def long_figure(res: Mapping) -> plt.Figure | None:
     """The long horizon (stored `dial_training`): per arm, against the step, the held-out loss, the largest ‖W_Q‖
     of any head and the running sum over checkpoints of the δ error on rows with a tied maximum (Σ over layers
@@ -468,8 +488,9 @@ def long_figure(res: Mapping) -> plt.Figure | None:
     panels = (("held-out loss (nats)", np.asarray(res["long_val_curve"], dtype=np.float64)),
               ("largest ‖W_Q‖ of a head", np.asarray(res["long_wq"], dtype=np.float64)),
               ("running Σ of the δ error on tied rows", np.where(have_dd, np.cumsum(dd, axis=-1), np.nan)))
-    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(3.4 * len(panels) + 2.6, 3.3),
-                             gridspec_kw={"width_ratios": [3.4] * len(panels) + [2.6]})
+    # two by two (three panels and the legend): readable at column width and at 400 px
+    fig, grid = plt.subplots(2, 2, figsize=(7.2, 5.6))
+    axes = grid.ravel()
     handles, labels = [], []
     for ax, (title, y) in zip(axes[:-1], panels):
         for i, arm in enumerate(arms):
@@ -478,7 +499,10 @@ def long_figure(res: Mapping) -> plt.Figure | None:
                 continue
             for r in rows:
                 ax.plot(steps, r, color=plots.color(arm), lw=0.6, alpha=0.35)
-            (h,) = ax.plot(steps, np.nanmean(rows, axis=0), color=plots.color(arm), lw=1.8)
+            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a step no seed recorded: no point there
+                mean = np.nanmean(rows, axis=0)
+            (h,) = ax.plot(steps, mean, color=plots.color(arm), lw=1.8)
             label = f"{arm} ({int(stored[i].sum())} seeds)"
             if label not in labels:
                 handles.append(h)

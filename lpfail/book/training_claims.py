@@ -475,6 +475,8 @@ def claims(load, stored) -> list[Verdict]:
         sr = load_or_none(load, "sr_confound")
         bias = few_seeds(judge_bias_not_noise(lr, sr), lr)
         if confirmed(conf, "C0-bias"):
+            if lr_again := rerun_text(lr):  # the old criterion's own runs were trained again too
+                bias = dataclasses.replace(bias, evidence=f"{bias.evidence} {lr_again}")
             extra = (confound_text(sr), retired_text(), rerun_text(conf))
             bias = judge_confirmed(conf, bias, "C0-bias", " ".join(filter(None, extra)))
         elif retired := retired_text("lr_sweep") or rerun_text(lr):
