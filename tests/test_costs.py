@@ -245,3 +245,28 @@ def test_quick_table_reads_the_measured_times_and_names_what_is_missing(tmp_path
     row = next(r for r in C.quick_rows(tmp_path) if r["grid"] == "symptom")
     line = C.quick_table([row]).splitlines()[-1]
     assert "12.0 s on an H200, 2026-12-02; outside" in line and "not recorded" in line and "None" not in line
+
+
+def test_the_rerun_check_is_tabled_per_grid_with_its_cards_and_said_in_a_sentence():
+    from lpfail.results import Result
+
+    def row(grid, word, card="NVIDIA H100 80GB HBM3", here="NVIDIA H100 80GB HBM3"):
+        base = {"grid": grid, "key": "k", "run_hash": "h", "card": card, "rerun_card": here}
+        return base | {"bit-identical": {"equal": True, "same_so_far": True, "state": "done"},
+                       "different": {"equal": False, "same_so_far": False, "state": "done"},
+                       "cut off": {"equal": False, "same_so_far": True, "state": "stopped"},
+                       "failed": {"equal": False, "state": "failed"},
+                       "pending": {"equal": False, "state": "pending", "rerun_card": None}}[word]
+
+    rows = [row("dial_training", "bit-identical"), row("dial_training", "different"),
+            row("symptom", "pending", card="NVIDIA H200"), row("confirmation", "cut off"),
+            row("confirmation", "bit-identical", card="", here=None)]
+    res = Result({"rows": rows}, {"device": "NVIDIA H200"})
+    table = C.rerun_rows(res)
+    assert table[0] == ("`dial_training`", 2, 1, 1, 0, 0, 0, "H100 80GB HBM3", "H100 80GB HBM3")
+    assert table[1] == ("`symptom`", 1, 0, 0, 0, 0, 1, "H200", "—")  # pending: not rerun anywhere yet
+    assert table[2][-2:] == ("H100 80GB HBM3", "H100 80GB HBM3, H200")  # an older row: the check's own device
+    words = C.rerun_words(res)
+    assert words.startswith("Of the 5 runs checked, 2 came out bit-identical and 1 different; 1 were cut off")
+    assert words.endswith("1 wait for a machine with the card they were trained on (H200).")
+    assert "| grid | runs |" in C.rerun_table(res)

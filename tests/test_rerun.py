@@ -1,4 +1,6 @@
 """The rerun check (lpfail.sweep.rerun): which stored runs it reruns and how it compares them."""
+import dataclasses
+
 import numpy as np
 
 from lpfail.sweep import rerun
@@ -75,3 +77,34 @@ def test_the_plan_covers_every_stored_variant_and_size_of_every_grid_once():
     assert all(isinstance(i.run, Run) for i in items)
     heads = [i for i in items if i.run.group == "heads_top"]
     assert heads and heads[0].uncaptured  # its part records a call without CUDA-graph capture
+
+
+def test_a_run_is_checked_only_on_its_own_kind_of_card():
+    assert rerun.same_card("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3")
+    assert not rerun.same_card("NVIDIA H200", "NVIDIA H100 80GB HBM3")
+    assert rerun.same_card("", "NVIDIA H200")  # no card recorded: anywhere
+    items = rerun.plan(grids=("dial_training", "substitution"))
+    cards = {i.card for i in items}
+    assert "NVIDIA H100 80GB HBM3" in cards and "NVIDIA H200" in cards  # the parts' devices, per run
+
+
+def test_the_check_builds_up_across_cards_and_calls():
+    from lpfail.experiments import rerun_check as RC
+
+    a, b, c = (dataclasses.replace(_item(300), card=card) for card in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", ""))
+    b = dataclasses.replace(b, run=get("lr_sweep").runs()[1])
+    c = dataclasses.replace(c, run=get("lr_sweep").runs()[2])
+    old = {"key": a.run.key, "run_hash": a.run.hash, "equal": True, "same_so_far": True, "state": "done"}
+    cut = {"key": c.run.key, "run_hash": c.run.hash, "equal": False, "same_so_far": True, "state": "stopped"}
+    done = RC.finished([old, cut])
+    assert list(done) == [(a.run.key, a.run.hash)]  # a cut-off row is run again
+    new = [{"key": c.run.key, "run_hash": c.run.hash, "equal": True, "same_so_far": True, "state": "done",
+            "card": "", "rerun_card": "NVIDIA H200"}]
+    rows = RC.merge([a, b, c], done, new, "NVIDIA H200")
+    assert rows[0]["card"] == rows[0]["rerun_card"] == "NVIDIA H200" and rerun.word(rows[0]) == "bit-identical"
+    assert rerun.word(rows[1]) == "pending" and rows[1]["card"] == "NVIDIA H100 80GB HBM3"
+    assert rows[2] is new[0]
+    out = RC.summary(rows)
+    assert (out["n_runs"], out["n_equal"], out["all_equal"], out["n_pending"]) == (3, 2, False, 1)
+    assert out["pending_cards"] == ["NVIDIA H100 80GB HBM3"]
+    assert RC.finished(rows).keys() == {(a.run.key, a.run.hash), (c.run.key, c.run.hash)}

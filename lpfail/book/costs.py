@@ -394,3 +394,48 @@ def quick_table(rows: list[dict]) -> str:
             t = "not yet measured on an H200"
         body.append([f"`{r['grid']}`", r["headline"], f"{r['runs']}", t])
     return md_table(["grid", "headline (one seed)", "runs", "measured time"], body)
+
+
+# -- the rerun check (appendix): do the stored runs come out again, bit for bit? -----------------------------------
+_RERUN_WORDS = ("bit-identical", "different", "cut off", "failed", "pending")
+
+
+def rerun_rows(res: Mapping) -> list[tuple]:
+    """Per grid of the stored ``rerun_check``: the runs checked, and how many of them each outcome
+    (`lpfail.sweep.rerun.word`), with the cards they were stored from and rerun on (a row of an older check, which
+    did not record it, was rerun on that check's device)."""
+    from lpfail.sweep import rerun
+
+    per: dict[str, dict] = {}
+    last = str((getattr(res, "meta", None) or {}).get("device") or "")  # an older check's rows name no card: its own
+    for r in res["rows"]:
+        g = per.setdefault(r["grid"], {"n": 0, "cards": set(), "here": set(), **{w: 0 for w in _RERUN_WORDS}})
+        g["n"] += 1
+        g[rerun.word(r)] += 1
+        if r.get("card"):
+            g["cards"].add(short_device(r["card"]))
+        if rerun.word(r) != "pending" and (r.get("rerun_card") or last):
+            g["here"].add(short_device(r.get("rerun_card") or last))
+    return [(f"`{name}`", g["n"], *(g[w] for w in _RERUN_WORDS), ", ".join(sorted(g["cards"])) or "not recorded",
+             ", ".join(sorted(g["here"])) or "—") for name, g in per.items()]
+
+
+def rerun_table(res: Mapping) -> str:
+    return markdown_table(("grid", "runs", "bit-identical", "different", "cut off", "failed", "pending",
+                           "stored on", "rerun on"), rerun_rows(res))
+
+
+def rerun_words(res: Mapping) -> str:
+    """The rerun check in a sentence: its counts over every row, and the cards the pending rows wait for."""
+    from lpfail.sweep import rerun
+
+    words = [rerun.word(r) for r in res["rows"]]
+    n = {w: words.count(w) for w in _RERUN_WORDS}
+    text = (f"Of the {len(words)} runs checked, {n['bit-identical']} came out bit-identical and {n['different']} "
+            f"different")
+    if n["cut off"] or n["failed"]:
+        text += f"; {n['cut off']} were cut off by the call's budget and {n['failed']} failed (run again next time)"
+    if n["pending"]:
+        cards = sorted({short_device(r.get("card") or "?") for r in res["rows"] if rerun.word(r) == "pending"})
+        text += f"; {n['pending']} wait for a machine with the card they were trained on ({', '.join(cards)})"
+    return text + "."

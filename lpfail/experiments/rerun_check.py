@@ -9,7 +9,9 @@ MPS); the stored runs are read from the repository's results cache. The check bu
 stored rerun_check already holds a finished row for (same key and TrainConfig hash; bit-identical or different) are
 not rerun, their rows are kept; a run cut off by the budget or failed, and a grid whose runs are stored later (e.g.
 after a change of its arithmetic), are checked by running it again. A run whose part records that it was trained
-without CUDA-graph capture is rerun without it.
+without CUDA-graph capture is rerun without it. A run is checked only on the kind of card it was trained on (its
+part's device: runs repeat bit for bit on their own kind, not across kinds); the others wait as "pending" rows for a
+machine of their kind, so a check of every row may take one call on each kind of card.
 """
 from __future__ import annotations
 
@@ -33,17 +35,47 @@ class RerunCheckConfig:
                     description="one stored run per variant and size of every grid, rerun and compared bit for bit (GPU)")
 def rerun_check(cfg: RerunCheckConfig) -> dict:
     """Keys: ``rows`` [{grid, key, group, size, stop_at, state, units, done, same_so_far, equal, first_diff_step,
-    word, ...}] (`lpfail.sweep.rerun.compare`), ``n_runs``, ``n_equal``, ``all_equal``."""
+    word, card, rerun_card, ...}] (`lpfail.sweep.rerun.compare`), ``n_runs``, ``n_equal``, ``all_equal``,
+    ``n_pending`` and ``pending_cards`` (rows waiting for their kind of card)."""
     repo = results.REPO_ROOT / "results"
     items = rerun.plan(cfg.stop_at, cfg.full, directory=repo)
     try:
-        done = {(r["key"], r["run_hash"]): r for r in results.load("rerun_check", cfg, directory=repo)["rows"]
-                if rerun.word(r) in ("bit-identical", "different")}  # cut off or failed: run again
+        before = results.load("rerun_check", cfg, directory=repo)
+        done, where = finished(before["rows"]), str(before.meta.get("device") or "")
     except results.ResultError:
-        done = {}
-    todo = [it for it in items if (it.run.key, it.run.hash) not in done]
-    new = rerun.execute(todo, Path(cfg.root), cfg.budget_s, cfg.parallel)
+        done, where = {}, ""
+    here = rerun.card_name()
+    todo = [it for it in items if (it.run.key, it.run.hash) not in done and rerun.same_card(it.card, here)]
+    new = rerun.execute(todo, Path(cfg.root), cfg.budget_s, cfg.parallel) if todo else []
+    return summary(merge(items, done, new, where))
+
+
+def finished(rows: list[dict]) -> dict[tuple[str, str], dict]:
+    """The rows of an earlier check that need no rerun, by (key, run hash): bit-identical or different (a run cut
+    off, failed or pending is run again)."""
+    return {(r["key"], r["run_hash"]): r for r in rows if rerun.word(r) in ("bit-identical", "different")}
+
+
+def merge(items: list, done: dict, new: list[dict], where: str) -> list[dict]:
+    """One row per planned item, in plan order: this call's row, else the earlier check's (its stored card and
+    the card it was rerun on filled in where an older check did not record them: ``where``, that check's device),
+    else a pending row (it needs its own kind of card)."""
     fresh = {(r["key"], r["run_hash"]): r for r in new}
-    rows = [fresh.get((it.run.key, it.run.hash)) or done[(it.run.key, it.run.hash)] for it in items]
+    rows = []
+    for it in items:
+        k = (it.run.key, it.run.hash)
+        if k in fresh:
+            rows.append(fresh[k])
+        elif k in done:
+            rows.append({"card": it.card, "rerun_card": where} | done[k])
+        else:
+            rows.append(rerun.pending_row(it))
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    """The result's counts over its rows: how many are bit-identical, and how many wait for their kind of card."""
     n_equal = sum(bool(r.get("equal")) for r in rows)
-    return {"rows": rows, "n_runs": len(rows), "n_equal": n_equal, "all_equal": n_equal == len(rows)}
+    pending = sorted({r.get("card") or "?" for r in rows if rerun.word(r) == "pending"})
+    return {"rows": rows, "n_runs": len(rows), "n_equal": n_equal, "all_equal": n_equal == len(rows),
+            "n_pending": sum(rerun.word(r) == "pending" for r in rows), "pending_cards": pending}

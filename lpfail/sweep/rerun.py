@@ -35,6 +35,7 @@ class Item:
     stop_at: int | None  # None: trained to the end
     curve_points: int
     uncaptured: bool = False  # the stored run was trained without CUDA-graph capture (its part says so): so is the rerun
+    card: str = ""  # the GPU the stored run was trained on (its part's device): a run repeats bit for bit on its own kind
 
     @property
     def label(self) -> str:
@@ -62,7 +63,8 @@ def plan(stop_at: int = 300, full: tuple[str, ...] = (), grids: tuple[str, ...] 
             part = next((m for m in lk.parts if r.key in m["keys"]), {})
             off = part.get("uncaptured") or []
             items.append(Item(name, r, lk.have[r.id], None if r.key in full else min(stop_at, r.config.max_steps),
-                              getattr(grid, "curve_points", 100), "*" in off or r.group in off))
+                              getattr(grid, "curve_points", 100), "*" in off or r.group in off,
+                              str(part.get("device") or "")))
     return items
 
 
@@ -121,9 +123,24 @@ def compare(item: Item, rerun: dict, val: dict | None = None) -> dict:
     return out
 
 
+def same_card(stored: str, here: str) -> bool:
+    """Whether a run stored from card ``stored`` can be checked on card ``here``: the same kind of GPU (names as
+    torch or nvidia-smi give them, e.g. "NVIDIA H100 80GB HBM3"); a run whose card is not recorded, anywhere."""
+    return not stored or stored.strip().lower() == here.strip().lower()
+
+
+def pending_row(item: Item) -> dict:
+    """The row of a run not checked yet because it needs its own kind of card (`same_card`)."""
+    return {"grid": item.grid, "key": item.run.key, "run_hash": item.run.hash, "group": item.run.group,
+            "size": f"{item.run.config.n_layer}x{item.run.config.n_embd}", "stop_at": item.stop_at,
+            "state": "pending", "card": item.card, "equal": False, "word": "pending"}
+
+
 def word(row: dict) -> str:
     """A row's outcome in words: bit-identical, different (from step s), cut off (bit-identical over the part it
-    ran), or failed."""
+    ran), failed, or pending (not run yet: it needs the kind of card it was stored from)."""
+    if row.get("state") == "pending":
+        return "pending"
     if row.get("error") or row.get("state") == "failed":
         return "failed"
     if row.get("same_so_far") is False:
@@ -131,6 +148,13 @@ def word(row: dict) -> str:
     if row.get("equal"):
         return "bit-identical"
     return "cut off"
+
+
+def card_name() -> str:
+    """This machine's GPU as torch names it ('' without CUDA)."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
 
 
 def _cost(item: Item) -> float:
@@ -146,6 +170,7 @@ def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None
 
     root = Path(root)
     gpus = driver.gpu_ids()
+    here = card_name()
     specs = []
     for it in items:
         tc = it.run.at(root / run_dir_name(it.run))
@@ -162,7 +187,8 @@ def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None
         st = status[spec.name]
         row = {"grid": it.grid, "key": it.run.key, "run_hash": it.run.hash, "group": it.run.group,
                "uncaptured": it.uncaptured, "size": f"{it.run.config.n_layer}x"
-               f"{it.run.config.n_embd}", "stop_at": it.stop_at, "state": st["state"], "wall_s": st["wall_s"]}
+               f"{it.run.config.n_embd}", "stop_at": it.stop_at, "state": st["state"], "wall_s": st["wall_s"],
+               "card": it.card, "rerun_card": here}
         try:
             val = read_val(spec.dir) if it.stop_at is None else None
             row.update(compare(it, rerun_series(spec.dir, it),

@@ -15,5 +15,5 @@ rc=$?; echo "smoke rc $rc"; tail -3 $OUT/a/smoke.log
 # driver had already started 12)
 LPFAIL_SWEEP_PARALLEL=${PARALLEL:-13} bash tools/gpu.sh start dial_training --budget ${BUDGET:-1300} > $OUT/a/start.log 2>&1
 echo "start rc $? (${PARALLEL:-13} at a time)" >> $OUT/a/start.log; tail -4 $OUT/a/start.log
-W=$(( 570 - SECONDS )); [ $W -gt 30 ] || W=30
+W=$(( ${CALL_LEFT:-570} - SECONDS )); [ $W -gt 30 ] || W=30  # CALL_LEFT: a caller that spent part of the call
 bash tools/gpu.sh wait dial_training --wait $W 2>&1 | tail -8
