@@ -212,11 +212,11 @@ def test_the_chapter_says_h11_only_once_every_long_run_is_stored():
             res[k][i] = res[k][0]
     res["analysis"] = {"H11": R.D.long_summary(res)}
     text = R.long_brief(res)
-    assert text.startswith("Over 10,000 steps at 8e-3 (5 seeds, descriptive), final held-out loss minus C's: "
-                           "A +0.00 [+0.00, +0.00]; A_3 +0.10 [+0.10, +0.10]; SR_3 +0.02 [+0.02, +0.02]")
+    assert text.startswith("Over 10,000 steps at 8e-3 (H11, 5 seeds, descriptive), held-out loss minus C's: "
+                           "A_3 +0.10 [+0.10, +0.10]; SR_3 +0.02 [+0.02, +0.02]; SR_4 +0.00 [+0.00, +0.00].")
     # SR_3 ends 0.02 above C in every seed: the unbiased arm is harmed too
-    assert text.endswith("A_3 is harmed, and so is SR_3, which carries no bias: over the long horizon precision "
-                         "costs too, not the bias alone.")
+    assert text.endswith("A_3 is harmed, and so is SR_3, which carries no bias: precision costs too, not the bias "
+                         "alone.")
     res["long_val_final"][3] = res["long_val_final"][0]
     res["analysis"] = {"H11": R.D.long_summary(res)}
     assert R.long_brief(res).endswith("the pattern the paper's account predicts.")

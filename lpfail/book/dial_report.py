@@ -564,9 +564,9 @@ def long_brief(res: Mapping | None) -> str:
         num = f"{row['minus_c']:+.2f} [{row['ci'][0]:+.2f}, {row['ci'][1]:+.2f}]" if "minus_c" in row else "—"
         return f"{arm} {num}{fail}"
 
-    arms = [a for a in got[0] if a != "C"]
+    arms = [a for a in ("A_3", "SR_3", "SR_4") if a in got[0]]  # H11's arms (A, the 7-bit one, is in the lab's words)
     n = int(got[1].shape[1])
-    head = (f"Over 10,000 steps at 8e-3 ({n} seeds, descriptive), final held-out loss minus C's: "
+    head = (f"Over 10,000 steps at 8e-3 (H11, {n} seeds, descriptive), held-out loss minus C's: "
             + "; ".join(said(a) for a in arms) + (f"; C {h11['C']['failed']} failed" if (h11.get("C") or {}).get(
                 "failed") else "") + ".")
     unbiased_bad = [a for a in ("SR_3", "SR_4") if a in arms and bad(a)] + (["C"] if bad("C") else [])
@@ -575,8 +575,7 @@ def long_brief(res: Mapping | None) -> str:
     elif unbiased_bad:
         one = len(unbiased_bad) == 1
         tail = (f"A_3 is harmed, and so {'is' if one else 'are'} {listing(unbiased_bad)}, which "
-                f"{'carries' if one else 'carry'} no bias: over the long horizon precision costs too, not the bias "
-                "alone.")
+                f"{'carries' if one else 'carry'} no bias: precision costs too, not the bias alone.")
     else:
         tail = "A_3 is harmed while the unbiased arms are not: the pattern the paper's account predicts."
     return f"{head} {tail}"
