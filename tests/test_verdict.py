@@ -817,3 +817,29 @@ def test_the_stored_c0_bias_row_records_both_reruns():
     assert "The 60 stochastic-rounding runs (A_sr) behind it were trained again" in row.evidence
     assert "The 36 stochastic-rounding runs (A_sr) behind it were trained again" in row.old
     assert "H2 before → after" in row.old and "could not be repeated" in row.old
+
+
+def test_the_dial_claim_says_h11_beside_its_verdict_once_every_long_run_is_stored():
+    from lpfail.book import training_claims as TC
+    from lpfail.experiments import dial_training as D
+
+    rng = np.random.default_rng(4)
+    n_v, n_l, n_s = len(D.ARMS), len(D.LRS), len(D.SEEDS)
+    res = {"small_variants": np.array(D.ARMS), "small_lrs": np.array(D.LRS), "small_seeds": np.array(D.SEEDS),
+           "small_val_final": 1.5 + 0.01 * rng.standard_normal((n_v, n_l, n_s)),
+           "small_val_init": np.full((n_v, n_l, n_s), 5.5), "small_stored": np.ones((n_v, n_l, n_s), bool),
+           "runs_stored": 265, "runs_planned": 265}
+    long = D.long_arrays(D.DialConfig(), {})
+    shape = long["long_stored"].shape
+    long["long_stored"][:] = True
+    long["long_val_init"][:] = 5.5
+    long["long_val_final"][:] = 1.0 + 0.01 * rng.standard_normal(shape)
+    long["long_val_final"][list(D.LONG_ARMS).index("A_3")] += 0.5
+    res.update(long)
+    res["analysis"] = D.analyse(res)
+    ev = TC.judge_dial(res).evidence
+    assert "Over 10,000 steps at 8e-3 (H11, 5 seeds, descriptive)" in ev
+    assert "the pattern the paper's account predicts" in ev and ev.index("H11") < ev.index("See {doc}")
+    res["long_stored"][0, 0] = False  # one long run short: no H11 sentence yet
+    res["analysis"] = D.analyse(res)
+    assert "(H11, " not in TC.judge_dial(res).evidence

@@ -527,8 +527,10 @@ def judge_dial(dial: Mapping | None) -> Verdict:
     h8 = dial_report.h8_rows(dial)
     rows = "; ".join(f"{dial_report.row_label('H8', k)} = {r['estimate']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}], "
                      f"Holm p {r['p_adjusted']:.2g}: {r['verdict']}" for k, r in h8.items())
+    long = dial_report.long_brief(dial)  # H11 beside the verdict (descriptive: it does not decide it)
     return Verdict("C0-dial", DIAL_STATEMENT, word,
-                   f"H8 on ten paired seeds: {rows}. See {{doc}}`01_symptom`; {provenance_line(dial)}.", DIAL_RULE,
+                   f"H8 on ten paired seeds: {rows}.{' ' + long if long else ''} See {{doc}}`01_symptom`; "
+                   f"{provenance_line(dial)}.", DIAL_RULE,
                    DIAL_DIFFERS, seeds=len(D.SEEDS), test=DIAL_TEST, proxy=prox, family=D.FAMILIES["H8"],
                    headline=dial_report.family_summary("H8", h8))
 
