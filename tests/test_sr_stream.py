@@ -391,8 +391,17 @@ def test_the_fused_kernel_gives_the_same_bits_on_the_card_eager_and_captured(shi
 @pytest.mark.gpu
 def test_an_sr_run_is_the_same_with_and_without_the_fused_kernel(monkeypatch):
     """A captured stochastic-rounding training run on the card gives the same losses with the fused kernels and
-    with the PyTorch path (LPFAIL_FUSED_ROUNDING=0)."""
+    with the PyTorch path (LPFAIL_FUSED_ROUNDING=0), and the first does launch them (in its eager warm-up steps and
+    while its step is captured: replays launch them without Python), the second never."""
+    from lpfail import fused
+
+    calls = []
+    real = fused.launch
+    # the training tensors, not the check's (check_tensor: one dimension)
+    monkeypatch.setattr(fused, "launch", lambda *a, **k: calls.append(a[1].dim() > 1) or real(*a, **k))
     a = _train(max_steps=8, cuda_graph=True)
+    n_fused = sum(calls)
     monkeypatch.setenv("LPFAIL_FUSED_ROUNDING", "0")
     b = _train(max_steps=8, cuda_graph=True)
     assert np.array_equal(a.losses, b.losses) and np.array_equal(a.grad_norms, b.grad_norms)
+    assert n_fused > 0 and sum(calls) == n_fused  # the fused run took the kernels; the other did not

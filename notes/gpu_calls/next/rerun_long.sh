@@ -12,6 +12,10 @@ set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 LPFAIL_CPU_PINS=0 CUBLAS_WORKSPACE_CONFIG=:4096:8
 mkdir -p $OUT/r
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } > $OUT/r/rerun.log 2>&1
+# 0. Is the fused rounding kernel taken in a captured training run at all? (call 23 timed it no faster alone: either
+#    it is not the bottleneck there, or it is not used; the test now counts its launches), ≈ 30 s
+timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_sr_stream.py -k "with_and_without" >> $OUT/r/rerun.log 2>&1
+echo "fused-in-training test rc $?"
 LPFAIL_RESULTS_DIR=$OUT/r timeout 430 python3 -m lpfail run rerun_check >> $OUT/r/rerun.log 2>&1
 echo "rerun_check rc $? ($SECONDS s)"; grep -E "rerun check:|: different|: failed" $OUT/r/rerun.log | tail -12
 ls $OUT/r
