@@ -189,7 +189,8 @@ def test_the_long_horizon_is_drawn_and_said_only_once_runs_are_stored():
 
 def test_the_long_horizon_says_how_many_runs_it_has_and_where_its_diagnostics_stop():
     assert R.long_facts(_long_result(seeds=0))["long_status"].startswith("None of the ")
-    assert R.long_facts(None) == {"long_status": "No long run is stored yet.", "long_last_diag": "none"}
+    assert R.long_facts(None) == {"long_status": "No long run is stored yet.", "long_last_diag": "none",
+                                  "long_card": "no card yet", "long_when": "no run yet"}
     part = R.long_facts(_long_result(seeds=2))
     n, planned = 2 * 3, 5 * 5  # the fixture stores three of the five arms
     assert part["long_status"].startswith(f"{n} of the {planned} long runs are stored so far")
@@ -223,3 +224,15 @@ def test_the_chapter_says_h11_only_once_every_long_run_is_stored():
     res["long_val_final"][2] = res["long_val_final"][0]
     res["analysis"] = {"H11": R.D.long_summary(res)}
     assert R.long_brief(res).endswith("the amplified regime does not appear here.")
+
+
+def test_the_long_horizon_names_the_cards_and_days_of_the_parts_that_hold_long_runs():
+    res = _long_result(seeds=2)
+    res["parts"] = [{"file": "a", "device": "NVIDIA H200", "created": "2026-12-06T01:00", "long": 0},
+                    {"file": "b", "device": "NVIDIA H100 80GB HBM3", "created": "2026-12-07T09:34", "long": 12}]
+    f = R.long_facts(res)
+    assert (f["long_card"], f["long_when"]) == ("NVIDIA H100 80GB HBM3", "2026-12-07")
+    for p in res["parts"]:
+        del p["long"]  # an older result does not say which parts hold long runs: every part's
+    f = R.long_facts(res)
+    assert (f["long_card"], f["long_when"]) == ("NVIDIA H100 80GB HBM3 and NVIDIA H200", "2026-12-06 – 2026-12-07")

@@ -457,14 +457,21 @@ def _long(res: Mapping) -> tuple[list[str], np.ndarray, np.ndarray] | None:
 
 
 def long_facts(res: Mapping | None) -> dict[str, str]:
-    """The long horizon's state for a page: ``long_status`` (how many of its runs are stored, in a sentence) and
+    """The long horizon's state for a page: ``long_status`` (how many of its runs are stored, in a sentence),
     ``long_last_diag`` (the last step with diagnostics in any stored run: a run records them every
-    `long_diag_every` steps before its last step, so ‖W_Q‖ and δ stop one interval before the held-out loss)."""
+    `long_diag_every` steps before its last step, so ‖W_Q‖ and δ stop one interval before the held-out loss), and
+    ``long_card`` / ``long_when``: the cards and days of the parts that hold long runs (of every part where the
+    result does not say which hold them)."""
     got = _long(res or {})
     planned = int(np.asarray((res or {}).get("long_stored", np.zeros(0))).size)
+    parts = (res or {}).get("parts") or []
+    if any("long" in p for p in parts):
+        parts = [p for p in parts if p.get("long")]
+    where = cards({"parts": parts})
+    where = {"long_card": where["dial_card"], "long_when": where["dial_when"]}
     if got is None:
         return {"long_status": f"None of the {planned} long runs is stored yet." if planned else
-                "No long run is stored yet.", "long_last_diag": "none"}
+                "No long run is stored yet.", "long_last_diag": "none", **where}
     arms, stored, steps = got
     n = int(stored.sum())
     status = (f"All {planned} long runs are stored." if n == planned else
@@ -472,7 +479,7 @@ def long_facts(res: Mapping | None) -> dict[str, str]:
               "H11 is described once every arm has its five.")
     seen = np.isfinite(np.asarray(res["long_wq"], dtype=np.float64))[stored].any(axis=0)
     return {"long_status": status, "long_last_diag": f"{int(steps[np.flatnonzero(seen)[-1]]):,}" if seen.any()
-            else "none"}
+            else "none", **where}
 
 
 def long_figure(res: Mapping) -> plt.Figure | None:

@@ -204,7 +204,8 @@ class DialGrid(GridBase):
         out: dict = {"preregistered_on": PREREGISTERED_ON, "runs_planned": len(runs),
                      "runs_stored": sum(r.id in have for r in runs), "complete": all(r.id in have for r in runs),
                      "parts": [{k: m.get(k) for k in ("file", "device", "created", "git", "runs", "wall_s")}
-                               for m in parts],
+                               | {"long": sum(str(k).startswith("long/") for k in m.get("keys", ()))}
+                               for m in parts],  # "long": how many of the part's runs are long ones
                      "small_lrs": np.array(c.lrs), "small_seeds": np.array(c.seeds)}
         out.update(L.assemble_size(c, "small", c.variants, c.lrs, c.seeds, have))
         out.update(long_arrays(c, have))
