@@ -434,8 +434,10 @@ def rerun_words(res: Mapping) -> str:
     text = (f"Of the {len(words)} runs checked, {n['bit-identical']} came out bit-identical and {n['different']} "
             f"different")
     if n["cut off"] or n["failed"]:
-        text += f"; {n['cut off']} were cut off by the call's budget and {n['failed']} failed (run again next time)"
+        text += (f"; {n['cut off']} {'was' if n['cut off'] == 1 else 'were'} cut off by the call's budget and "
+                 f"{n['failed']} failed (run again next time)")
     if n["pending"]:
         cards = sorted({short_device(r.get("card") or "?") for r in res["rows"] if rerun.word(r) == "pending"})
-        text += f"; {n['pending']} wait for a machine with the card they were trained on ({', '.join(cards)})"
+        text += (f"; {n['pending']} {'waits' if n['pending'] == 1 else 'wait'} for a machine with the card "
+                 f"{'it was' if n['pending'] == 1 else 'they were'} trained on ({', '.join(cards)})")
     return text + "."
