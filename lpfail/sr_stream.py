@@ -124,6 +124,12 @@ class RoundingKey:
             s = s.to(device)
         return mix32(mix32((s & M32) ^ _B0) ^ ((s >> 32) & M32))
 
+    def _words(self, draw: int, part: int) -> tuple[int, int]:
+        """The key's two host-side words for (draw, part): `a`, mixed with each element's index first, and `t`,
+        mixed in last (`bits`, and the fused kernel's arguments)."""
+        a = fold((self.seed, len(self.site), *self.site, draw, part))
+        return a, mix32(a ^ _T0)
+
     def bits(self, shape, nbits: int, draw: int = 0, part: int = 0, device=None) -> torch.Tensor:
         """Uniform random integers in [0, 2^nbits), int64, of `shape`, on `device` (default: the step's, or the
         CPU): for nbits <= 32 the top nbits of one hash per element; up to 62 bits from two (parts 2·part and
@@ -138,8 +144,7 @@ class RoundingKey:
             hi = self.bits(shape, nbits - 32, draw, 2 * part + 1, device)
             lo = self.bits(shape, 32, draw, 2 * part, device)
             return (hi << 32) | lo
-        a = fold((self.seed, len(self.site), *self.site, draw, part))
-        t = mix32(a ^ _T0)
+        a, t = self._words(draw, part)
         n = math.prod(shape)
         idx = torch.arange(n, dtype=torch.int64, device=device)
         h = mix32((idx & M32) ^ a)
@@ -162,9 +167,8 @@ class RoundingKey:
     def _launch(self, kern, x: torch.Tensor, shift: int) -> torch.Tensor:
         from lpfail import fused
 
-        a = fold((self.seed, len(self.site), *self.site, 0, 0))
         step = self.step if isinstance(self.step, torch.Tensor) else torch.tensor(self.step, dtype=torch.int64)
-        return fused.launch(kern, x, shift, pre=(step.to(x.device),), post=(a, mix32(a ^ _T0)))
+        return fused.launch(kern, x, shift, pre=(step.to(x.device),), post=self._words(0, 0))
 
 
 def _compare(kern, device, shift: int) -> bool:

@@ -44,7 +44,7 @@ def rerun_check(cfg: RerunCheckConfig) -> dict:
         done, where = finished(before["rows"]), str(before.meta.get("device") or "")
     except results.ResultError:
         done, where = {}, ""
-    here = rerun.card_name()
+    here = results.device_name()
     todo = [it for it in items if (it.run.key, it.run.hash) not in done and rerun.same_card(it.card, here)]
     new = rerun.execute(todo, Path(cfg.root), cfg.budget_s, cfg.parallel) if todo else []
     return summary(merge(items, done, new, where))

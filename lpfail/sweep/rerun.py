@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lpfail import results
 from lpfail.sweep import driver
 from lpfail.sweep.grid import Run, get, lookup, names
 from lpfail.sweep.run import CUBLAS, parallel_default, run_dir_name
@@ -129,11 +130,17 @@ def same_card(stored: str, here: str) -> bool:
     return not stored or stored.strip().lower() == here.strip().lower()
 
 
+def _row(item: Item) -> dict:
+    """What every row of the check says of its run: which run it is, where it stops, and its stored card."""
+    c = item.run.config
+    return {"grid": item.grid, "key": item.run.key, "run_hash": item.run.hash, "group": item.run.group,
+            "uncaptured": item.uncaptured, "size": f"{c.n_layer}x{c.n_embd}", "stop_at": item.stop_at,
+            "card": item.card}
+
+
 def pending_row(item: Item) -> dict:
     """The row of a run not checked yet because it needs its own kind of card (`same_card`)."""
-    return {"grid": item.grid, "key": item.run.key, "run_hash": item.run.hash, "group": item.run.group,
-            "size": f"{item.run.config.n_layer}x{item.run.config.n_embd}", "stop_at": item.stop_at,
-            "state": "pending", "card": item.card, "equal": False, "word": "pending"}
+    return _row(item) | {"state": "pending", "equal": False, "word": "pending"}
 
 
 def word(row: dict) -> str:
@@ -150,13 +157,6 @@ def word(row: dict) -> str:
     return "cut off"
 
 
-def card_name() -> str:
-    """This machine's GPU as torch names it ('' without CUDA)."""
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
-
-
 def _cost(item: Item) -> float:
     """A run's relative cost: steps × layers × width² (the model's matmul work per token)."""
     c = item.run.config
@@ -170,7 +170,7 @@ def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None
 
     root = Path(root)
     gpus = driver.gpu_ids()
-    here = card_name()
+    here = results.device_name()
     specs = []
     for it in items:
         tc = it.run.at(root / run_dir_name(it.run))
@@ -185,10 +185,7 @@ def execute(items: list[Item], root: Path, budget_s: float, parallel: int | None
     rows = []
     for it, spec in zip(items, specs):
         st = status[spec.name]
-        row = {"grid": it.grid, "key": it.run.key, "run_hash": it.run.hash, "group": it.run.group,
-               "uncaptured": it.uncaptured, "size": f"{it.run.config.n_layer}x"
-               f"{it.run.config.n_embd}", "stop_at": it.stop_at, "state": st["state"], "wall_s": st["wall_s"],
-               "card": it.card, "rerun_card": here}
+        row = _row(it) | {"state": st["state"], "wall_s": st["wall_s"], "rerun_card": here}
         try:
             val = read_val(spec.dir) if it.stop_at is None else None
             row.update(compare(it, rerun_series(spec.dir, it),
