@@ -79,12 +79,11 @@ def status(dial: Mapping | None) -> str:
     devices = listing(cards_, none="no card")
     calls = (dial.get("analysis") or {}).get("calls") or {}
     if calls:
-        if n_long == n_long_planned and (brief := long_brief(dial)):
-            return f"All {stored - n_long} short runs are stored. {judged(calls)} {brief}"
-        long = ("every long run is stored" if n_long == n_long_planned else
-                f"the {n_long_planned} long runs (H11, descriptive) are still to run" if n_long == 0 else
-                f"{n_long_planned - n_long} of the {n_long_planned} long runs (H11, descriptive) are still to run")
-        return f"All {stored - n_long} short runs are stored. {judged(calls)} {sentence(long)}"
+        long = (long_brief(dial) if n_long == n_long_planned else "") or sentence(
+            "every long run is stored" if n_long == n_long_planned else
+            f"the {n_long_planned} long runs (H11, descriptive) are still to run" if n_long == 0 else
+            f"{n_long_planned - n_long} of the {n_long_planned} long runs (H11, descriptive) are still to run")
+        return f"All {stored - n_long} short runs are stored. {judged(calls)} {long}"
     have = np.asarray(dial["small_stored"], dtype=bool)  # (variants, lrs, seeds)
     lrs, seeds = [float(x) for x in dial["small_lrs"]], [int(s) for s in dial["small_seeds"]]
     where = []
@@ -508,7 +507,7 @@ def long_figure(res: Mapping) -> plt.Figure | None:
                 continue
             for r in rows:
                 ax.plot(steps, r, color=plots.color(arm), lw=0.6, alpha=0.35)
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a step no seed recorded: no point there
                 mean = np.nanmean(rows, axis=0)
             (h,) = ax.plot(steps, mean, color=plots.color(arm), lw=1.8)
