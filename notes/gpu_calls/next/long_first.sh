@@ -5,7 +5,7 @@
 #     bash notes/gpu_calls/next/long_first.sh
 # left = LEFT0 − (now − T0) (as if the machine's start counted in full); the driver's budget = left − 90 s (a collect
 # call after it); 13 at a time (≈ 850–950 s on an H100) where that budget allows, else 8 (the other 5 are started
-# after them and cut off by the budget: nothing lost but their time).
+# after them and cut off by the budget: nothing lost but their time). The rerun check goes beside them only at 13.
 set -u
 LEFT=$(( LEFT0 - ($(date +%s) - T0) )); B=$(( LEFT - 90 ))
 if [ $B -ge 1000 ]; then P=13; elif [ $B -ge 640 ]; then P=8; else P=5; fi
@@ -13,5 +13,10 @@ echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader); $(date -u); st
 PARALLEL=$P BUDGET=$B CALL_LEFT=60 bash notes/gpu_calls/next/long_start.sh || exit 1
 pgrep -f nvidia-cuda-mps-control >/dev/null && export CUDA_MPS_PIPE_DIRECTORY=/tmp/lpfail_mps \
   CUDA_MPS_LOG_DIRECTORY=/tmp/lpfail_mps_log && echo "rerun check under the driver's MPS server"
-LONG=0 bash notes/gpu_calls/next/rerun_long.sh
+if [ $P -eq 13 ]; then LONG=0 bash notes/gpu_calls/next/rerun_long.sh
+else  # a short lease: no rerun check beside the long runs (its 24 processes would slow them past the budget)
+  mkdir -p $OUT/r; PYTHONPATH=$PWD LPFAIL_CPU_PINS=0 CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 90 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_sr_stream.py -k "with_and_without" > $OUT/r/fused_test.log 2>&1
+  echo "fused-in-training test rc $?"; tail -2 $OUT/r/fused_test.log
+fi
 echo "call s $SECONDS"; tail -3 /tmp/lpfail_session/runs/driver.log 2>/dev/null
