@@ -2,6 +2,7 @@
 import dataclasses
 
 import numpy as np
+import pytest
 
 from lpfail.sweep import rerun
 from lpfail.sweep.grid import Run, get, lookup, names
@@ -108,3 +109,18 @@ def test_the_check_builds_up_across_cards_and_calls():
     assert (out["n_runs"], out["n_equal"], out["all_equal"], out["n_pending"]) == (3, 2, False, 1)
     assert out["pending_cards"] == ["NVIDIA H100 80GB HBM3"]
     assert RC.finished(rows).keys() == {(a.run.key, a.run.hash), (c.run.key, c.run.hash)}
+
+
+def test_a_short_lease_shortens_the_rerun_budget_without_changing_the_result_identity(monkeypatch):
+    from lpfail import results
+    from lpfail.experiments import rerun_check as RC
+
+    cfg = RC.RerunCheckConfig()
+    monkeypatch.delenv("LPFAIL_RERUN_BUDGET", raising=False)
+    assert RC.call_budget(cfg) == cfg.budget_s
+    monkeypatch.setenv("LPFAIL_RERUN_BUDGET", "150")
+    assert RC.call_budget(cfg) == 150.0 and results.config_hash(cfg) == results.config_hash(RC.RerunCheckConfig())
+    for bad in ("0", "-5", "soon", "nan"):
+        monkeypatch.setenv("LPFAIL_RERUN_BUDGET", bad)
+        with pytest.raises(ValueError, match="LPFAIL_RERUN_BUDGET"):
+            RC.call_budget(cfg)

@@ -11,10 +11,13 @@ not rerun, their rows are kept; a run cut off by the budget or failed, and a gri
 after a change of its arithmetic), are checked by running it again. A run whose part records that it was trained
 without CUDA-graph capture is rerun without it. A run is checked only on the kind of card it was trained on (its
 part's device: runs repeat bit for bit on their own kind, not across kinds); the others wait as "pending" rows for a
-machine of their kind, so a check of every row may take one call on each kind of card.
+machine of their kind, so a check of every row may take one call on each kind of card. ``$LPFAIL_RERUN_BUDGET``
+(seconds) shortens this call's budget for a short lease: scheduling only, like the runs at a time, so the result's
+identity (its config hash) does not change and the rows of every call merge.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +49,22 @@ def rerun_check(cfg: RerunCheckConfig) -> dict:
         done, where = {}, ""
     here = results.device_name()
     todo = [it for it in items if (it.run.key, it.run.hash) not in done and rerun.same_card(it.card, here)]
-    new = rerun.execute(todo, Path(cfg.root), cfg.budget_s, cfg.parallel) if todo else []
+    new = rerun.execute(todo, Path(cfg.root), call_budget(cfg), cfg.parallel) if todo else []
     return summary(merge(items, done, new, where))
+
+
+def call_budget(cfg: RerunCheckConfig) -> float:
+    """This call's seconds for the reruns: ``$LPFAIL_RERUN_BUDGET`` where set (a short lease), else the config's."""
+    env = os.environ.get("LPFAIL_RERUN_BUDGET", "").strip()
+    if not env:
+        return cfg.budget_s
+    try:
+        budget = float(env)
+    except ValueError:
+        budget = float("nan")
+    if not budget > 0:
+        raise ValueError(f"LPFAIL_RERUN_BUDGET must be a number of seconds > 0 (got {env!r})")
+    return budget
 
 
 def finished(rows: list[dict]) -> dict[tuple[str, str], dict]:
