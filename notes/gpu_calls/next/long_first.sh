@@ -13,10 +13,6 @@ echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader); $(date -u); st
 PARALLEL=$P BUDGET=$B CALL_LEFT=60 bash notes/gpu_calls/next/long_start.sh || exit 1
 pgrep -f nvidia-cuda-mps-control >/dev/null && export CUDA_MPS_PIPE_DIRECTORY=/tmp/lpfail_mps \
   CUDA_MPS_LOG_DIRECTORY=/tmp/lpfail_mps_log && echo "rerun check under the driver's MPS server"
-if [ $P -eq 13 ]; then LONG=0 bash notes/gpu_calls/next/rerun_long.sh
-else  # a short lease: no rerun check beside the long runs (its 24 processes would slow them past the budget)
-  mkdir -p $OUT/r; PYTHONPATH=$PWD LPFAIL_CPU_PINS=0 CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 90 python3 -m pytest -q -m gpu \
-    -p no:cacheprovider tests/test_sr_stream.py -k "with_and_without" > $OUT/r/fused_test.log 2>&1
-  echo "fused-in-training test rc $?"; tail -2 $OUT/r/fused_test.log
-fi
+# a short lease: no rerun check beside the long runs (its 24 processes would slow them past the budget), the fused test only
+RERUN=$(( P == 13 )) LONG=0 bash notes/gpu_calls/next/rerun_long.sh
 echo "call s $SECONDS"; tail -3 /tmp/lpfail_session/runs/driver.log 2>/dev/null
