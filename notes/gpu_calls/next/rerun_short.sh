@@ -8,5 +8,7 @@ mkdir -p $OUT/r
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; echo "lease ≈ $LEFT s: rerun budget $B s"; } > $OUT/r/rerun.log 2>&1
 cat $OUT/r/rerun.log
 [ $B -ge 60 ] || { echo "too little lease left"; exit 1; }
-LPFAIL_RESULTS_DIR=$OUT/r LPFAIL_RERUN_BUDGET=$B timeout $(( B + 45 )) python3 -m lpfail run rerun_check >> $OUT/r/rerun.log 2>&1
-echo "rerun_check rc $? ($SECONDS s)"; grep -E "rerun check:|: different|: failed" $OUT/r/rerun.log | tail -12; ls $OUT/r
+# not LPFAIL_RESULTS_DIR=$OUT/r: the grids read lr_sweep etc. from the results folder (2026-12-07: 'no stored
+# result lr_sweep'); the result is written into the checkout's results/ and copied out
+LPFAIL_RERUN_BUDGET=$B timeout $(( B + 45 )) python3 -m lpfail run rerun_check >> $OUT/r/rerun.log 2>&1; rc=$?; cp results/rerun_check.json results/rerun_check.npz $OUT/r/ 2>/dev/null
+echo "rerun_check rc $rc ($SECONDS s)"; grep -E "rerun check:|: different|: failed" $OUT/r/rerun.log | tail -12; ls $OUT/r
