@@ -22,6 +22,8 @@ numerics (`lpfail.numerics.require_pinned`): computed otherwise, its numbers wou
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import datetime as _dt
 import hashlib
@@ -211,9 +213,27 @@ def user_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share") / "lpfail"
 
 
+_READING: contextvars.ContextVar[Path | None] = contextvars.ContextVar("lpfail_reading", default=None)
+
+
+@contextlib.contextmanager
+def reading_from(directory: Path | None):
+    """Within the block, `results_dir` is ``directory`` (None: unchanged), so that what code inside reads by
+    default — a grid's runs built from another stored result, e.g. substitution's heads rows from lr_sweep — comes
+    from the folder its caller was given (`lpfail.sweep.grid.lookup`), not from ``$LPFAIL_RESULTS_DIR``."""
+    token = _READING.set(Path(directory) if directory is not None else _READING.get())
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
 def results_dir() -> Path:
-    """Where results are stored and read: ``$LPFAIL_RESULTS_DIR``, else the checkout's ``results/``, else
-    ``results/`` in `user_dir` (an installed lpfail never writes into site-packages)."""
+    """Where results are stored and read: the folder of an enclosing `reading_from`, else ``$LPFAIL_RESULTS_DIR``,
+    else the checkout's ``results/``, else ``results/`` in `user_dir` (an installed lpfail never writes into
+    site-packages)."""
+    if _READING.get() is not None:
+        return _READING.get()
     if os.environ.get(RESULTS_ENV):
         return Path(os.environ[RESULTS_ENV])
     return REPO_ROOT / "results" if checkout() else user_dir() / "results"

@@ -123,3 +123,17 @@ def test_a_short_lease_shortens_the_rerun_budget_through_the_environment_and_bad
         monkeypatch.setenv("LPFAIL_RERUN_BUDGET", bad)
         with pytest.raises(ValueError, match="LPFAIL_RERUN_BUDGET"):
             RC.call_budget(cfg)
+
+
+def test_a_lookup_reads_the_results_its_grid_is_built_from_in_the_folder_it_was_given(tmp_path, monkeypatch):
+    # the rerun check on the GPU (2026-12-07) pointed $LPFAIL_RESULTS_DIR at an empty $OUT and looked the stored runs
+    # up in the checkout's results/: substitution's heads rows, built from lr_sweep, read it from the empty folder
+    from lpfail import results
+
+    repo = results.REPO_ROOT / "results"
+    monkeypatch.setenv(results.RESULTS_ENV, str(tmp_path))
+    with pytest.raises(results.ResultMissing):
+        get("substitution").runs()  # outside a lookup the variable still decides
+    lk = lookup(get("substitution"), repo)
+    assert any(r.group.startswith("heads") for r in lk.runs) and lk.have
+    assert results.results_dir() == tmp_path  # the folder is the lookup's only while it builds the runs

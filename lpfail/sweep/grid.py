@@ -149,10 +149,14 @@ def lookup(grid: Grid, directory: Path | None = None, runs: list[Run] | None = N
     stream (`lpfail.sweep.store.retired_hashes`), every run that has a retired version is read from it — the grid
     as it stood before its runs were trained again — and ``missing`` lists the runs still without a current
     version (``retired_first=None``, the default). ``retired_first=True`` reads the retired versions wherever they
-    exist (`lpfail.sweep.run.collect`'s record of what a rerun changed); ``False``, the current ones."""
+    exist (`lpfail.sweep.run.collect`'s record of what a rerun changed); ``False``, the current ones. With a
+    ``directory``, the stored results the grid's runs are built from (substitution's lr_sweep) are read from it as
+    well (`lpfail.results.reading_from`)."""
     from lpfail.sweep.store import retired_hashes
 
-    runs = grid.runs() if runs is None else runs
+    if runs is None:
+        with results.reading_from(directory):  # a grid built from another stored result reads it from here too
+            runs = grid.runs()
     stores = {r.store.folder: r.store for r in runs} | {grid.store.folder: grid.store}
     loaded = {f: s.load_versions(directory) for f, s in stores.items()}
     found_all = []

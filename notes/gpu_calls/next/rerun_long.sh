@@ -16,11 +16,6 @@ mkdir -p $OUT/r
 #    it is not the bottleneck there, or it is not used; the test now counts its launches), ≈ 30 s
 timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_sr_stream.py -k "with_and_without" >> $OUT/r/rerun.log 2>&1
 echo "fused-in-training test rc $?"
-if [ "${RERUN:-1}" != 0 ]; then  # RERUN=0: the fused test only (beside long runs on a short lease)
-  # not LPFAIL_RESULTS_DIR=$OUT/r: the grids read lr_sweep etc. from the results folder (2026-12-07: 'no stored
-  # result lr_sweep'); the result is written into the checkout's results/ and copied out
-  timeout 430 python3 -m lpfail run rerun_check >> $OUT/r/rerun.log 2>&1; rc=$?; cp results/rerun_check.json results/rerun_check.npz $OUT/r/ 2>/dev/null
-  echo "rerun_check rc $rc ($SECONDS s)"; grep -E "rerun check:|: different|: failed" $OUT/r/rerun.log | tail -12
-  ls $OUT/r
-fi
+# RERUN=0: the fused test only (beside long runs on a short lease)
+if [ "${RERUN:-1}" != 0 ]; then RERUN_BUDGET=350 T0= LEFT0= bash notes/gpu_calls/next/rerun_short.sh; fi
 if [ "${LONG:-1}" != 0 ]; then CALL_LEFT=$(( 570 - SECONDS )) bash notes/gpu_calls/next/long_start.sh; fi
