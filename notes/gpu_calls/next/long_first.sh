@@ -1,18 +1,16 @@
 #!/bin/bash
-# First call of a short lease (2026-12-07, fifth session): the dial's 13 long runs left first, then the rerun check
-# beside them. How many at a time follows the lease left once the machine has started:
+# First call of a session on an H100 (prepared 2026-12-07, seventh session): the dial's 11 long runs left, in waves.
 #   T0=<epoch s when the call was made> LEFT0=<lease s at that moment> LPFAIL_GIT=<commit> \
 #     bash notes/gpu_calls/next/long_first.sh
 # left = LEFT0 − (now − T0) (as if the machine's start counted in full); the driver's budget = left − 90 s (a collect
-# call after it); 13 at a time (≈ 850–950 s on an H100) where that budget allows, else 8 (the other 5 are started
-# after them and cut off by the budget: nothing lost but their time). The rerun check goes beside them only at 13.
+# call after it). 6 at a time (≈ 400–520 s a wave; the other 5 follow as slots free), 3 at a time below 450 s of
+# budget. Why waves (2026-12-07, 16:55): the machine was taken back for other work ≈ 17 minutes after its start,
+# with 11 of 13 long runs at 13 at a time (≈ 850–950 s each) unfinished and lost; a wave of 6 finishes in half that,
+# and chained waits of ≈ 280 s (`bash tools/gpu.sh wait dial_training --wait 280`: each ends with a collect) bring
+# each finished run back within ≈ 5 minutes. The H100 rows of the rerun check and the fused test are done.
 set -u
 LEFT=$(( LEFT0 - ($(date +%s) - T0) )); B=$(( LEFT - 90 ))
-if [ $B -ge 1000 ]; then P=13; elif [ $B -ge 640 ]; then P=8; else P=5; fi
+if [ $B -ge 450 ]; then P=6; else P=3; fi
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader); $(date -u); start took $(( $(date +%s) - T0 )) s; lease ≈ $LEFT s: driver budget $B s, $P at a time"
 PARALLEL=$P BUDGET=$B CALL_LEFT=60 bash notes/gpu_calls/next/long_start.sh || exit 1
-pgrep -f nvidia-cuda-mps-control >/dev/null && export CUDA_MPS_PIPE_DIRECTORY=/tmp/lpfail_mps \
-  CUDA_MPS_LOG_DIRECTORY=/tmp/lpfail_mps_log && echo "rerun check under the driver's MPS server"
-# a short lease: no rerun check beside the long runs (its 24 processes would slow them past the budget), the fused test only
-RERUN=$(( P == 13 )) LONG=0 bash notes/gpu_calls/next/rerun_long.sh
 echo "call s $SECONDS"; tail -3 /tmp/lpfail_session/runs/driver.log 2>/dev/null
