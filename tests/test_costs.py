@@ -267,6 +267,6 @@ def test_the_rerun_check_is_tabled_per_grid_with_its_cards_and_said_in_a_sentenc
     assert table[1] == ("`symptom`", 1, 0, 0, 0, 0, 1, "H200", "—")  # pending: not rerun anywhere yet
     assert table[2][-2:] == ("H100 80GB HBM3", "H100 80GB HBM3, H200")  # an older row: the check's own device
     words = C.rerun_words(res)
-    assert words.startswith("Of the 5 runs checked, 2 came out bit-identical and 1 different; 1 was cut off")
+    assert words.startswith("Of the 5 runs the check covers, 2 came out bit-identical and 1 different; 1 was cut off")
     assert words.endswith("1 waits for a machine with the card it was trained on (H200).")
     assert "| grid | runs |" in C.rerun_table(res)

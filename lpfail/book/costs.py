@@ -431,8 +431,8 @@ def rerun_words(res: Mapping) -> str:
 
     words = [rerun.word(r) for r in res["rows"]]
     n = {w: words.count(w) for w in _RERUN_WORDS}
-    text = (f"Of the {len(words)} runs checked, {n['bit-identical']} came out bit-identical and {n['different']} "
-            f"different")
+    text = (f"Of the {len(words)} runs the check covers, {n['bit-identical']} came out bit-identical and "
+            f"{n['different']} different")
     if n["cut off"] or n["failed"]:
         text += (f"; {n['cut off']} {'was' if n['cut off'] == 1 else 'were'} cut off by the call's budget and "
                  f"{n['failed']} failed (run again next time)")
