@@ -232,8 +232,9 @@ def results_dir() -> Path:
     """Where results are stored and read: the folder of an enclosing `reading_from`, else ``$LPFAIL_RESULTS_DIR``,
     else the checkout's ``results/``, else ``results/`` in `user_dir` (an installed lpfail never writes into
     site-packages)."""
-    if _READING.get() is not None:
-        return _READING.get()
+    reading = _READING.get()
+    if reading is not None:
+        return reading
     if os.environ.get(RESULTS_ENV):
         return Path(os.environ[RESULTS_ENV])
     return REPO_ROOT / "results" if checkout() else user_dir() / "results"

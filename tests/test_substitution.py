@@ -437,6 +437,19 @@ def test_amended_rows_are_finite_where_the_broken_rows_overflow_and_are_not_a():
     assert not all(torch.equal(x, y) for x, y in zip(g["score_path_l"], g["scores_l"]))
 
 
+def test_stored_runs_are_read_with_the_lr_sweep_of_the_folder_given(tmp_path, monkeypatch):
+    """`stored_for(c, directory)` builds the heads rows from the lr_sweep in `directory`, as `lookup` does, not from
+    ``$LPFAIL_RESULTS_DIR`` (here an empty folder)."""
+    from lpfail import results
+
+    runs, _ = sub.STORE.load()
+    if not runs:
+        pytest.skip("no substitution parts in results/")
+    monkeypatch.setenv(results.RESULTS_ENV, str(tmp_path))
+    have, missing = sub.stored_for(sub.SubstitutionConfig(), results.REPO_ROOT / "results")
+    assert len(have) == 120 and missing == []
+
+
 def test_amendment_status_counts_on_the_stored_parts(capsys):
     """With the repository's part files the grid has all its 120 runs and the amendment all its 12 (stored by the
     GPU call of 2026-12-01, 10:47 UTC): nothing is missing, and the amendment's runs are none of the grid's."""

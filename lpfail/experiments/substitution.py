@@ -395,8 +395,9 @@ def stored_for(c: SubstitutionConfig | AmendmentConfig, directory: Path | None =
                baselines: bool = True) -> tuple[dict[str, dict], list[Point]]:
     """({key: summary} stored, [missing points]) of the grid or the amendment (``baselines=False``: without A, C)."""
     pts = {p.key: p for p in plan(c, baselines)}
-    lk = lookup(SubstitutionGrid(c, lr_sweep_result), directory,
-                runs=grid_runs(c, baselines, lr_sweep_result))
+    with results.reading_from(directory):  # the heads rows' lr_sweep from the same folder, as `lookup` reads it
+        runs = grid_runs(c, baselines, lr_sweep_result)
+    lk = lookup(SubstitutionGrid(c, lr_sweep_result), directory, runs=runs)
     return lk.have, [pts[r.id] for r in lk.missing]
 
 
