@@ -126,7 +126,7 @@ def test_a_wrong_word_in_the_verdict_table_or_the_chain_is_caught(reg, pages):
     link = next(s for s in chain.strip("'\"").split("; ") if "Fix-b" in s)
     mark = link.split(" → ")[1]
     assert CC.conflicts(_doctor(pages, "intro", "chain_claims:text/plain", link,
-                                link.replace(mark, "reproduced" if mark != "reproduced" else "not shown")), reg)
+                                link.replace(mark, "reproduced" if mark != "reproduced" else "not reproduced")), reg)
     glue = _text(pages, "01_symptom", "size_word:text/plain")
     assert CC.conflicts(_doctor(pages, "01_symptom", "size_word:text/plain", glue,
                                 glue.replace(c.word, _other_word(c.word), 1)), reg)

@@ -237,7 +237,7 @@ def test_c0_old_criterion_does_not_decide():
 def test_c0_evidence_numbers_and_where_the_gap_is():
     v = TC.judge_lr_symptom(sweep())
     assert "+0.095 [+0.050, +0.140]" in v.evidence and "S(A) = 0.595" in v.evidence
-    assert "significantly above C's at lr 0.032 of 2" in v.evidence
+    assert "above C's over the whole seed range at lr 0.032 of 2" in v.evidence
 
 
 def test_partial_grid_is_stated():
@@ -843,3 +843,13 @@ def test_the_dial_claim_says_h11_beside_its_verdict_once_every_long_run_is_store
     res["long_stored"][0, 0] = False  # one long run short: no H11 sentence yet
     res["analysis"] = D.analyse(res)
     assert "(H11, " not in TC.judge_dial(res).evidence
+
+
+def test_a_cut_evidence_line_ends_at_a_whole_clause_never_inside_an_interval():
+    text = ("One tile per row is A itself here, and on 10 paired seeds the A − C gap in final held-out loss is "
+            "supported at 0.032 (+0.394 [+0.272, +0.516], Holm p 0.0029) and inconclusive at 0.016 (+0.085 "
+            "[+0.047, +0.124], Holm p 0.06)")
+    cut = V._cut(text, 180)
+    assert cut.endswith("Holm p 0.0029)") and V._balanced(cut)
+    # no clause boundary in the second half: a word boundary, brackets never left open by a clause cut
+    assert V._cut("word " * 60, 50) == ("word " * 10).strip()

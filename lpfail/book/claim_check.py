@@ -14,7 +14,7 @@ from lpfail.book.front import link_status
 from lpfail.book.verdict import VERDICTS, Verdict
 
 _WORDS = "|".join(re.escape(w) for w in sorted(VERDICTS, key=len, reverse=True))
-_LINK_WORDS = "reproduced|partly|not shown|contradicted|not testable here"
+_LINK_WORDS = "reproduced|partly|not reproduced|contradicted|not yet tested"
 
 
 def _ids_pattern(ids) -> str:

@@ -5,7 +5,7 @@ stored results, never typed.
   the wording for the outcome it expects and a plain fallback that states the verdicts when the outcome differs,
   so the page follows the evidence when the notebook is re-executed.
 * `chain(vs)` — the paper's causal chain (its Fig. 1), each link marked reproduced / partly / not reproduced /
-  not testable here by `link_status` over the claims that test it; `lpfail.book.plots.causal_chain` draws it.
+  not yet tested by `link_status` over the claims that test it; `lpfail.book.plots.causal_chain` draws it.
 * `reading_paths()` — who should read what, and how long each path takes at `tools/book_checks.WPM` words a
   minute, from the words of prose the pages hold now.
 """
@@ -50,15 +50,21 @@ def _bias(vs) -> str:
     return f"**The rounding bias:** {_status(vs, 'C3a', 'C3b')} ({{doc}}`04_rounding`)."
 
 
-def _harm(vs) -> str:
+def _size(conf: Mapping | None, key: str) -> str:
+    """'8 × 512': a size of the confirmation grid's config ('the larger size' / 'the smaller size' without it)."""
+    cfg = (getattr(conf, "meta", None) or {}).get("config") or {}
+    return f"{cfg[key][0]} × {cfg[key][-1]}" if cfg.get(key) else {"large": "the larger size"}.get(key, "the smaller size")
+
+
+def _harm(vs, conf: Mapping | None = None) -> str:
     c0 = vs.get("C0")
     if _is(c0, REPRODUCED):
         cs = vs.get("C0-size")
-        size = (", more so at the larger of two sizes" + (f" (on {cs.seeds} seeds)" if (cs.seeds or 10) < 10 else "")
-                if _is(cs, REPRODUCED) else "")
-        return ("**On a small proxy, the paper's arithmetic harms training:** a worse loss than FP32 attention at "
-                f"high learning rates{size}, though not the paper's explosion ({{doc}}`01_symptom`).")
-    return (f"**Does the paper's arithmetic harm training?** On our small proxy: {_status(vs, 'C0', 'C0-size')} "
+        size = (f", more so at {_size(conf, 'large')} than at {_size(conf, 'small')}"
+                + (f" (on {cs.seeds} seeds)" if (cs.seeds or 10) < 10 else "") if _is(cs, REPRODUCED) else "")
+        return (f"**On {proxy_words(conf)}, the paper's arithmetic harms training:** a worse loss than FP32 "
+                f"attention at high learning rates{size}, though not the paper's explosion ({{doc}}`01_symptom`).")
+    return (f"**Does the paper's arithmetic harm training?** On {proxy_words(conf)}: {_status(vs, 'C0', 'C0-size')} "
             "({doc}`01_symptom`).")
 
 
@@ -164,8 +170,9 @@ def findings(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     prod = load_or_none(load, "prod_kernels")
     if prod is not None:
         prod = beyond_report.facts(prod)
-    ten = ten_seed_words(load_or_none(load, "confirmation"))
-    return [_bias(by), _harm(by), _removing_bias(by, cures, ten), _what_works(by, cures, ten), _production(by, prod),
+    conf = load_or_none(load, "confirmation")
+    ten = ten_seed_words(conf)
+    return [_bias(by), _harm(by, conf), _removing_bias(by, cures, ten), _what_works(by, cures, ten), _production(by, prod),
             _chain(by)]
 
 
@@ -214,7 +221,8 @@ def thesis(vs: list[Verdict], load: Callable | None = None) -> str:
     elif h5 == "not distinguishable":
         train += " only where FP32 attention degrades"
     if ten is not None:
-        works = [{"D": "FP32 accumulation", "A_qk": "QK-norm"}[v] for v in ("D", "A_qk") if ten[v] == "supported"]
+        works = [{"D": "production arithmetic (FP32 scores and accumulators)", "A_qk": "QK-norm"}[v]
+                 for v in ("D", "A_qk") if ten[v] == "supported"]
         biased = [v for v in ("A_sr", "B", "R") if ten[v] == "supported"]
         train += f"; {listing(works)} close at least half of the gap" if works else ""
         if ten.get("A_sr") == "refuted" and not biased:
@@ -239,11 +247,16 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     else:
         out.append(f"**GPU with a production kernel:** its tied rows read {_status(by, 'K-bias:sdpa_flash')} "
                    "({doc}`ch. 6 <06_beyond>`).")
-    out.append("**BF16 accumulators** (the paper's code, PyTorch's CPU flash back end): accumulate in FP32"
-               + ("; that closed at least half of the gap on ten seeds" if ten.get("D") == "supported" else
-                         "; that is not shown to close the gap on our proxy") + " ({doc}`ch. 1 <01_symptom>`).")
+    # HD tests the whole production arithmetic (FP32 scores, m, ℓ and Ō), not FP32 accumulators alone: chapter 2
+    # shows that Ō or ℓ in FP32 by itself does not close the gap
+    out.append("**BF16 scores and accumulators** (the paper's code, PyTorch's CPU flash back end): compute the "
+               "scores and accumulate in FP32, as production kernels do"
+               + ("; that arithmetic closed at least half of the gap on ten seeds" if ten.get("D") == "supported"
+                  else "; that is not shown to close the gap on our proxy") + " ({doc}`ch. 1 <01_symptom>`).")
     ks, lrs = dial_report.supported_at(load_or_none(load, "dial_training"))
-    below = ("; below 7 fraction bits, round O stochastically ({doc}`ch. 1 <01_symptom>`)" if ks else "")
+    below = (f"; if O must keep fewer than 7 fraction bits, stochastic rounding trained better than rounding to "
+             f"nearest only at {listing(str(k) for k in ks)} bits and {listing(f'{lr:g}' for lr in lrs)} "
+             "({doc}`ch. 1 <01_symptom>`)" if ks else "")
     out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; else "
                "the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else f" ({_status(by, 'Robust')})")
                + " ({doc}`ch. 5 <05_fix>`)" + below + ".")
@@ -272,24 +285,25 @@ LINKS = [
     ("‖W_Q‖ and the logits grow;\ntraining fails", "ch. 1", ("failure",)),
     ("Without the bias, training\nis stable", "ch. 1, 5", ("C0-bias", "C0-dial", "Fix-b")),
 ]
-CHAIN_STATUSES = ("reproduced", "partly", "not shown", "contradicted", "not testable here")
+CHAIN_STATUSES = ("reproduced", "partly", NOT_REPRODUCED, "contradicted", NOT_TESTED)  # the verdict page's words
 
 
 def link_status(vs: Mapping[str, Verdict], claims) -> str:
     """One mark for a link from its claims' verdicts: every one reproduced → reproduced; none with evidence →
-    not testable here; every judged one contradicted (a call pointing the other way) → contradicted; every judged
-    one not reproduced or contradicted → not shown (the test could not see it); else partly."""
+    not yet tested; every judged one contradicted (a call pointing the other way) → contradicted; every judged
+    one not reproduced or contradicted → not reproduced (the test could not see it); else partly (the verdict
+    page's words, so that a link tested by one claim reads as that claim does)."""
     words = [vs[c].verdict for c in claims if c in vs]
     judged = [w for w in words if w not in (NOT_TESTED, NO_CLAIM)]
     if not judged:
-        return "not testable here"
+        return NOT_TESTED
     if all(w == REPRODUCED for w in judged) and len(judged) == len(words):
         return "reproduced"
     if all(w == CONTRADICTED for w in judged):
         return "contradicted"
     if all(w in (NOT_REPRODUCED, CONTRADICTED) for w in judged):
-        return "not shown"
-    return "partly" if any(w in (REPRODUCED, PARTLY) for w in judged) else "not shown"
+        return NOT_REPRODUCED
+    return "partly" if any(w in (REPRODUCED, PARTLY) for w in judged) else NOT_REPRODUCED
 
 
 def search_failures(load: Callable | None = None) -> tuple[int, int, int, int] | None:
@@ -304,14 +318,14 @@ def search_failures(load: Callable | None = None) -> tuple[int, int, int, int] |
 
 def failure_status(load: Callable | None = None) -> str:
     """The chain's failure link: 'reproduced' or 'partly' where a run of the paper's arithmetic failed by the
-    explosion search's pre-registered criterion (`lpfail.book.symptom_report.judge_symptom`), 'not shown' where
-    none did, 'not testable here' without the search."""
+    explosion search's pre-registered criterion (`lpfail.book.symptom_report.judge_symptom`), 'not reproduced'
+    where none did, 'not yet tested' without the search."""
     search = symptom_report.search_evidence(load or results.load)
     if search is None:
-        return "not testable here"
+        return NOT_TESTED
     a_failed = sum(d["A"][0] for d in search[0]["per_config"] if "A" in d)
     if not a_failed:
-        return "not shown"
+        return NOT_REPRODUCED
     v = symptom_report.judge_symptom(*search).verdict
     return {REPRODUCED: "reproduced", CONTRADICTED: "contradicted"}.get(v, "partly")
 

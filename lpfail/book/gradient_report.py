@@ -372,7 +372,7 @@ def _accumulation_evidence(acc: Mapping | None) -> str:
     policies and heads at the last K, the unbiased band, and the heads outside that band. "" without it."""
     if not acc:
         return ""
-    s = coherence_summary(acc, reps=1000)
+    s = coherence_summary(acc)   # the default draws, as chapter 3 states the band
     rk = [x for d in s.values() for x in d["rho_k"]]
     band = [b for d in s.values() for b in d["null_k"]]
     out = [f"{n} head {h}" for n, d in s.items() for h, o in enumerate(d["outside"]) if o]
@@ -412,8 +412,8 @@ def judge_gradient_error(res: Mapping) -> Verdict:
         on = (f" ({where.get('device')}, {str(where.get('created', ''))[:10]})" if where.get("device") else "")
         err = f" (worst relative error {as_float(gpu['max_rel_err']):.1e})" if "max_rel_err" in gpu else ""
         plain = (f"On A's GPU checkpoints{on}: checks {'pass' if ok else 'FAIL'}{err}; median cosine of the "
-                 f"rank-one terms {cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) positive at every checked "
-                 f"step: {pos}.")
+                 f"rank-one terms {cos:.2f}; Σ Δδ in layer {worst} (largest dW_Q error) "
+                 + ("positive at every checked step." if pos else "not positive at every checked step."))
         plain += _accumulation_evidence(res.get("accumulation"))
     scope = _one_run_scope(res)
     return Verdict("C2", "The dW_Q error is a sum of similar rank-one terms along a shared low-rank direction, "

@@ -205,11 +205,12 @@ def turning_text(analysis, size: str = "small") -> str:
     sz = analysis["sizes"][size]
     best = {v: d["best_lr"] for v, d in sz.items()}
     up = {v: d["lr_10pct"] for v, d in sz.items()}
+    at = {"small": "At the smaller size", "large": "At the larger size"}.get(size, f"At size {size}")
     if len(set(best.values())) == 1 and len(set(up.values())) == 1:
-        return (f"Every variant has its best loss at lr {_fmt_lr(next(iter(best.values())))} and first exceeds it "
+        return (f"{at}, every variant has its best loss at lr {_fmt_lr(next(iter(best.values())))} and first exceeds it "
                 f"by 10 % at lr {_fmt_lr(next(iter(up.values())))}: the variants differ in how much worse the high "
                 "rates get, not in where the curve turns.")
-    return ("Best learning rate per variant: " + ", ".join(f"{v} {_fmt_lr(x)}" for v, x in best.items())
+    return (f"{at}, the best learning rate per variant: " + ", ".join(f"{v} {_fmt_lr(x)}" for v, x in best.items())
             + "; loss first above 1.1 × best from: " + ", ".join(f"{v} {_fmt_lr(x)}" for v, x in up.items()) + ".")
 
 

@@ -262,8 +262,8 @@ def glue_figure(name: str, fig, alt: str = "") -> None:
 
 # -- the first page: the paper's causal chain, each link marked from the verdicts ------------------------------------
 #: The mark of each status on the chain (its colour is the verdict page's).
-STATUS_COLORS = {"reproduced": "#1a7f37", "partly": "#b35900", "not shown": "#8c6d1f", "contradicted": "#c0392b",
-                 "not testable here": "#6e7781"}
+STATUS_COLORS = {"reproduced": "#1a7f37", "partly": "#b35900", "not reproduced": "#8c6d1f", "contradicted": "#c0392b",
+                 "not yet tested": "#6e7781"}
 
 
 def causal_chain(links: list[dict]) -> plt.Figure:

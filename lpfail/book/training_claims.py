@@ -76,7 +76,7 @@ def _sweep_differs(res: Mapping) -> str:
         (nl, _, ne), lrs = cfg["small"], [float(x) for x in cfg.get("lrs", [])]
         setting = (f"{nl} layers × {ne} (the smaller size), {cfg['max_steps']:,} steps of "
                    f"{int(cfg['batch_size']) * int(cfg['block_size']):,} byte-level tokens per run at learning "
-                   f"rates {min(lrs):g}–{max(lrs):g}, {len(cfg.get('seeds', []))} seeds")
+                   f"rates {min(lrs):g}–{max(lrs):g}")   # (no seed count: the evidence line gives the verdict's)
     else:
         setting = "small byte-level GPTs trained briefly over a grid of learning rates (see the stored config)"
     return (f"A small-scale proxy (Wortsman et al. {{cite}}`wortsman2023small`): {setting}; the final held-out loss "
@@ -113,7 +113,7 @@ def judge_lr_symptom(res: Mapping, old: Verdict | None = None) -> Verdict:
           f"{stat_text(h)} — **{h['verdict']}**. {_s(a, 'A')}, {_s(a, 'C')} (LR sensitivity of the held-out loss, "
           "bootstrap intervals over the seeds: with 3 seeds, the seed range).")
     if per_lr:
-        ev += (" Per learning rate, A's final loss is significantly above C's at "
+        ev += (" Per learning rate, on these seeds A's final loss lies above C's over the whole seed range at "
                + (f"lr {', '.join(where)}" if where else "no learning rate")
                + f" of {len(per_lr)}; {nonfinite} runs of A and C turned non-finite.")
     if prod := _production_text(res):

@@ -226,8 +226,25 @@ def one_line(v: Verdict, chars: int = 180) -> str:
     first = re.split(r"(?<=[.;])\s", re.sub(r"^On our proxy, ", "", v.evidence), maxsplit=1)[0]
     first = re.sub(r"\{doc\}`[^`]*`|\{numref\}`[^`]*`", "", first).strip(" ;,.")
     if len(first) > chars:
-        first = first[:chars].rsplit(" ", 1)[0].rstrip(" ,;(") + " …"
+        first = _cut(first, chars) + " …"
     return first + (f" ({seeds})" if seeds else "")
+
+
+def _balanced(s: str) -> bool:
+    return s.count("(") == s.count(")") and s.count("[") == s.count("]")
+
+
+def _cut(text: str, chars: int) -> str:
+    """``text`` cut to at most ``chars`` characters at the last whole clause ('; ', ' and ', ', ' outside brackets)
+    in its second half, else at a word: a cut row never ends inside an interval or on 'at' before its number."""
+    head = text[:chars]
+    for sep in ("; ", " and ", ", "):
+        i = head.rfind(sep)
+        while i > chars // 2 and not _balanced(head[:i]):
+            i = head.rfind(sep, 0, i)
+        if i > chars // 2:
+            return head[:i].rstrip(" ,;(")
+    return head.rsplit(" ", 1)[0].rstrip(" ,;(")
 
 
 def claims_table(vs: list[Verdict]) -> str:
