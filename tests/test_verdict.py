@@ -491,7 +491,7 @@ def test_tally_in_two_parts_counts_each_claim_once():
     assert t["same"] == {"K-cure:qk": "C0-qk", "K-cure:hp": "C1c"}
     text = V.tally_markdown(vs)
     assert "Of the paper's 2 claims: 1 reproduced, 1 partly." in text and "Of our own 2" in text
-    assert "K-cure:qk rests on the same runs as C0-qk" in text
+    assert "K-cure:qk tests the same change as C0-qk" in text
     stored = V.tally(V.verdicts())
     assert sum(stored["paper"].values()) == len([c for c in V.PAPER_CLAIMS])
 

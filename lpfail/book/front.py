@@ -242,8 +242,8 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     ten = ten_seed_words(load_or_none(load, "confirmation")) or {}
     out = []
     if _is(by.get("K-bias:sdpa_flash"), CONTRADICTED):
-        out.append("**SDPA, FlashAttention, cuDNN:** no change; ties round toward zero "
-                   "({doc}`ch. 6 <06_beyond>`).")
+        out.append("**PyTorch SDPA on a GPU** (its flash, cuDNN, memory-efficient and math back ends): no change; "
+                   "ties round toward zero ({doc}`ch. 6 <06_beyond>`).")
     else:
         out.append(f"**GPU with a production kernel:** its tied rows read {_status(by, 'K-bias:sdpa_flash')} "
                    "({doc}`ch. 6 <06_beyond>`).")

@@ -246,7 +246,7 @@ def setting_html(c) -> str:
         ["data", f"{c.data}: Python documentation as bytes, {c.val_fraction:.0%} held out", "OpenWebText, GPT-2 BPE"],
         ["tokens per step", f"{c.batch_size} × {c.block_size} = {c.batch_size * c.block_size:,}", "524,288"],
         ["steps", f"{c.max_steps:,} ({c.max_steps * c.batch_size * c.block_size / 1e6:.1f} M tokens)",
-         "≈ 6,600 until the failure"],
+         "≈ 6,700 until the failure"],
         ["learning rate", f"{len(c.lrs)} rates {c.lrs[0]:g} … {c.lrs[-1]:g}; warm-up {c.warmup}, cosine to lr/"
                           f"{1 / c.min_lr_ratio:g}", "1e-3, warm-up 2,000, cosine"],
         ["optimizer", f"AdamW (0.9, {c.beta2}), wd {c.weight_decay:g}, clip {c.grad_clip:g}",

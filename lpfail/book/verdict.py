@@ -332,13 +332,13 @@ def page_markdown(vs: list[Verdict], titles: Mapping[str, str] | None = None) ->
 #: The paper's own claims; every other row is ours (a remedy or a mechanism from the later literature, the premise
 #: of the proxy, the robust fix, the production kernels).
 PAPER_CLAIMS = ("C0", "C0-bias", "C1a", "C1b", "C1c", "C2", "C3a", "C3b", "Fix-a", "Fix-b", "Fix-c", "Fix-β")
-#: Rows that judge the same runs as another row: shown, but counted once, under the other.
+#: Rows that test the same change as another row (on other runs of the same proxy): shown, counted once, under the other.
 SAME_EVIDENCE = {"K-cure:qk": "C0-qk", "K-cure:hp": "C1c"}
 
 
 def tally(vs: list[Verdict]) -> dict:
     """The verdicts counted in two parts, each claim once: {"paper": counts, "ours": counts, "same": {row: row it
-    shares its runs with}}."""
+    tests the same change as}}."""
     once = [v for v in vs if v.claim not in SAME_EVIDENCE]
     return {"paper": counts([v for v in once if v.claim in PAPER_CLAIMS]),
             "ours": counts([v for v in once if v.claim not in PAPER_CLAIMS]),
@@ -353,7 +353,7 @@ def tally_markdown(vs: list[Verdict]) -> str:
     out = (f"Of the paper's {n_paper} claims: {say(t['paper'])}. Of our own {n_ours} (remedies and mechanisms from "
            f"the later literature, the premise of the proxy, the robust fix, the production kernels): {say(t['ours'])}.")
     if t["same"]:
-        out += (" Counted once: " + "; ".join(f"{k} rests on the same runs as {x}" for k, x in t["same"].items())
+        out += (" Counted once: " + "; ".join(f"{k} tests the same change as {x}" for k, x in t["same"].items())
                 + ", so each is counted under the latter only.")
     return out
 
