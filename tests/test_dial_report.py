@@ -89,7 +89,7 @@ def test_status_gives_the_calls_once_the_short_runs_are_stored_and_counts_the_lo
     assert s.startswith("All 240 short runs are stored. The rule's verdict on bias, not noise (H8): partly. "
                         "Supported: A_3 − SR_3 at 4e-3 = +")
     assert "the dose (H7)" in s and "Nothing is judged" not in s and DR.interim(_full_short_grid()) == ""
-    assert s.endswith("The 25 long runs (H11, descriptive) are still to run.")
+    assert s.endswith("H11 (descriptive) is not described yet: none of its 25 long runs is stored.")
 
 
 def test_the_first_pages_clause_says_pending_then_the_verdict_word():
@@ -194,7 +194,7 @@ def test_the_long_horizon_says_how_many_runs_it_has_and_where_its_diagnostics_st
     part = R.long_facts(_long_result(seeds=2))
     n, planned = 2 * 3, 5 * 5  # the fixture stores three of the five arms
     assert part["long_status"].startswith(f"{n} of the {planned} long runs are stored so far")
-    assert "H11 is described once every arm has its five" in part["long_status"]
+    assert "H11 is described when every arm has its five" in part["long_status"]
     full = _long_result()
     full["long_stored"] = np.ones_like(full["long_stored"])
     assert R.long_facts(full)["long_status"] == f"All {planned} long runs are stored."

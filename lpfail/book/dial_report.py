@@ -81,8 +81,8 @@ def status(dial: Mapping | None) -> str:
     if calls:
         long = (long_brief(dial) if n_long == n_long_planned else "") or sentence(
             "every long run is stored" if n_long == n_long_planned else
-            f"the {n_long_planned} long runs (H11, descriptive) are still to run" if n_long == 0 else
-            f"{n_long_planned - n_long} of the {n_long_planned} long runs (H11, descriptive) are still to run")
+            f"H11 (descriptive) is not described yet: none of its {n_long_planned} long runs is stored" if n_long == 0
+            else f"H11 (descriptive) is not described yet: {n_long} of its {n_long_planned} long runs are stored")
         return f"All {stored - n_long} short runs are stored. {judged(calls)} {long}"
     have = np.asarray(dial["small_stored"], dtype=bool)  # (variants, lrs, seeds)
     lrs, seeds = [float(x) for x in dial["small_lrs"]], [int(s) for s in dial["small_seeds"]]
@@ -475,7 +475,7 @@ def long_facts(res: Mapping | None) -> dict[str, str]:
     n = int(stored.sum())
     status = (f"All {planned} long runs are stored." if n == planned else
               f"{n} of the {planned} long runs are stored so far; the legend counts the seeds behind each line, and "
-              "H11 is described once every arm has its five.")
+              "H11 is described when every arm has its five.")
     seen = np.isfinite(np.asarray(res["long_wq"], dtype=np.float64))[stored].any(axis=0)
     return {"long_status": status, "long_last_diag": f"{int(steps[np.flatnonzero(seen)[-1]]):,}" if seen.any()
             else "none", **where}
