@@ -67,7 +67,7 @@ def test_advice_follows_the_calls():
     ks, lrs = dial_report.supported_at(results.load("dial_training"))
     assert ("stochastic rounding trained better" in a[2]) == bool(ks)
     if ks:   # the advice names where the dial supports it, no wider
-        assert all(f"{lr:g}" in a[2] for lr in lrs) and " only at " in a[2]
+        assert all(dial_report.rate(lr) in a[2] for lr in lrs) and " only at " in a[2]
     assert "production kernels do" in a[1]   # HD tests the whole production arithmetic, not accumulators alone
     claims = conf["analysis"]["claims"]
     if claims["HD"]["verdict"] == "supported":

@@ -255,7 +255,8 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
                   else "; that is not shown to close the gap on our proxy") + " ({doc}`ch. 1 <01_symptom>`).")
     ks, lrs = dial_report.supported_at(load_or_none(load, "dial_training"))
     below = (f"; if O must keep fewer than 7 fraction bits, stochastic rounding trained better than rounding to "
-             f"nearest only at {listing(str(k) for k in ks)} bits and {listing(f'{lr:g}' for lr in lrs)} "
+             f"nearest only at {listing(str(k) for k in ks)} fraction bits and "
+             f"{listing(dial_report.rate(lr) for lr in lrs)} "
              "({doc}`ch. 1 <01_symptom>`)" if ks else "")
     out.append("**Your own kernel:** keep O, m and ℓ in FP32, test tied rows against `lpfail.attention`; else "
                "the robust fix" + ("" if _is(by.get("Robust"), REPRODUCED) else f" ({_status(by, 'Robust')})")
