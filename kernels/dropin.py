@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from lpfail.attention import resolve_scale
 from lpfail.precision import FA2_BF16, Precision
 
 from . import runtime
@@ -123,8 +124,8 @@ _SUPPORTED = ("what the kernels support: attn_mask=None with is_causal=False (fu
               "enable_gqa=True with a number of query heads that is a multiple of the key/value heads")
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision | None = None,
-                    causal: bool | None = None, scale: float | None = None, *, attn_mask=None,
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Precision | None = None, *,
+                    causal: bool | None = None, scale: float | None = None, attn_mask=None,
                     dropout_p: float = 0.0, is_causal: bool | None = None, enable_gqa: bool = False,
                     fix=None, tuning: Tuning | None = None) -> torch.Tensor:
     """Attention of (batch, heads, seq, head_dim) tensors through the Triton kernels.
@@ -142,6 +143,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     * With a policy: ``flash_attention(q, k, v, policy, causal=True, scale=None)`` — any `Precision` the
       kernels can honour (the book's variants); causal unless ``causal=False``, as `lpfail.attention.attention`.
 
+    Only q, k, v and the policy may be positional: ``causal``, ``scale`` and SDPA's keywords are keyword-only, so
+    a call written in SDPA's positional order (``flash_attention(q, k, v, None, 0.0, True)``) is a TypeError
+    rather than read as other arguments.
+
     ``tuning`` (both styles): a `Tuning` (how the kernels are scheduled, never what they compute), default
     `DEFAULT_TUNING` (a deterministic backward); under ``torch.use_deterministic_algorithms(True)`` an atomic
     backward is replaced by the fused one (`deterministic`). Returns O in the policy's `out` dtype (the inputs' dtype in the SDPA style); differentiable
@@ -156,6 +161,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
         raise ValueError(f"lpfail.flash_attention takes no attn_mask (got a {type(attn_mask).__name__}"
                          f"{' of ' + str(attn_mask.dtype) if isinstance(attn_mask, torch.Tensor) else ''}); "
                          f"{_SUPPORTED}. For another mask use torch.nn.functional.scaled_dot_product_attention")
+    if scale is not None:
+        scale = resolve_scale(scale, None)   # a float, or a ValueError naming the argument
     if dropout_p != 0.0:
         raise ValueError(f"lpfail.flash_attention has no dropout (got dropout_p={dropout_p!r}); {_SUPPORTED}")
     if isinstance(policy, torch.Tensor):
@@ -181,7 +188,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: P
     tuning = DEFAULT_TUNING if tuning is None else tuning
     _check_tuning(tuning, kp)
     tuning = deterministic(tuning)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if sdpa_style and not _eager(q, k, v):  # traced: through the custom op (torch.compile sees one node)
         # contiguous before the op: its setup then saves the contiguous tensors, and the backward does not copy
         # non-contiguous inputs (e.g. q, k, v split from a fused projection) a second time
@@ -240,7 +247,7 @@ def probe_pbar(q: torch.Tensor, k: torch.Tensor, policy: Precision = FA2_BF16,
     (M, D), N = q.shape, k.shape[0]
     if M > 64 or N > 128:
         raise ValueError(f"probe_pbar takes at most 64 query rows and 128 keys (got {M}, {N})")
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(D) if scale is None else resolve_scale(scale, D)
     q, k = q.contiguous(), k.contiguous()
     p = torch.full((M, N), float("nan"), device=q.device, dtype=torch.float32)
     extra = {} if runtime.interpreted() else {"enable_fp_fusion": kp.sub_fma}

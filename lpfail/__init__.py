@@ -6,6 +6,9 @@ Layout: the core library is ``lpfail.bf16``, ``precision``, ``attention``, ``mod
 ``lpfail.experiments``, what only the book uses in ``lpfail.book``. A module that moved fails to import under its
 old name with an error that names its new place (`MOVED`).
 
+``lpfail.Monitor`` and ``lpfail.Alarm`` are `lpfail.monitor.Monitor` and `lpfail.alarm.Alarm`, imported on first
+use (`LAZY`), as is ``lpfail.flash_attention``: ``import lpfail`` alone loads neither torch nor Triton.
+
 The Triton kernels are ``lpfail.kernels`` (``from lpfail import flash_attention`` for the drop-in). Their source is
 the folder ``kernels/`` at the top of the repository, beside ``lpfail/``, and nothing claims the top-level import
 name ``kernels`` (Hugging Face publishes a package of that name, which ``transformers`` looks for):
@@ -94,8 +97,19 @@ for _finder in (_MovedFinder, _CheckoutKernels):   # once each, also across relo
         sys.meta_path.insert(0, _finder())
 
 
+#: The names ``lpfail`` offers at its top, each imported from its module on first use (`__getattr__`), so that
+#: ``import lpfail`` loads neither torch nor Triton.
+LAZY = {"flash_attention": "lpfail.kernels", "Monitor": "lpfail.monitor", "Alarm": "lpfail.alarm"}
+__all__ = ["MOVED", "LAZY", "checkout_root", *LAZY]
+
+
 def __getattr__(name):
-    """``lpfail.flash_attention``: the drop-in of ``lpfail.kernels`` (imported on first use: it loads Triton)."""
-    if name == "flash_attention":
-        return importlib.import_module("lpfail.kernels").flash_attention
+    """``lpfail.flash_attention`` (the drop-in of ``lpfail.kernels``, which loads Triton), ``lpfail.Monitor``
+    (`lpfail.monitor.Monitor`) and ``lpfail.Alarm`` (`lpfail.alarm.Alarm`): imported on first use."""
+    if name in LAZY:
+        return getattr(importlib.import_module(LAZY[name]), name)
     raise AttributeError(f"module 'lpfail' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *LAZY})

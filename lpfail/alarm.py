@@ -6,7 +6,8 @@ too high, which the logit alert cannot: chapter 7). On a sampled step (every `Al
 of the step's first forward, tensor hooks capture the gradient dO of its output and the model's own dQ and dK;
 the attention of the first `sample_batch` sequences is recomputed from the same q, k, v by the reference
 (`reference_grads`: FP64 truth, or the FP32 preset) and the record holds, per call and head, the relative
-errors ‖dQ − dQ_ref‖/‖dQ_ref‖ and the same for dK (``alarm_dq_rel``, ``alarm_dk_rel``). The error is also pushed
+errors ‖dQ − dQ_ref‖/‖dQ_ref‖ and the same for dK (``alarm_dq_rel``, ``alarm_dk_rel``; None for a head whose
+reference is exactly 0, e.g. dQ at sequence length 1, where the ratio means nothing). The error is also pushed
 back to the projections: ΔW_Q = (∂q/∂W_Q)ᵀ (dQ − dQ_ref), by autograd through the model's own graph from q to
 the parameter (RoPE, reshapes and fused projections included; the graph is kept for the backward in progress,
 so the model's gradients are unchanged, tested), the same for W_K. Each is kept as a fixed random sketch
@@ -117,11 +118,22 @@ def reference_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     return dq, dk
 
 
-def relative_error(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Per head (dim 1 of (B, H, T, D)): ‖a − ref‖ / ‖ref‖ in float64 over the other dims (NaN where ref = 0)."""
+#: What `AlarmObserver` stores for a head whose reference gradient is exactly 0 (a relative error with no
+#: meaning: e.g. dQ of a sequence of length 1, whose softmax has one key); the record holds None there.
+_NOT_APPLICABLE = -1.0
+
+
+def relative_error(a: torch.Tensor, ref: torch.Tensor, na: float = math.nan) -> torch.Tensor:
+    """Per head (dim 1 of (B, H, T, D)): ‖a − ref‖ / ‖ref‖ in float64 over the other dims; `na` (NaN unless
+    given) where ref = 0, whatever a is (never ±∞: the reference dQ of a sequence of length 1 is exactly 0)."""
     d = (a.double() - ref.double()).square().sum(dim=(0, 2, 3)).sqrt()
     n = ref.double().square().sum(dim=(0, 2, 3)).sqrt()
-    return d / n
+    return torch.where(n > 0, d / torch.where(n > 0, n, torch.ones_like(n)), torch.full_like(n, na))
+
+
+def _applicable(values: list) -> list:
+    """A head's relative errors as the record holds them: None where the reference was 0 (`_NOT_APPLICABLE`)."""
+    return [None if v == _NOT_APPLICABLE else v for v in values]
 
 
 def coherence(terms: torch.Tensor) -> torch.Tensor:
@@ -206,8 +218,8 @@ class AlarmObserver:
         layer's window), alarm_skipped (why calls were not measured)."""
         idx = sorted(a["per_call"])
         for key in ("dq_rel", "dk_rel"):
-            rec[f"alarm_{key}"] = [host.get(a["per_call"][i][key]).tolist() if key in a["per_call"][i] else None
-                                   for i in idx]
+            rec[f"alarm_{key}"] = [_applicable(host.get(a["per_call"][i][key]).tolist()) if key in a["per_call"][i]
+                                   else None for i in idx]
         n = len(self.qk)
         for key in ("coherence_q", "coherence_k", "rho_q", "rho_k"):
             rec[f"alarm_{key}"] = [host.get(a["stats"][i][key]).tolist() if i in a["stats"] and key in a["stats"][i]
@@ -294,7 +306,7 @@ class AlarmObserver:
                         st["ref"] = reference_grads(q4[:nb], k4[:nb], v4[:nb], st["do"], call.is_causal,
                                                     call.scale, settings.reference)
                     g4 = _to4(g.detach())
-                    entry[("dq_rel", "dk_rel")[which]] = relative_error(g4[:nb], st["ref"][which])
+                    entry[("dq_rel", "dk_rel")[which]] = relative_error(g4[:nb], st["ref"][which], _NOT_APPLICABLE)
                     if src is not None and src.params is not None:
                         entry[("sq", "sk")[which]] = self._param_term(src, which, tensor, g, st["ref"][which], nb)
                 finally:

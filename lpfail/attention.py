@@ -683,9 +683,21 @@ def _check_qkv(q, k, v, policy, causal, check_finite: bool = True):
             raise NonFiniteInputError(f"{name} contains non-finite values (inf or NaN)")
 
 
-def _scale(scale, d):
-    """α as a Python float (D^-1/2 by default). Elementwise ops round it to their op dtype (FP32 or FP64)."""
-    return d ** -0.5 if scale is None else float(scale)
+def resolve_scale(scale, d):
+    """α as a Python float (D^-1/2 by default). Elementwise ops round it to their op dtype (FP32 or FP64).
+    Raises ValueError naming the argument for a scale that is not a finite positive number (a string, 0, NaN)."""
+    if scale is None:
+        return d ** -0.5
+    try:
+        alpha = float(scale)
+    except (TypeError, ValueError):
+        alpha = None
+    if alpha is None or not math.isfinite(alpha) or alpha <= 0:
+        raise ValueError(f"scale must be a positive number, got {scale!r}")
+    return alpha
+
+
+_scale = resolve_scale
 
 
 def _fma_alpha(alpha: float, policy: Precision) -> float:

@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lpfail", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="list the registered experiments and the state of their stored results")
-    p_run = sub.add_parser("run", help="run an experiment and store its result in results/")
+    p_run = sub.add_parser("run", help="run an experiment and store its result in the results folder: "
+                                       "$LPFAIL_RESULTS_DIR if set, else results/ of a source checkout, else "
+                                       "results/ in the user's lpfail folder ($LPFAIL_HOME, else $XDG_DATA_HOME/lpfail, else "
+                                       "~/.local/share/lpfail)")
     p_run.add_argument("name")
     p_run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config field")
     p_run.add_argument("--no-store", action="store_true", help="run without writing the result")

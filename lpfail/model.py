@@ -139,6 +139,9 @@ class AttentionSpec:
         or a full policy string inside the parentheses."""
         text = text.strip()
         if "(" not in text:
+            if text in ("reference", "triton"):   # the text form's example, not the constructor's
+                raise ValueError(f"attention {text!r} needs a Precision policy in parentheses, e.g. "
+                                 f"{text}(PAPER_BF16) or {text}(FA2_BF16)")
             return cls(text)
         if not text.endswith(")"):
             raise ValueError(f"cannot parse attention spec {text!r}: expected backend(policy)")

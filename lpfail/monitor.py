@@ -255,14 +255,16 @@ def _logit_stats_device(call: SDPACall, score_dtype: torch.dtype, sample_batch: 
 
 def _live_rows(call: SDPACall, banned: torch.Tensor | None, b: int) -> int:
     """Query rows of sequence b (head 0) with at least one allowed key, from the mask alone (`banned`: the
-    negated mask, 2-D or (B, H, Tq, Tk)): an int computed on the host when the mask is only causal, else a
-    0-d tensor on the mask's device (never read during the forward)."""
+    negated mask, 2-D or (B, H, Tq, Tk), either with size-1 dimensions that broadcast): an int computed on the
+    host when the mask is only causal, else a 0-d tensor on the mask's device (never read during the forward).
+    The mask is broadcast to (Tq, Tk) first, as SDPA does: a key-padding mask (B, 1, 1, Tk) or (1, Tk) holds
+    one row for all Tq query rows."""
     tq, tk = call.q.shape[-2], call.k.shape[-2]
     if call.attn_mask is None:
         return tq if tk > 0 else 0  # no mask, or causal (top-left: every row sees key 0)
     a = ~banned
-    a = a if a.dim() == 2 else a[b, 0]
-    return a.any(dim=-1).sum()  # a 0-d tensor on the mask's device, read at step() with everything else
+    a = a if a.dim() == 2 else a[b if a.shape[0] > 1 else 0, 0]
+    return torch.broadcast_to(a, (tq, tk)).any(dim=-1).sum()  # 0-d, on the mask's device, read at step()
 
 
 @torch.no_grad()
@@ -705,6 +707,9 @@ class Monitor:
                              "sampled steps")
         if not isinstance(thresholds, Thresholds):
             raise TypeError("thresholds must be a lpfail.monitor.Thresholds")
+        if not (isinstance(score_dtype, torch.dtype) and score_dtype.is_floating_point):
+            raise ValueError(f"score_dtype must be a floating torch.dtype such as torch.bfloat16 (got "
+                             f"{score_dtype!r})")
         if alarm is not None and not isinstance(alarm, Alarm):
             raise TypeError("alarm must be None or a lpfail.monitor.Alarm")
         alarm_obs = AlarmObserver(alarm, every) if alarm is not None else None  # checks Alarm.every

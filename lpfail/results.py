@@ -418,6 +418,18 @@ def require_storable(name: str) -> None:
         numerics.require_pinned(f"result {name!r}")
 
 
+def require_writable(directory: Path) -> None:
+    """Create `directory` where it is missing and raise `ResultError` where a result cannot be written into it,
+    so that `run` says so before the computation rather than after it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise ResultError(f"cannot store results in {directory} ({e.strerror or e}); set ${RESULTS_ENV} to a "
+                          "folder you can write, or pass --no-store") from None
+
+
 def save(name: str, cfg, data: dict, wall_s: float, directory: Path | None = None,
          provenance: dict | None = None) -> Result:
     """Store ``data`` as result ``name`` (atomically, with provenance; refused by `require_storable` where the
@@ -513,6 +525,7 @@ def run(name: str, config=None, store: bool = True, directory: Path | None = Non
                               f"`{_command(name)}` on a GPU machine (chapters on CPU read its stored result)")
     if store:
         require_storable(name)  # before the computation, not only before the write
+        require_writable(Path(directory) if directory is not None else results_dir())
     t0 = time.perf_counter()
     data = exp.fn(cfg)
     wall = time.perf_counter() - t0

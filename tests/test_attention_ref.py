@@ -424,3 +424,15 @@ def test_l_from_pbar_against_float64(causal):
     o_p = flash_forward(q, k, v, base, causal=causal).o
     o_pbar = flash_forward(q, k, v, base.replace(l_from="pbar"), causal=causal).o
     assert not torch.equal(o_p, o_pbar)
+
+
+@pytest.mark.parametrize("scale", ["a", 0, -1.0, float("nan"), float("inf"), None])
+def test_a_scale_that_is_not_a_positive_number_is_named(scale):
+    """A bad scale is a ValueError that names the argument (once: "could not convert string to float: 'a'", and a
+    zero or negative scale ran); None is the default 1/√D."""
+    q = torch.randn(1, 1, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    if scale is None:
+        torch.testing.assert_close(attention(q, q, q, FP64, scale=scale), attention(q, q, q, FP64, scale=8 ** -0.5))
+        return
+    with pytest.raises(ValueError, match=r"scale must be a positive number, got "):
+        attention(q, q, q, FP64, scale=scale)

@@ -110,6 +110,25 @@ def test_clear_errors(kwargs, match):
         kernels.flash_attention(q, k, v, **kwargs)
 
 
+@pytest.mark.parametrize("args", [(None, 0.0, True), (None, 0.1), (None, 0.0, False, 0.5)])
+def test_positional_arguments_in_sdpa_order_are_a_type_error(args):
+    """SDPA's positional order (attn_mask, dropout_p, is_causal, scale) is refused, not read as causal= / scale=:
+    only the policy may follow q, k, v positionally (once, (q, k, v, None, 0.0, True) ran full attention with
+    scale 1.0, and (q, k, v, None, 0.1) causal attention)."""
+    q, k, v, _ = qkv(n=16, d=16)
+    with pytest.raises(TypeError, match="positional argument"):
+        kernels.flash_attention(q, k, v, *args)
+
+
+@pytest.mark.parametrize("scale", ["a", 0, -0.5, float("nan"), float("inf"), [1.0]])
+def test_a_scale_that_is_not_a_positive_number_is_named(scale):
+    q, k, v, _ = qkv(n=16, d=16)
+    with pytest.raises(ValueError, match=r"scale must be a positive number, got "):
+        kernels.flash_attention(q, k, v, scale=scale)
+    with pytest.raises(ValueError, match=r"scale must be a positive number, got "):
+        kernels.flash_attention(q, k, v, FA2_BF16, scale=scale)
+
+
 def test_clear_errors_for_dtype_head_dim_and_policy_mix():
     q, k, v, _ = qkv()
     with pytest.raises(ValueError, match="bfloat16, float16 or float32"):

@@ -197,3 +197,38 @@ def test_the_tested_rule_applies_to_a_monitors_records():
     assert min(scaled_statistic(r) for r in bf16.records) > 1e-5 > max(scaled_statistic(r) for r in fp32.records)
     assert scaled_fires(bf16.records, lo) == 2 and scaled_fires(fp32.records, lo) is None
     assert scaled_fires(bf16.records, ScaledRule(threshold=1e-5, consecutive=5)) is None   # only 4 measurements
+
+
+def test_relative_error_against_a_zero_reference_is_not_infinite():
+    """‖a − ref‖/‖ref‖ with ref = 0 means nothing: NaN (or `na`) whatever a is, never ±∞; other heads as before."""
+    from lpfail.alarm import relative_error
+
+    ref = torch.zeros(1, 3, 2, 4, dtype=torch.float64)
+    ref[:, 2] = 2.0
+    a = torch.zeros_like(ref)
+    a[:, 1] = 1e-9
+    a[:, 2] = 2.5
+    got = relative_error(a, ref)
+    assert math.isnan(got[0]) and math.isnan(got[1]) and got[2].item() == 0.25
+    assert relative_error(a, ref, na=-1.0).tolist() == [-1.0, -1.0, 0.25]
+    a[:, 2] = math.nan                                   # the model's own NaN stays NaN
+    assert math.isnan(relative_error(a, ref, na=-1.0)[2])
+
+
+@pytest.mark.parametrize("policy", [None, PAPER_BF16], ids=["sdpa", "paper_bf16"])
+def test_at_sequence_length_one_the_relative_errors_are_not_applicable(policy, tmp_path):
+    """One key per query: the reference dQ and dK are exactly 0, so the record holds None for them (once NaN or
+    inf, whichever the model's own rounding gave), the JSONL line is strict JSON, and the rule sees no value."""
+    from lpfail.alarm import scaled_fires
+
+    model = _gpt()
+    idx = torch.randint(0, 64, (2, 2), generator=torch.Generator().manual_seed(1))
+    with Monitor(model, every=1, window=1, sample_batch=2, thresholds=QUIET, alarm=Alarm(),
+                 path=tmp_path / "m.jsonl") as mon, warnings.catch_warnings():
+        warnings.simplefilter("ignore", MonitorWarning)
+        with substitute(model, policy) if policy is not None else torch.enable_grad():
+            model(idx[:, :1], idx[:, 1:])[1].backward()
+        rec = mon.step()
+    assert rec["alarm_dq_rel"] == [[None] * 4] * 2 and rec["alarm_dk_rel"] == [[None] * 4] * 2
+    assert '"alarm_dq_rel": [[null, null, null, null], [null, null, null, null]]' in (tmp_path / "m.jsonl").read_text()
+    assert scaled_fires([rec]) is None

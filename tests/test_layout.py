@@ -176,3 +176,16 @@ def test_make_test_runs_the_two_settings_check():
     test_line = re.search(r"^test: (.*)$", text, re.MULTILINE).group(1).split()
     assert "invariance" in test_line
     assert re.search(r"^invariance:.*\n\t.*tools/cpu_invariance\.py all", text, re.MULTILINE)
+
+
+def test_monitor_and_alarm_at_the_top_come_on_first_use():
+    """``lpfail.Monitor`` and ``lpfail.Alarm`` (what the book tells users to take) are the monitor's classes, and
+    ``import lpfail`` alone still imports neither torch nor the monitor."""
+    out = _py("import sys, lpfail\n"
+              "light = [m for m in ('torch', 'lpfail.monitor', 'lpfail.alarm') if m in sys.modules]\n"
+              "import lpfail.monitor, lpfail.alarm\n"
+              "print(light, lpfail.Monitor is lpfail.monitor.Monitor, lpfail.Alarm is lpfail.alarm.Alarm,\n"
+              "      {'Monitor', 'Alarm', 'flash_attention'} <= set(dir(lpfail)) & set(lpfail.__all__))")
+    assert out.split() == ["[]", "True", "True", "True"]
+    with pytest.raises(AttributeError, match="no attribute 'Monitr'"):
+        lpfail.Monitr  # noqa: B018

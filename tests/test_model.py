@@ -279,6 +279,18 @@ def test_attention_spec_strings():
         AttentionSpec.parse("reference(FP32")
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_a_spec_string_without_its_policy_names_the_string_form(backend):
+    """The text form (the command line's --attention, a config's attention) is told its own form, backend(POLICY),
+    not the constructor's AttentionSpec(backend, POLICY); the constructor keeps its own."""
+    with pytest.raises(ValueError, match=rf"attention '{backend}' needs a Precision policy in parentheses, e\.g\. "
+                                         rf"{backend}\(PAPER_BF16\)") as err:
+        AttentionSpec.parse(f" {backend} ")
+    assert "AttentionSpec(" not in str(err.value)
+    with pytest.raises(ValueError, match=rf"AttentionSpec\('{backend}', PAPER_BF16\)"):
+        AttentionSpec(backend)
+
+
 @pytest.mark.parametrize("call, exc, match", [
     (lambda m: m.set_attention("flash"), ValueError, "unknown attention backend"),
     (lambda m: m.set_attention("reference"), ValueError, "needs a Precision"),

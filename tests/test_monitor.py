@@ -589,3 +589,90 @@ def test_an_explicit_mask_is_not_read_during_the_forward():
             model(idx, idx)
         rec = mon.step()
     assert reads.n == 0 and rec["rows"] == [11, 11] and all(isinstance(r, int) for r in rec["rows"])
+
+
+class PaddingSDPA(PackedSDPA):
+    """SDPA with a mask built by `mask(B, T)` (None: no mask); `zero_q`: q ≡ 0, so every score of a row is equal
+    and every row with ≥ 2 allowed keys is tied."""
+
+    def __init__(self, c=16, h=2, mask=None, zero_q=False):
+        super().__init__(c, h)
+        self.mask, self.zero_q = mask, zero_q
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (x @ self.w).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        q = q * 0 if self.zero_q else q
+        m = None if self.mask is None else self.mask(B, T)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m).transpose(1, 2).reshape(B, T, C)
+
+
+class PaddedMHA(nn.Module):
+    """nn.MultiheadAttention given a key_padding_mask (True = padding: the last two keys of sequence 1)."""
+
+    def __init__(self, c=16, h=2):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(c, h, bias=False, batch_first=True)
+
+    def forward(self, x):
+        pad = torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool)
+        pad[1, -2:] = True
+        return self.mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+
+
+def _one_record(layer, sample_batch=2):
+    torch.manual_seed(0)
+    model = Toy(layer)
+    idx = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(3))
+    with Monitor(model, every=1, window=1, sample_batch=sample_batch) as mon, torch.no_grad(), \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")                         # toy ties; no Q/K projections found
+        model(idx, idx)
+        rec = mon.step()
+    return {key: rec[key] for key in ("max_logit", "tied_frac", "rows")}
+
+
+ALLOW_ALL = {
+    "(B,1,1,Tk)": lambda b, t: torch.ones(b, 1, 1, t, dtype=torch.bool),
+    "(1,Tk)": lambda b, t: torch.ones(1, t, dtype=torch.bool),
+    "(1,1,1,Tk)": lambda b, t: torch.ones(1, 1, 1, t, dtype=torch.bool),
+    "float zeros (B,1,1,Tk)": lambda b, t: torch.zeros(b, 1, 1, t),
+    "(B,1,Tq,Tk)": lambda b, t: torch.ones(b, 1, t, t, dtype=torch.bool),
+}
+
+
+@pytest.mark.parametrize("name", list(ALLOW_ALL))
+@pytest.mark.parametrize("sample_batch", [1, 2])
+def test_a_broadcast_mask_that_allows_every_key_gives_the_record_of_no_mask(name, sample_batch):
+    """A key-padding mask holds one row per sequence for all its query rows; the monitor broadcasts it as SDPA
+    does (once it counted one live row per sequence, so tied fractions could exceed 1)."""
+    plain = _one_record(lambda c: PaddingSDPA(c), sample_batch)
+    assert plain["rows"] == [12 * sample_batch] * 2
+    assert _one_record(lambda c: PaddingSDPA(c, mask=ALLOW_ALL[name]), sample_batch) == plain
+
+
+def _padding(b, t):
+    m = torch.ones(b, 1, 1, t, dtype=torch.bool)
+    m[1, ..., -2:] = False                                       # sequence 1: two padding keys
+    return m
+
+
+@pytest.mark.parametrize("layer", [lambda c: PaddingSDPA(c, mask=_padding, zero_q=True),
+                                   lambda c: PaddingSDPA(c, mask=lambda b, t: _padding(b, t)[:, 0, 0][:1, None],
+                                                         zero_q=True),
+                                   PaddedMHA], ids=["(B,1,1,Tk)", "(1,1,Tk)", "MultiheadAttention"])
+def test_tied_fractions_stay_at_most_one_with_real_padding(layer):
+    """q ≡ 0 ties every row with ≥ 2 allowed keys: the fraction is exactly 1, every query row counted."""
+    rec = _one_record(layer)
+    assert rec["rows"] == [24, 24]
+    assert max(max(row) for row in rec["tied_frac"]) <= 1.0
+    if not isinstance(layer, type):
+        assert rec["tied_frac"] == [[1.0, 1.0], [1.0, 1.0]]
+
+
+def test_score_dtype_must_be_a_floating_dtype():
+    for bad in (torch.int32, "bf16", torch.bool, None):
+        with pytest.raises(ValueError, match="score_dtype must be a floating torch.dtype"):
+            Monitor(Toy(PackedSDPA), score_dtype=bad)
+    assert Monitor(Toy(PackedSDPA), score_dtype=torch.float16).score_dtype == torch.float16

@@ -366,3 +366,33 @@ def test_stored_files_get_the_mode_of_any_new_file(cache, umask, mode):
         os.umask(old)
     for name in ("_toy.json", "_toy.npz", "quick_x.json"):
         assert stat.S_IMODE((cache / name).stat().st_mode) == mode, name
+
+
+def test_an_unwritable_results_folder_is_an_error_before_the_computation(cache, monkeypatch, capsys):
+    """`run` checks that the results folder can be written (creating it where missing) before computing: once
+    `LPFAIL_RESULTS_DIR=/proc/nope python -m lpfail run fix_rows` computed everything, then failed writing."""
+    blocker = cache / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("LPFAIL_RESULTS_DIR", str(blocker / "results"))
+    assert cli.main(["run", "_toy"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot store results in {blocker / 'results'} (") and "LPFAIL_RESULTS_DIR" in err
+    assert CALLS == []                                    # nothing was computed
+    with pytest.raises(results.ResultError, match="cannot store results in"):
+        results.run("_toy", directory=blocker / "elsewhere")
+    assert CALLS == []
+    assert cli.main(["run", "_toy", "--no-store"]) == 0 and len(CALLS) == 1   # --no-store writes nothing
+    fresh = cache / "new" / "deeper"
+    monkeypatch.setenv("LPFAIL_RESULTS_DIR", str(fresh))
+    assert cli.main(["run", "_toy"]) == 0 and (fresh / "_toy.json").is_file()
+
+
+def test_the_help_says_where_run_stores_its_result():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "lpfail", "--help"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(results.REPO_ROOT), "COLUMNS": "400"})
+    run_line = next(line for line in proc.stdout.splitlines() if line.strip().startswith("run "))
+    assert "$LPFAIL_RESULTS_DIR" in run_line and "source checkout" in run_line and \
+        "~/.local/share/lpfail" in run_line, run_line

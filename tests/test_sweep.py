@@ -587,3 +587,34 @@ def test_no_run_is_started_that_the_sweeps_pace_says_cannot_finish(tmp_path):
     assert sw._next_that_fits(5.0) is None and len(sw.queue) == 2          # 5 s left: neither b nor c can finish
     assert said[-2:] == [m for m in said if "not starting" in m][-2:] and "not starting b" in said[-2], said
     assert sw._next_that_fits(20.0) is specs[1] and sw.queue == [specs[2]]
+
+
+@pytest.mark.parametrize("command", [["drive", "--budget", "80"], ["drive"], ["checks"]])
+def test_drive_and_checks_refuse_without_a_gpu(monkeypatch, capsys, command):
+    """Without CUDA, `drive` and `checks` of a GPU grid start nothing and exit 1 with the reason (once they trained
+    GPU-size runs on the CPU until the budget stopped them, and exited 0)."""
+    import torch
+
+    from lpfail.sweep import cli
+    from lpfail.sweep import run as R
+
+    def started(*a, **kw):
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(R, "drive", started)
+    monkeypatch.setattr(L.LRGrid, "checks", started)
+    assert cli.main(["lr_sweep", *command, "--root", "/nonexistent/never_written"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: grid 'lr_sweep' needs a CUDA GPU and none is available here; run `python -m lpfail sweep " \
+           f"lr_sweep {command[0]}` on a GPU machine" in err
+
+
+@pytest.mark.parametrize("budget", ["-5", "0", "nan", "soon"])
+def test_a_budget_that_is_not_a_positive_number_is_a_usage_error(capsys, budget):
+    from lpfail.sweep import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["lr_sweep", "drive", "--budget", budget])
+    assert exit_.value.code == 2 and "--budget: must be a" in capsys.readouterr().err
+    assert cli.parser().parse_args(["lr_sweep", "drive", "--budget", "80"]).budget == 80.0

@@ -654,3 +654,10 @@ def test_a_runs_files_get_the_mode_of_any_new_file(tmp_path):
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
     assert {"run.json", "config.json", "log.jsonl", "batches.json", "ckpt_0000002.pt"} <= set(modes)
     assert {n: m for n, m in modes.items() if m != 0o644} == {}
+
+
+def test_attention_without_its_policy_on_the_command_line_is_told_the_command_line_form(capsys):
+    """`--attention triton` is told `triton(PAPER_BF16)`, the form the flag takes (once: AttentionSpec(...))."""
+    assert cli.main(["train", "--preset", "tiny", "--attention", "triton", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "e.g. triton(PAPER_BF16)" in err and "AttentionSpec(" not in err, err

@@ -10,6 +10,9 @@ drive    train the missing runs (each stored in a part as it finishes) within --
          (exit status 1 and no headline, but the runs that did not finish, where the budget ran out first)
 collect  store the result from the parts (on any machine); refuses while runs are missing (--partial: store an
          incomplete grid, where the grid allows it)
+
+checks and drive train GPU-size runs: without a CUDA GPU they refuse, starting nothing (exit status 1), as
+`python -m lpfail run` does for a GPU experiment; drive --quick is left to its budget.
 """
 from __future__ import annotations
 
@@ -26,12 +29,35 @@ from lpfail.sweep import run as R
 COMMANDS = ("status", "plan", "checks", "drive", "collect")
 
 
+def _positive_seconds(text: str) -> float:
+    """--budget: a number of seconds above 0 (argparse reports anything else as a usage error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:   # also NaN
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _no_gpu(grid, command: str) -> str:
+    """Why `command` may not train `grid` here ("" where it may): a grid registered as GPU work on a machine
+    without CUDA (its runs are GPU-size training runs; on the CPU they would only run out the budget)."""
+    import torch
+
+    exp = results.registry().get(grid.name)
+    if exp is None or not exp.gpu or torch.cuda.is_available():
+        return ""
+    return (f"grid {grid.name!r} needs a CUDA GPU and none is available here; run `python -m lpfail sweep "
+            f"{grid.name} {command}` on a GPU machine (`status`, `plan` and `collect` run anywhere)")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m lpfail sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("name", help="the grid experiment (`python -m lpfail sweep list` names them)")
     ap.add_argument("command", choices=COMMANDS, nargs="?", default="status")
-    ap.add_argument("--budget", type=float, default=None, help="drive: seconds before running runs are stopped")
+    ap.add_argument("--budget", type=_positive_seconds, default=None, help="drive: seconds before running runs are stopped")
     ap.add_argument("--quick", action="store_true", help="drive: the quick profile (a chapter's headline)")
     ap.add_argument("--record", default=None, help="drive --quick: also write the outcome here (JSON)")
     ap.add_argument("--partial", action="store_true", help="collect: store an incomplete grid too")
@@ -68,6 +94,10 @@ def _drive(grid, args) -> int:
     if why:
         print(f"{grid.name} drive: not started: {why}", flush=True)
         return 1
+    why = _no_gpu(grid, "drive")
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 1
     missing = G.lookup(grid).missing
     print(f"{grid.name} drive: {len(missing)} runs missing", flush=True)
     R.drive(grid, missing, root=root / "runs", budget_s=args.budget, log=lambda m: print(m, flush=True))
@@ -76,6 +106,10 @@ def _drive(grid, args) -> int:
 
 
 def _checks(grid, args) -> int:
+    why = _no_gpu(grid, "checks") if getattr(grid, "check_groups", True) else ""   # none: nothing is trained
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 1
     root = Path(args.root) if args.root else R.default_root(grid)
     out = grid.checks(root / "checks", log=lambda m: print(m, flush=True))
     root.mkdir(parents=True, exist_ok=True)
