@@ -959,16 +959,17 @@ def _round_bf16(R: int, sh: int, E: int, W: int, sign: int, kept_pre: int, exact
     result = _value(sign, kept, E2, W, ovf)
     rb = bits(result)
     sticky_bits = rest[1:]
-    tail = "nonzero" if "1" in sticky_bits else ("all zero" if sticky_bits else "none")
     why = {
         "exact": "no bits below the kept ones are set: exact",
-        "down": "rounding bit 0: less than half an ulp, round down",
-        "up": f"rounding bit 1, sticky bits {tail}: more than half an ulp, round up",
-        "tie→even": (f"rounding bit 1, sticky bits {tail}: exactly half an ulp, a tie broken to even "
+        "down": "less than half an ulp, round down",
+        "up": "more than half an ulp, round up",
+        "tie→even": ("exactly half an ulp, a tie broken to even "
                      f"(last kept bit {kept_pre & 1}), round {'up' if kept_pre & 1 else 'down'}"),
     }[decision]
+    # the Primer's names: the rounding bit is the first dropped bit (`g`), the sticky bit the OR of all later ones
     rows.append(("4 round", _round_segments(kept_pre, rest, W),
-                 f"guard {g}, round {r}, sticky {s}; {why}" + (f" → {direction}" if direction != "none" else "")))
+                 f"rounding bit (first dropped) {g}, sticky bit (OR of the later ones) {int(bool(r or s))}; {why}"
+                 + (f" → {direction}" if direction != "none" else "")))
     note = ""
     if ovf:
         note = "rounding overflowed the largest bf16 value: the result is infinite"

@@ -124,3 +124,24 @@ def test_explorer_updates_on_input():
     presets.value = 4
     assert mode.value == "bf16" and a_box.value == widgets.ADDITION_GALLERY[4][2]
     assert float(bf16.add_trace(a_box.value, b_box.value).result) == a_box.value + b_box.value
+
+
+def test_paper_exercise_operands_are_the_bits_its_statement_spells():
+    """Exercise 4.2 states its operands' bits by hand; they must be what `bf16.describe` gives, and the pair must be
+    an exact tie after the carry, broken away from zero (the point of the exercise)."""
+    from lpfail import bf16
+    from lpfail.book import rounding_report as RR
+
+    a, b = RR.PAPER_EXERCISE_ADD
+    assert bf16.describe(a) == "-2.625 = -1.0101000₂ × 2^1" and bf16.describe(b) == "-2.171875 = -1.0001011₂ × 2^1"
+    t = bf16.add_trace(a, b)
+    assert (t.normalization, t.decision, t.direction) == ("carry", "tie→even", "away from zero")
+
+
+def test_fix_twin_labels_agree_with_their_tables():
+    from lpfail import results
+    from lpfail.book import fix_widgets as F
+
+    labels = [F.case_label(t, a, sts) for t, a, sts in F.states(results.load("fix_gallery"))]
+    assert labels[0].endswith("leaves 11 % of the bias") and "16–17" in labels[0]
+    assert "e^−116" in labels[6] and "0.5–1.5" in labels[4]

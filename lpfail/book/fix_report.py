@@ -5,6 +5,7 @@ Algorithm 3 over β; Robust, our robust fix) and the numbers its text quotes (`f
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -360,3 +361,25 @@ def ten_seed_fix_found(a: Mapping) -> str:
     return (f"{lead} (Fix-b: *{word}*), on ten paired seeds of our proxy: it {CR.fix_rates_text(rates)}. "
             f"In LR sensitivity, the robust fix {robust} (HR: {hr}).")
 
+
+
+# -- where Algorithm 3 breaks: the edges of the tied keys' P̄ = e^−x (chapter 5's first section) ------------------------
+def edge_facts(sweep: Mapping) -> dict[str, str]:
+    """The shifts x at which the tied keys' P̄ = e^−x leaves FP32's (and BF16's) normal range (ln 2^126) and rounds to
+    0 in BF16 (below half its smallest subnormal 2^−133: ln 2^134), and the band of shifts that the stored
+    ``fix_sweep`` grid does not sample around them. A grid point's tied maxima lie at r_m + U(0, 1), so Algorithm
+    3's shift there lies between (β − 1)·r_m and (β − 1)·(r_m + 1) for r_m > 0, between |r_m| − 1 and |r_m| below."""
+    import torch
+
+    fi = torch.finfo(torch.bfloat16)
+    normal = -math.log(fi.tiny)                          # ln 2^126: FP32 and BF16 share the exponent range
+    zero = -math.log(fi.tiny * fi.eps / 2)               # ln 2^134: half the smallest BF16 subnormal
+    spans = []
+    for b in np.asarray(sweep["betas"], dtype=float):
+        for r in np.asarray(sweep["r_ms"], dtype=float):
+            spans.append(((b - 1) * r, (b - 1) * (r + 1)) if r > 0 else (abs(r) - 1, abs(r)) if r < 0 else (0, 0))
+    below = max(hi for lo, hi in spans if hi <= normal)
+    above = min(lo for lo, hi in spans if lo >= zero)
+    inside = [s for s in spans if s[1] > below and s[0] < above]
+    return {"edge_normal": f"{normal:.1f}", "edge_zero": f"{zero:.1f}", "grid_below": f"{below:g}",
+            "grid_above": f"{above:g}", "grid_inside": f"{len(inside)}"}

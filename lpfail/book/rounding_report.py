@@ -229,16 +229,22 @@ def gap_table(res: Mapping) -> str:
     return md_table(["gap", "no fix", "Algorithm 3"], rows)
 
 
+#: The operands of chapter 4's second exercise on paper (an exact tie after the carry, broken away from zero); its
+#: statement spells their bits out, `tests/test_rounding.py` checks them against `bf16.describe`.
+PAPER_EXERCISE_ADD = (-2.625, -2.171875)
+
+
 def class_facts() -> dict[str, str]:
     """The values of chapter 4's exercises on paper, computed by `lpfail.bf16` (their solutions glue them)."""
     x = -2.40625
-    t2 = bf16.add_trace(-2.375, -2.296875)
+    t2 = bf16.add_trace(*PAPER_EXERCISE_ADD)
     t3a = bf16.add_trace(-1.0078125, -1.0)
     t3b = bf16.add_trace_acc(float(np.float32(-1.0078125 - 0.003)), -1.0)
     return {"p1_bits": bf16.bits(x), "p1_ulp": f"{bf16.ulp(x):.10g}", "p1_down": f"{bf16.next_down(x):.10g}",
             "p1_up": f"{bf16.next_up(x):.10g}",
             "p2_exact": f"{float(t2.exact):.10g}", "p2_result": f"{float(t2.result):.10g}", "p2_decision": t2.decision,
-            "p2_direction": t2.direction, "p2_bits": t2.result_bits,
+            "p2_direction": t2.direction, "p2_bits": t2.result_bits, "p2_sum": f"{t2.sum_bits}₂",
+            "p2_normalized": f"{t2.normalized_bits.replace('|', '')}₂", "p2_kept": t2.normalized_bits[2:9],
             "p3_tie_result": f"{float(t3a.result):.10g}", "p3_tie_direction": t3a.direction,
             "p3_exact": f"{float(t3b.exact):.7g}", "p3_result": f"{float(t3b.result):.10g}",
             "p3_direction": t3b.direction, "p3_error": f"{float(t3b.error):+.3g}"}
@@ -286,3 +292,72 @@ HANDOUT_INTRO = ("The exercises and the closing quiz of the book's chapter 4, wi
 def write_handout(notebook: str = "04_rounding.ipynb", path: str = HANDOUT):
     """Write chapter 4's handout from its notebook (`lpfail.book.handout`), paths relative to book/."""
     return handout.write_handout(notebook, path, HANDOUT_TITLE, HANDOUT_INTRO)
+
+
+# -- the figures' captions and one exercise, from the data they show ---------------------------------------------------
+def _e(x: float, fmt: str = "+.2e") -> str:
+    return format(float(x), fmt)
+
+
+def running_error_facts(tied: Mapping, single: Mapping, fixed: Mapping) -> dict[str, str]:
+    """What {numref}`fig-running-error` shows, from its three rows (`rounding.running_error`): the jump of the error at
+    each tied key with two tied maxima and with Algorithm 3, the largest step with one maximum, the final errors,
+    and how Algorithm 3's final error compares with the paper's arithmetic's."""
+    keys = np.flatnonzero(tied["is_one"])
+    e2, e1, ef = (np.asarray(d["error"], dtype=float) for d in (tied, single, fixed))
+    jump = lambda e: listing([_e(e[k] - e[k - 1]) for k in keys], last="and")  # noqa: E731
+    same = np.sign(ef[-1]) == np.sign(e2[-1])
+    size = "smaller" if abs(ef[-1]) < abs(e2[-1]) else "larger"
+    return {"tied_jumps": jump(e2), "fixed_jumps": jump(ef), "single_step": _e(np.abs(np.diff(e1)).max(), ".1e"),
+            "tied_final": _e(e2[-1]), "fixed_final": _e(ef[-1], "+.1e"), "single_final": _e(e1[-1], "+.1e"),
+            "fixed_vs_tied": f"{'the same' if same else 'the other'} sign as the paper's arithmetic's, and {size}"}
+
+
+def _pm(m: float, c: float) -> str:
+    return f"{m * 1e4:+.2f} ± {c * 1e4:.2f}"
+
+
+def sweep_caption_facts(res: Mapping) -> dict[str, str]:
+    """What {numref}`fig-rounding-sweep` shows (×10⁻⁴), for its caption: the gaps where the accumulation bias is
+    strong, the stored output's bias without the fix at the smaller gaps where it is significant, and with
+    Algorithm 3 its largest value in the first two panels and in the gap panel."""
+    gaps = np.asarray(res["gap_values"], dtype=float)
+    acc = np.asarray(res["gap_nofix_acc_away"])
+    strong = gaps[acc > STRONG]
+    o, oc = np.asarray(res["gap_nofix_out_away"]), np.asarray(res["gap_nofix_out_away_ci"])
+    small = [k for k in range(len(gaps)) if gaps[k] < strong.min() and o[k] - oc[k] > 0]
+    f, fc = np.asarray(res["gap_fix_out_away"]), np.asarray(res["gap_fix_out_away_ci"])
+    k = int(np.argmax(f))
+    first = np.concatenate([np.asarray(res[f"{a}_fix_out_away"]) for a in ("ties", "neg_frac")])
+    return {"sw_gap_strong": f"{strong.min():g}–{strong.max():g}",
+            "sw_out_small": listing([f"{_pm(o[j], oc[j])} at gap {gaps[j]:g}" for j in small], last="and"),
+            "sw_fix_out_first": f"{np.abs(first).max() * 1e4:.2f}",
+            "sw_fix_out_peak": f"{_pm(f[k], fc[k])} at gap {gaps[k]:g}"}
+
+
+def _bias_word(a: tuple[float, float], b: tuple[float, float]) -> str:
+    """How bias b compares with bias a (mean, 95 % CI half-width): 'stronger', 'weaker' or 'about the same'."""
+    if abs(b[0] - a[0]) <= a[1] + b[1]:
+        return "about the same"
+    return "stronger" if b[0] > a[0] else "weaker"
+
+
+def keys_facts(n_rows: int = 500, seed: int = 1, n_keys: tuple[int, int] = (512, 4096)) -> dict[str, str]:
+    """Exercise 4.5's answer, computed: the accumulation and stored-output biases (×10⁻⁴, toward larger magnitude,
+    one tile of the paper's arithmetic) at a gap of 16 with `n_keys[0]` and `n_keys[1]` keys, and whether the second
+    is stronger. Printed with one decimal: the last digit then stays put under another CPU setting."""
+    from lpfail.experiments import rounding  # here: the experiment module is needed by this one exercise only
+
+    one_tile = PAPER_BF16.replace(block_k=None, block_q=None)
+    got = {}
+    for n in n_keys:
+        s, v, _ = rounding.make_rows(rounding.RowSpec(n_keys=n), n_rows, seed=seed)
+        err = rounding.row_errors(s, v, one_tile)
+        got[n] = {st: rounding.mean_ci(err.away_from_zero(st)) for st in ("acc_err", "out_err")}
+    a, b = n_keys
+    pm = lambda x: f"{x[0] * 1e4:+.1f} ± {x[1] * 1e4:.1f}"  # noqa: E731
+    out = {"k_n_small": f"{a:,}", "k_n_large": f"{b:,}"}
+    for st, key in (("acc_err", "acc"), ("out_err", "out")):
+        out[f"k_{key}_small"], out[f"k_{key}_large"] = pm(got[a][st]), pm(got[b][st])
+        out[f"k_{key}_word"] = _bias_word(got[a][st], got[b][st])
+    return out
