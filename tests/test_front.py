@@ -4,7 +4,7 @@ import dataclasses
 import functools
 
 from lpfail import results
-from lpfail.book import dial_report, front, verdict
+from lpfail.book import front, verdict
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,11 +64,10 @@ def test_advice_follows_the_calls():
     conf = results.load("confirmation")
     a = front.advice(_vs())
     assert len(a) == 5 and all("{doc}`" in line for line in a)
-    ks, lrs = dial_report.supported_at(results.load("dial_training"))
-    assert ("stochastic rounding trained better" in a[2]) == bool(ks)
-    if ks:   # the advice names where the dial supports it, no wider
-        assert all(dial_report.rate(lr) in a[2] for lr in lrs) and " only at " in a[2]
-    assert "production kernels do" in a[1]   # HD tests the whole production arithmetic, not accumulators alone
+    # the dial's narrow finding (2 of H8's 12 rows) is the thesis' to state, never generalised into advice
+    assert "stochastic" not in a[2] and "fraction bits" not in a[2]
+    # HD tests the whole production arithmetic: the advice names the scores with the accumulators
+    assert a[1].startswith("**BF16 scores and accumulators**") and "use FP32" in a[1]
     claims = conf["analysis"]["claims"]
     if claims["HD"]["verdict"] == "supported":
         flipped = {**dict(conf), "analysis": {**conf["analysis"], "claims": {**claims, "HD": {**claims["HD"],
