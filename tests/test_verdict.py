@@ -853,3 +853,17 @@ def test_a_cut_evidence_line_ends_at_a_whole_clause_never_inside_an_interval():
     assert cut.endswith("Holm p 0.0029)") and V._balanced(cut)
     # no clause boundary in the second half: a word boundary, brackets never left open by a clause cut
     assert V._cut("word " * 60, 50) == ("word " * 10).strip()
+
+
+def test_a_short_claim_leaves_asides_out_whole_and_never_ends_on_a_dangling_word():
+    def short(statement, words=14):
+        return V.short_claim(V.Verdict("X", statement, V.REPRODUCED, "", ""), words)
+
+    assert short("The dynamic maximum (Algorithm 3: shift the maximum to β·r_m when a block has tied maxima) "
+                 "removes the rounding bias.") == "The dynamic maximum removes the rounding bias"
+    cut = short("The paper's worked addition −2.40625 (+ a residual ≈ −0.00087) + (−2.296875) rounds to −4.71875 "
+                "in BF16, an error of −0.0147, because the rounding bit is 1.")
+    assert cut == "The paper's worked addition −2.40625 + (−2.296875) rounds to −4.71875 in BF16, an error …"
+    assert short("A claim that fits (with its aside) whole.") == "A claim that fits (with its aside) whole"
+    assert short("one two three four five six seven eight nine ten eleven twelve thirteen to fifteen").endswith(
+        "thirteen …")

@@ -197,8 +197,39 @@ _STAT = re.compile(r"((?:S|L|\()[^;:]*?= [+−-]?\d[\d.]* \[[^\]]+\])")
 def short_claim(v: Verdict, words: int = 14) -> str:
     """The claim in a few words: its statement up to the first colon or full stop, cut at ``words`` words."""
     head = re.split(r"(?<!Sec)(?<!e\.g)(?<!i\.e)(?<!vs)(?<=[a-z)])[:.](?:\s|$)", v.statement, maxsplit=1)[0].strip()
-    ws = head.split()
-    return " ".join(ws[:words]) + (" …" if len(ws) > words else "")
+    groups = _word_groups(head.split())
+    if sum(map(len, groups)) <= words:
+        return head
+    # cut: the asides in brackets left out whole, so that the words kept are the claim's own
+    cut, more = [], False
+    for group in (g for g in groups if not (len(g) > 1 and g[0].startswith("("))):
+        if len(cut) + len(group) > words:
+            more = True
+            break
+        cut += group
+    if not more:
+        return " ".join(cut)
+    # never end on a word that needs the next one ('rounds to …', 'between …')
+    while len(cut) > 3 and cut[-1].lower().strip(",;:") in _DANGLING:
+        cut.pop()
+    return " ".join(cut).rstrip(",;:") + " …"
+
+
+def _word_groups(ws: list[str]) -> list[list[str]]:
+    """``ws`` in groups: a word alone, or the words from one that opens a bracket to the one that closes it."""
+    out, depth = [], 0
+    for w in ws:
+        if depth > 0:
+            out[-1].append(w)
+        else:
+            out.append([w])
+        depth = max(0, depth + w.count("(") + w.count("[") - w.count(")") - w.count("]"))
+    return out
+
+
+#: Words a cut claim may not end on.
+_DANGLING = frozenset("a an the to at of in on by for from with and or than so as when where whose is are has "
+                      "between".split())
 
 
 #: A training verdict rests on this many paired seeds; a row on fewer says so in its one line.
