@@ -697,8 +697,6 @@ def resolve_scale(scale, d):
     return alpha
 
 
-_scale = resolve_scale
-
 
 def _fma_alpha(alpha: float, policy: Precision) -> float:
     """α as the fused step sees it: rounded to the dtype of the raw product (`qk_out`)."""
@@ -723,7 +721,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Pre
 
 def _forward(q, k, v, policy: Precision, causal: bool, scale: float | None,
              sr_key: RoundingKey | None = None, attn_mask: torch.Tensor | None = None) -> ForwardResult:
-    alpha = _scale(scale, q.shape[-1])
+    alpha = resolve_scale(scale, q.shape[-1])
     key = _sr_key(policy, sr_key)
     with _no_autocast(q), torch.no_grad():
         allowed, bias = _mask_parts(attn_mask, q, k, check_finite=False)
@@ -816,7 +814,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.T
 
 def _backward(q, k, v, o, lse, do, policy: Precision, causal: bool, scale: float | None, o_res=None,
               attn_mask=None):
-    alpha = _scale(scale, q.shape[-1])
+    alpha = resolve_scale(scale, q.shape[-1])
     with _no_autocast(q), torch.no_grad():
         return _backward_tiles(q, k, v, o, lse, do, policy, causal, alpha, o_res, attn_mask)
 
@@ -1016,7 +1014,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     in float64; rows with no allowed key give 0) as `attention`; returns float64."""
     _check_qkv(q, k, v, FP64, causal, check_finite)
     allowed, bias = _mask_parts(attn_mask, q, k, check_finite)
-    alpha = _scale(scale, q.shape[-1])
+    alpha = resolve_scale(scale, q.shape[-1])
     q64, k64, v64 = q.double(), k.double(), v.double()             # cast: everything to float64
     s = (q64 @ k64.transpose(-1, -2)) * alpha                      # (B, H, Tq, Tk)
     if bias is not None:

@@ -43,6 +43,8 @@ from lpfail.precision import Precision
 from lpfail.sr_stream import RoundingKey, SRStream
 
 BACKENDS = ("sdpa", "reference", "naive", "triton")
+#: The backends that compute under a `Precision` policy (and need one).
+POLICY_BACKENDS = ("reference", "triton")
 FALLBACKS = (None, "reference")
 
 
@@ -115,7 +117,7 @@ class AttentionSpec:
             object.__setattr__(self, "policy", Precision.parse(self.policy))
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {self.backend!r}; backends: {list(BACKENDS)}")
-        if self.backend in ("reference", "triton"):
+        if self.backend in POLICY_BACKENDS:
             if not isinstance(self.policy, Precision):
                 raise ValueError(f"backend {self.backend!r} needs a Precision policy, e.g. "
                                  f"AttentionSpec({self.backend!r}, PAPER_BF16) (got policy={self.policy!r})")
@@ -139,7 +141,7 @@ class AttentionSpec:
         or a full policy string inside the parentheses."""
         text = text.strip()
         if "(" not in text:
-            if text in ("reference", "triton"):   # the text form's example, not the constructor's
+            if text in POLICY_BACKENDS:   # the text form's example, not the constructor's
                 raise ValueError(f"attention {text!r} needs a Precision policy in parentheses, e.g. "
                                  f"{text}(PAPER_BF16) or {text}(FA2_BF16)")
             return cls(text)

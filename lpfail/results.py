@@ -512,17 +512,26 @@ def _want_recompute() -> bool:
     return os.environ.get("LPFAIL_RECOMPUTE", "").strip().lower() in ("1", "true", "yes")
 
 
+def lacks_gpu(name: str) -> bool:
+    """Whether experiment ``name`` is registered as GPU work and this machine has no CUDA GPU (False for a name
+    that is not registered: its own lookup says so)."""
+    exp = registry().get(name)
+    if exp is None or not exp.gpu:
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def run(name: str, config=None, store: bool = True, directory: Path | None = None) -> Result:
     """Run experiment ``name`` (with its default config unless one is given) and store the result."""
     exp = get(name)
     cfg = exp.default_config() if config is None else config
     if not isinstance(cfg, exp.config):
         raise TypeError(f"experiment {name!r} takes a {exp.config.__name__} config (got {type(cfg).__name__})")
-    if exp.gpu:
-        import torch
-        if not torch.cuda.is_available():
-            raise ResultError(f"experiment {name!r} needs a CUDA GPU and none is available here; run "
-                              f"`{_command(name)}` on a GPU machine (chapters on CPU read its stored result)")
+    if lacks_gpu(name):
+        raise ResultError(f"experiment {name!r} needs a CUDA GPU and none is available here; run "
+                          f"`{_command(name)}` on a GPU machine (chapters on CPU read its stored result)")
     if store:
         require_storable(name)  # before the computation, not only before the write
         require_writable(Path(directory) if directory is not None else results_dir())

@@ -65,11 +65,11 @@ CASE_LABELS = {
 }
 
 
-def _a3_effect(sts: list[dict]) -> str:
-    """What Algorithm 3 does to the bias of one case, by §5.2's rule (`rounding_report.REMOVED_RATIO`)."""
+def _a3_effect(by: dict[str, dict]) -> str:
+    """What Algorithm 3 does to the bias of one case (its table rows by policy), by §5.2's rule
+    (`rounding_report.REMOVED_RATIO`)."""
     from lpfail.book.rounding_report import REMOVED_RATIO
 
-    by = {st["policy"]: st for st in sts}
     a, b = by["no fix"], by["Algorithm 3"]
     if not np.isfinite(b["bias"]):
         return "turns non-finite"
@@ -85,9 +85,9 @@ def case_label(title: str, params, sts: list[dict]) -> str:
     """The twin's label of a stored case (`CASE_LABELS`, filled from its data); the stored title if it has none."""
     r_m, _n, beta, eps, spread = params
     lo, hi = (f"{x:g}".replace("-", "−") for x in (r_m, r_m + 1))
-    m0 = {st["policy"]: st for st in sts}["Algorithm 3"]["m"]
-    shift = (beta - 1) * {st["policy"]: st for st in sts}["no fix"]["m"] if np.isfinite(m0) else float("nan")
-    fill = {"ties": f"{lo}–{hi}" if r_m >= 0 else f"{lo} to {hi}", "a3": _a3_effect(sts), "beta": f"{beta:g}",
+    by = {st["policy"]: st for st in sts}
+    shift = (beta - 1) * by["no fix"]["m"] if np.isfinite(by["Algorithm 3"]["m"]) else float("nan")
+    fill = {"ties": f"{lo}–{hi}" if r_m >= 0 else f"{lo} to {hi}", "a3": _a3_effect(by), "beta": f"{beta:g}",
             "eps": f"{eps:g}", "spread": f"{spread:g}", "shift": f"{shift:.0f}", "ulp": f"{bf16_ulp(r_m):g}"}
     return CASE_LABELS.get(title, title).format(**fill)
 

@@ -633,8 +633,7 @@ def facts(res: Mapping, lr_res: Mapping, amend: Mapping) -> dict[str, str]:
         closes = [n for n, r in a["rows"].items() if r["by_lr"].get(k, {}).get("verdict") == CLOSES]
         out[f"closes_{k}"] = listing(closes)
         # the one-layer rows (the paper's arithmetic in layer i alone) by their layer index, for prose
-        out[f"closes_layers_{k}"] = listing(re.fullmatch(r"layer(\d+)_a", n)[1] for n in closes
-                                            if re.fullmatch(r"layer(\d+)_a", n)) or "none"
+        out[f"closes_layers_{k}"] = listing(m[1] for n in closes if (m := re.fullmatch(r"layer(\d+)_a", n))) or "none"
         out[f"n_open_{k}"] = f"{sum(r['by_lr'].get(k, {}).get('verdict') == OPEN for r in a['rows'].values())}"
         out[f"n_rows_{k}"] = f"{sum(k in r['by_lr'] for r in a['rows'].values())}"
     for n, r in a["rows"].items():

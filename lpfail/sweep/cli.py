@@ -43,10 +43,7 @@ def _positive_seconds(text: str) -> float:
 def _no_gpu(grid, command: str) -> str:
     """Why `command` may not train `grid` here ("" where it may): a grid registered as GPU work on a machine
     without CUDA (its runs are GPU-size training runs; on the CPU they would only run out the budget)."""
-    import torch
-
-    exp = results.registry().get(grid.name)
-    if exp is None or not exp.gpu or torch.cuda.is_available():
+    if not results.lacks_gpu(grid.name):
         return ""
     return (f"grid {grid.name!r} needs a CUDA GPU and none is available here; run `python -m lpfail sweep "
             f"{grid.name} {command}` on a GPU machine (`status`, `plan` and `collect` run anywhere)")
