@@ -19,7 +19,7 @@ import nbformat
 
 from lpfail import results
 from lpfail.book import beyond_report, dial_report, symptom_report
-from lpfail.book.text import listing
+from lpfail.book.text import SIZE_WORDS, listing
 from lpfail.book.verdict import (CONTRADICTED, NO_CLAIM, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
                                  load_or_none)
 
@@ -53,7 +53,7 @@ def _bias(vs) -> str:
 def _size(conf: Mapping | None, key: str) -> str:
     """'8 × 512': a size of the confirmation grid's config ('the larger size' / 'the smaller size' without it)."""
     cfg = (getattr(conf, "meta", None) or {}).get("config") or {}
-    return f"{cfg[key][0]} × {cfg[key][-1]}" if cfg.get(key) else {"large": "the larger size"}.get(key, "the smaller size")
+    return f"{cfg[key][0]} × {cfg[key][-1]}" if cfg.get(key) else f"the {SIZE_WORDS.get(key, key)} size"
 
 
 def _harm(vs, conf: Mapping | None = None) -> str:

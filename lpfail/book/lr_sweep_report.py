@@ -19,7 +19,7 @@ from IPython.display import display
 from lpfail import results, sweep
 from lpfail.book import plots, twin
 from lpfail.book.costs import html_table
-from lpfail.book.text import interval, listing, md_table, span
+from lpfail.book.text import SIZE_WORDS, interval, listing, md_table, span
 from lpfail.book.verdict import stat_text
 from lpfail.experiments import compiled_sweep as CS
 from lpfail.experiments import lr_sweep as L
@@ -205,7 +205,7 @@ def turning_text(analysis, size: str = "small") -> str:
     sz = analysis["sizes"][size]
     best = {v: d["best_lr"] for v, d in sz.items()}
     up = {v: d["lr_10pct"] for v, d in sz.items()}
-    at = {"small": "At the smaller size", "large": "At the larger size"}.get(size, f"At size {size}")
+    at = f"At the {SIZE_WORDS[size]} size" if size in SIZE_WORDS else f"At size {size}"
     if len(set(best.values())) == 1 and len(set(up.values())) == 1:
         return (f"{at}, every variant has its best loss at lr {_fmt_lr(next(iter(best.values())))} and first exceeds it "
                 f"by 10 % at lr {_fmt_lr(next(iter(up.values())))}: the variants differ in how much worse the high "

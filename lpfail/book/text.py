@@ -9,6 +9,8 @@ import textwrap
 #: Characters of monospace text that fit the text column at 1280 px (688 px at ≈ 8.8 px per character, as the
 #: browser check measured an 86-character line at 757 px).
 WIDTH = 76
+#: The two model sizes of the learning-rate grids in words ("the smaller size"), by their key in a result.
+SIZE_WORDS = {"small": "smaller", "large": "larger"}
 
 
 def wrap(text: str, width: int = WIDTH) -> str:

@@ -18,7 +18,7 @@ from lpfail.book.dial_report import DIAL_RULE
 from lpfail.book.claims import FIX_STAT, TEN, c0_size, fix_b, size_judgement
 from lpfail.book import confirmation_report as CR
 from lpfail.book.confirmation_report import h5_text, h5_word, h6_text
-from lpfail.book.text import interval, listing
+from lpfail.book.text import SIZE_WORDS, interval, listing
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE, SWEEP_WORDS,
                                  Verdict, as_float, load_or_none, pending, provenance_line, stat_text, sweep_hypothesis)
 from lpfail.experiments import confirmation as CF
@@ -29,7 +29,6 @@ from lpfail.sweep.lr import LRSweepConfig
 
 
 # -- chapter 1's claims (C0, C0-bias, C0-qk, C0-size), by the sweep's pre-registered hypotheses ----------------
-_SIZE = {"small": "smaller", "large": "larger"}
 
 def _s(a: Mapping, variant: str, size: str = "small") -> str:
     d = a.get("sizes", {}).get(size, {}).get(variant)
@@ -57,10 +56,10 @@ def sweep_scope(res: Mapping) -> str:
         return ""
     a = res["analysis"]
     inc = a.get("incomplete", {})
-    miss = "; ".join(f"{_SIZE.get(size, size)} size: " + ", ".join(f"{v} {d['stored']}/{d['runs']}"
+    miss = "; ".join(f"{SIZE_WORDS.get(size, size)} size: " + ", ".join(f"{v} {d['stored']}/{d['runs']}"
                                                                      for v, d in per.items())
                      for size, per in inc.items() if per)
-    done = "; ".join(f"{_SIZE.get(size, size)} size: {', '.join(per)}" for size, per in a.get("sizes", {}).items()
+    done = "; ".join(f"{SIZE_WORDS.get(size, size)} size: {', '.join(per)}" for size, per in a.get("sizes", {}).items()
                      if per)
     n = (f"{int(res['runs_stored'])} of {int(res['runs_planned'])} runs stored"
          if "runs_stored" in res and "runs_planned" in res else "not every run stored")
