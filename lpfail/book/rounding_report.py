@@ -313,8 +313,9 @@ def running_error_facts(tied: Mapping, single: Mapping, fixed: Mapping) -> dict[
             "fixed_vs_tied": f"{'the same' if same else 'the other'} sign as the paper's arithmetic's, and {size}"}
 
 
-def _pm(m: float, c: float) -> str:
-    return f"{m * 1e4:+.2f} ± {c * 1e4:.2f}"
+def _pm(m: float, c: float, digits: int = 2) -> str:
+    """A mean and its 95 % CI half-width in units of 10⁻⁴: '+12.83 ± 0.18'."""
+    return f"{m * 1e4:+.{digits}f} ± {c * 1e4:.{digits}f}"
 
 
 def sweep_caption_facts(res: Mapping) -> dict[str, str]:
@@ -355,9 +356,8 @@ def keys_facts(n_rows: int = 500, seed: int = 1, n_keys: tuple[int, int] = (512,
         err = rounding.row_errors(s, v, one_tile)
         got[n] = {st: rounding.mean_ci(err.away_from_zero(st)) for st in ("acc_err", "out_err")}
     a, b = n_keys
-    pm = lambda x: f"{x[0] * 1e4:+.1f} ± {x[1] * 1e4:.1f}"  # noqa: E731
     out = {"k_n_small": f"{a:,}", "k_n_large": f"{b:,}"}
     for st, key in (("acc_err", "acc"), ("out_err", "out")):
-        out[f"k_{key}_small"], out[f"k_{key}_large"] = pm(got[a][st]), pm(got[b][st])
+        out[f"k_{key}_small"], out[f"k_{key}_large"] = _pm(*got[a][st], 1), _pm(*got[b][st], 1)
         out[f"k_{key}_word"] = _bias_word(got[a][st], got[b][st])
     return out
