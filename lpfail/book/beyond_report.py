@@ -128,6 +128,18 @@ def facts(res) -> dict:
     return out
 
 
+def chapter4_sentence(res, rounding) -> str:
+    """The sentence that ties chapter 6's paper-arithmetic row to chapter 4's default row: the same measurement
+    (signed error of the stored O on tied rows) on other random rows of the same kind, so the two numbers differ;
+    whether their 95 % intervals overlap is computed, not assumed."""
+    row = {x["method"]: x for x in pk.summary(res)}["ref_PAPER_BF16"]
+    a, a_ci = float(row["signed"]), float(row["signed_ci"])
+    b, b_ci = float(rounding["default_nofix_out_signed"]), float(rounding["default_nofix_out_signed_ci"])
+    overlap = abs(a - b) <= a_ci + b_ci
+    return (f"(Chapter 4 measures the same thing, {_e4(b)} ± {b_ci * 1e4:.2f} ×10⁻⁴, on other random rows of "
+            f"the same kind; the two intervals {'overlap' if overlap else 'do not overlap'}.)")
+
+
 def prod_figure(res, show=("sdpa_flash", "sdpa_cudnn", "sdpa_math", "triton_sub", "mimic_exp2_fma",
                              "ref_PAPER_BF16")):
     """Error toward larger |O| (×10⁻⁴, 95 % CIs) against the gap (2 ties) and the number of ties (gap 16)."""
