@@ -39,3 +39,10 @@ def test_numbers_in_table_cells_never_break_and_identifiers_break_only_where_all
     h = fix_widgets.state_html(*fix_widgets.GALLERY[0][1:])  # the fix explorer's table (chapter 5)
     cells = re.findall(r"<td>(.*?)</td>", h)
     assert cells and all("e-" not in re.sub(r'<span class="lp-num">[^<]*</span>', "", c) for c in cells), cells
+
+
+def test_appendix_number_formats():
+    from lpfail.book.text import rate, small_number, two_sig
+    assert [small_number(x) for x in (0.0, 6.101e-4, 0.06783, -2.2e-3)] == ["0", "6.1e-4", "0.068", "-2.2e-3"]
+    assert [two_sig(x) for x in (421.6, 37.5, 4.69, 1251.0)] == ["420", "38", "4.7", "1,300"]
+    assert [rate(x) for x in (6e-4, 1.5e-3, 8e-3, 0.1)] == ["6e-4", "1.5e-3", "8e-3", "0.1"]

@@ -16,7 +16,7 @@ from matplotlib.lines import Line2D
 
 from lpfail import results
 from lpfail.book import plots
-from lpfail.book.text import listing, md_cell, sentence
+from lpfail.book.text import listing, md_cell, rate, sentence
 from lpfail.book.verdict import CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, load_or_none
 from lpfail.experiments import dial_training as D
 
@@ -127,12 +127,6 @@ def dial_verdict(words: list[str]) -> str:
     if "refuted" in words:
         return CONTRADICTED
     return NOT_REPRODUCED
-
-
-def rate(lr: float) -> str:
-    """A learning rate as the book writes it: '8e-3', '1.6e-2', '0.1'."""
-    m, e = f"{float(lr):e}".split("e")
-    return f"{float(m):g}e{int(e)}" if int(e) < -1 else f"{float(lr):g}"
 
 
 def row_label(family: str, key: str) -> str:

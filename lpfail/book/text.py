@@ -120,3 +120,25 @@ def nowrap_numbers(html_text: str) -> str:
             out.append(_NUMBER.sub(lambda m: (f'<span class="lp-num">{m.group(1)}</span>'
                                               if re.search(r"[-+−e]", m.group(1)) else m.group(1)), p))
     return "".join(out)
+
+
+def rate(lr: float) -> str:
+    """A learning rate as the book writes it: '8e-3', '1.6e-2', '0.1'."""
+    m, e = f"{float(lr):e}".split("e")
+    return f"{float(m):g}e{int(e)}" if int(e) < -1 else f"{float(lr):g}"
+
+
+def small_number(x: float) -> str:
+    """Two significant digits, in e-notation below 0.01: 6.1e-4, 0.068, 0 (the appendix's loss gaps)."""
+    if x == 0:
+        return "0"
+    if abs(x) < 0.01:
+        m, e = f"{x:.1e}".split("e")
+        return f"{m}e{int(e)}"
+    return f"{x:.2g}"
+
+
+def two_sig(x: float) -> str:
+    """Two significant digits, as an integer with thousands separators from 10 on: 421.6 → '420', 37.5 → '38',
+    4.69 → '4.7'."""
+    return f"{float(f'{x:.2g}'):,.0f}" if x >= 10 else f"{x:.2g}"
