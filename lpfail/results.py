@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 import typing

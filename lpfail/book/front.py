@@ -152,7 +152,7 @@ def _production(vs, prod: Mapping | None) -> str:
 
 
 def _chain(vs) -> str:
-    b, c, g = vs.get("C1b"), vs.get("C1c"), vs.get("C2")
+    b, g = vs.get("C1b"), vs.get("C2")
     if _is(b, NOT_REPRODUCED) and _is(g, NOT_REPRODUCED):
         return (f"**The chain from the bias to a failure is not shown on our runs:** no single layer is shown to "
                 f"carry the gap (on {b.seeds or 3} seeds), and the gradient error of W_Q is not shown to keep one "

@@ -118,7 +118,6 @@ def growth_figure(res, size: str = "small", lr_index: int = -1, variants=("A", "
     tied maximum (mean over layers), and ‖W_Q‖ (max over layers and heads), against the step; mean over
     seeds, each seed faint."""
     steps = np.asarray(res["diag_step"])
-    lr = float(np.asarray(res["lrs"])[lr_index])
     vs = [v for v in variants if v in _variants(res, size)]
     fig, axes = plt.subplots(1, 3, figsize=(10.5, 3.4))
     for v in vs:

@@ -19,8 +19,8 @@ from lpfail.book.claims import FIX_STAT, TEN, c0_size, fix_b, size_judgement
 from lpfail.book import confirmation_report as CR
 from lpfail.book.confirmation_report import h5_text, h5_word, h6_text
 from lpfail.book.text import SIZE_WORDS, interval, listing
-from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, SWEEP_RULE, SWEEP_WORDS,
-                                 Verdict, as_float, load_or_none, pending, provenance_line, stat_text, sweep_hypothesis)
+from lpfail.book.verdict import (NOT_TESTED, SWEEP_RULE, SWEEP_WORDS, Verdict, as_float, load_or_none, pending,
+                                 provenance_line, stat_text, sweep_hypothesis)
 from lpfail.experiments import confirmation as CF
 from lpfail.experiments import lr_sweep as L
 from lpfail.experiments import dial_training as D

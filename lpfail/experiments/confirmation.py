@@ -135,7 +135,8 @@ class ConfirmationConfig(L.LRSweepConfig):
         if list(self.gpt2_lrs) != sorted(self.gpt2_lrs) or len(set(self.gpt2_lrs)) != len(self.gpt2_lrs):
             raise ValueError(f"ConfirmationConfig.gpt2_lrs must increase (got {self.gpt2_lrs})")
         if self.gpt2[2] % self.gpt2[1]:
-            raise ValueError(f"ConfirmationConfig.gpt2 must be (n_layer, n_head, n_embd) with n_head | n_embd")
+            raise ValueError("ConfirmationConfig.gpt2 must be (n_layer, n_head, n_embd) with n_head | n_embd "
+                             f"(got {self.gpt2})")
 
     def size_grid(self) -> dict[str, tuple[tuple[str, ...], tuple[float, ...], tuple[int, ...]]]:
         """size → (variants, learning rates, seeds)."""
