@@ -76,6 +76,12 @@ def test_advice_follows_the_calls():
         assert "not shown to close" in b[1] and "at least half" in a[1]
     assert "toward zero" not in front.advice(_vs(**{"K-bias:sdpa_flash": verdict.REPRODUCED}))[0]
     assert a[3].startswith("**Monitor**") and "against FP32 attention" in a[3]   # neither alert tells a failure
+    # the fixes and QK-norm are two sentences, each a whole clause whatever Fix-b reads, each linked to its chapter
+    assert a[4].startswith("**Both fixes** remove the bias; in training ") and "**QK-norm**" in a[4]
+    assert "05_fix" in a[4] and "06_beyond" in a[4]
+    for word in (verdict.NOT_REPRODUCED, verdict.CONTRADICTED, verdict.REPRODUCED):
+        line = front.advice(_vs(**{"Fix-b": word}))[4]
+        assert line.startswith("**Both fixes** remove the bias; in training ") and "; are" not in line
 
 
 

@@ -260,13 +260,13 @@ def advice(vs: list[Verdict], load: Callable | None = None) -> list[str]:
     out.append("**Monitor** with `lpfail.Monitor`; check an alert against FP32 attention ({doc}`ch. 7 <07_diagnose>`).")
     qk = "closed at least half of the gap on ten seeds" if ten.get("A_qk") == "supported" else f"reads {_status(by, 'C0-qk')}"
     if _is(by.get("Fix-b"), NOT_REPRODUCED, CONTRADICTED):
-        fix = "are not shown to help training"
+        fix = "in training neither is shown to help"
     elif _is(by.get("Fix-b"), PARTLY) and ten.get("R") not in (None, "supported"):
         fix = "in training the official helps partly, the robust is not shown to"
     else:
-        fix = f"read {_status(by, 'Fix-b')} in training"
-    out.append(f"**QK-norm** {qk}; both fixes remove the bias; {fix} "
-               "({doc}`ch. 5 <05_fix>`).")
+        fix = f"in training they read {_status(by, 'Fix-b')}"
+    out.append(f"**Both fixes** remove the bias; {fix} ({{doc}}`ch. 5 <05_fix>`). "
+               f"**QK-norm** {qk} ({{doc}}`ch. 6 <06_beyond>`).")
     return out
 
 
