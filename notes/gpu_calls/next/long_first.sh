@@ -12,7 +12,7 @@ set -u
 LEFT=$(( LEFT0 - ($(date +%s) - T0) )); B=$(( LEFT - 90 ))
 # (2026-12-08) 6 at a time only where a wave's upper prediction (520 s) fits; the driver starts all P at once before
 # any run has finished (no pace yet), so a run too long for the budget is lost
-if [ $B -ge 540 ]; then P=6; elif [ $B -ge 330 ]; then P=3; else echo "lease too short for a long run ($B s)"; exit 1; fi
+if [ $B -ge 540 ]; then P=6; elif [ $B -ge 330 ]; then P=3; elif [ $B -ge 220 ]; then P=2; else echo "lease too short for a long run ($B s)"; exit 1; fi
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader); $(date -u); start took $(( $(date +%s) - T0 )) s; lease ≈ $LEFT s: driver budget $B s, $P at a time"
 PARALLEL=$P BUDGET=$B CALL_LEFT=60 bash notes/gpu_calls/next/long_start.sh || exit 1
 echo "call s $SECONDS"; tail -3 /tmp/lpfail_session/runs/driver.log 2>/dev/null
