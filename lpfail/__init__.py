@@ -35,7 +35,7 @@ from lpfail import numerics as _numerics
 # The CPU numeric pins (lpfail.numerics.PINS) act only if set before torch starts: set them first of all.
 _numerics.apply()
 
-__version__ = "0.5.7"
+__version__ = "0.5.8"
 
 #: Old module name → where the module lives now (importing the old name raises, naming the new one).
 MOVED = {
