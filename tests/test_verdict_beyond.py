@@ -146,10 +146,9 @@ def test_hp_sentence_scopes_the_paper_comparison_to_its_seeds():
 
 def test_chapter4_sentence_quotes_chapter4_and_computes_the_overlap():
     from lpfail import results
-    from lpfail.book import beyond_report as br
     pk_res, rnd = results.load("prod_kernels"), dict(results.load("rounding"))
-    s = br.chapter4_sentence(pk_res, rnd)
+    s = BR.chapter4_sentence(pk_res, rnd)
     want = f"{float(rnd['default_nofix_out_signed']) * 1e4:+.2f}"
     assert want in s and "intervals overlap" in s
     rnd["default_nofix_out_signed"] = 0.01                 # far from −13.95 ×10⁻⁴: the word must change
-    assert "do not overlap" in br.chapter4_sentence(pk_res, rnd)
+    assert "do not overlap" in BR.chapter4_sentence(pk_res, rnd)

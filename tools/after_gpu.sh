@@ -10,7 +10,7 @@ set -eu
 [ $# -eq 1 ] && [ -d "$1" ] || { echo "usage: bash tools/after_gpu.sh FILES_AT_FOLDER" >&2; exit 2; }
 IN=$1; cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-export ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=2 MKL_NUM_THREADS=2
+# (the CPU numeric pins: lpfail sets them itself when imported, `lpfail.numerics.PINS`)
 PAGES=()
 add() { for p in "$@"; do [[ " ${PAGES[*]-} " == *" $p "* ]] || PAGES+=("$p"); done; }
 TGZ=$(find "$IN" -name grids.tgz | head -1)

@@ -22,7 +22,7 @@ from lpfail.book.costs import html_table
 from lpfail.book.text import interval, md_table, span
 from lpfail.experiments import prod_kernels as pk
 from lpfail.experiments import cures as cu
-from lpfail.experiments.rounding import RowSpec
+from lpfail.experiments.rounding import RowSpec, headline as rounding_headline
 from lpfail.sweep.variants import VARIANTS
 from lpfail.book.verdict import (CONTRADICTED, NOT_REPRODUCED, NOT_TESTED, PARTLY, REPRODUCED, Verdict,
                                 e4_text as _e4_ci, load_or_none, provenance_line, sig_neg, sig_pos)
@@ -136,7 +136,8 @@ def chapter4_sentence(res, rounding) -> str:
     a, a_ci = float(row["signed"]), float(row["signed_ci"])
     b, b_ci = float(rounding["default_nofix_out_signed"]), float(rounding["default_nofix_out_signed_ci"])
     overlap = abs(a - b) <= a_ci + b_ci
-    return (f"(Chapter 4 measures the same thing, {_e4(b)} ± {b_ci * 1e4:.2f} ×10⁻⁴, on other random rows of "
+    said = rounding_headline(rounding)["signed_nofix"]   # chapter 4's own text of its number
+    return (f"(Chapter 4 measures the same thing, {said} ×10⁻⁴, on other random rows of "
             f"the same kind; the two intervals {'overlap' if overlap else 'do not overlap'}.)")
 
 
