@@ -178,7 +178,7 @@ STRONG = 5e-4
 
 
 def _ci(res: Mapping, name: str) -> str:
-    return f"{float(res[name]) * 1e4:+.2f} ± {float(res[name + '_ci']) * 1e4:.2f}"
+    return _pm(float(res[name]), float(res[name + "_ci"]))
 
 
 def facts(res: Mapping) -> dict[str, str]:
@@ -223,9 +223,8 @@ def gap_table(res: Mapping) -> str:
     rows = []
     for k, g in enumerate(gaps):
         f, fc = float(res["gap_fix_acc_away"][k]), float(res["gap_fix_acc_away_ci"][k])
-        rows.append([f"{g:g}", f"{float(res['gap_nofix_acc_away'][k]) * 1e4:+.2f} ± "
-                               f"{float(res['gap_nofix_acc_away_ci'][k]) * 1e4:.2f}",
-                     f"{f * 1e4:+.2f} ± {fc * 1e4:.2f}" + (" (significant)" if abs(f) > fc else "")])
+        rows.append([f"{g:g}", _pm(float(res["gap_nofix_acc_away"][k]), float(res["gap_nofix_acc_away_ci"][k])),
+                     _pm(f, fc) + (" (significant)" if abs(f) > fc else "")])
     return md_table(["gap", "no fix", "Algorithm 3"], rows)
 
 
